@@ -1,0 +1,220 @@
+"""Settings, read once from the environment (django-environ).
+
+Every variable is parsed strictly: a malformed value stops start-up with an
+``ImproperlyConfigured`` that names the variable, rather than silently falling
+back to a default. See the README's configuration table for the full list.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import environ
+from croniter import croniter
+from django.core.exceptions import ImproperlyConfigured
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+env = environ.Env()
+
+_TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
+
+
+def env_bool(name: str, default: bool) -> bool:
+    raw = env.str(name, default=None)
+    if raw is None:
+        return default
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ImproperlyConfigured(f"{name}: expected one of true/false/1/0/yes/no, got {raw!r}")
+
+
+def env_int(name: str, default: int, *, minimum: int | None = None, maximum: int | None = None) -> int:
+    raw = env.str(name, default=None)
+    if raw is None:
+        return default
+    try:
+        value = int(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}: expected an integer, got {raw!r}") from None
+    if minimum is not None and value < minimum:
+        raise ImproperlyConfigured(f"{name}: must be at least {minimum}, got {value}")
+    if maximum is not None and value > maximum:
+        raise ImproperlyConfigured(f"{name}: must be at most {maximum}, got {value}")
+    return value
+
+
+def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
+    raw = env.str(name, default=None)
+    if raw is None:
+        return default
+    try:
+        value = float(raw.strip())
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}: expected a number, got {raw!r}") from None
+    if not math.isfinite(value) or value < minimum:
+        raise ImproperlyConfigured(f"{name}: must be a finite number >= {minimum}, got {raw!r}")
+    return value
+
+
+def database_from_env() -> dict[str, Any]:
+    raw = env.str("DATABASE_URL", default="").strip()
+    if not raw:
+        (BASE_DIR / "var").mkdir(exist_ok=True)
+        return {
+            "ENGINE": "django.db.backends.sqlite3",
+            "NAME": str(BASE_DIR / "var" / "db.sqlite3"),
+            "OPTIONS": {
+                # WAL lets readers (the console) run beside the one writer;
+                # IMMEDIATE takes the write lock at BEGIN so two writers queue
+                # on the busy timeout instead of failing on lock upgrade.
+                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+                "transaction_mode": "IMMEDIATE",
+                "timeout": 20,
+            },
+        }
+    scheme = raw.split("://", 1)[0] if "://" in raw else ""
+    if scheme not in {"postgres", "postgresql", "pgsql", "sqlite"}:
+        raise ImproperlyConfigured(
+            "DATABASE_URL: expected postgres://user@host:port/name or sqlite:///path, "
+            f"got a value with scheme {scheme or '(none)'!r}"
+        )
+    config = env.db_url_config(raw)
+    if not config.get("NAME"):
+        raise ImproperlyConfigured("DATABASE_URL: the database name is missing")
+    if config["ENGINE"] == "django.db.backends.sqlite3":
+        config["OPTIONS"] = {
+            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
+            "transaction_mode": "IMMEDIATE",
+            "timeout": 20,
+        }
+    return config
+
+
+DEBUG = env_bool("DEBUG", False)
+SECRET_KEY = env.str("SECRET_KEY", default="")
+if not SECRET_KEY:
+    if not DEBUG:
+        raise ImproperlyConfigured(
+            "SECRET_KEY: required when DEBUG is off (set DEBUG=true for local use, "
+            "or set SECRET_KEY to a long random string)"
+        )
+    SECRET_KEY = "insecure-local-development-key-only-used-with-DEBUG-on"  # noqa: S105
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "rest_framework",
+    "django_q",
+    "properties",
+    "retention",
+    "cleanup_ops",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "config.urls"
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+WSGI_APPLICATION = "config.wsgi.application"
+
+DATABASES = {"default": database_from_env()}
+# Reuse connections for a minute (workers hold one each); health checks drop a
+# connection that died with a database restart instead of failing a task.
+DATABASES["default"]["CONN_MAX_AGE"] = env_int("CONN_MAX_AGE", 60, minimum=0)
+DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+# The keyset indexes INCLUDE the retention timestamp on PostgreSQL; SQLite
+# builds them without it, which is fine for the embedded demo.
+SILENCED_SYSTEM_CHECKS = ["models.W040"]
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+STATIC_URL = "static/"
+STATIC_ROOT = BASE_DIR / "var" / "static"
+LOGIN_URL = "/admin/login/"
+
+# --- Cleanup pipeline -------------------------------------------------------
+CLEANUP_SCHEDULE = env.str("CLEANUP_SCHEDULE", default="0 2 * * *")
+if not croniter.is_valid(CLEANUP_SCHEDULE):
+    raise ImproperlyConfigured(f"CLEANUP_SCHEDULE: not a valid cron expression: {CLEANUP_SCHEDULE!r}")
+CLEANUP_BATCH_SIZE = env_int("CLEANUP_BATCH_SIZE", 1000, minimum=1, maximum=1000)
+CLEANUP_SLICE_BATCHES = env_int("CLEANUP_SLICE_BATCHES", 20, minimum=1)
+CLEANUP_SLICE_SECONDS = env_float("CLEANUP_SLICE_SECONDS", 5.0, minimum=0.1)
+CLEANUP_LEASE_SECONDS = env_int("CLEANUP_LEASE_SECONDS", 60, minimum=5)
+CLEANUP_DISPATCH_WINDOW = env_int("CLEANUP_DISPATCH_WINDOW", 0, minimum=0)
+
+# --- django-q2 (ORM broker) -------------------------------------------------
+# The ORM broker claims a message with `lock = now + retry` when the cluster
+# *fetches* it and never renews that claim, so `retry` must exceed the time a
+# message can wait in the prefetch queue plus its run time; otherwise a second
+# worker runs the same message while the first is still busy. The job table,
+# not the broker, is the source of truth, so a redelivery is harmless, but it
+# wastes a worker. Failures are acknowledged (tasks record their own outcome)
+# and never re-run by the broker.
+Q_WORKERS = env_int("Q_WORKERS", 2, minimum=1, maximum=64)
+Q_TIMEOUT = env_int("Q_TIMEOUT", 120, minimum=10)
+_q_retry_floor = Q_TIMEOUT * 2  # timeout x (1 + queue_limit / workers) with queue_limit == workers
+Q_RETRY = env_int("Q_RETRY", _q_retry_floor * 2, minimum=1)
+if Q_RETRY <= _q_retry_floor:
+    raise ImproperlyConfigured(
+        f"Q_RETRY: must exceed Q_TIMEOUT x 2 = {_q_retry_floor} s so a message is never "
+        f"redelivered while its first run may still be going; got {Q_RETRY}"
+    )
+Q_CLUSTER = {
+    "name": "retention",
+    "orm": "default",
+    "workers": Q_WORKERS,
+    "queue_limit": Q_WORKERS,
+    "bulk": 1,
+    "timeout": Q_TIMEOUT,
+    "retry": Q_RETRY,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "catch_up": False,
+    "save_limit": 1000,
+    "poll": 0.2,
+    "sync": env_bool("Q_SYNC", False),
+}
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
+}

@@ -1,0 +1,99 @@
+"""The property-records domain whose rows expire.
+
+Every record row carries both its property and its portfolio so that the
+eligibility predicate can match legal holds without a join, and each record
+table has an index on ``(property, retention timestamp, id)`` for the keyset
+scan a cleanup job runs per property.
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+def record_indexes(prefix: str, timestamp: str) -> list[models.Index]:
+    """The two indexes every record table has (the FK's own index is redundant).
+
+    ``<prefix>_due_idx`` (property, timestamp, id): "does this property have
+    rows past the cutoff, and how many" for admission and previews.
+    ``<prefix>_keyset_idx`` (property, id) including the timestamp: a batch
+    walks one property in id order from its cursor and stops after ``limit``
+    matches, so each batch reads only rows it has not passed yet; the included
+    timestamp lets PostgreSQL test the cutoff from the index alone.
+    """
+    return [
+        models.Index(fields=["property", timestamp, "id"], name=f"{prefix}_due_idx"),
+        models.Index(fields=["property", "id"], include=[timestamp], name=f"{prefix}_keyset_idx"),
+    ]
+
+
+class Portfolio(models.Model):
+    """A customer account of the SaaS: the unit of fairness and policy scope."""
+
+    name = models.CharField(max_length=200)
+    slug = models.SlugField(max_length=100, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Property(models.Model):
+    portfolio = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="properties")
+    name = models.CharField(max_length=200)
+
+    class Meta:
+        ordering = ["id"]
+        verbose_name_plural = "properties"
+
+    def __str__(self) -> str:
+        return self.name
+
+
+class Lease(models.Model):
+    portfolio = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    property = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="leases", db_index=False)
+    unit = models.CharField(max_length=50)
+    tenant_name = models.CharField(max_length=200)
+    started_on = models.DateField()
+    # Retention timestamp; null while the lease is still running.
+    ended_on = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [*record_indexes("lease", "ended_on")]
+
+    def __str__(self) -> str:
+        return f"Lease {self.pk} ({self.unit})"
+
+
+class MaintenanceRecord(models.Model):
+    portfolio = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    property = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="maintenance_records", db_index=False)
+    summary = models.CharField(max_length=300)
+    opened_at = models.DateTimeField()
+    # Retention timestamp; null while the work order is open.
+    closed_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        indexes = [*record_indexes("maintenance", "closed_at")]
+
+    def __str__(self) -> str:
+        return f"Maintenance record {self.pk}"
+
+
+class TenantActivity(models.Model):
+    portfolio = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    property = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="tenant_activities", db_index=False)
+    activity_type = models.CharField(max_length=50)
+    details = models.CharField(max_length=300, blank=True, default="")
+    occurred_at = models.DateTimeField()
+
+    class Meta:
+        verbose_name_plural = "tenant activities"
+        indexes = [*record_indexes("activity", "occurred_at")]
+
+    def __str__(self) -> str:
+        return f"Tenant activity {self.pk}"

@@ -1,0 +1,273 @@
+"""Admin for property managers (policies) and compliance reviewers (review, holds).
+
+Every write goes through ``retention.services``; the admin only renders forms
+and confirmation pages. Versions are created from the policy page ("Submit a
+new version"), reviewed on a confirmation page that shows the change against
+the active version and an impact preview, and never edited afterwards.
+"""
+
+from __future__ import annotations
+
+from django import forms
+from django.contrib import admin, messages
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404
+from django.template.response import TemplateResponse
+from django.urls import path, reverse
+from django.utils.html import format_html
+
+from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
+from retention.selectors import policy_version_active, policy_version_impact
+from retention.services import (
+    legal_hold_place,
+    legal_hold_release,
+    policy_version_approve,
+    policy_version_reject,
+    policy_version_submit,
+)
+
+
+def _form_errors(form: forms.Form, exc: ValidationError) -> None:
+    for field, errors in exc.message_dict.items():
+        form.add_error(field if field in form.fields else None, errors)
+
+
+class PolicyVersionInline(admin.TabularInline):
+    model = PolicyVersion
+    fields = ["number", "retention_days", "enabled", "status", "author", "reviewer", "reviewed_at"]
+    readonly_fields = fields
+    extra = 0
+    can_delete = False
+    show_change_link = True
+
+    def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+
+class NewVersionForm(forms.Form):
+    retention_days = forms.IntegerField(min_value=1, max_value=36500)
+    enabled = forms.BooleanField(required=False, initial=True, help_text="Untick to withdraw the policy.")
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+
+
+@admin.register(RetentionPolicy)
+class RetentionPolicyAdmin(admin.ModelAdmin):
+    list_display = ["id", "portfolio", "record_kind", "active_version"]
+    list_filter = ["record_kind", "portfolio"]
+    list_select_related = ["portfolio"]
+    inlines = [PolicyVersionInline]
+    fields = ["portfolio", "record_kind"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: RetentionPolicy | None = None) -> list[str]:
+        return ["portfolio", "record_kind"] if obj else []
+
+    @admin.display(description="Active version")
+    def active_version(self, obj: RetentionPolicy) -> str:
+        version = policy_version_active(policy_id=obj.pk)
+        if version is None:
+            return "—"
+        return f"v{version.number}: {version.retention_days} days" + ("" if version.enabled else " (withdrawn)")
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        return [
+            path(
+                "<int:policy_id>/new-version/",
+                self.admin_site.admin_view(self.new_version_view),
+                name="retention_retentionpolicy_new_version",
+            ),
+            *super().get_urls(),
+        ]
+
+    def new_version_view(self, request: HttpRequest, policy_id: int) -> HttpResponse:
+        if not request.user.has_perm("retention.add_policyversion"):
+            raise PermissionDenied
+        policy = get_object_or_404(RetentionPolicy, pk=policy_id)
+        form = NewVersionForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                version = policy_version_submit(
+                    policy=policy,
+                    retention_days=form.cleaned_data["retention_days"],
+                    enabled=form.cleaned_data["enabled"],
+                    author=request.user,
+                    reason=form.cleaned_data["reason"],
+                )
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            else:
+                messages.success(request, f"Version {version.number} submitted for review.")
+                return HttpResponseRedirect(reverse("admin:retention_policyversion_change", args=[version.pk]))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Submit a new version of {policy}",
+            "form": form,
+            "policy": policy,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/retention/new_version.html", context)
+
+
+class ReviewForm(forms.Form):
+    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
+    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+
+
+@admin.register(PolicyVersion)
+class PolicyVersionAdmin(admin.ModelAdmin):
+    list_display = ["id", "policy", "number", "retention_days", "enabled", "status", "author", "reviewer", "review"]
+    list_filter = ["status", "policy__record_kind", "policy__portfolio"]
+    list_select_related = ["policy__portfolio", "author", "reviewer"]
+    readonly_fields = [f.name for f in PolicyVersion._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False  # new versions come from the policy page, through the service
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False  # versions are immutable snapshots; review has its own page
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    @admin.display(description="Review")
+    def review(self, obj: PolicyVersion) -> str:
+        if obj.status != PolicyVersion.Status.IN_REVIEW:
+            return "—"
+        return format_html('<a href="{}">Review…</a>', reverse("admin:retention_policyversion_review", args=[obj.pk]))
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        return [
+            path(
+                "<int:version_id>/review/",
+                self.admin_site.admin_view(self.review_view),
+                name="retention_policyversion_review",
+            ),
+            *super().get_urls(),
+        ]
+
+    def review_view(self, request: HttpRequest, version_id: int) -> HttpResponse:
+        if not request.user.has_perm("retention.approve_policyversion"):
+            raise PermissionDenied
+        version = get_object_or_404(PolicyVersion.objects.select_related("policy__portfolio", "author"), pk=version_id)
+        form = ReviewForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            decide = policy_version_approve if form.cleaned_data["decision"] == "approve" else policy_version_reject
+            try:
+                decide(version_id=version.pk, reviewer=request.user, note=form.cleaned_data["note"])
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            except PermissionDenied as exc:
+                form.add_error(None, str(exc))
+            else:
+                messages.success(request, f"Version {version.number} {form.cleaned_data['decision']}d.")
+                return HttpResponseRedirect(reverse("admin:retention_policyversion_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Review {version}",
+            "version": version,
+            "active": policy_version_active(policy_id=version.policy_id),
+            "impact": policy_version_impact(version=version),
+            "form": form,
+            "is_author": version.author_id == request.user.pk,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/retention/review_version.html", context)
+
+
+class PlaceHoldForm(forms.ModelForm):
+    class Meta:
+        model = LegalHold
+        fields = ["portfolio", "property", "record_kind", "record_id", "reason"]
+
+
+class ReleaseForm(forms.Form):
+    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+
+
+@admin.register(LegalHold)
+class LegalHoldAdmin(admin.ModelAdmin):
+    form = PlaceHoldForm
+    list_display = ["id", "portfolio", "property", "record_kind", "record_id", "placed_by", "placed_at", "state"]
+    list_filter = [("released_at", admin.EmptyFieldListFilter), "record_kind", "portfolio"]
+    list_select_related = ["portfolio", "property", "placed_by"]
+    raw_id_fields = ["property"]
+
+    @admin.display(description="State")
+    def state(self, obj: LegalHold) -> str:
+        if not obj.is_active:
+            return "released"
+        return format_html(
+            'active · <a href="{}">Release…</a>', reverse("admin:retention_legalhold_release", args=[obj.pk])
+        )
+
+    def get_readonly_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
+        if obj is None:
+            return []
+        return [f.name for f in LegalHold._meta.fields]
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def save_model(self, request: HttpRequest, obj: LegalHold, form: forms.ModelForm, change: bool) -> None:
+        if change:
+            return  # holds are never edited in place; release has its own page
+        hold = legal_hold_place(
+            portfolio=obj.portfolio,
+            property=obj.property,
+            record_kind=obj.record_kind,
+            record_id=obj.record_id,
+            reason=obj.reason,
+            placed_by=request.user,
+        )
+        obj.pk = hold.pk
+
+    def get_urls(self):  # type: ignore[no-untyped-def]
+        return [
+            path(
+                "<int:hold_id>/release/",
+                self.admin_site.admin_view(self.release_view),
+                name="retention_legalhold_release",
+            ),
+            *super().get_urls(),
+        ]
+
+    def release_view(self, request: HttpRequest, hold_id: int) -> HttpResponse:
+        if not request.user.has_perm("retention.change_legalhold"):
+            raise PermissionDenied
+        hold = get_object_or_404(LegalHold, pk=hold_id)
+        form = ReleaseForm(request.POST or None)
+        if request.method == "POST" and form.is_valid():
+            try:
+                legal_hold_release(hold_id=hold.pk, released_by=request.user, reason=form.cleaned_data["reason"])
+            except ValidationError as exc:
+                _form_errors(form, exc)
+            else:
+                messages.success(request, f"Legal hold {hold.pk} released.")
+                return HttpResponseRedirect(reverse("admin:retention_legalhold_changelist"))
+        context = {
+            **self.admin_site.each_context(request),
+            "title": f"Release {hold}",
+            "hold": hold,
+            "form": form,
+            "opts": self.model._meta,
+        }
+        return TemplateResponse(request, "admin/retention/release_hold.html", context)
+
+
+@admin.register(AuditEvent)
+class AuditEventAdmin(admin.ModelAdmin):
+    list_display = ["created_at", "actor", "action", "object_type", "object_id", "reason"]
+    list_filter = ["action", "object_type", "actor"]
+    list_select_related = ["actor"]
+    search_fields = ["object_id"]
+    date_hierarchy = "created_at"
+    readonly_fields = [f.name for f in AuditEvent._meta.fields]
+
+    def has_add_permission(self, request: HttpRequest) -> bool:
+        return False
+
+    def has_change_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False
+
+    def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
+        return False

@@ -1,0 +1,82 @@
+"""The eligibility predicate: the one definition of "may be deleted now".
+
+A row of a record kind is eligible when its retention timestamp is before the
+cutoff and no *active* legal hold covers it. The hold test is a correlated
+``NOT EXISTS`` so it can sit inside the ``DELETE`` statement itself: the check
+and the delete then read the same snapshot, inside the write transaction,
+instead of trusting an earlier scan (DESIGN.md invariant 5).
+
+Both preview counts (admin, dry-run, admission) and the execution path build
+their SQL from these functions.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection
+
+from retention.models import LegalHold
+from retention.registry import get_spec
+
+
+def db_datetime(value: datetime) -> object:
+    """A datetime as the backend stores it, for use as a raw SQL parameter."""
+    return connection.ops.adapt_datetimefield_value(value)
+
+
+def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
+    """``EXISTS (…)``: an active hold covers row ``alias`` of ``kind``."""
+    get_spec(kind)
+    holds = LegalHold._meta.db_table
+    sql = (
+        f"EXISTS (SELECT 1 FROM {holds} h WHERE h.released_at IS NULL"
+        f" AND h.portfolio_id = {alias}.portfolio_id"
+        f" AND (h.property_id IS NULL OR h.property_id = {alias}.property_id)"
+        f" AND (h.record_kind = '' OR h.record_kind = %s)"
+        f" AND (h.record_id IS NULL OR h.record_id = {alias}.id))"
+    )
+    return sql, [kind]
+
+
+def eligible_sql(kind: str, *, cutoff: datetime, alias: str = "r") -> tuple[str, list[object]]:
+    """The WHERE fragment selecting rows of ``kind`` that may be deleted now."""
+    spec = get_spec(kind)
+    hold_sql, hold_params = hold_covers_sql(kind, alias=alias)
+    return f"{alias}.{spec.timestamp_column} < %s AND NOT {hold_sql}", [db_datetime(cutoff), *hold_params]
+
+
+def count_expired_and_held(
+    kind: str, *, cutoff: datetime, portfolio_id: int | None = None, property_id: int | None = None
+) -> tuple[int, int]:
+    """(rows past the cutoff, of which held) in a portfolio or a property."""
+    spec = get_spec(kind)
+    hold_sql, hold_params = hold_covers_sql(kind)
+    where = [f"r.{spec.timestamp_column} < %s"]
+    params: list[object] = [*hold_params, db_datetime(cutoff)]
+    if portfolio_id is not None:
+        where.append("r.portfolio_id = %s")
+        params.append(portfolio_id)
+    if property_id is not None:
+        where.append("r.property_id = %s")
+        params.append(property_id)
+    sql = (
+        f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {hold_sql} THEN 1 ELSE 0 END), 0)"
+        f" FROM {spec.table} r WHERE {' AND '.join(where)}"
+    )
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params)
+        expired, held = cursor.fetchone()
+    return int(expired), int(held)
+
+
+def eligible_ids(kind: str, *, cutoff: datetime, property_id: int) -> list[int]:
+    """Ids of the rows of one property that the predicate admits (tests, preview)."""
+    spec = get_spec(kind)
+    pred, params = eligible_sql(kind, cutoff=cutoff)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT r.id FROM {spec.table} r WHERE r.property_id = %s AND {pred} ORDER BY r.id",
+            [property_id, *params],
+        )
+        return [row[0] for row in cursor.fetchall()]

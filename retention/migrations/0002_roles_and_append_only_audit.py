@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+from django.db import migrations
+
+from retention.roles import sync_role_groups
+
+# On PostgreSQL the audit table rejects UPDATE and DELETE at the database
+# level, so not even raw SQL from a shell session can rewrite history. TRUNCATE
+# is left alone: it needs table ownership, and Django's test flush relies on it.
+APPEND_ONLY_SQL = """
+CREATE OR REPLACE FUNCTION retention_auditevent_append_only() RETURNS trigger AS $$
+BEGIN
+    RAISE EXCEPTION USING
+        MESSAGE = 'retention_auditevent is append-only (' || TG_OP || ' rejected)',
+        ERRCODE = 'insufficient_privilege';
+END;
+$$ LANGUAGE plpgsql;
+CREATE TRIGGER retention_auditevent_no_update_delete
+    BEFORE UPDATE OR DELETE ON retention_auditevent
+    FOR EACH ROW EXECUTE FUNCTION retention_auditevent_append_only();
+"""
+
+DROP_SQL = """
+DROP TRIGGER IF EXISTS retention_auditevent_no_update_delete ON retention_auditevent;
+DROP FUNCTION IF EXISTS retention_auditevent_append_only();
+"""
+
+
+def add_trigger(apps, schema_editor):  # type: ignore[no-untyped-def]
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(APPEND_ONLY_SQL)
+
+
+def drop_trigger(apps, schema_editor):  # type: ignore[no-untyped-def]
+    if schema_editor.connection.vendor == "postgresql":
+        schema_editor.execute(DROP_SQL)
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("retention", "0001_initial"),
+        ("properties", "0001_initial"),
+        ("auth", "0012_alter_user_first_name_max_length"),
+        ("contenttypes", "0002_remove_content_type_name"),
+    ]
+
+    operations = [
+        migrations.RunPython(sync_role_groups, migrations.RunPython.noop),
+        migrations.RunPython(add_trigger, drop_trigger),
+    ]

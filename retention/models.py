@@ -1,0 +1,253 @@
+"""Retention policies with four-eyes review, legal holds and the audit trail.
+
+A policy's *versions* are immutable snapshots. Exactly one version per policy
+can be ``approved`` (the active one); approving another supersedes it in the
+same transaction (see ``services.policy_version_approve``). A version with
+``enabled=False`` that gets approved is a withdrawal: the policy then deletes
+nothing.
+"""
+
+from __future__ import annotations
+
+import builtins
+
+from django.conf import settings
+from django.core.exceptions import ValidationError
+from django.core.validators import MaxValueValidator, MinValueValidator
+from django.db import models
+from django.db.models import Q
+
+from retention.registry import RECORD_KIND_CHOICES
+
+MIN_RETENTION_DAYS = 1
+MAX_RETENTION_DAYS = 36500
+
+
+class RetentionPolicy(models.Model):
+    portfolio = models.ForeignKey("properties.Portfolio", on_delete=models.PROTECT, related_name="policies")
+    record_kind = models.CharField(max_length=40, choices=RECORD_KIND_CHOICES)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        verbose_name_plural = "retention policies"
+        ordering = ["portfolio_id", "record_kind"]
+        constraints = [
+            models.UniqueConstraint(fields=["portfolio", "record_kind"], name="policy_unique_per_portfolio_kind"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.portfolio} · {self.get_record_kind_display()}"
+
+
+class PolicyVersionStatus(models.TextChoices):
+    DRAFT = "draft", "Draft"
+    IN_REVIEW = "in_review", "In review"
+    APPROVED = "approved", "Approved (active)"
+    SUPERSEDED = "superseded", "Superseded"
+    REJECTED = "rejected", "Rejected"
+
+
+class ImmutableVersion(Exception):
+    pass
+
+
+class PolicyVersion(models.Model):
+    Status = PolicyVersionStatus
+
+    policy = models.ForeignKey(RetentionPolicy, on_delete=models.PROTECT, related_name="versions")
+    number = models.PositiveIntegerField()
+    retention_days = models.IntegerField(
+        validators=[MinValueValidator(MIN_RETENTION_DAYS), MaxValueValidator(MAX_RETENTION_DAYS)]
+    )
+    enabled = models.BooleanField(default=True, help_text="Unticked: the policy is withdrawn and deletes nothing.")
+    status = models.CharField(max_length=20, choices=PolicyVersionStatus.choices, default=PolicyVersionStatus.DRAFT)
+    author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    reason = models.TextField()
+    created_at = models.DateTimeField(auto_now_add=True)
+    submitted_at = models.DateTimeField(null=True, blank=True)
+    reviewer = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    reviewed_at = models.DateTimeField(null=True, blank=True)
+    review_note = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["policy_id", "-number"]
+        permissions = [("approve_policyversion", "Can approve or reject policy versions")]
+        constraints = [
+            models.UniqueConstraint(fields=["policy", "number"], name="policyversion_unique_number"),
+            models.UniqueConstraint(
+                fields=["policy"],
+                condition=Q(status="approved"),
+                name="policyversion_one_active_per_policy",
+            ),
+            models.CheckConstraint(
+                condition=Q(retention_days__gte=MIN_RETENTION_DAYS, retention_days__lte=MAX_RETENTION_DAYS),
+                name="policyversion_retention_days_range",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.policy} v{self.number}"
+
+    @property
+    def is_frozen(self) -> bool:
+        return self.status in {self.Status.APPROVED, self.Status.SUPERSEDED, self.Status.REJECTED}
+
+    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        # Reviewed versions are immutable. The only write allowed on one is
+        # the supersede transition, which touches `status` alone.
+        if self.pk is not None and not self._state.adding:
+            stored = PolicyVersion.objects.filter(pk=self.pk).values_list("status", flat=True).first()
+            if stored in {self.Status.APPROVED, self.Status.SUPERSEDED, self.Status.REJECTED}:
+                update_fields = set(kwargs.get("update_fields") or [])
+                superseding = (
+                    stored == self.Status.APPROVED
+                    and self.status == self.Status.SUPERSEDED
+                    and update_fields == {"status"}
+                )
+                if not superseding:
+                    raise ImmutableVersion(f"policy version {self.pk} is {stored} and cannot be changed")
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        if self.is_frozen:
+            raise ImmutableVersion(f"policy version {self.pk} is {self.status} and cannot be deleted")
+        return super().delete(*args, **kwargs)
+
+    # State transitions: each saves only the fields it changes.
+    def mark_submitted(self, *, at) -> None:  # type: ignore[no-untyped-def]
+        self.status = self.Status.IN_REVIEW
+        self.submitted_at = at
+        self.save(update_fields=["status", "submitted_at"])
+
+    def mark_reviewed(self, *, approved: bool, reviewer, at, note: str) -> None:  # type: ignore[no-untyped-def]
+        self.status = self.Status.APPROVED if approved else self.Status.REJECTED
+        self.reviewer = reviewer
+        self.reviewed_at = at
+        self.review_note = note
+        self.save(update_fields=["status", "reviewer", "reviewed_at", "review_note"])
+
+    def mark_superseded(self) -> None:
+        self.status = self.Status.SUPERSEDED
+        self.save(update_fields=["status"])
+
+
+class LegalHoldQuerySet(models.QuerySet):
+    def active(self) -> LegalHoldQuerySet:
+        return self.filter(released_at__isnull=True)
+
+
+class LegalHold(models.Model):
+    """Blocks deletion in its scope until released.
+
+    Scope: a portfolio, optionally narrowed to one property, one record kind,
+    and/or one record id (a record id needs a record kind to mean anything).
+    """
+
+    portfolio = models.ForeignKey("properties.Portfolio", on_delete=models.PROTECT, related_name="legal_holds")
+    property = models.ForeignKey(
+        "properties.Property", null=True, blank=True, on_delete=models.PROTECT, related_name="legal_holds"
+    )
+    record_kind = models.CharField(max_length=40, choices=RECORD_KIND_CHOICES, blank=True, default="")
+    record_id = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField()
+    placed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
+    placed_at = models.DateTimeField()
+    released_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    released_at = models.DateTimeField(null=True, blank=True)
+    release_reason = models.TextField(blank=True, default="")
+
+    objects = LegalHoldQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-placed_at"]
+        indexes = [
+            models.Index(
+                fields=["portfolio", "property"], condition=Q(released_at__isnull=True), name="legalhold_active_idx"
+            )
+        ]
+        constraints = [
+            models.CheckConstraint(
+                condition=Q(record_id__isnull=True) | ~Q(record_kind=""),
+                name="legalhold_record_needs_kind",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        parts = [str(self.portfolio_id)]
+        if self.property_id:
+            parts.append(f"property {self.property_id}")
+        if self.record_kind:
+            parts.append(self.record_kind)
+        if self.record_id:
+            parts.append(f"#{self.record_id}")
+        return f"Hold {self.pk} ({', '.join(parts)})"
+
+    @builtins.property  # `property` is a field name in this class body
+    def is_active(self) -> bool:
+        return self.released_at is None
+
+    def mark_released(self, *, by, at, reason: str) -> None:  # type: ignore[no-untyped-def]
+        self.released_by = by
+        self.released_at = at
+        self.release_reason = reason
+        self.save(update_fields=["released_by", "released_at", "release_reason"])
+
+
+class AppendOnlyError(Exception):
+    pass
+
+
+class AuditEventQuerySet(models.QuerySet):
+    def update(self, **kwargs):  # type: ignore[no-untyped-def]
+        raise AppendOnlyError("audit events are append-only")
+
+    def delete(self):  # type: ignore[no-untyped-def]
+        raise AppendOnlyError("audit events are append-only")
+
+
+def validate_audit_details(value: object) -> None:
+    """Details hold identifiers and counts only: flat, scalar, short."""
+    if not isinstance(value, dict):
+        raise ValidationError("details must be an object")
+    for key, item in value.items():
+        items = item if isinstance(item, list) else [item]
+        for element in items:
+            if element is None or isinstance(element, bool | int | float):
+                continue
+            if isinstance(element, str) and len(element) <= 100:
+                continue
+            raise ValidationError(f"details[{key!r}] must be identifiers or counts (scalars or lists of scalars)")
+
+
+class AuditEvent(models.Model):
+    """One operator or reviewer decision. Never changed, never deleted."""
+
+    actor = models.ForeignKey(settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT)
+    action = models.CharField(max_length=60)
+    object_type = models.CharField(max_length=60)
+    object_id = models.CharField(max_length=200)
+    reason = models.TextField(blank=True, default="")
+    details = models.JSONField(default=dict, blank=True, validators=[validate_audit_details])
+    created_at = models.DateTimeField(auto_now_add=True, db_index=True)
+
+    objects = AuditEventQuerySet.as_manager()
+
+    class Meta:
+        ordering = ["-created_at", "-id"]
+        indexes = [models.Index(fields=["object_type", "object_id"], name="auditevent_object_idx")]
+
+    def __str__(self) -> str:
+        return f"{self.action} {self.object_type}:{self.object_id}"
+
+    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        if not self._state.adding:
+            raise AppendOnlyError("audit events are append-only")
+        validate_audit_details(self.details)
+        super().save(*args, **kwargs)
+
+    def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        raise AppendOnlyError("audit events are append-only")

@@ -1,0 +1,64 @@
+"""The four roles as Django groups, and the permissions each one implies.
+
+Migrations call ``sync_role_groups`` so that a fresh database has the groups;
+a later app adds its own permissions to ``ROLE_PERMISSIONS`` and calls it again
+from its own migration.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+PROPERTY_VIEW = [
+    "properties.view_portfolio",
+    "properties.view_property",
+    "properties.view_lease",
+    "properties.view_maintenancerecord",
+    "properties.view_tenantactivity",
+]
+RETENTION_VIEW = [
+    "retention.view_retentionpolicy",
+    "retention.view_policyversion",
+    "retention.view_legalhold",
+    "retention.view_auditevent",
+]
+
+ROLE_PERMISSIONS: dict[str, list[str]] = {
+    "property_manager": [
+        *PROPERTY_VIEW,
+        *RETENTION_VIEW,
+        "retention.add_retentionpolicy",
+        "retention.add_policyversion",
+    ],
+    "compliance_reviewer": [
+        *PROPERTY_VIEW,
+        *RETENTION_VIEW,
+        "retention.approve_policyversion",
+        "retention.add_legalhold",
+        "retention.change_legalhold",
+    ],
+    "operator": [*PROPERTY_VIEW, *RETENTION_VIEW],
+    "auditor": [*PROPERTY_VIEW, *RETENTION_VIEW],
+}
+
+
+def sync_role_groups(apps: Any, schema_editor: Any = None) -> None:
+    """Create the groups and grant the listed permissions (idempotent)."""
+    from django.contrib.auth.management import create_permissions
+
+    # Permissions are normally created after *all* migrations ran; create them
+    # now so a data migration can grant them.
+    for app_config in apps.get_app_configs():
+        app_config.models_module = True
+        create_permissions(app_config, verbosity=0, apps=apps)
+        app_config.models_module = None
+
+    Group = apps.get_model("auth", "Group")
+    Permission = apps.get_model("auth", "Permission")
+    for role, perms in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.get_or_create(name=role)
+        for dotted in perms:
+            app_label, codename = dotted.split(".")
+            permission = Permission.objects.filter(content_type__app_label=app_label, codename=codename).first()
+            if permission is not None:
+                group.permissions.add(permission)

@@ -1,0 +1,58 @@
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import timedelta
+
+from django.utils import timezone
+
+from retention.eligibility import count_expired_and_held
+from retention.models import PolicyVersion
+
+
+def policy_version_active(*, policy_id: int) -> PolicyVersion | None:
+    return PolicyVersion.objects.filter(policy_id=policy_id, status=PolicyVersion.Status.APPROVED).first()
+
+
+@dataclass(frozen=True)
+class ImpactPreview:
+    active_days: int | None
+    active_enabled: bool
+    proposed_days: int
+    proposed_enabled: bool
+    expired_now: int
+    held_now: int
+    expired_after: int
+    held_after: int
+
+    @property
+    def eligible_now(self) -> int:
+        return self.expired_now - self.held_now if self.active_enabled and self.active_days else 0
+
+    @property
+    def eligible_after(self) -> int:
+        return self.expired_after - self.held_after if self.proposed_enabled else 0
+
+
+def policy_version_impact(*, version: PolicyVersion) -> ImpactPreview:
+    """What approving ``version`` would change, as counts across the portfolio."""
+    policy = version.policy
+    active = policy_version_active(policy_id=policy.pk)
+    now = timezone.now()
+    expired_now = held_now = 0
+    if active is not None:
+        expired_now, held_now = count_expired_and_held(
+            policy.record_kind, cutoff=now - timedelta(days=active.retention_days), portfolio_id=policy.portfolio_id
+        )
+    expired_after, held_after = count_expired_and_held(
+        policy.record_kind, cutoff=now - timedelta(days=version.retention_days), portfolio_id=policy.portfolio_id
+    )
+    return ImpactPreview(
+        active_days=active.retention_days if active else None,
+        active_enabled=active.enabled if active else False,
+        proposed_days=version.retention_days,
+        proposed_enabled=version.enabled,
+        expired_now=expired_now,
+        held_now=held_now,
+        expired_after=expired_after,
+        held_after=held_after,
+    )

@@ -1,0 +1,235 @@
+"""Writes for policies, legal holds and the audit trail.
+
+Legal-hold race (DESIGN.md): placing a hold takes its scope's row lock
+``FOR UPDATE`` (the portfolio row for a portfolio-wide hold, the property row
+otherwise). A cleanup batch takes the portfolio and property rows
+``FOR SHARE`` before its DELETE. Under READ COMMITTED the batch therefore
+either sees the committed hold or commits before the hold is placed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import transaction
+from django.db.models import Max
+from django.utils import timezone
+
+from properties.models import Portfolio, Property
+from retention.models import (
+    MAX_RETENTION_DAYS,
+    MIN_RETENTION_DAYS,
+    AuditEvent,
+    LegalHold,
+    PolicyVersion,
+    RetentionPolicy,
+)
+from retention.registry import get_spec
+
+
+def _require_text(value: str, *, field: str, min_length: int = 1) -> str:
+    text = (value or "").strip()
+    if len(text) < min_length:
+        if min_length <= 1:
+            raise ValidationError({field: f"{field} is required and cannot be blank."})
+        raise ValidationError({field: f"{field} must be at least {min_length} characters (after trimming)."})
+    return text
+
+
+def audit_event_record(
+    *,
+    actor: AbstractBaseUser | None,
+    action: str,
+    object_type: str,
+    object_id: object,
+    reason: str = "",
+    details: dict[str, Any] | None = None,
+) -> AuditEvent:
+    return AuditEvent.objects.create(
+        actor=actor,
+        action=action,
+        object_type=object_type,
+        object_id=str(object_id),
+        reason=reason,
+        details=details or {},
+    )
+
+
+def retention_policy_get_or_create(*, portfolio: Portfolio, record_kind: str) -> RetentionPolicy:
+    try:
+        get_spec(record_kind)
+    except ValueError as exc:
+        raise ValidationError({"record_kind": str(exc)}) from None
+    policy, _ = RetentionPolicy.objects.get_or_create(portfolio=portfolio, record_kind=record_kind)
+    return policy
+
+
+def _validate_retention_days(retention_days: object) -> int:
+    if isinstance(retention_days, bool) or not isinstance(retention_days, int):
+        raise ValidationError({"retention_days": "retention_days must be a whole number of days."})
+    if not MIN_RETENTION_DAYS <= retention_days <= MAX_RETENTION_DAYS:
+        raise ValidationError(
+            {"retention_days": f"retention_days must be between {MIN_RETENTION_DAYS} and {MAX_RETENTION_DAYS}."}
+        )
+    return retention_days
+
+
+def policy_version_submit(
+    *, policy: RetentionPolicy, retention_days: int, enabled: bool = True, author: AbstractBaseUser, reason: str
+) -> PolicyVersion:
+    """Create the next version of ``policy`` and put it in review."""
+    days = _validate_retention_days(retention_days)
+    reason = _require_text(reason, field="reason")
+    now = timezone.now()
+    with transaction.atomic():
+        # The policy row lock serialises version numbering.
+        RetentionPolicy.objects.select_for_update().filter(pk=policy.pk).get()
+        last = PolicyVersion.objects.filter(policy=policy).aggregate(n=Max("number"))["n"] or 0
+        version = PolicyVersion.objects.create(
+            policy=policy,
+            number=last + 1,
+            retention_days=days,
+            enabled=enabled,
+            status=PolicyVersion.Status.IN_REVIEW,
+            author=author,
+            reason=reason,
+            submitted_at=now,
+        )
+        audit_event_record(
+            actor=author,
+            action="policy_version.submitted",
+            object_type="policy_version",
+            object_id=version.pk,
+            reason=reason,
+            details={
+                "policy_id": policy.pk,
+                "portfolio_id": policy.portfolio_id,
+                "record_kind": policy.record_kind,
+                "number": version.number,
+                "retention_days": days,
+                "enabled": enabled,
+            },
+        )
+    return version
+
+
+def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool) -> PolicyVersion:
+    if not reviewer.has_perm("retention.approve_policyversion"):
+        raise PermissionDenied("You do not have permission to review policy versions.")
+    now = timezone.now()
+    with transaction.atomic():
+        version = PolicyVersion.objects.select_for_update().select_related("policy").get(pk=version_id)
+        if version.status != PolicyVersion.Status.IN_REVIEW:
+            raise ValidationError({"status": f"policy version {version.pk} is {version.status}, not in review."})
+        if version.author_id == reviewer.pk:
+            raise PermissionDenied("The author of a policy version cannot review it (four-eyes rule).")
+        superseded_id = None
+        if approve:
+            previous = (
+                PolicyVersion.objects.select_for_update()
+                .filter(policy_id=version.policy_id, status=PolicyVersion.Status.APPROVED)
+                .first()
+            )
+            if previous is not None:
+                previous.mark_superseded()
+                superseded_id = previous.pk
+        version.mark_reviewed(approved=approve, reviewer=reviewer, at=now, note=note.strip())
+        audit_event_record(
+            actor=reviewer,
+            action="policy_version.approved" if approve else "policy_version.rejected",
+            object_type="policy_version",
+            object_id=version.pk,
+            reason=note.strip(),
+            details={
+                "policy_id": version.policy_id,
+                "portfolio_id": version.policy.portfolio_id,
+                "record_kind": version.policy.record_kind,
+                "number": version.number,
+                "retention_days": version.retention_days,
+                "enabled": version.enabled,
+                "superseded_version_id": superseded_id,
+            },
+        )
+    return version
+
+
+def policy_version_approve(*, version_id: int, reviewer: AbstractBaseUser, note: str = "") -> PolicyVersion:
+    """Make a version active; the previously active one is superseded atomically."""
+    return _review(version_id=version_id, reviewer=reviewer, note=note, approve=True)
+
+
+def policy_version_reject(*, version_id: int, reviewer: AbstractBaseUser, note: str) -> PolicyVersion:
+    note = _require_text(note, field="review_note")
+    return _review(version_id=version_id, reviewer=reviewer, note=note, approve=False)
+
+
+def legal_hold_place(
+    *,
+    portfolio: Portfolio,
+    placed_by: AbstractBaseUser,
+    reason: str,
+    property: Property | None = None,
+    record_kind: str = "",
+    record_id: int | None = None,
+) -> LegalHold:
+    reason = _require_text(reason, field="reason")
+    if record_kind:
+        try:
+            get_spec(record_kind)
+        except ValueError as exc:
+            raise ValidationError({"record_kind": str(exc)}) from None
+    if record_id is not None and not record_kind:
+        raise ValidationError({"record_kind": "record_kind is required when record_id is given."})
+    if property is not None and property.portfolio_id != portfolio.pk:
+        raise ValidationError({"property": f"property {property.pk} is not in portfolio {portfolio.pk}."})
+    with transaction.atomic():
+        # Scope lock: see the module docstring (the hold race).
+        if property is None:
+            Portfolio.objects.select_for_update().filter(pk=portfolio.pk).get()
+        else:
+            Property.objects.select_for_update().filter(pk=property.pk).get()
+        hold = LegalHold.objects.create(
+            portfolio=portfolio,
+            property=property,
+            record_kind=record_kind,
+            record_id=record_id,
+            reason=reason,
+            placed_by=placed_by,
+            placed_at=timezone.now(),
+        )
+        audit_event_record(
+            actor=placed_by,
+            action="legal_hold.placed",
+            object_type="legal_hold",
+            object_id=hold.pk,
+            reason=reason,
+            details={
+                "portfolio_id": portfolio.pk,
+                "property_id": property.pk if property else None,
+                "record_kind": record_kind or None,
+                "record_id": record_id,
+            },
+        )
+    return hold
+
+
+def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: str) -> LegalHold:
+    reason = _require_text(reason, field="reason")
+    with transaction.atomic():
+        hold = LegalHold.objects.select_for_update().get(pk=hold_id)
+        if not hold.is_active:
+            raise ValidationError(
+                {"hold": f"legal hold {hold.pk} was already released at {hold.released_at:%Y-%m-%d %H:%M}Z."}
+            )
+        hold.mark_released(by=released_by, at=timezone.now(), reason=reason)
+        audit_event_record(
+            actor=released_by,
+            action="legal_hold.released",
+            object_type="legal_hold",
+            object_id=hold.pk,
+            reason=reason,
+            details={"portfolio_id": hold.portfolio_id, "property_id": hold.property_id},
+        )
+    return hold

@@ -1,0 +1,61 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+
+from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
+from retention.eligibility import db_datetime
+from retention.registry import REGISTRY
+
+pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+
+PREFIX = {"lease": "lease", "maintenance_record": "maintenance", "tenant_activity": "activity"}
+
+
+def explain(sql: str, params: list) -> str:
+    with connection.cursor() as cursor:
+        cursor.execute("EXPLAIN " + sql, params)
+        return "\n".join(row[0] for row in cursor.fetchall())
+
+
+@pytest.mark.parametrize("kind", list(REGISTRY))
+def test_batch_scans_and_due_probes_use_the_record_indexes(kind):
+    portfolio = Portfolio.objects.create(name="P", slug="p")
+    props = [Property.objects.create(portfolio=portfolio, name=f"B{i}") for i in range(10)]
+    base = timezone.now() - timedelta(days=900)
+    rows = []
+    for i in range(20000):
+        p = props[i % 10]
+        at = base + timedelta(hours=i)
+        common = {"portfolio": portfolio, "property": p}
+        if kind == "lease":
+            rows.append(Lease(**common, unit="1", tenant_name="T", started_on=at.date(), ended_on=at))
+        elif kind == "maintenance_record":
+            rows.append(MaintenanceRecord(**common, summary="s", opened_at=at, closed_at=at))
+        else:
+            rows.append(TenantActivity(**common, activity_type="a", occurred_at=at))
+    REGISTRY[kind].model.objects.bulk_create(rows, batch_size=5000)
+    spec = REGISTRY[kind]
+    ts = spec.timestamp_column
+    cutoff = db_datetime(base + timedelta(days=400))
+    with connection.cursor() as cursor:
+        cursor.execute(f"ANALYZE {spec.table}")
+
+    # A batch: the next ids of one property after the cursor, in id order.
+    batch = explain(
+        f"SELECT r.id FROM {spec.table} r WHERE r.property_id = %s AND r.id > %s AND r.{ts} < %s"
+        " ORDER BY r.property_id, r.id LIMIT 200",
+        [props[3].pk, 0, cutoff],
+    )
+    assert f"{PREFIX[kind]}_keyset_idx" in batch, batch
+    assert "Seq Scan" not in batch and "Sort" not in batch, batch
+
+    # Admission and previews: does (and how much of) a property lie past the cutoff.
+    due = explain(
+        f"SELECT COUNT(*) FROM {spec.table} r WHERE r.property_id = %s AND r.{ts} < %s", [props[3].pk, cutoff]
+    )
+    assert f"{PREFIX[kind]}_due_idx" in due, due
+    assert "Seq Scan" not in due, due

@@ -1,0 +1,169 @@
+from __future__ import annotations
+
+from datetime import timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.utils import timezone
+
+from properties.models import Lease, MaintenanceRecord, Property, TenantActivity
+from retention.eligibility import count_expired_and_held, eligible_ids
+from retention.models import AuditEvent, LegalHold
+from retention.services import legal_hold_place, legal_hold_release
+
+pytestmark = pytest.mark.django_db
+
+OLD = timezone.now() - timedelta(days=1000)
+CUTOFF = timezone.now() - timedelta(days=365)
+
+
+@pytest.fixture
+def world(portfolio, reviewer):
+    """Two properties, each with old leases, maintenance records and activities."""
+    other = Property.objects.create(portfolio=portfolio, name="Dockside")
+    props = [Property.objects.create(portfolio=portfolio, name="Harbour House"), other]
+    ids: dict[tuple[int, str], list[int]] = {}
+    for p in props:
+        common = {"portfolio": portfolio, "property": p}
+        leases = [
+            Lease.objects.create(**common, unit=f"{i}A", tenant_name="T", started_on=OLD.date(), ended_on=OLD)
+            for i in range(3)
+        ]
+        records = [MaintenanceRecord.objects.create(**common, summary="x", opened_at=OLD, closed_at=OLD)]
+        acts = [TenantActivity.objects.create(**common, activity_type="login", occurred_at=OLD) for _ in range(2)]
+        ids[(p.pk, "lease")] = [r.pk for r in leases]
+        ids[(p.pk, "maintenance_record")] = [r.pk for r in records]
+        ids[(p.pk, "tenant_activity")] = [r.pk for r in acts]
+    # A recent lease and a running one are never eligible.
+    Lease.objects.create(portfolio=portfolio, property=props[0], unit="9", tenant_name="T", started_on=OLD.date())
+    Lease.objects.create(
+        portfolio=portfolio,
+        property=props[0],
+        unit="8",
+        tenant_name="T",
+        started_on=OLD.date(),
+        ended_on=timezone.now(),
+    )
+    return props, ids
+
+
+def eligible_everywhere(props):
+    return {(p.pk, kind): eligible_ids(kind, cutoff=CUTOFF, property_id=p.pk) for p in props for kind in KINDS}
+
+
+KINDS = ["lease", "maintenance_record", "tenant_activity"]
+
+
+def test_without_holds_exactly_the_rows_past_the_cutoff_are_eligible(world):
+    props, ids = world
+    assert eligible_everywhere(props) == ids
+
+
+def test_a_portfolio_wide_hold_excludes_every_row_of_the_portfolio(world, portfolio, reviewer):
+    props, _ = world
+    legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="litigation")
+    assert all(v == [] for v in eligible_everywhere(props).values())
+
+
+def test_a_property_hold_excludes_exactly_that_propertys_rows(world, portfolio, reviewer):
+    props, ids = world
+    legal_hold_place(portfolio=portfolio, property=props[0], placed_by=reviewer, reason="building dispute")
+    result = eligible_everywhere(props)
+    for (prop_id, kind), expected in ids.items():
+        assert result[(prop_id, kind)] == ([] if prop_id == props[0].pk else expected)
+
+
+def test_a_record_kind_hold_excludes_exactly_that_kind(world, portfolio, reviewer):
+    props, ids = world
+    legal_hold_place(portfolio=portfolio, record_kind="maintenance_record", placed_by=reviewer, reason="claim")
+    result = eligible_everywhere(props)
+    for (prop_id, kind), expected in ids.items():
+        assert result[(prop_id, kind)] == ([] if kind == "maintenance_record" else expected)
+
+
+def test_a_property_and_kind_hold_excludes_only_their_intersection(world, portfolio, reviewer):
+    props, ids = world
+    legal_hold_place(portfolio=portfolio, property=props[1], record_kind="lease", placed_by=reviewer, reason="claim")
+    result = eligible_everywhere(props)
+    for key, expected in ids.items():
+        assert result[key] == ([] if key == (props[1].pk, "lease") else expected)
+
+
+def test_a_single_record_hold_excludes_only_that_record_and_not_same_id_of_another_kind(world, portfolio, reviewer):
+    props, ids = world
+    target = ids[(props[0].pk, "lease")][1]
+    legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=target, placed_by=reviewer, reason="dispute")
+    result = eligible_everywhere(props)
+    for key, expected in ids.items():
+        if key == (props[0].pk, "lease"):
+            assert result[key] == [i for i in expected if i != target]
+        else:
+            assert result[key] == expected
+
+
+def test_a_hold_in_another_portfolio_excludes_nothing_here(world, reviewer):
+    from properties.models import Portfolio
+
+    props, ids = world
+    other = Portfolio.objects.create(name="Other", slug="other")
+    legal_hold_place(portfolio=other, placed_by=reviewer, reason="other customer")
+    assert eligible_everywhere(props) == ids
+
+
+def test_a_released_hold_excludes_nothing(world, portfolio, reviewer):
+    props, ids = world
+    hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="litigation")
+    legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="case settled")
+    assert eligible_everywhere(props) == ids
+    actions = list(AuditEvent.objects.order_by("id").values_list("action", flat=True))
+    assert actions[-2:] == ["legal_hold.placed", "legal_hold.released"]
+
+
+def test_counts_report_expired_and_held_rows(world, portfolio, reviewer):
+    props, _ = world
+    legal_hold_place(portfolio=portfolio, property=props[0], placed_by=reviewer, reason="dispute")
+    assert count_expired_and_held("lease", cutoff=CUTOFF, portfolio_id=portfolio.pk) == (6, 3)
+    assert count_expired_and_held("lease", cutoff=CUTOFF, property_id=props[1].pk) == (3, 0)
+
+
+def test_a_blank_hold_reason_is_refused_and_nothing_is_written(portfolio, reviewer):
+    with pytest.raises(ValidationError) as info:
+        legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="  ")
+    assert "reason" in info.value.message_dict
+    assert not LegalHold.objects.exists()
+    assert not AuditEvent.objects.exists()
+
+
+def test_an_unknown_record_kind_on_a_hold_is_refused(portfolio, reviewer):
+    with pytest.raises(ValidationError) as info:
+        legal_hold_place(portfolio=portfolio, record_kind="invoice", placed_by=reviewer, reason="x")
+    assert "record_kind" in info.value.message_dict
+    assert not LegalHold.objects.exists()
+
+
+def test_a_record_hold_without_a_kind_is_refused(portfolio, reviewer):
+    with pytest.raises(ValidationError) as info:
+        legal_hold_place(portfolio=portfolio, record_id=5, placed_by=reviewer, reason="x")
+    assert "record_kind" in info.value.message_dict
+
+
+def test_a_property_from_another_portfolio_is_refused(portfolio, reviewer):
+    from properties.models import Portfolio
+
+    other = Portfolio.objects.create(name="Other", slug="other")
+    foreign = Property.objects.create(portfolio=other, name="Elsewhere")
+    with pytest.raises(ValidationError) as info:
+        legal_hold_place(portfolio=portfolio, property=foreign, placed_by=reviewer, reason="x")
+    assert "property" in info.value.message_dict
+
+
+def test_release_needs_a_reason_and_cannot_happen_twice(portfolio, reviewer):
+    hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="litigation")
+    with pytest.raises(ValidationError) as info:
+        legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="")
+    assert "reason" in info.value.message_dict
+    hold.refresh_from_db()
+    assert hold.is_active
+    legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="settled")
+    with pytest.raises(ValidationError, match="already released"):
+        legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="again")

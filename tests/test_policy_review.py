@@ -1,0 +1,127 @@
+from __future__ import annotations
+
+import pytest
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, transaction
+
+from retention.models import AuditEvent, ImmutableVersion, PolicyVersion
+from retention.selectors import policy_version_active
+from retention.services import (
+    policy_version_approve,
+    policy_version_reject,
+    policy_version_submit,
+    retention_policy_get_or_create,
+)
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def policy(portfolio):
+    return retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
+
+
+def test_submitting_a_version_puts_it_in_review_with_the_next_number_and_an_audit_event(policy, manager):
+    first = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+    second = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
+    assert (first.number, second.number) == (1, 2)
+    assert first.status == PolicyVersion.Status.IN_REVIEW
+    event = AuditEvent.objects.get(action="policy_version.submitted", object_id=str(second.pk))
+    assert event.actor == manager
+    assert event.details["retention_days"] == 400
+
+
+def test_the_author_cannot_approve_their_own_version(policy, reviewer):
+    version = policy_version_submit(policy=policy, retention_days=365, author=reviewer, reason="mine")
+    with pytest.raises(PermissionDenied, match="four-eyes"):
+        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    version.refresh_from_db()
+    assert version.status == PolicyVersion.Status.IN_REVIEW
+    assert policy_version_active(policy_id=policy.pk) is None
+
+
+def test_a_user_without_the_approve_permission_cannot_approve(policy, manager, operator_user):
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+    with pytest.raises(PermissionDenied):
+        policy_version_approve(version_id=version.pk, reviewer=operator_user)
+    assert policy_version_active(policy_id=policy.pk) is None
+
+
+def test_approval_supersedes_the_previous_active_version_atomically(policy, manager, reviewer):
+    v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+    policy_version_approve(version_id=v1.pk, reviewer=reviewer)
+    v2 = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer")
+    policy_version_approve(version_id=v2.pk, reviewer=reviewer, note="ok")
+
+    v1.refresh_from_db()
+    assert v1.status == PolicyVersion.Status.SUPERSEDED
+    assert policy_version_active(policy_id=policy.pk).pk == v2.pk
+    event = AuditEvent.objects.get(action="policy_version.approved", object_id=str(v2.pk))
+    assert event.details["superseded_version_id"] == v1.pk
+
+
+def test_the_database_refuses_two_active_versions_for_one_policy(policy, manager, reviewer):
+    v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+    policy_version_approve(version_id=v1.pk, reviewer=reviewer)
+    v2 = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer")
+    with pytest.raises(IntegrityError), transaction.atomic():
+        PolicyVersion.objects.filter(pk=v2.pk).update(status=PolicyVersion.Status.APPROVED)
+
+
+def test_approved_versions_cannot_be_edited_or_deleted(policy, manager, reviewer):
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+    policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    version.refresh_from_db()
+    version.retention_days = 1
+    with pytest.raises(ImmutableVersion):
+        version.save()
+    with pytest.raises(ImmutableVersion):
+        version.delete()
+    version.refresh_from_db()
+    assert version.retention_days == 365
+
+
+def test_rejected_versions_never_become_active(policy, manager, reviewer):
+    version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="short")
+    policy_version_reject(version_id=version.pk, reviewer=reviewer, note="too short for leases")
+    with pytest.raises(ValidationError, match="rejected, not in review"):
+        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    assert policy_version_active(policy_id=policy.pk) is None
+    version.refresh_from_db()
+    assert version.status == PolicyVersion.Status.REJECTED
+    assert AuditEvent.objects.filter(action="policy_version.rejected", object_id=str(version.pk)).count() == 1
+
+
+def test_rejecting_needs_a_note(policy, manager, reviewer):
+    version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="short")
+    with pytest.raises(ValidationError) as info:
+        policy_version_reject(version_id=version.pk, reviewer=reviewer, note="   ")
+    assert "review_note" in info.value.message_dict
+
+
+@pytest.mark.parametrize("days", [0, -5, 36501, "365", 12.5])
+def test_retention_days_out_of_range_is_refused_naming_the_field_and_writes_nothing(policy, manager, days):
+    with pytest.raises(ValidationError) as info:
+        policy_version_submit(policy=policy, retention_days=days, author=manager, reason="bad")
+    assert "retention_days" in info.value.message_dict
+    assert not PolicyVersion.objects.exists()
+    assert not AuditEvent.objects.exists()
+
+
+def test_the_database_check_constraint_also_refuses_out_of_range_days(policy, manager):
+    with pytest.raises(IntegrityError), transaction.atomic():
+        PolicyVersion.objects.create(policy=policy, number=1, retention_days=0, author=manager, reason="x")
+
+
+def test_an_unknown_record_kind_is_refused_naming_the_field(portfolio):
+    with pytest.raises(ValidationError) as info:
+        retention_policy_get_or_create(portfolio=portfolio, record_kind="invoice")
+    assert "record_kind" in info.value.message_dict
+    assert "invoice" in info.value.message_dict["record_kind"][0]
+
+
+def test_a_blank_reason_is_refused(policy, manager):
+    with pytest.raises(ValidationError) as info:
+        policy_version_submit(policy=policy, retention_days=30, author=manager, reason=" ")
+    assert "reason" in info.value.message_dict
+    assert not PolicyVersion.objects.exists()

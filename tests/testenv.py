@@ -1,0 +1,11 @@
+"""Test-only environment defaults, loaded as an early plugin (`-p tests.testenv`).
+
+Loaded before Django's settings are imported, so the suite runs with
+``DEBUG`` off (as production does) without anyone exporting a secret key.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production-use-0123456789")
