@@ -18,6 +18,9 @@ demo: venv
 	rm -f var/db.sqlite3 var/db.sqlite3-wal var/db.sqlite3-shm
 	DEBUG=true $(PY) manage.py migrate --noinput -v 0
 	DEBUG=true $(PY) manage.py seed_demo $(DEMO_ARGS)
+	DEBUG=true $(PY) manage.py cleanup_sweep --dry-run
+	DEBUG=true $(PY) manage.py cleanup_sweep
+	DEBUG=true $(PY) manage.py cleanup_drain
 	@echo
 	@echo "Admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/admin/"
 

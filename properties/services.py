@@ -10,7 +10,6 @@ keep part of the expired rows.
 from __future__ import annotations
 
 import random
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -196,19 +195,3 @@ def _place_demo_holds(rng: random.Random, reviewer: User) -> int:
         )
         placed += 1
     return placed
-
-
-def progress_bar(stream=sys.stderr) -> ProgressFn | None:  # type: ignore[no-untyped-def]
-    """A one-line progress bar on a terminal; nothing when output is piped."""
-    if not stream.isatty():
-        return None
-
-    def show(done: int, total: int) -> None:
-        width = 30
-        filled = int(width * done / total) if total else width
-        stream.write(f"\r[{'#' * filled}{'.' * (width - filled)}] {done}/{total}")
-        if done >= total:
-            stream.write("\n")
-        stream.flush()
-
-    return show

@@ -4,7 +4,8 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from properties.services import DEMO_PASSWORD, SeedError, demo_data_seed, progress_bar
+from config.progress import progress_bar
+from properties.services import DEMO_PASSWORD, SeedError, demo_data_seed
 
 
 class Command(BaseCommand):

@@ -1,0 +1,89 @@
+"""The dispatcher: hands django-q2 a small, fair window of due jobs.
+
+The ORM broker fetches with no ORDER BY and has no index on its queue table,
+so it must stay short; fairness is decided here. Each call:
+
+1. counts messages already waiting in the broker and tops the window up to
+   ``CLEANUP_DISPATCH_WINDOW`` (default: twice the worker count);
+2. picks due jobs round-robin across portfolios (the first due job of every
+   portfolio, then the second of every portfolio, …), counting jobs whose
+   lease expired as due (that is how a dead worker's job is rescued);
+3. marks them ``enqueued_at`` under ``SKIP LOCKED`` row locks so two
+   dispatchers never enqueue the same job, and sends the messages after commit.
+
+A job marked enqueued is not dispatched again until its message had time to
+run (``Q_RETRY``), so a lost message is re-sent but a waiting one is not.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from django.conf import settings
+from django.db import transaction
+from django.db.models import F, Q, Window
+from django.db.models.functions import RowNumber
+from django.utils import timezone
+
+from cleanup_ops.models import CleanupJob, JobState
+
+
+def dispatch_window() -> int:
+    return settings.CLEANUP_DISPATCH_WINDOW or 2 * settings.Q_CLUSTER["workers"]
+
+
+def due_jobs(*, now: datetime) -> Q:
+    """Due now: pending and available, or leased with an expired lease."""
+    return Q(available_at__lte=now) & (Q(state=JobState.PENDING) | Q(state=JobState.LEASED, lease_expires_at__lte=now))
+
+
+def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True) -> list[int]:
+    """Up to ``limit`` due job ids, round-robin across portfolios."""
+    if limit <= 0:
+        return []
+    qs = CleanupJob.objects.filter(due_jobs(now=now))
+    if exclude_enqueued:
+        stale = now - timedelta(seconds=settings.Q_CLUSTER["retry"])
+        qs = qs.filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale))
+    ranked = qs.annotate(
+        turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")])
+    ).order_by("turn", "available_at", "id")
+    return list(ranked.values_list("id", flat=True)[:limit])
+
+
+def broker_backlog() -> int:
+    from django_q.models import OrmQ
+
+    return OrmQ.objects.count()
+
+
+def dispatch_due_jobs(*, now: datetime | None = None) -> int:
+    """Enqueue due jobs into the broker's free window; returns how many."""
+    if settings.Q_CLUSTER.get("sync"):
+        return 0  # sync mode runs tasks inline; dispatching from inside one would recurse
+    now = now or timezone.now()
+    free = dispatch_window() - broker_backlog()
+    ids = fair_due_job_ids(now=now, limit=free)
+    if not ids:
+        return 0
+    with transaction.atomic():
+        claimed = list(
+            CleanupJob.objects.select_for_update(skip_locked=True)
+            .filter(pk__in=ids)
+            .filter(due_jobs(now=now))
+            .values_list("id", flat=True)
+        )
+        CleanupJob.objects.filter(pk__in=claimed).update(enqueued_at=now)
+        chosen = set(claimed)
+        in_fair_order = [job_id for job_id in ids if job_id in chosen]
+        transaction.on_commit(lambda: _send(in_fair_order))
+    return len(claimed)
+
+
+def _send(job_ids: list[int]) -> None:
+    from django_q.tasks import async_task
+
+    # The broker keeps no order of its own, but with a short window the order
+    # we send in is roughly the order workers see.
+    for job_id in job_ids:
+        async_task("cleanup_ops.tasks.run_job", job_id, task_name=f"cleanup-job-{job_id}", group="cleanup")

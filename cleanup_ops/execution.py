@@ -1,0 +1,360 @@
+"""Execution: lease a job, run a bounded slice of batches, release it.
+
+Protocol (DESIGN.md "Execution details that matter"):
+
+1. **Lease.** A conditional UPDATE claims the job only if it is due
+   (``available_at <= now``) and either pending or leased with an expired
+   lease; it sets a fresh ``lease_token``. No row matched → this delivery was a
+   duplicate or early: return quietly.
+2. **Batch = one transaction.**
+   a. Lock the job row ``FOR UPDATE`` *where the lease token is ours and not
+      expired* (fencing: a worker whose lease expired commits nothing).
+   b. Lock the portfolio and property rows ``FOR SHARE``. Placing a legal hold
+      locks one of them ``FOR UPDATE``, so the DELETE below either sees the
+      committed hold or commits before the hold exists (the hold race).
+      A missing row ends the job as ``scope_missing``.
+   c. Read the active policy version: none or withdrawn ends the job as
+      ``policy_withdrawn``; otherwise the cutoff is the earlier (stricter) of
+      the admitted one and the current one.
+   d. Compute the operation id from (kind, property, cutoff, cursor, limit).
+      If the ledger already has it, move the cursor to that row's ``last_id``
+      and stop (replay: redelivery, lost ack, redrive from an earlier cursor).
+   e. Take the next ``limit`` candidate ids after the cursor, DELETE those of
+      them that the eligibility predicate admits (the hold check is inside the
+      statement), insert the ledger row, advance the cursor past every
+      candidate (held ones too) and renew the lease.
+   No candidates left → the job is done with its outcome.
+3. **Release.** After ``CLEANUP_SLICE_BATCHES`` batches or
+   ``CLEANUP_SLICE_SECONDS`` the job goes back to pending, due now, cursor
+   saved, so one big property never holds a worker for long.
+
+Time comes from ``django.utils.timezone.now()`` (never the database clock) so
+tests control it with time-machine.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import F, Q, Value
+from django.db.models.functions import Coalesce
+from django.utils import timezone
+
+from cleanup_ops.models import CleanupJob, JobOutcome, JobState, LedgerEntry
+from cleanup_ops.services import sweep_refresh_status
+from properties.models import Portfolio, Property
+from retention.eligibility import db_datetime, eligible_sql
+from retention.models import PolicyVersion, RetentionPolicy
+from retention.registry import get_spec
+
+logger = logging.getLogger(__name__)
+
+JOB_TABLE = CleanupJob._meta.db_table
+LEDGER_TABLE = LedgerEntry._meta.db_table
+
+
+class LeaseLost(Exception):
+    """Our lease token is gone or expired: another worker may own the job."""
+
+
+@dataclass
+class Lease:
+    job_id: int
+    token: uuid.UUID
+    owner: str
+
+
+@dataclass
+class SliceResult:
+    job_id: int
+    leased: bool = False
+    batches: int = 0
+    rows_deleted: int = 0
+    outcome: str = ""
+    lease_lost: bool = False
+    error: str = ""
+
+
+@dataclass
+class _Job:
+    id: int
+    portfolio_id: int
+    property_id: int
+    record_kind: str
+    cutoff: datetime
+    policy_version_id: int
+    slot: datetime
+
+
+def worker_name() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def operation_id(*, record_kind: str, property_id: int, cutoff: datetime, after_id: int, limit: int) -> str:
+    stamp = cutoff.astimezone(UTC).isoformat().replace("+00:00", "Z")
+    raw = f"retention:{record_kind}:{property_id}:{stamp}:{after_id}:{limit}"
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def _token_param(token: uuid.UUID) -> object:
+    return CleanupJob._meta.get_field("lease_token").get_db_prep_value(token, connection)
+
+
+def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease | None:
+    """Claim the job if it is due and not validly leased; None when not."""
+    now = now or timezone.now()
+    token = uuid.uuid4()
+    claimed = (
+        CleanupJob.objects.filter(pk=job_id, available_at__lte=now)
+        .filter(Q(state=JobState.PENDING) | Q(state=JobState.LEASED, lease_expires_at__lte=now))
+        .update(
+            state=JobState.LEASED,
+            lease_token=token,
+            lease_owner=owner[:100],
+            lease_expires_at=now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
+            leases=F("leases") + 1,
+            enqueued_at=None,
+            first_leased_at=Coalesce(F("first_leased_at"), Value(now)),
+        )
+    )
+    return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
+
+
+def job_release(*, lease: Lease, available_at: datetime | None = None) -> bool:
+    """Give the job back (pending, cursor kept). False if the lease was lost."""
+    released = CleanupJob.objects.filter(pk=lease.job_id, state=JobState.LEASED, lease_token=lease.token).update(
+        state=JobState.PENDING,
+        lease_token=None,
+        lease_owner="",
+        lease_expires_at=None,
+        available_at=available_at or timezone.now(),
+    )
+    return released == 1
+
+
+def _load(job_id: int) -> _Job:
+    row = CleanupJob.objects.filter(pk=job_id).values_list(
+        "id", "portfolio_id", "property_id", "record_kind", "cutoff", "policy_version_id", "sweep__slot"
+    )[0]
+    return _Job(*row)
+
+
+def _lock_job(cur, job: _Job, lease: Lease, now: datetime) -> int:  # type: ignore[no-untyped-def]
+    lock = " FOR UPDATE" if connection.vendor == "postgresql" else ""
+    cur.execute(
+        f"SELECT cursor FROM {JOB_TABLE} WHERE id = %s AND state = %s AND lease_token = %s"
+        f" AND lease_expires_at > %s{lock}",
+        [job.id, JobState.LEASED, _token_param(lease.token), db_datetime(now)],
+    )
+    row = cur.fetchone()
+    if row is None:
+        raise LeaseLost(job.id)
+    return int(row[0])
+
+
+def _lock_scope_and_policy(cur, job: _Job) -> tuple[bool, tuple[int, int, bool] | None]:  # type: ignore[no-untyped-def]
+    """(scope exists, (version id, retention days, enabled) or None)."""
+    lock = " FOR SHARE OF p, po" if connection.vendor == "postgresql" else ""
+    cur.execute(
+        f"SELECT p.id, v.id, v.retention_days, v.enabled"
+        f" FROM {Property._meta.db_table} p"
+        f" JOIN {Portfolio._meta.db_table} po ON po.id = p.portfolio_id"
+        f" LEFT JOIN {RetentionPolicy._meta.db_table} rp ON rp.portfolio_id = po.id AND rp.record_kind = %s"
+        f" LEFT JOIN {PolicyVersion._meta.db_table} v ON v.policy_id = rp.id AND v.status = %s"
+        f" WHERE p.id = %s AND po.id = %s{lock}",
+        [job.record_kind, PolicyVersion.Status.APPROVED, job.property_id, job.portfolio_id],
+    )
+    row = cur.fetchone()
+    if row is None:
+        return False, None
+    if row[1] is None:
+        return True, None
+    return True, (int(row[1]), int(row[2]), bool(row[3]))
+
+
+def _finish(cur, job: _Job, outcome: str, now: datetime) -> None:  # type: ignore[no-untyped-def]
+    cur.execute(
+        f"UPDATE {JOB_TABLE} SET state = %s, outcome = %s, finished_at = %s, lease_token = NULL,"
+        f" lease_owner = '', lease_expires_at = NULL WHERE id = %s",
+        [JobState.DONE, outcome, db_datetime(now), job.id],
+    )
+
+
+def _final_outcome(job_id: int) -> str:
+    deleted, held = CleanupJob.objects.filter(pk=job_id).values_list("rows_deleted", "rows_held")[0]
+    if deleted:
+        return JobOutcome.DELETED
+    return JobOutcome.HELD if held else JobOutcome.NOTHING_ELIGIBLE
+
+
+def run_batch(*, job: _Job, lease: Lease, limit: int, now: datetime | None = None) -> tuple[int, str]:
+    """One batch in one transaction. Returns (rows deleted, outcome if the job finished)."""
+    now = now or timezone.now()
+    spec = get_spec(job.record_kind)
+    with transaction.atomic(), connection.cursor() as cur:
+        after_id = _lock_job(cur, job, lease, now)
+        scope_exists, active = _lock_scope_and_policy(cur, job)
+        if not scope_exists:
+            _finish(cur, job, JobOutcome.SCOPE_MISSING, now)
+            return 0, JobOutcome.SCOPE_MISSING
+        if active is None or not active[2]:
+            _finish(cur, job, JobOutcome.POLICY_WITHDRAWN, now)
+            return 0, JobOutcome.POLICY_WITHDRAWN
+        active_id, active_days, _ = active
+        current_cutoff = job.slot - timedelta(days=active_days)
+        cutoff, version_id = (
+            (current_cutoff, active_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
+        )
+        op_id = operation_id(
+            record_kind=job.record_kind, property_id=job.property_id, cutoff=cutoff, after_id=after_id, limit=limit
+        )
+        ts = spec.timestamp_column
+        cur.execute(
+            f"SELECT (SELECT last_id FROM {LEDGER_TABLE} WHERE operation_id = %s), COUNT(*), MAX(c.id) FROM ("
+            f"SELECT r.id FROM {spec.table} r WHERE r.property_id = %s AND r.id > %s AND r.{ts} < %s"
+            f" ORDER BY r.property_id, r.id LIMIT %s) c",
+            [op_id, job.property_id, after_id, db_datetime(cutoff), limit],
+        )
+        replay_last_id, candidates, last_id = cur.fetchone()
+        renew = db_datetime(now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS))
+        if replay_last_id is not None:
+            # Already applied (by this job before a lost ack, or by the job a
+            # redrive replaced): skip it, never apply it twice.
+            cur.execute(
+                f"UPDATE {JOB_TABLE} SET cursor = %s, lease_expires_at = %s WHERE id = %s",
+                [max(after_id, int(replay_last_id)), renew, job.id],
+            )
+            return 0, ""
+        if not candidates:
+            outcome = _final_outcome(job.id)
+            _finish(cur, job, outcome, now)
+            return 0, outcome
+        predicate, params = eligible_sql(job.record_kind, cutoff=cutoff, alias=spec.table)
+        cur.execute(
+            f"DELETE FROM {spec.table} WHERE {spec.table}.property_id = %s AND {spec.table}.id > %s"
+            f" AND {spec.table}.id <= %s AND {predicate}",
+            [job.property_id, after_id, last_id, *params],
+        )
+        deleted = cur.rowcount
+        cur.execute(
+            f"INSERT INTO {LEDGER_TABLE} (operation_id, job_id, portfolio_id, property_id, record_kind,"
+            f" policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
+            f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+            [
+                op_id,
+                job.id,
+                job.portfolio_id,
+                job.property_id,
+                job.record_kind,
+                version_id,
+                db_datetime(cutoff),
+                after_id,
+                last_id,
+                limit,
+                candidates,
+                deleted,
+                db_datetime(now),
+            ],
+        )
+        cur.execute(
+            f"UPDATE {JOB_TABLE} SET cursor = %s, batches = batches + 1, rows_deleted = rows_deleted + %s,"
+            f" rows_held = rows_held + %s, lease_expires_at = %s WHERE id = %s",
+            [last_id, deleted, max(0, candidates - deleted), renew, job.id],
+        )
+    return deleted, ""
+
+
+def job_run_slice(
+    *,
+    job_id: int,
+    owner: str | None = None,
+    max_batches: int | None = None,
+    max_seconds: float | None = None,
+    batch_size: int | None = None,
+) -> SliceResult:
+    """Lease ``job_id`` and run a bounded slice of batches; never raises for job failures."""
+    result = SliceResult(job_id=job_id)
+    lease = job_lease(job_id=job_id, owner=owner or worker_name())
+    if lease is None:
+        return result
+    result.leased = True
+    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
+    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    limit = min(batch_size or settings.CLEANUP_BATCH_SIZE, 1000)
+    job = _load(job_id)
+    started = time.monotonic()
+    try:
+        while True:
+            deleted, outcome = run_batch(job=job, lease=lease, limit=limit)
+            result.batches += 1
+            result.rows_deleted += deleted
+            if outcome:
+                result.outcome = outcome
+                break
+            if result.batches >= max_batches or time.monotonic() - started >= max_seconds:
+                job_release(lease=lease)
+                break
+    except LeaseLost:
+        result.lease_lost = True
+        logger.warning("cleanup job %s: lease lost, stopping without committing", job_id)
+    except Exception as exc:
+        # Recorded by category only: an exception message may quote record data.
+        result.error = type(exc).__name__
+        logger.warning("cleanup job %s: batch failed (%s); lease released", job_id, result.error)
+        try:
+            job_release(lease=lease)
+        except Exception:
+            logger.warning("cleanup job %s: could not release the lease; it will expire", job_id)
+    if result.outcome:
+        sweep_refresh_status(sweep_id=CleanupJob.objects.values_list("sweep_id", flat=True).get(pk=job_id))
+    return result
+
+
+@dataclass
+class DrainResult:
+    slices: int = 0
+    rows_deleted: int = 0
+    waited_seconds: float = 0.0
+
+
+def cleanup_drain(
+    *, max_seconds: float = 0.0, progress: Callable[[int, int], None] | None = None, poll: float = 0.5
+) -> DrainResult:
+    """Run due jobs in this process, fairly, until none is due.
+
+    Jobs that are not yet due (or leased by a live worker elsewhere) are waited
+    for up to ``max_seconds`` in total; the default returns as soon as nothing
+    is due.
+    """
+    from cleanup_ops.dispatch import fair_due_job_ids
+
+    result = DrainResult()
+    deadline = time.monotonic() + max_seconds
+    owner = f"drain:{worker_name()}"
+    while True:
+        ids = fair_due_job_ids(now=timezone.now(), limit=20, exclude_enqueued=False)
+        if not ids:
+            still_open = CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).exists()
+            if not still_open or time.monotonic() >= deadline:
+                break
+            time.sleep(poll)
+            result.waited_seconds += poll
+            continue
+        for job_id in ids:
+            outcome = job_run_slice(job_id=job_id, owner=owner)
+            result.slices += 1
+            result.rows_deleted += outcome.rows_deleted
+            if progress:
+                open_jobs = CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).count()
+                progress(result.slices, result.slices + open_jobs)
+    return result

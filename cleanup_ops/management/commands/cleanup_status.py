@@ -1,0 +1,31 @@
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandParser
+
+from cleanup_ops.selectors import pipeline_status
+
+
+class Command(BaseCommand):
+    help = "Jobs by state, oldest due job age, leases, rows deleted per sweep."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--json", action="store_true", help="print one JSON object last")
+
+    def handle(self, *args: object, **options: object) -> None:
+        status = pipeline_status()
+        if options["json"]:
+            self.stdout.write(json.dumps(status))
+            return
+        states = ", ".join(f"{k}: {v}" for k, v in status["jobs_by_state"].items())
+        self.stdout.write(f"Jobs: {states}")
+        age = status["oldest_due_age_seconds"]
+        self.stdout.write(f"Oldest due job: {'none due' if age is None else f'{age} s'}")
+        self.stdout.write(f"Leases: {status['leased']} active, {status['expired_leases']} expired")
+        self.stdout.write(f"Rows deleted: {status['rows_deleted_total']} in {status['ledger_rows']} ledger rows")
+        for sweep in status["sweeps"]:
+            self.stdout.write(
+                f"  {sweep['key']}: {sweep['status']}, {sweep['jobs_admitted']} jobs, "
+                f"{sweep['carried_over']} carried over, {sweep['rows_deleted']} rows deleted"
+            )

@@ -1,0 +1,68 @@
+from __future__ import annotations
+
+import json
+
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.utils import timezone
+
+from cleanup_ops.services import SlotError, slot_current, slot_format, slot_parse, sweep_preview, sweep_trigger
+
+
+class Command(BaseCommand):
+    help = "The cron entry: create this slot's sweep (once) and admit its jobs."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--slot", help="UTC minute, e.g. 2026-08-21T02:00Z (default: the current slot)")
+        parser.add_argument("--dry-run", action="store_true", help="print eligible and held counts; write nothing")
+        parser.add_argument("--portfolio", type=int, help="with --dry-run: only this portfolio id")
+        parser.add_argument("--json", action="store_true", help="print one JSON object last")
+
+    def handle(self, *args: object, **options: object) -> None:
+        now = timezone.now()
+        try:
+            slot = slot_parse(options["slot"], now=now) if options["slot"] else slot_current(now=now)
+        except SlotError as exc:
+            raise CommandError(f"--{exc}") from None
+        if options["portfolio"] is not None and not options["dry_run"]:
+            raise CommandError("--portfolio only narrows a --dry-run; a sweep always covers every portfolio")
+        if options["dry_run"]:
+            self._dry_run(slot, options)
+            return
+        result = sweep_trigger(slot=slot, now=now)
+        data = result.as_dict()
+        if options["json"]:
+            self.stdout.write(json.dumps(data))
+            return
+        verb = "created" if result.created else "already existed"
+        self.stdout.write(
+            f"Sweep {data['key']} (id {data['sweep_id']}) {verb}: {data['jobs_admitted']} jobs admitted, "
+            f"{data['carried_over']} partitions carried over from earlier sweeps, status {data['status']}."
+        )
+
+    def _dry_run(self, slot, options) -> None:  # type: ignore[no-untyped-def]
+        try:
+            preview = sweep_preview(slot=slot, portfolio_id=options["portfolio"])
+        except ValueError as exc:
+            raise CommandError(f"--{exc}") from None
+        rows = [
+            {
+                "portfolio_id": r.portfolio_id,
+                "record_kind": r.record_kind,
+                "retention_days": r.retention_days,
+                "cutoff": r.cutoff.isoformat(),
+                "eligible": r.eligible,
+                "held": r.held,
+            }
+            for r in preview.rows
+        ]
+        if options["json"]:
+            self.stdout.write(json.dumps({"slot": slot_format(slot), "dry_run": True, "partitions": rows}))
+            return
+        self.stdout.write(f"Dry run for slot {slot_format(slot)} (nothing written):")
+        self.stdout.write(f"{'portfolio':>9}  {'record kind':<20} {'days':>6} {'eligible':>9} {'held':>6}")
+        for r in rows:
+            line = f"{r['portfolio_id']:>9}  {r['record_kind']:<20} {r['retention_days']:>6}"
+            self.stdout.write(f"{line} {r['eligible']:>9} {r['held']:>6}")
+        self.stdout.write(
+            f"Total: {sum(r['eligible'] for r in rows)} eligible, {sum(r['held'] for r in rows)} held by legal holds."
+        )

@@ -1,0 +1,25 @@
+from __future__ import annotations
+
+from django.db import migrations
+
+
+def install(apps, schema_editor):  # type: ignore[no-untyped-def]
+    # The periodic dispatcher: enqueues due and rescued jobs once a minute;
+    # finished slices also wake it, so a busy pipeline never waits for this.
+    Schedule = apps.get_model("django_q", "Schedule")
+    Schedule.objects.update_or_create(
+        name="cleanup_dispatch",
+        defaults={"func": "cleanup_ops.tasks.dispatch", "schedule_type": "I", "minutes": 1, "repeats": -1},
+    )
+
+
+def remove(apps, schema_editor):  # type: ignore[no-untyped-def]
+    apps.get_model("django_q", "Schedule").objects.filter(name="cleanup_dispatch").delete()
+
+
+class Migration(migrations.Migration):
+    dependencies = [
+        ("cleanup_ops", "0001_initial"),
+        ("django_q", "0019_alter_task_options_alter_ormq_key_alter_ormq_lock_and_more"),
+    ]
+    operations = [migrations.RunPython(install, remove)]

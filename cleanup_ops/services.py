@@ -1,0 +1,253 @@
+"""Schedule and admission: the first two boundaries of the pipeline.
+
+Schedule: ``sweep_trigger`` turns a slot into exactly one ``Sweep`` row (the
+key is unique in the database; the loser of a race reports the existing
+sweep). Admission: ``sweep_admit`` locks the sweep row, and while the sweep is
+still ``admitting`` inserts one job per partition with rows past its cutoff
+(``ON CONFLICT DO NOTHING`` on the job key), so a crashed admission is
+completed by the next trigger of the same slot without duplicates. Jobs reach
+django-q2 only after the admitting transaction commits.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+from croniter import croniter
+from django.conf import settings
+from django.db import IntegrityError, connection, transaction
+from django.utils import timezone
+
+from cleanup_ops.models import OPEN_STATES, CleanupJob, Sweep
+from properties.models import Portfolio, Property
+from retention.eligibility import count_expired_and_held, db_datetime
+from retention.models import PolicyVersion
+from retention.registry import get_spec
+
+SLOT_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::00)?Z$")
+
+
+class SlotError(ValueError):
+    """A slot the operator gave is malformed or in the future."""
+
+
+def slot_parse(text: str, *, now: datetime | None = None) -> datetime:
+    """``2026-08-21T02:00Z`` → an aware UTC datetime, minute-aligned, not in the future."""
+    match = SLOT_RE.match(text.strip())
+    if not match:
+        raise SlotError(f"slot: expected a UTC minute like 2026-08-21T02:00Z, got {text!r}")
+    try:
+        slot = datetime(*(int(part) for part in match.groups()), tzinfo=UTC)
+    except ValueError as exc:
+        raise SlotError(f"slot: {text!r} is not a valid date and time ({exc})") from None
+    now = now or timezone.now()
+    if slot > now:
+        raise SlotError(f"slot: {text!r} is in the future (now is {slot_format(now)})")
+    return slot
+
+
+def slot_format(slot: datetime) -> str:
+    return slot.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+
+
+def slot_current(*, now: datetime | None = None, schedule: str | None = None) -> datetime:
+    """The latest time of ``CLEANUP_SCHEDULE`` that is not after ``now``."""
+    now = (now or timezone.now()).astimezone(UTC)
+    # croniter's get_prev is strictly before its base; start one minute past
+    # the current minute so a trigger at exactly 02:00 gets the 02:00 slot.
+    base = now.replace(second=0, microsecond=0) + timedelta(minutes=1)
+    return croniter(schedule or settings.CLEANUP_SCHEDULE, base).get_prev(datetime).astimezone(UTC)
+
+
+def sweep_key(slot: datetime) -> str:
+    return f"cleanup:{slot_format(slot)}"
+
+
+def job_key(sweep: Sweep, portfolio_id: int, property_id: int, record_kind: str) -> str:
+    return f"{sweep.key}:{portfolio_id}:{property_id}:{record_kind}"
+
+
+@dataclass
+class SweepResult:
+    sweep: Sweep
+    created: bool
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "sweep_id": self.sweep.pk,
+            "key": self.sweep.key,
+            "created": self.created,
+            "status": self.sweep.status,
+            "jobs_admitted": self.sweep.jobs_admitted,
+            "carried_over": self.sweep.carried_over,
+        }
+
+
+def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) -> SweepResult:
+    """Create the sweep for ``slot`` (default: the current one) and admit its jobs.
+
+    Idempotent per slot: a second call, sequential or concurrent, returns the
+    existing sweep with ``created=False``.
+    """
+    now = now or timezone.now()
+    slot = slot or slot_current(now=now)
+    if slot > now:
+        raise SlotError(f"slot: {slot_format(slot)} is in the future")
+    key = sweep_key(slot)
+    created = False
+    sweep = Sweep.objects.filter(key=key).first()
+    if sweep is None:
+        try:
+            with transaction.atomic():
+                sweep = Sweep.objects.create(key=key, slot=slot)
+            created = True
+        except IntegrityError:
+            # Another trigger of the same slot won the race.
+            sweep = Sweep.objects.get(key=key)
+    sweep_admit(sweep_id=sweep.pk, now=now)
+    sweep.refresh_from_db()
+    return SweepResult(sweep=sweep, created=created)
+
+
+@dataclass
+class Partition:
+    portfolio_id: int
+    property_id: int
+    record_kind: str
+    version: PolicyVersion
+    cutoff: datetime
+
+
+def _active_versions() -> list[PolicyVersion]:
+    return list(
+        PolicyVersion.objects.filter(status=PolicyVersion.Status.APPROVED, enabled=True)
+        .select_related("policy")
+        .order_by("policy__portfolio_id", "policy__record_kind")
+    )
+
+
+def partitions_due(*, slot: datetime) -> list[Partition]:
+    """Every (portfolio, property, kind) with at least one row past its cutoff.
+
+    Held rows count: such a partition still gets a job, which then ends with
+    the outcome ``held`` and so shows up in the sweep's report.
+    """
+    partitions: list[Partition] = []
+    property_table = Property._meta.db_table
+    with connection.cursor() as cursor:
+        for version in _active_versions():
+            kind = version.policy.record_kind
+            spec = get_spec(kind)
+            cutoff = slot - timedelta(days=version.retention_days)
+            cursor.execute(
+                f"SELECT p.id FROM {property_table} p WHERE p.portfolio_id = %s AND EXISTS ("
+                f"SELECT 1 FROM {spec.table} r WHERE r.property_id = p.id AND r.{spec.timestamp_column} < %s)"
+                " ORDER BY p.id",
+                [version.policy.portfolio_id, db_datetime(cutoff)],
+            )
+            partitions.extend(
+                Partition(version.policy.portfolio_id, property_id, kind, version, cutoff)
+                for (property_id,) in cursor.fetchall()
+            )
+    return partitions
+
+
+def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
+    """Admit the sweep's jobs if it is still admitting; returns jobs inserted now."""
+    now = now or timezone.now()
+    with transaction.atomic():
+        sweep = Sweep.objects.select_for_update().get(pk=sweep_id)
+        if sweep.status != Sweep.Status.ADMITTING:
+            return 0
+        open_elsewhere = set(
+            CleanupJob.objects.filter(state__in=OPEN_STATES)
+            .exclude(sweep_id=sweep.pk)
+            .values_list("portfolio_id", "property_id", "record_kind")
+        )
+        jobs, carried_over = [], 0
+        for part in partitions_due(slot=sweep.slot):
+            if (part.portfolio_id, part.property_id, part.record_kind) in open_elsewhere:
+                carried_over += 1
+                continue
+            jobs.append(
+                CleanupJob(
+                    sweep=sweep,
+                    key=job_key(sweep, part.portfolio_id, part.property_id, part.record_kind),
+                    portfolio_id=part.portfolio_id,
+                    property_id=part.property_id,
+                    record_kind=part.record_kind,
+                    policy_version=part.version,
+                    cutoff=part.cutoff,
+                    available_at=now,
+                )
+            )
+        before = CleanupJob.objects.filter(sweep=sweep).count()
+        CleanupJob.objects.bulk_create(jobs, batch_size=2000, ignore_conflicts=True)
+        admitted = CleanupJob.objects.filter(sweep=sweep).count()
+        sweep.jobs_admitted = admitted
+        sweep.carried_over = carried_over
+        sweep.status = Sweep.Status.RUNNING if admitted else Sweep.Status.DRAINED
+        sweep.admitted_at = now
+        sweep.finished_at = None if admitted else now
+        sweep.save(update_fields=["jobs_admitted", "carried_over", "status", "admitted_at", "finished_at"])
+        transaction.on_commit(_wake_dispatcher)
+    return admitted - before
+
+
+def _wake_dispatcher() -> None:
+    from cleanup_ops.dispatch import dispatch_due_jobs
+
+    dispatch_due_jobs()
+
+
+@dataclass
+class DryRunRow:
+    portfolio_id: int
+    record_kind: str
+    retention_days: int
+    cutoff: datetime
+    expired: int
+    held: int
+
+    @property
+    def eligible(self) -> int:
+        return self.expired - self.held
+
+
+@dataclass
+class DryRun:
+    slot: datetime
+    rows: list[DryRunRow] = field(default_factory=list)
+
+
+def sweep_preview(*, slot: datetime, portfolio_id: int | None = None) -> DryRun:
+    """Per portfolio and record kind: rows eligible and rows held. Writes nothing."""
+    if portfolio_id is not None and not Portfolio.objects.filter(pk=portfolio_id).exists():
+        raise ValueError(f"portfolio: no portfolio with id {portfolio_id}")
+    result = DryRun(slot=slot)
+    for version in _active_versions():
+        if portfolio_id is not None and version.policy.portfolio_id != portfolio_id:
+            continue
+        cutoff = slot - timedelta(days=version.retention_days)
+        expired, held = count_expired_and_held(
+            version.policy.record_kind, cutoff=cutoff, portfolio_id=version.policy.portfolio_id
+        )
+        result.rows.append(
+            DryRunRow(
+                version.policy.portfolio_id, version.policy.record_kind, version.retention_days, cutoff, expired, held
+            )
+        )
+    return result
+
+
+def sweep_refresh_status(*, sweep_id: int, now: datetime | None = None) -> None:
+    """Mark a running sweep drained once none of its jobs is open."""
+    now = now or timezone.now()
+    if CleanupJob.objects.filter(sweep_id=sweep_id, state__in=OPEN_STATES).exists():
+        return
+    has_dead = CleanupJob.objects.filter(sweep_id=sweep_id, state=CleanupJob.State.DEAD).exists()
+    Sweep.objects.filter(pk=sweep_id, status=Sweep.Status.RUNNING).update(
+        status=Sweep.Status.DRAINED_WITH_DEAD_LETTERS if has_dead else Sweep.Status.DRAINED, finished_at=now
+    )
