@@ -117,3 +117,27 @@ def is_postgres() -> bool:
 
 def utc(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def make_records(prop: Property, kind: str, count: int, *, ended: datetime) -> list[int]:
+    """``count`` rows of ``kind`` in ``prop`` whose retention timestamp is ``ended``."""
+    from properties.models import Lease, MaintenanceRecord, TenantActivity
+
+    common = {"portfolio_id": prop.portfolio_id, "property_id": prop.pk}
+    if kind == "lease":
+        objs = [
+            Lease(**common, unit="1", tenant_name="T", started_on=ended.date(), ended_on=ended) for _ in range(count)
+        ]
+    elif kind == "maintenance_record":
+        objs = [MaintenanceRecord(**common, summary="s", opened_at=ended, closed_at=ended) for _ in range(count)]
+    else:
+        objs = [TenantActivity(**common, activity_type="login", occurred_at=ended) for _ in range(count)]
+    model = type(objs[0])
+    model.objects.bulk_create(objs)
+    return list(model.objects.filter(property_id=prop.pk).order_by("-id").values_list("id", flat=True)[:count])[::-1]
+
+
+def remaining_ids(prop: Property, kind: str) -> set[int]:
+    from retention.registry import get_spec
+
+    return set(get_spec(kind).model.objects.filter(property_id=prop.pk).values_list("id", flat=True))
