@@ -11,8 +11,15 @@ so it must stay short; fairness is decided here. Each call:
 3. marks them ``enqueued_at`` under ``SKIP LOCKED`` row locks so two
    dispatchers never enqueue the same job, and sends the messages after commit.
 
-A job marked enqueued is not dispatched again until its message had time to
-run (``Q_RETRY``), so a lost message is re-sent but a waiting one is not.
+A job marked enqueued is not dispatched again for ``CLEANUP_LEASE_SECONDS``:
+with a window of twice the workers and bounded slices, a message waits far
+less than that, so a lost one (its cluster died after fetching it) is re-sent
+soon, and a waiting one is not sent twice. A duplicate would be harmless
+anyway: the lease is a conditional UPDATE.
+
+Only messages still waiting to be fetched count against the window; messages
+a cluster has fetched are bounded by its ``queue_limit``, and one fetched by a
+cluster that died stays locked until ``Q_RETRY`` without blocking the window.
 """
 
 from __future__ import annotations
@@ -43,7 +50,7 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
         return []
     qs = CleanupJob.objects.filter(due_jobs(now=now))
     if exclude_enqueued:
-        stale = now - timedelta(seconds=settings.Q_CLUSTER["retry"])
+        stale = now - timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
         qs = qs.filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale))
     ranked = qs.annotate(
         turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")])
@@ -51,10 +58,11 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
     return list(ranked.values_list("id", flat=True)[:limit])
 
 
-def broker_backlog() -> int:
+def broker_backlog(*, now: datetime) -> int:
+    """Messages waiting in the ORM broker that no cluster has fetched yet."""
     from django_q.models import OrmQ
 
-    return OrmQ.objects.count()
+    return OrmQ.objects.filter(lock__lte=now).count()
 
 
 def dispatch_due_jobs(*, now: datetime | None = None) -> int:
@@ -62,7 +70,7 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
     if settings.Q_CLUSTER.get("sync"):
         return 0  # sync mode runs tasks inline; dispatching from inside one would recurse
     now = now or timezone.now()
-    free = dispatch_window() - broker_backlog()
+    free = dispatch_window() - broker_backlog(now=now)
     ids = fair_due_job_ids(now=now, limit=free)
     if not ids:
         return 0
