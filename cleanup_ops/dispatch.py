@@ -28,11 +28,11 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import F, Q, Window
+from django.db.models import Count, F, Q, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
 
-from cleanup_ops.models import CleanupJob, JobState
+from cleanup_ops.models import CleanupJob, JobState, PipelinePause
 
 
 def dispatch_window() -> int:
@@ -45,17 +45,42 @@ def due_jobs(*, now: datetime) -> Q:
 
 
 def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True) -> list[int]:
-    """Up to ``limit`` due job ids, round-robin across portfolios."""
+    """Up to ``limit`` due job ids, round-robin across portfolios.
+
+    Paused portfolios (or everything, under a global pause) are skipped, and no
+    portfolio gets more jobs than its free lease slots
+    (``CLEANUP_PORTFOLIO_MAX_LEASES`` minus its live leases).
+    """
     if limit <= 0:
         return []
-    qs = CleanupJob.objects.filter(due_jobs(now=now))
+    paused = set(PipelinePause.objects.filter(resumed_at__isnull=True).values_list("portfolio_id", flat=True))
+    if None in paused:
+        return []
+    cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
+    busy = dict(
+        CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__gt=now)
+        .values_list("portfolio_id")
+        .annotate(n=Count("id"))
+        .order_by()
+    )
+    full = {portfolio for portfolio, n in busy.items() if n >= cap}
+    qs = CleanupJob.objects.filter(due_jobs(now=now)).exclude(portfolio_id__in=paused | full)
     if exclude_enqueued:
         stale = now - timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
         qs = qs.filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale))
-    ranked = qs.annotate(
-        turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")])
-    ).order_by("turn", "available_at", "id")
-    return list(ranked.values_list("id", flat=True)[:limit])
+    ranked = (
+        qs.annotate(turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")]))
+        .filter(turn__lte=cap)
+        .order_by("turn", "available_at", "id")
+        .values_list("id", "portfolio_id", "turn")
+    )
+    chosen = []
+    for job_id, portfolio_id, turn in ranked[: limit + len(busy) * cap]:
+        if turn <= cap - busy.get(portfolio_id, 0):
+            chosen.append(job_id)
+            if len(chosen) == limit:
+                break
+    return chosen
 
 
 def broker_backlog(*, now: datetime) -> int:

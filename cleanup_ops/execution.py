@@ -50,7 +50,9 @@ from django.db.models import F, Q, Value
 from django.db.models.functions import Coalesce
 from django.utils import timezone
 
-from cleanup_ops.models import CleanupJob, JobOutcome, JobState, LedgerEntry
+from cleanup_ops.classification import FailureCategory, backoff_delay, classify, retry_after_jitter
+from cleanup_ops.models import CleanupJob, DeadLetter, JobOutcome, JobState, LedgerEntry, PipelinePause
+from cleanup_ops.ratelimit import tokens_acquire
 from cleanup_ops.services import sweep_refresh_status
 from properties.models import Portfolio, Property
 from retention.eligibility import db_datetime, eligible_sql
@@ -60,6 +62,7 @@ from retention.registry import get_spec
 logger = logging.getLogger(__name__)
 
 JOB_TABLE = CleanupJob._meta.db_table
+LEASE_LOCK_NAMESPACE = 7401  # pg_advisory_xact_lock(namespace, portfolio) for lease caps
 LEDGER_TABLE = LedgerEntry._meta.db_table
 
 
@@ -82,7 +85,9 @@ class SliceResult:
     rows_deleted: int = 0
     outcome: str = ""
     lease_lost: bool = False
-    error: str = ""
+    deferred_seconds: float = 0.0
+    error_category: str = ""
+    dead: bool = False
 
 
 @dataclass
@@ -111,23 +116,56 @@ def _token_param(token: uuid.UUID) -> object:
 
 
 def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease | None:
-    """Claim the job if it is due and not validly leased; None when not."""
+    """Claim the job if it is due, not validly leased, not paused and its
+    portfolio is under its lease cap; None when not.
+
+    The cap check and the claim run under a per-portfolio advisory lock on
+    PostgreSQL (SQLite serialises writers anyway), so two workers cannot both
+    see "one slot left" and both take it.
+    """
     now = now or timezone.now()
+    row = CleanupJob.objects.filter(pk=job_id).values_list("portfolio_id", flat=True).first()
+    if row is None:
+        return None
+    portfolio_id = row
     token = uuid.uuid4()
-    claimed = (
-        CleanupJob.objects.filter(pk=job_id, available_at__lte=now)
-        .filter(Q(state=JobState.PENDING) | Q(state=JobState.LEASED, lease_expires_at__lte=now))
-        .update(
-            state=JobState.LEASED,
-            lease_token=token,
-            lease_owner=owner[:100],
-            lease_expires_at=now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
-            leases=F("leases") + 1,
-            enqueued_at=None,
-            first_leased_at=Coalesce(F("first_leased_at"), Value(now)),
+    with transaction.atomic():
+        if connection.vendor == "postgresql":
+            with connection.cursor() as cur:
+                cur.execute("SELECT pg_advisory_xact_lock(%s, %s)", [LEASE_LOCK_NAMESPACE, portfolio_id % 2**31])
+        if pause_active(portfolio_id=portfolio_id):
+            return None
+        leased_now = (
+            CleanupJob.objects.filter(portfolio_id=portfolio_id, state=JobState.LEASED, lease_expires_at__gt=now)
+            .exclude(pk=job_id)
+            .count()
         )
-    )
+        if leased_now >= settings.CLEANUP_PORTFOLIO_MAX_LEASES:
+            # Let the dispatcher send it again once a slot frees up.
+            CleanupJob.objects.filter(pk=job_id).update(enqueued_at=None)
+            return None
+        claimed = (
+            CleanupJob.objects.filter(pk=job_id, available_at__lte=now)
+            .filter(Q(state=JobState.PENDING) | Q(state=JobState.LEASED, lease_expires_at__lte=now))
+            .update(
+                state=JobState.LEASED,
+                lease_token=token,
+                lease_owner=owner[:100],
+                lease_expires_at=now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
+                leases=F("leases") + 1,
+                enqueued_at=None,
+                first_leased_at=Coalesce(F("first_leased_at"), Value(now)),
+            )
+        )
     return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
+
+
+def pause_active(*, portfolio_id: int) -> bool:
+    return (
+        PipelinePause.objects.filter(resumed_at__isnull=True)
+        .filter(Q(portfolio_id__isnull=True) | Q(portfolio_id=portfolio_id))
+        .exists()
+    )
 
 
 def job_release(*, lease: Lease, available_at: datetime | None = None) -> bool:
@@ -274,6 +312,9 @@ def run_batch(*, job: _Job, lease: Lease, limit: int, now: datetime | None = Non
     return deleted, ""
 
 
+BatchHook = Callable[[int], None]
+
+
 def job_run_slice(
     *,
     job_id: int,
@@ -281,8 +322,14 @@ def job_run_slice(
     max_batches: int | None = None,
     max_seconds: float | None = None,
     batch_size: int | None = None,
+    before_batch: BatchHook | None = None,
+    after_batch: BatchHook | None = None,
 ) -> SliceResult:
-    """Lease ``job_id`` and run a bounded slice of batches; never raises for job failures."""
+    """Lease ``job_id`` and run a bounded slice of batches; never raises for job failures.
+
+    ``before_batch``/``after_batch`` are called with the job id around each
+    batch: the place a downstream call (or a test's failing executor) sits.
+    """
     result = SliceResult(job_id=job_id)
     lease = job_lease(job_id=job_id, owner=owner or worker_name())
     if lease is None:
@@ -295,29 +342,103 @@ def job_run_slice(
     started = time.monotonic()
     try:
         while True:
+            wait = _wait_for_token(job.portfolio_id)
+            if wait > 0:
+                # No token soon: give the job back for later (not an attempt)
+                # rather than sleeping while holding the lease.
+                result.deferred_seconds = wait
+                job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
+                break
+            if before_batch:
+                before_batch(job_id)
             deleted, outcome = run_batch(job=job, lease=lease, limit=limit)
             result.batches += 1
             result.rows_deleted += deleted
+            if after_batch:
+                after_batch(job_id)
             if outcome:
                 result.outcome = outcome
                 break
             if result.batches >= max_batches or time.monotonic() - started >= max_seconds:
                 job_release(lease=lease)
                 break
-    except LeaseLost:
-        result.lease_lost = True
-        logger.warning("cleanup job %s: lease lost, stopping without committing", job_id)
     except Exception as exc:
-        # Recorded by category only: an exception message may quote record data.
-        result.error = type(exc).__name__
-        logger.warning("cleanup job %s: batch failed (%s); lease released", job_id, result.error)
-        try:
-            job_release(lease=lease)
-        except Exception:
-            logger.warning("cleanup job %s: could not release the lease; it will expire", job_id)
-    if result.outcome:
+        classification = classify(exc, now=timezone.now())
+        result.error_category = classification.category
+        if classification.category == FailureCategory.LEASE_LOST:
+            result.lease_lost = True
+            logger.warning("cleanup job %s: lease lost, stopping without committing", job_id)
+        else:
+            logger.warning("cleanup job %s: %s (%s)", job_id, classification.category, classification.error_class)
+            try:
+                result.dead = job_fail(lease=lease, classification=classification)
+            except Exception:
+                logger.warning("cleanup job %s: could not record the failure; the lease will expire", job_id)
+    if result.outcome or result.dead:
         sweep_refresh_status(sweep_id=CleanupJob.objects.values_list("sweep_id", flat=True).get(pk=job_id))
     return result
+
+
+def _wait_for_token(portfolio_id: int) -> float:
+    """0 once a token is taken; else the deferral, after at most one short wait."""
+    wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp())
+    if 0 < wait <= settings.CLEANUP_TOKEN_WAIT_SECONDS:
+        time.sleep(wait)
+        wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp())
+    return wait
+
+
+def job_fail(*, lease: Lease, classification, now: datetime | None = None) -> bool:  # type: ignore[no-untyped-def]
+    """Record a failed attempt: schedule a retry or make a dead letter. True if dead.
+
+    Fenced like a batch: only the lease holder records the failure.
+    """
+    now = now or timezone.now()
+    with transaction.atomic():
+        job = (
+            CleanupJob.objects.select_for_update()
+            .filter(pk=lease.job_id, state=JobState.LEASED, lease_token=lease.token)
+            .first()
+        )
+        if job is None:
+            return False
+        job.last_error_category = classification.category
+        job.last_error_class = classification.error_class[:100]
+        category = classification.category
+        if classification.retryable:
+            job.attempt += 1
+            first = job.first_leased_at or now
+            if classification.retry_after is not None:
+                due = classification.retry_after + timedelta(seconds=retry_after_jitter())
+            else:
+                delay = backoff_delay(
+                    attempt=job.attempt,
+                    base=settings.CLEANUP_BACKOFF_BASE_SECONDS,
+                    cap=settings.CLEANUP_BACKOFF_CAP_SECONDS,
+                )
+                due = now + timedelta(seconds=delay)
+            if job.attempt >= settings.CLEANUP_MAX_ATTEMPTS:
+                category = FailureCategory.RETRY_BUDGET_EXHAUSTED
+            elif due - first > timedelta(seconds=settings.CLEANUP_MAX_AGE_SECONDS):
+                category = FailureCategory.AGE_BUDGET_EXHAUSTED
+            else:
+                job.mark_retry(at=due)
+                return False
+        job.mark_dead()
+        DeadLetter.objects.create(
+            job=job,
+            category=category,
+            error_class=classification.error_class[:100],
+            attempts=job.attempt,
+            first_seen_at=job.first_leased_at or now,
+            last_seen_at=now,
+            portfolio_id=job.portfolio_id,
+            property_id=job.property_id,
+            record_kind=job.record_kind,
+            policy_version_id=job.policy_version_id,
+            sweep_id=job.sweep_id,
+        )
+    return True
 
 
 @dataclass

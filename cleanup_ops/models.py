@@ -87,6 +87,11 @@ class CleanupJob(models.Model):
     leases = models.PositiveIntegerField(default=0)
     first_leased_at = models.DateTimeField(null=True, blank=True)
 
+    attempt = models.PositiveIntegerField(default=0, help_text="Failed attempts so far (retry budget).")
+    last_error_category = models.CharField(max_length=30, blank=True, default="")
+    last_error_class = models.CharField(max_length=100, blank=True, default="")
+    redrive_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="redrives")
+
     cursor = models.BigIntegerField(default=0, help_text="Largest record id already passed.")
     batches = models.PositiveIntegerField(default=0)
     rows_deleted = models.PositiveBigIntegerField(default=0)
@@ -116,6 +121,27 @@ class CleanupJob(models.Model):
     def is_open(self) -> bool:
         return self.state in OPEN_STATES
 
+    # Transitions after a failure; the caller holds the job row lock.
+    _RETRY_FIELDS = ("state", "available_at", "attempt", "last_error_category", "last_error_class")
+    _LEASE_FIELDS = ("lease_token", "lease_owner", "lease_expires_at", "enqueued_at")
+
+    def _clear_lease(self) -> None:
+        self.lease_token = None
+        self.lease_owner = ""
+        self.lease_expires_at = None
+        self.enqueued_at = None
+
+    def mark_retry(self, *, at) -> None:  # type: ignore[no-untyped-def]
+        self.state = JobState.PENDING
+        self.available_at = at
+        self._clear_lease()
+        self.save(update_fields=[*self._RETRY_FIELDS, *self._LEASE_FIELDS])
+
+    def mark_dead(self) -> None:
+        self.state = JobState.DEAD
+        self._clear_lease()
+        self.save(update_fields=["state", "attempt", "last_error_category", "last_error_class", *self._LEASE_FIELDS])
+
 
 class LedgerEntry(models.Model):
     """One applied batch. Identifiers, ranges and counts only: no record contents."""
@@ -140,3 +166,106 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return self.operation_id
+
+
+class DeadLetterStatus(models.TextChoices):
+    OPEN = "open", "Open"
+    REDRIVEN = "redriven", "Redriven"
+    DISMISSED = "dismissed", "Dismissed"
+
+
+class DeadLetter(models.Model):
+    """A job that stopped: an operator inbox entry, never retried automatically."""
+
+    Status = DeadLetterStatus
+
+    job = models.OneToOneField(CleanupJob, on_delete=models.PROTECT, related_name="dead_letter")
+    category = models.CharField(max_length=30)
+    error_class = models.CharField(max_length=100, blank=True, default="")
+    attempts = models.PositiveIntegerField()
+    first_seen_at = models.DateTimeField()
+    last_seen_at = models.DateTimeField()
+    portfolio_id = models.BigIntegerField()
+    property_id = models.BigIntegerField()
+    record_kind = models.CharField(max_length=40)
+    policy_version_id = models.BigIntegerField()
+    sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="dead_letters")
+    status = models.CharField(max_length=10, choices=DeadLetterStatus.choices, default=DeadLetterStatus.OPEN)
+    resolved_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    resolved_at = models.DateTimeField(null=True, blank=True)
+    resolution_reason = models.TextField(blank=True, default="")
+    redrive_job = models.OneToOneField(
+        CleanupJob, null=True, blank=True, on_delete=models.PROTECT, related_name="redriven_from_letter"
+    )
+
+    class Meta:
+        ordering = ["-last_seen_at", "-id"]
+        permissions = [
+            ("redrive_deadletter", "Can redrive dead letters"),
+            ("dismiss_deadletter", "Can dismiss dead letters"),
+        ]
+        indexes = [
+            models.Index(fields=["status", "category"], name="deadletter_status_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"Dead letter {self.pk} ({self.category})"
+
+    def mark_resolved(self, *, status: str, by, at, reason: str, redrive_job=None) -> None:  # type: ignore[no-untyped-def]
+        self.status = status
+        self.resolved_by = by
+        self.resolved_at = at
+        self.resolution_reason = reason
+        self.redrive_job = redrive_job
+        self.save(update_fields=["status", "resolved_by", "resolved_at", "resolution_reason", "redrive_job"])
+
+
+class RateBucket(models.Model):
+    """A token bucket shared by every worker process on every host.
+
+    ``tokens`` as of ``updated_at`` (epoch seconds); refill is computed in the
+    acquiring UPDATE itself, so there is no background refill process.
+    """
+
+    name = models.CharField(max_length=60, primary_key=True)
+    tokens = models.FloatField()
+    updated_at = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.tokens:.1f}"
+
+
+class PipelinePause(models.Model):
+    """An operator's pause: global (no portfolio) or for one portfolio.
+
+    Active while ``resumed_at`` is null; at most one active pause per scope.
+    """
+
+    portfolio_id = models.BigIntegerField(null=True, blank=True)
+    reason = models.TextField()
+    paused_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    paused_at = models.DateTimeField()
+    resumed_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    resumed_at = models.DateTimeField(null=True, blank=True)
+    resume_reason = models.TextField(blank=True, default="")
+
+    class Meta:
+        ordering = ["-paused_at"]
+        constraints = [
+            models.UniqueConstraint(
+                fields=["portfolio_id"],
+                condition=Q(resumed_at__isnull=True),
+                nulls_distinct=False,
+                name="pause_one_active_per_scope",
+            ),
+        ]
+
+    def __str__(self) -> str:
+        scope = f"portfolio {self.portfolio_id}" if self.portfolio_id else "pipeline"
+        return f"Pause of {scope}"
+
+    def mark_resumed(self, *, by, at, reason: str) -> None:  # type: ignore[no-untyped-def]
+        self.resumed_by = by
+        self.resumed_at = at
+        self.resume_reason = reason
+        self.save(update_fields=["resumed_by", "resumed_at", "resume_reason"])

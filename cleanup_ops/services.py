@@ -17,14 +17,17 @@ from datetime import UTC, datetime, timedelta
 
 from croniter import croniter
 from django.conf import settings
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from cleanup_ops.models import OPEN_STATES, CleanupJob, Sweep
+from cleanup_ops.models import OPEN_STATES, CleanupJob, DeadLetter, PipelinePause, Sweep
 from properties.models import Portfolio, Property
 from retention.eligibility import count_expired_and_held, db_datetime
 from retention.models import PolicyVersion
 from retention.registry import get_spec
+from retention.services import audit_event_record
 
 SLOT_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::00)?Z$")
 
@@ -251,3 +254,201 @@ def sweep_refresh_status(*, sweep_id: int, now: datetime | None = None) -> None:
     Sweep.objects.filter(pk=sweep_id, status=Sweep.Status.RUNNING).update(
         status=Sweep.Status.DRAINED_WITH_DEAD_LETTERS if has_dead else Sweep.Status.DRAINED, finished_at=now
     )
+
+
+# --- Recovery: dead letters and pauses --------------------------------------
+
+MIN_REASON_LENGTH = 10
+
+
+class DeadLetterNotOpen(Exception):
+    """Redrive or dismiss of a letter that an operator already resolved."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__(f"dead letter {letter.pk} is {letter.status}, not open")
+        self.letter = letter
+
+
+def _operator_reason(reason: str | None) -> str:
+    text = (reason or "").strip()
+    if len(text) < MIN_REASON_LENGTH:
+        raise ValidationError(
+            {"reason": f"reason is required: at least {MIN_REASON_LENGTH} characters after trimming."}
+        )
+    return text
+
+
+def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:
+    # actor None: a trusted command-line operator (see cleanup_redrive).
+    if actor is not None and not actor.has_perm(perm):
+        raise PermissionDenied(f"You do not have the {perm} permission.")
+
+
+def _redrive_one(letter: DeadLetter, *, actor: AbstractBaseUser | None, reason: str, now: datetime) -> CleanupJob:
+    old = letter.job
+    n = CleanupJob.objects.filter(redrive_of=old).count() + 1
+    job = CleanupJob.objects.create(
+        sweep_id=old.sweep_id,
+        key=f"{old.key}:redrive:{n}",
+        portfolio_id=old.portfolio_id,
+        property_id=old.property_id,
+        record_kind=old.record_kind,
+        policy_version_id=old.policy_version_id,
+        cutoff=old.cutoff,
+        # The old cursor is a safe start: the ledger replays anything already applied.
+        cursor=old.cursor,
+        available_at=now,
+        redrive_of=old,
+    )
+    letter.mark_resolved(status=DeadLetter.Status.REDRIVEN, by=actor, at=now, reason=reason, redrive_job=job)
+    audit_event_record(
+        actor=actor,
+        action="dead_letter.redriven",
+        object_type="dead_letter",
+        object_id=letter.pk,
+        reason=reason,
+        details={"old_job_id": old.pk, "new_job_id": job.pk, "category": letter.category, "sweep_id": old.sweep_id},
+    )
+    return job
+
+
+def _dismiss_one(letter: DeadLetter, *, actor: AbstractBaseUser | None, reason: str, now: datetime) -> None:
+    letter.mark_resolved(status=DeadLetter.Status.DISMISSED, by=actor, at=now, reason=reason)
+    audit_event_record(
+        actor=actor,
+        action="dead_letter.dismissed",
+        object_type="dead_letter",
+        object_id=letter.pk,
+        reason=reason,
+        details={"job_id": letter.job_id, "category": letter.category, "sweep_id": letter.sweep_id},
+    )
+
+
+def _reopen_sweeps(sweep_ids: set[int]) -> None:
+    Sweep.objects.filter(pk__in=sweep_ids).exclude(status=Sweep.Status.ADMITTING).update(
+        status=Sweep.Status.RUNNING, finished_at=None
+    )
+
+
+def dead_letter_redrive(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> CleanupJob:
+    """Try a dead letter again as a *new* job (new id, key ``<old key>:redrive:<n>``)."""
+    _require_perm(actor, "cleanup_ops.redrive_deadletter")
+    reason = _operator_reason(reason)
+    now = timezone.now()
+    with transaction.atomic():
+        letter = DeadLetter.objects.select_for_update().select_related("job").get(pk=letter_id)
+        if letter.status != DeadLetter.Status.OPEN:
+            raise DeadLetterNotOpen(letter)
+        job = _redrive_one(letter, actor=actor, reason=reason, now=now)
+        _reopen_sweeps({job.sweep_id})
+        transaction.on_commit(_wake_dispatcher)
+    return job
+
+
+def dead_letter_dismiss(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> DeadLetter:
+    _require_perm(actor, "cleanup_ops.dismiss_deadletter")
+    reason = _operator_reason(reason)
+    with transaction.atomic():
+        letter = DeadLetter.objects.select_for_update().get(pk=letter_id)
+        if letter.status != DeadLetter.Status.OPEN:
+            raise DeadLetterNotOpen(letter)
+        _dismiss_one(letter, actor=actor, reason=reason, now=timezone.now())
+    return letter
+
+
+def _open_letters(*, category: str | None, portfolio_id: int | None, sweep_id: int | None):  # type: ignore[no-untyped-def]
+    qs = DeadLetter.objects.select_for_update().select_related("job").filter(status=DeadLetter.Status.OPEN)
+    if category:
+        qs = qs.filter(category=category)
+    if portfolio_id is not None:
+        qs = qs.filter(portfolio_id=portfolio_id)
+    if sweep_id is not None:
+        qs = qs.filter(sweep_id=sweep_id)
+    return qs.order_by("id")
+
+
+def dead_letters_redrive_bulk(
+    *,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    category: str | None = None,
+    portfolio_id: int | None = None,
+    sweep_id: int | None = None,
+) -> list[CleanupJob]:
+    """Redrive every open letter matching the filter, in one transaction, one audit event each."""
+    _require_perm(actor, "cleanup_ops.redrive_deadletter")
+    reason = _operator_reason(reason)
+    now = timezone.now()
+    with transaction.atomic():
+        jobs = [
+            _redrive_one(letter, actor=actor, reason=reason, now=now)
+            for letter in _open_letters(category=category, portfolio_id=portfolio_id, sweep_id=sweep_id)
+        ]
+        _reopen_sweeps({job.sweep_id for job in jobs})
+        if jobs:
+            transaction.on_commit(_wake_dispatcher)
+    return jobs
+
+
+def dead_letters_dismiss_bulk(
+    *,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    category: str | None = None,
+    portfolio_id: int | None = None,
+    sweep_id: int | None = None,
+) -> int:
+    _require_perm(actor, "cleanup_ops.dismiss_deadletter")
+    reason = _operator_reason(reason)
+    now = timezone.now()
+    with transaction.atomic():
+        letters = list(_open_letters(category=category, portfolio_id=portfolio_id, sweep_id=sweep_id))
+        for letter in letters:
+            _dismiss_one(letter, actor=actor, reason=reason, now=now)
+    return len(letters)
+
+
+def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+    """Stop new leases (everywhere, or for one portfolio); in-flight slices finish."""
+    _require_perm(actor, "cleanup_ops.add_pipelinepause")
+    reason = _operator_reason(reason)
+    if portfolio_id is not None and not Portfolio.objects.filter(pk=portfolio_id).exists():
+        raise ValidationError({"portfolio": f"no portfolio with id {portfolio_id}"})
+    try:
+        with transaction.atomic():
+            pause = PipelinePause.objects.create(
+                portfolio_id=portfolio_id, reason=reason, paused_by=actor, paused_at=timezone.now()
+            )
+            audit_event_record(
+                actor=actor,
+                action="pipeline.paused",
+                object_type="portfolio" if portfolio_id else "pipeline",
+                object_id=portfolio_id or "all",
+                reason=reason,
+                details={"pause_id": pause.pk},
+            )
+    except IntegrityError:
+        raise ValidationError({"portfolio": "already paused"}) from None
+    return pause
+
+
+def pipeline_resume(*, actor: AbstractBaseUser | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+    _require_perm(actor, "cleanup_ops.change_pipelinepause")
+    reason = _operator_reason(reason)
+    with transaction.atomic():
+        pause = (
+            PipelinePause.objects.select_for_update().filter(resumed_at__isnull=True, portfolio_id=portfolio_id).first()
+        )
+        if pause is None:
+            raise ValidationError({"portfolio": "not paused"})
+        pause.mark_resumed(by=actor, at=timezone.now(), reason=reason)
+        audit_event_record(
+            actor=actor,
+            action="pipeline.resumed",
+            object_type="portfolio" if portfolio_id else "pipeline",
+            object_id=portfolio_id or "all",
+            reason=reason,
+            details={"pause_id": pause.pk},
+        )
+        transaction.on_commit(_wake_dispatcher)
+    return pause

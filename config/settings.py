@@ -179,6 +179,20 @@ CLEANUP_SLICE_SECONDS = env_float("CLEANUP_SLICE_SECONDS", 5.0, minimum=0.1)
 CLEANUP_LEASE_SECONDS = env_int("CLEANUP_LEASE_SECONDS", 60, minimum=5)
 CLEANUP_DISPATCH_WINDOW = env_int("CLEANUP_DISPATCH_WINDOW", 0, minimum=0)
 
+# --- Recovery: retries, budgets, rate limits ---------------------------------
+CLEANUP_BACKOFF_BASE_SECONDS = env_float("CLEANUP_BACKOFF_BASE_SECONDS", 30.0, minimum=0.0)
+CLEANUP_BACKOFF_CAP_SECONDS = env_float("CLEANUP_BACKOFF_CAP_SECONDS", 1800.0, minimum=0.0)
+CLEANUP_MAX_ATTEMPTS = env_int("CLEANUP_MAX_ATTEMPTS", 5, minimum=1)
+CLEANUP_MAX_AGE_SECONDS = env_int("CLEANUP_MAX_AGE_SECONDS", 6 * 3600, minimum=60)
+# Token buckets, in batches per second; a rate of 0 means unlimited.
+CLEANUP_RATE_GLOBAL = env_float("CLEANUP_RATE_GLOBAL", 0.0)
+CLEANUP_BURST_GLOBAL = env_float("CLEANUP_BURST_GLOBAL", 50.0, minimum=1.0)
+CLEANUP_RATE_PORTFOLIO = env_float("CLEANUP_RATE_PORTFOLIO", 0.0)
+CLEANUP_BURST_PORTFOLIO = env_float("CLEANUP_BURST_PORTFOLIO", 20.0, minimum=1.0)
+CLEANUP_PORTFOLIO_MAX_LEASES = env_int("CLEANUP_PORTFOLIO_MAX_LEASES", 2, minimum=1)
+# How long a worker may wait for a token before it defers the job instead.
+CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 0.5)
+
 # --- django-q2 (ORM broker) -------------------------------------------------
 # The ORM broker claims a message with `lock = now + retry` when the cluster
 # *fetches* it and never renews that claim, so `retry` must exceed the time a

@@ -23,6 +23,14 @@ RETENTION_VIEW = [
     "retention.view_auditevent",
 ]
 
+CLEANUP_VIEW = [
+    "cleanup_ops.view_sweep",
+    "cleanup_ops.view_cleanupjob",
+    "cleanup_ops.view_ledgerentry",
+    "cleanup_ops.view_deadletter",
+    "cleanup_ops.view_pipelinepause",
+]
+
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     "property_manager": [
         *PROPERTY_VIEW,
@@ -37,8 +45,16 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "retention.add_legalhold",
         "retention.change_legalhold",
     ],
-    "operator": [*PROPERTY_VIEW, *RETENTION_VIEW],
-    "auditor": [*PROPERTY_VIEW, *RETENTION_VIEW],
+    "operator": [
+        *PROPERTY_VIEW,
+        *RETENTION_VIEW,
+        *CLEANUP_VIEW,
+        "cleanup_ops.redrive_deadletter",
+        "cleanup_ops.dismiss_deadletter",
+        "cleanup_ops.add_pipelinepause",
+        "cleanup_ops.change_pipelinepause",
+    ],
+    "auditor": [*PROPERTY_VIEW, *RETENTION_VIEW, *CLEANUP_VIEW],
 }
 
 

@@ -48,7 +48,8 @@ def broker(settings):
 
 
 @pytest.mark.django_db
-def test_due_jobs_are_picked_round_robin_across_portfolios(make_jobs):
+def test_due_jobs_are_picked_round_robin_across_portfolios(make_jobs, settings):
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 10
     big = make_jobs(1, 6)
     medium = make_jobs(2, 2)
     small = make_jobs(3, 1)
@@ -86,7 +87,8 @@ def test_the_dispatcher_fills_the_broker_window_only_and_does_not_resend_waiting
 
 
 @pytest.mark.django_db(transaction=True)
-def test_the_dispatched_order_alternates_portfolios(make_jobs, broker):
+def test_the_dispatched_order_alternates_portfolios(make_jobs, broker, settings):
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 10
     Portfolio.objects.create(name="Other", slug="other")
     big = make_jobs(1, 6)
     small = make_jobs(2, 1)
@@ -99,3 +101,27 @@ def _payloads() -> list[dict]:
     from django_q.signing import SignedPackage
 
     return [SignedPackage.loads(m.payload) for m in OrmQ.objects.order_by("id")]
+
+
+@pytest.mark.django_db
+def test_a_portfolio_gets_no_more_jobs_than_its_free_lease_slots(make_jobs, settings):
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 2
+    make_jobs(1, 1, state=JobState.LEASED, lease_expires_at=NOW + timedelta(seconds=30))
+    big = make_jobs(1, 5)
+    small = make_jobs(2, 3)
+    assert fair_due_job_ids(now=NOW, limit=10) == [big[0], small[0], small[1]]
+
+
+@pytest.mark.django_db
+def test_paused_portfolios_and_a_global_pause_are_not_dispatched(make_jobs, operator_user):
+    from cleanup_ops.services import pipeline_pause, pipeline_resume
+
+    first = make_jobs(1, 1)
+    second = make_jobs(2, 1)
+    pipeline_pause(actor=operator_user, reason="maintenance window", portfolio_id=1)
+    assert fair_due_job_ids(now=NOW, limit=10) == second
+    pipeline_pause(actor=operator_user, reason="database upgrade")
+    assert fair_due_job_ids(now=NOW, limit=10) == []
+    pipeline_resume(actor=operator_user, reason="upgrade finished")
+    pipeline_resume(actor=operator_user, reason="window over", portfolio_id=1)
+    assert set(fair_due_job_ids(now=NOW, limit=10)) == {first[0], second[0]}

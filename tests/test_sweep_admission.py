@@ -135,6 +135,7 @@ class TestAdmission:
         self, estate, settings, django_capture_on_commit_callbacks
     ):
         settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False}
+        settings.CLEANUP_PORTFOLIO_MAX_LEASES = 10
 
         class Abort(Exception):
             pass

@@ -1,0 +1,168 @@
+"""Failure classification: one table of rules, a closed set of categories.
+
+Every failure of a slice is classified by the first matching rule in
+``RULES``. A disposition says what happens next:
+
+- ``retry``: the job goes back to pending with a backoff delay (or no earlier
+  than the ``Retry-After`` instant) and its attempt count grows; when the
+  attempt or age budget runs out it becomes a dead letter instead.
+- ``dead``: straight to a dead letter; no retry budget is burned.
+
+Classified no-ops (``held``, ``scope_missing``, ``policy_withdrawn``,
+``nothing_eligible``) are not failures at all: they are job *outcomes*,
+acknowledged and finished (see ``JobOutcome``).
+
+Only the category and the exception's class name are ever stored: messages
+can quote record data, and response bodies are never kept.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+from django.core.exceptions import ValidationError
+from django.db import DatabaseError, InterfaceError, OperationalError
+from django.db.models import TextChoices
+
+# Retry-After values beyond this are treated as absurd and ignored (backoff applies).
+MAX_RETRY_AFTER = timedelta(hours=6)
+
+
+class FailureCategory(TextChoices):
+    DOWNSTREAM_THROTTLED = "downstream_throttled", "Downstream throttled (429/503)"
+    DOWNSTREAM_UNAVAILABLE = "downstream_unavailable", "Downstream error (5xx)"
+    TIMEOUT = "timeout", "Timeout before the effect was known"
+    TRANSIENT_DATABASE = "transient_database", "Transient database error"
+    LEASE_LOST = "lease_lost", "Lease lost"
+    UNEXPECTED = "unexpected", "Unexpected error"
+    POLICY_OR_INPUT = "policy_or_input", "Invalid policy or input"
+    DOWNSTREAM_REJECTED = "downstream_rejected", "Downstream rejected (4xx)"
+    RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted", "Attempt budget exhausted"
+    AGE_BUDGET_EXHAUSTED = "age_budget_exhausted", "Age budget exhausted"
+
+
+class DownstreamError(Exception):
+    """A downstream dependency answered with an HTTP error status.
+
+    Carries the status and the raw ``Retry-After`` header only, never a body.
+    """
+
+    def __init__(self, status: int, retry_after: str | None = None) -> None:
+        super().__init__(f"downstream answered HTTP {status}")
+        self.status = status
+        self.retry_after = retry_after
+
+
+class DownstreamTimeout(Exception):
+    """The downstream call timed out: its effect is unknown."""
+
+
+class InvalidInput(Exception):
+    """The job's policy or input cannot be executed as it stands."""
+
+
+RETRY = "retry"
+DEAD = "dead"
+
+
+@dataclass(frozen=True)
+class Rule:
+    category: FailureCategory
+    disposition: str
+    matches: Callable[[BaseException], bool]
+
+
+def _status(exc: BaseException, test: Callable[[int], bool]) -> bool:
+    return isinstance(exc, DownstreamError) and test(exc.status)
+
+
+def _transient_db(exc: BaseException) -> bool:
+    if isinstance(exc, OperationalError | InterfaceError):
+        return True
+    # serialization_failure (40001), deadlock_detected (40P01) surface as
+    # other DatabaseError subclasses on psycopg; match them by SQLSTATE.
+    cause = exc.__cause__
+    return isinstance(exc, DatabaseError) and getattr(cause, "sqlstate", None) in {"40001", "40P01"}
+
+
+def _lease_lost(exc: BaseException) -> bool:
+    from cleanup_ops.execution import LeaseLost
+
+    return isinstance(exc, LeaseLost)
+
+
+RULES: tuple[Rule, ...] = (
+    Rule(FailureCategory.DOWNSTREAM_THROTTLED, RETRY, lambda e: _status(e, lambda s: s in (429, 503))),
+    Rule(
+        FailureCategory.TIMEOUT,
+        RETRY,
+        lambda e: isinstance(e, DownstreamTimeout | TimeoutError) or _status(e, lambda s: s == 408),
+    ),
+    Rule(FailureCategory.DOWNSTREAM_REJECTED, DEAD, lambda e: _status(e, lambda s: 400 <= s < 500)),
+    Rule(FailureCategory.DOWNSTREAM_UNAVAILABLE, RETRY, lambda e: _status(e, lambda s: s >= 500)),
+    Rule(FailureCategory.LEASE_LOST, RETRY, _lease_lost),
+    Rule(FailureCategory.TRANSIENT_DATABASE, RETRY, _transient_db),
+    Rule(FailureCategory.POLICY_OR_INPUT, DEAD, lambda e: isinstance(e, InvalidInput | ValidationError)),
+)
+
+
+@dataclass(frozen=True)
+class Classification:
+    category: FailureCategory
+    disposition: str
+    error_class: str
+    retry_after: datetime | None = None
+
+    @property
+    def retryable(self) -> bool:
+        return self.disposition == RETRY
+
+
+def classify(exc: BaseException, *, now: datetime) -> Classification:
+    for rule in RULES:
+        if rule.matches(exc):
+            retry_after = None
+            if isinstance(exc, DownstreamError) and exc.retry_after is not None:
+                retry_after = parse_retry_after(exc.retry_after, now=now)
+            return Classification(rule.category, rule.disposition, type(exc).__name__, retry_after)
+    return Classification(FailureCategory.UNEXPECTED, RETRY, type(exc).__name__)
+
+
+def parse_retry_after(value: str, *, now: datetime) -> datetime | None:
+    """The instant a ``Retry-After`` header names (RFC 9110 §10.2.3), or None.
+
+    Delta-seconds or an HTTP-date. Negative, unparseable, or more than
+    ``MAX_RETRY_AFTER`` away: None, so ordinary backoff applies.
+    """
+    text = value.strip()
+    if text.isdigit():
+        seconds = int(text)
+        at = now + timedelta(seconds=seconds)
+    else:
+        try:
+            parsed = email.utils.parsedate_to_datetime(text)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if parsed is None:
+            return None
+        at = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+        if at < now:
+            return None
+    if at - now > MAX_RETRY_AFTER:
+        return None
+    return at
+
+
+def backoff_delay(*, attempt: int, base: float, cap: float, rng: random.Random | None = None) -> float:
+    """Exponential backoff with full jitter: uniform(0, min(cap, base * 2^(attempt-1)))."""
+    ceiling = min(cap, base * (2 ** max(0, attempt - 1)))
+    return (rng or random).uniform(0, ceiling)
+
+
+def retry_after_jitter(*, rng: random.Random | None = None) -> float:
+    """A small spread so jobs deferred to the same instant do not wake together."""
+    return (rng or random).uniform(0, 2.0)

@@ -1,0 +1,98 @@
+"""Token buckets in the database, shared by every worker on every host.
+
+One bucket is a row (``RateBucket``). Taking a token is one conditional
+UPDATE that refills the bucket for the time elapsed since ``updated_at`` and
+takes a token only if one is there, so concurrent workers never over-spend:
+the row lock serialises them and each sees the other's result. The portfolio
+bucket is taken before the global one in every transaction (a fixed order, so
+two workers cannot deadlock on them), and both are taken or neither.
+
+Time is passed in (epoch seconds from ``timezone.now()``) so tests control it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from django.conf import settings
+from django.db import connection, transaction
+
+from cleanup_ops.models import RateBucket
+
+TABLE = RateBucket._meta.db_table
+
+
+@dataclass(frozen=True)
+class BucketConfig:
+    name: str
+    rate: float  # tokens per second; 0 = unlimited
+    burst: float
+
+
+def effective_limits() -> dict[str, float | int]:
+    return {
+        "global_rate_per_s": settings.CLEANUP_RATE_GLOBAL,
+        "global_burst": settings.CLEANUP_BURST_GLOBAL,
+        "portfolio_rate_per_s": settings.CLEANUP_RATE_PORTFOLIO,
+        "portfolio_burst": settings.CLEANUP_BURST_PORTFOLIO,
+        "portfolio_max_leases": settings.CLEANUP_PORTFOLIO_MAX_LEASES,
+        "batch_size": settings.CLEANUP_BATCH_SIZE,
+        "max_attempts": settings.CLEANUP_MAX_ATTEMPTS,
+        "max_age_seconds": settings.CLEANUP_MAX_AGE_SECONDS,
+        "backoff_base_seconds": settings.CLEANUP_BACKOFF_BASE_SECONDS,
+        "backoff_cap_seconds": settings.CLEANUP_BACKOFF_CAP_SECONDS,
+    }
+
+
+def buckets_for(portfolio_id: int) -> list[BucketConfig]:
+    buckets = []
+    if settings.CLEANUP_RATE_PORTFOLIO > 0:
+        buckets.append(
+            BucketConfig(f"portfolio:{portfolio_id}", settings.CLEANUP_RATE_PORTFOLIO, settings.CLEANUP_BURST_PORTFOLIO)
+        )
+    if settings.CLEANUP_RATE_GLOBAL > 0:
+        buckets.append(BucketConfig("global", settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL))
+    return buckets
+
+
+def _take(cur, bucket: BucketConfig, now: float, *, first: bool = True) -> float:  # type: ignore[no-untyped-def]
+    """Take one token: 0.0 when granted, else seconds until one will be there."""
+    least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
+    refill = f"{least}(%s, tokens + {greatest}(0, %s - updated_at) * %s)"
+    cur.execute(
+        f"UPDATE {TABLE} SET tokens = {refill} - 1, updated_at = %s WHERE name = %s AND {refill} >= 1",
+        [bucket.burst, now, bucket.rate, now, bucket.name, bucket.burst, now, bucket.rate],
+    )
+    if cur.rowcount == 1:
+        return 0.0
+    cur.execute(f"SELECT tokens, updated_at FROM {TABLE} WHERE name = %s", [bucket.name])
+    row = cur.fetchone()
+    if row is None and first:
+        # First use of this bucket: create it full (a concurrent creator may
+        # win; either way the row exists now) and take from it as usual.
+        RateBucket.objects.bulk_create(
+            [RateBucket(name=bucket.name, tokens=bucket.burst, updated_at=now)], ignore_conflicts=True
+        )
+        return _take(cur, bucket, now, first=False)
+    if row is None:
+        raise RuntimeError(f"rate bucket {bucket.name} could not be created")
+    tokens, updated_at = row
+    available = min(bucket.burst, tokens + max(0.0, now - updated_at) * bucket.rate)
+    return max(0.001, (1 - available) / bucket.rate)
+
+
+def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig] | None = None) -> float:
+    """Take a token from the portfolio's bucket and the global one, or from neither.
+
+    Returns 0.0 when granted, else the seconds until a retry could succeed.
+    """
+    buckets = buckets_for(portfolio_id) if buckets is None else buckets
+    if not buckets:
+        return 0.0
+    with transaction.atomic(), connection.cursor() as cur:
+        for bucket in buckets:
+            wait = _take(cur, bucket, now)
+            if wait > 0:
+                transaction.set_rollback(True)
+                return wait
+    return 0.0
