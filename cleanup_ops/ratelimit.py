@@ -60,7 +60,8 @@ def _take(cur, bucket: BucketConfig, now: float, *, first: bool = True) -> float
     least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
     refill = f"{least}(%s, tokens + {greatest}(0, %s - updated_at) * %s)"
     cur.execute(
-        f"UPDATE {TABLE} SET tokens = {refill} - 1, updated_at = %s WHERE name = %s AND {refill} >= 1",
+        # 1e-9: a whole token accrued in float steps must not miss by rounding.
+        f"UPDATE {TABLE} SET tokens = {refill} - 1, updated_at = %s WHERE name = %s AND {refill} >= 0.999999999",
         [bucket.burst, now, bucket.rate, now, bucket.name, bucket.burst, now, bucket.rate],
     )
     if cur.rowcount == 1:

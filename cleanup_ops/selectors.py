@@ -7,7 +7,8 @@ from django.db.models import Count, Min, Sum
 from django.utils import timezone
 
 from cleanup_ops.dispatch import due_jobs
-from cleanup_ops.models import CleanupJob, JobState, LedgerEntry, Sweep
+from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry, PipelinePause, Sweep
+from cleanup_ops.ratelimit import effective_limits
 
 
 def pipeline_status(*, now: datetime | None = None) -> dict[str, Any]:
@@ -26,6 +27,12 @@ def pipeline_status(*, now: datetime | None = None) -> dict[str, Any]:
         "leased": CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__gt=now).count(),
         "expired_leases": CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__lte=now).count(),
         "rows_deleted_total": LedgerEntry.objects.aggregate(n=Sum("rows_deleted"))["n"] or 0,
+        "dead_letters_open": DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count(),
+        "paused": [
+            {"portfolio_id": p["portfolio_id"], "reason": p["reason"]}
+            for p in PipelinePause.objects.filter(resumed_at__isnull=True).values("portfolio_id", "reason")
+        ],
+        "limits": effective_limits(),
         "ledger_rows": LedgerEntry.objects.count(),
         "sweeps": [
             {

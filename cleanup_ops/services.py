@@ -416,6 +416,10 @@ def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id:
         raise ValidationError({"portfolio": f"no portfolio with id {portfolio_id}"})
     try:
         with transaction.atomic():
+            # The partial unique constraint guards this on PostgreSQL; SQLite
+            # cannot express it (NULLS NOT DISTINCT), so check here as well.
+            if PipelinePause.objects.filter(resumed_at__isnull=True, portfolio_id=portfolio_id).exists():
+                raise IntegrityError("already paused")
             pause = PipelinePause.objects.create(
                 portfolio_id=portfolio_id, reason=reason, paused_by=actor, paused_at=timezone.now()
             )

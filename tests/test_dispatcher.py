@@ -113,15 +113,15 @@ def test_a_portfolio_gets_no_more_jobs_than_its_free_lease_slots(make_jobs, sett
 
 
 @pytest.mark.django_db
-def test_paused_portfolios_and_a_global_pause_are_not_dispatched(make_jobs, operator_user):
+def test_paused_portfolios_and_a_global_pause_are_not_dispatched(make_jobs, operator_user, portfolio):
     from cleanup_ops.services import pipeline_pause, pipeline_resume
 
-    first = make_jobs(1, 1)
-    second = make_jobs(2, 1)
-    pipeline_pause(actor=operator_user, reason="maintenance window", portfolio_id=1)
+    first = make_jobs(portfolio.pk, 1)
+    second = make_jobs(portfolio.pk + 1, 1)
+    pipeline_pause(actor=operator_user, reason="maintenance window", portfolio_id=portfolio.pk)
     assert fair_due_job_ids(now=NOW, limit=10) == second
     pipeline_pause(actor=operator_user, reason="database upgrade")
     assert fair_due_job_ids(now=NOW, limit=10) == []
     pipeline_resume(actor=operator_user, reason="upgrade finished")
-    pipeline_resume(actor=operator_user, reason="window over", portfolio_id=1)
+    pipeline_resume(actor=operator_user, reason="window over", portfolio_id=portfolio.pk)
     assert set(fair_due_job_ids(now=NOW, limit=10)) == {first[0], second[0]}

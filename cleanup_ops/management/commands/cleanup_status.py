@@ -24,6 +24,11 @@ class Command(BaseCommand):
         self.stdout.write(f"Oldest due job: {'none due' if age is None else f'{age} s'}")
         self.stdout.write(f"Leases: {status['leased']} active, {status['expired_leases']} expired")
         self.stdout.write(f"Rows deleted: {status['rows_deleted_total']} in {status['ledger_rows']} ledger rows")
+        self.stdout.write(f"Open dead letters: {status['dead_letters_open']}")
+        for pause in status["paused"]:
+            scope = f"portfolio {pause['portfolio_id']}" if pause["portfolio_id"] else "whole pipeline"
+            self.stdout.write(f"PAUSED: {scope} ({pause['reason']})")
+        self.stdout.write("Effective limits: " + ", ".join(f"{k}={v}" for k, v in status["limits"].items()))
         for sweep in status["sweeps"]:
             self.stdout.write(
                 f"  {sweep['key']}: {sweep['status']}, {sweep['jobs_admitted']} jobs, "

@@ -1,0 +1,60 @@
+from __future__ import annotations
+
+import json
+
+from django.contrib.auth.models import User
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.core.management.base import BaseCommand, CommandError, CommandParser
+
+from cleanup_ops.classification import FailureCategory
+from cleanup_ops.models import Sweep
+from cleanup_ops.services import dead_letters_dismiss_bulk, dead_letters_redrive_bulk
+from properties.models import Portfolio
+
+
+class Command(BaseCommand):
+    help = "Redrive (or --dismiss) every open dead letter that matches the filters, with one reason."
+
+    def add_arguments(self, parser: CommandParser) -> None:
+        parser.add_argument("--category", required=True, help=f"one of: {', '.join(FailureCategory.values)}")
+        parser.add_argument("--portfolio", type=int, help="only this portfolio id")
+        parser.add_argument("--sweep", help="only this sweep (id or key)")
+        parser.add_argument("--reason", required=True, help="why (at least 10 characters); lands in the audit trail")
+        parser.add_argument("--user", help="record the decision as this user (who needs the permission)")
+        parser.add_argument("--dismiss", action="store_true", help="dismiss instead of redriving")
+        parser.add_argument("--json", action="store_true", help="print one JSON object last")
+
+    def handle(self, *args: object, **options: object) -> None:
+        if options["category"] not in FailureCategory.values:
+            raise CommandError(f"--category: unknown category {options['category']!r}")
+        if options["portfolio"] is not None and not Portfolio.objects.filter(pk=options["portfolio"]).exists():
+            raise CommandError(f"--portfolio: no portfolio with id {options['portfolio']}")
+        sweep_id = None
+        if options["sweep"]:
+            lookup = {"pk": int(options["sweep"])} if options["sweep"].isdigit() else {"key": options["sweep"]}
+            sweep_id = Sweep.objects.filter(**lookup).values_list("pk", flat=True).first()
+            if sweep_id is None:
+                raise CommandError(f"--sweep: no sweep {options['sweep']!r}")
+        actor = None
+        if options["user"]:
+            actor = User.objects.filter(username=options["user"]).first()
+            if actor is None:
+                raise CommandError(f"--user: no user {options['user']!r}")
+        filters = {"category": options["category"], "portfolio_id": options["portfolio"], "sweep_id": sweep_id}
+        try:
+            if options["dismiss"]:
+                count, new_jobs = dead_letters_dismiss_bulk(actor=actor, reason=options["reason"], **filters), []
+            else:
+                new_jobs = [
+                    job.pk for job in dead_letters_redrive_bulk(actor=actor, reason=options["reason"], **filters)
+                ]
+                count = len(new_jobs)
+        except ValidationError as exc:
+            raise CommandError(f"--reason: {exc.message_dict['reason'][0]}") from None
+        except PermissionDenied as exc:
+            raise CommandError(f"--user: {exc}") from None
+        verb = "dismissed" if options["dismiss"] else "redriven"
+        if options["json"]:
+            self.stdout.write(json.dumps({verb: count, "new_job_ids": new_jobs}))
+            return
+        self.stdout.write(f"{count} dead letters {verb}." + (f" New jobs: {new_jobs}" if new_jobs else ""))
