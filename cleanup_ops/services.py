@@ -356,8 +356,12 @@ def dead_letter_dismiss(*, letter_id: int, actor: AbstractBaseUser | None, reaso
     return letter
 
 
-def _open_letters(*, category: str | None, portfolio_id: int | None, sweep_id: int | None):  # type: ignore[no-untyped-def]
+def _open_letters(  # type: ignore[no-untyped-def]
+    *, category: str | None, portfolio_id: int | None, sweep_id: int | None, letter_ids: list[int] | None = None
+):
     qs = DeadLetter.objects.select_for_update().select_related("job").filter(status=DeadLetter.Status.OPEN)
+    if letter_ids is not None:
+        qs = qs.filter(pk__in=letter_ids)
     if category:
         qs = qs.filter(category=category)
     if portfolio_id is not None:
@@ -374,15 +378,20 @@ def dead_letters_redrive_bulk(
     category: str | None = None,
     portfolio_id: int | None = None,
     sweep_id: int | None = None,
+    letter_ids: list[int] | None = None,
 ) -> list[CleanupJob]:
-    """Redrive every open letter matching the filter, in one transaction, one audit event each."""
+    """Redrive every open letter matching the filters (and ``letter_ids`` when
+    given), in one transaction, one audit event each. Letters no longer open
+    are skipped: the caller sees which ones from the returned jobs."""
     _require_perm(actor, "cleanup_ops.redrive_deadletter")
     reason = _operator_reason(reason)
     now = timezone.now()
     with transaction.atomic():
         jobs = [
             _redrive_one(letter, actor=actor, reason=reason, now=now)
-            for letter in _open_letters(category=category, portfolio_id=portfolio_id, sweep_id=sweep_id)
+            for letter in _open_letters(
+                category=category, portfolio_id=portfolio_id, sweep_id=sweep_id, letter_ids=letter_ids
+            )
         ]
         _reopen_sweeps({job.sweep_id for job in jobs})
         if jobs:
@@ -397,12 +406,15 @@ def dead_letters_dismiss_bulk(
     category: str | None = None,
     portfolio_id: int | None = None,
     sweep_id: int | None = None,
+    letter_ids: list[int] | None = None,
 ) -> int:
     _require_perm(actor, "cleanup_ops.dismiss_deadletter")
     reason = _operator_reason(reason)
     now = timezone.now()
     with transaction.atomic():
-        letters = list(_open_letters(category=category, portfolio_id=portfolio_id, sweep_id=sweep_id))
+        letters = list(
+            _open_letters(category=category, portfolio_id=portfolio_id, sweep_id=sweep_id, letter_ids=letter_ids)
+        )
         for letter in letters:
             _dismiss_one(letter, actor=actor, reason=reason, now=now)
     return len(letters)

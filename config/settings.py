@@ -115,6 +115,8 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
     "django_q",
     "properties",
     "retention",
@@ -156,7 +158,9 @@ DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # The keyset indexes INCLUDE the retention timestamp on PostgreSQL; SQLite
 # builds them without it, which is fine for the embedded demo.
-SILENCED_SYSTEM_CHECKS = ["models.W040"]
+# SQLite also cannot express the one-active-pause-per-scope constraint (NULLS
+# NOT DISTINCT); pipeline_pause checks it in its transaction as well.
+SILENCED_SYSTEM_CHECKS = ["models.W040", "models.W047"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -167,7 +171,40 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
-LOGIN_URL = "/admin/login/"
+LOGIN_URL = "/accounts/login/"
+LOGIN_REDIRECT_URL = "/console/"
+
+# --- REST API and metrics -----------------------------------------------------
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Retention cleanup console API",
+    "VERSION": "1.0.0",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+# /metrics (Prometheus): a bearer token, or client addresses in the allowlist.
+METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
+METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1"])
+
+# Production hardening; `manage.py check --deploy` is clean with DEBUG off.
+SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
+SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
+CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
+SECURE_HSTS_PRELOAD = not DEBUG
+SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+X_FRAME_OPTIONS = "DENY"
 
 # --- Cleanup pipeline -------------------------------------------------------
 CLEANUP_SCHEDULE = env.str("CLEANUP_SCHEDULE", default="0 2 * * *")
@@ -192,6 +229,29 @@ CLEANUP_BURST_PORTFOLIO = env_float("CLEANUP_BURST_PORTFOLIO", 20.0, minimum=1.0
 CLEANUP_PORTFOLIO_MAX_LEASES = env_int("CLEANUP_PORTFOLIO_MAX_LEASES", 2, minimum=1)
 # How long a worker may wait for a token before it defers the job instead.
 CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 0.5)
+
+# --- DOCSTORE: downstream document store (purge of attachments) ---------------
+# The only place the store's address comes from. Checked at start-up against
+# the allowlists; an empty DOCSTORE_URL means "not configured" and purge jobs
+# dead-letter as policy_or_input until it is set (then redrive them).
+from cleanup_ops.docstore_url import docstore_url_check  # noqa: E402 - pure stdlib, no Django imports
+
+DOCSTORE_ALLOWED_SCHEMES = env.list("DOCSTORE_ALLOWED_SCHEMES", default=["http", "https"])
+DOCSTORE_ALLOWED_HOSTS = env.list("DOCSTORE_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "::1"])
+DOCSTORE_URL = env.str("DOCSTORE_URL", default="").strip()
+if DOCSTORE_URL:
+    try:
+        DOCSTORE_URL = docstore_url_check(DOCSTORE_URL, schemes=DOCSTORE_ALLOWED_SCHEMES, hosts=DOCSTORE_ALLOWED_HOSTS)
+    except ValueError as exc:
+        raise ImproperlyConfigured(str(exc)) from None
+DOCSTORE_CONNECT_TIMEOUT = env_float("DOCSTORE_CONNECT_TIMEOUT", 2.0, minimum=0.01)
+DOCSTORE_READ_TIMEOUT = env_float("DOCSTORE_READ_TIMEOUT", 5.0, minimum=0.01)
+# The store's own token buckets, in HTTP requests per second; 0 = unlimited.
+DOCSTORE_RATE_GLOBAL = env_float("DOCSTORE_RATE_GLOBAL", 0.0)
+DOCSTORE_BURST_GLOBAL = env_float("DOCSTORE_BURST_GLOBAL", 10.0, minimum=1.0)
+DOCSTORE_RATE_PORTFOLIO = env_float("DOCSTORE_RATE_PORTFOLIO", 0.0)
+DOCSTORE_BURST_PORTFOLIO = env_float("DOCSTORE_BURST_PORTFOLIO", 5.0, minimum=1.0)
+# --- end DOCSTORE -------------------------------------------------------------
 
 # --- django-q2 (ORM broker) -------------------------------------------------
 # The ORM broker claims a message with `lock = now + retry` when the cluster

@@ -49,6 +49,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         *PROPERTY_VIEW,
         *RETENTION_VIEW,
         *CLEANUP_VIEW,
+        "cleanup_ops.add_sweep",
         "cleanup_ops.redrive_deadletter",
         "cleanup_ops.dismiss_deadletter",
         "cleanup_ops.add_pipelinepause",

@@ -9,3 +9,6 @@ from __future__ import annotations
 import os
 
 os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production-use-0123456789")
+# The suite talks plain HTTP on loopback (test client, live server, browser).
+for _name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
+    os.environ.setdefault(_name, "false")
