@@ -286,9 +286,16 @@ Q_CLUSTER = {
     "sync": env_bool("Q_SYNC", False),
 }
 
+LOG_FORMAT = env.str("LOG_FORMAT", default="json")
+if LOG_FORMAT not in {"json", "text"}:
+    raise ImproperlyConfigured(f"LOG_FORMAT: expected json or text, got {LOG_FORMAT!r}")
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,
-    "handlers": {"console": {"class": "logging.StreamHandler"}},
+    "formatters": {
+        "json": {"()": "config.logging.JsonLinesFormatter"},
+        "text": {"format": "%(levelname)s %(name)s %(message)s"},
+    },
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }
