@@ -190,6 +190,7 @@ SPECTACULAR_SETTINGS = {
     "TITLE": "Retention cleanup console API",
     "VERSION": "1.0.0",
     "SERVE_INCLUDE_SCHEMA": False,
+    "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "COMPONENT_SPLIT_REQUEST": True,
 }
 # /metrics (Prometheus): a bearer token, or client addresses in the allowlist.
