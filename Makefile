@@ -14,13 +14,26 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	touch $@
 
 # The demo runs on the embedded SQLite default and starts from a fresh file.
+# It starts the demo document store on a free loopback port, uploads
+# attachments for some records, and stops the store when it is done (or fails).
 demo: venv
 	rm -f var/db.sqlite3 var/db.sqlite3-wal var/db.sqlite3-shm
+	rm -f var/docstore.sqlite3 var/docstore.sqlite3-wal var/docstore.sqlite3-shm var/docstore.log
 	DEBUG=true $(PY) manage.py migrate --noinput -v 0
 	DEBUG=true $(PY) manage.py seed_demo $(DEMO_ARGS)
-	DEBUG=true $(PY) manage.py cleanup_sweep --dry-run
-	DEBUG=true $(PY) manage.py cleanup_sweep
-	DEBUG=true $(PY) manage.py cleanup_drain
+	@set -e; \
+	$(PY) -m docstore --port 0 --db var/docstore.sqlite3 --rate 400 --burst 100 > var/docstore.log 2>&1 & store=$$!; \
+	trap 'kill $$store 2>/dev/null; wait $$store 2>/dev/null || true' EXIT; \
+	for i in $$(seq 50); do grep -q listening var/docstore.log 2>/dev/null && break; sleep 0.1; done; \
+	url=$$(sed -n 's/^docstore listening on //p' var/docstore.log); \
+	[ -n "$$url" ] || { echo "the document store did not start; see var/docstore.log"; exit 1; }; \
+	echo "Document store: $$url (var/docstore.sqlite3)"; \
+	export DEBUG=true DOCSTORE_URL=$$url DOCSTORE_RATE_GLOBAL=200 DOCSTORE_BURST_GLOBAL=50; \
+	$(PY) manage.py seed_attachments --fraction 0.1 --seed 42; \
+	$(PY) manage.py cleanup_sweep --dry-run; \
+	$(PY) manage.py cleanup_sweep; \
+	$(PY) manage.py cleanup_drain --max-seconds 60; \
+	$(PY) -c "import sqlite3; print('Document store requests logged:', sqlite3.connect('var/docstore.sqlite3').execute('select count(*) from requests').fetchone()[0])"
 	@echo
 	@echo "Admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/admin/"
 

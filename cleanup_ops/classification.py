@@ -61,6 +61,10 @@ class DownstreamTimeout(Exception):
     """The downstream call timed out: its effect is unknown."""
 
 
+class DownstreamConnectionError(Exception):
+    """No answer at all (refused, reset, DNS): retried with backoff like a 5xx."""
+
+
 class InvalidInput(Exception):
     """The job's policy or input cannot be executed as it stands."""
 
@@ -102,8 +106,14 @@ RULES: tuple[Rule, ...] = (
         RETRY,
         lambda e: isinstance(e, DownstreamTimeout | TimeoutError) or _status(e, lambda s: s == 408),
     ),
-    Rule(FailureCategory.DOWNSTREAM_REJECTED, DEAD, lambda e: _status(e, lambda s: 400 <= s < 500)),
-    Rule(FailureCategory.DOWNSTREAM_UNAVAILABLE, RETRY, lambda e: _status(e, lambda s: s >= 500)),
+    # A redirect is never followed (the destination comes from settings only),
+    # so it is as final as a 4xx: an operator has to look at the store's setup.
+    Rule(FailureCategory.DOWNSTREAM_REJECTED, DEAD, lambda e: _status(e, lambda s: 300 <= s < 500)),
+    Rule(
+        FailureCategory.DOWNSTREAM_UNAVAILABLE,
+        RETRY,
+        lambda e: _status(e, lambda s: s >= 500) or isinstance(e, DownstreamConnectionError),
+    ),
     Rule(FailureCategory.LEASE_LOST, RETRY, _lease_lost),
     Rule(FailureCategory.TRANSIENT_DATABASE, RETRY, _transient_db),
     Rule(FailureCategory.POLICY_OR_INPUT, DEAD, lambda e: isinstance(e, InvalidInput | ValidationError)),

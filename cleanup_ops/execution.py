@@ -23,10 +23,19 @@ Protocol (DESIGN.md "Execution details that matter"):
       them that the eligibility predicate admits (the hold check is inside the
       statement), insert the ledger row, advance the cursor past every
       candidate (held ones too) and renew the lease.
+   f. Outbox: for record kinds with attachments the DELETE returns the
+      deleted rows' document ids; when there are any, the same transaction
+      writes one ``PurgeRequest`` (key = the operation id) and one ``purge``
+      job. A held or replayed batch deletes nothing and so purges nothing; a
+      rolled-back batch takes its outbox rows with it. Kinds without
+      attachments run the plain DELETE, with no extra statement.
    No candidates left → the job is done with its outcome.
 3. **Release.** After ``CLEANUP_SLICE_BATCHES`` batches or
    ``CLEANUP_SLICE_SECONDS`` the job goes back to pending, due now, cursor
    saved, so one big property never holds a worker for long.
+
+Purge jobs lease, fence, release and fail through the same functions; their
+slice (HTTP calls outside any transaction) is in ``cleanup_ops.purge``.
 
 Time comes from ``django.utils.timezone.now()`` (never the database clock) so
 tests control it with time-machine.
@@ -51,8 +60,18 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from cleanup_ops.classification import FailureCategory, backoff_delay, classify, retry_after_jitter
-from cleanup_ops.models import CleanupJob, DeadLetter, JobOutcome, JobState, LedgerEntry, PipelinePause
-from cleanup_ops.ratelimit import tokens_acquire
+from cleanup_ops.docstore_url import document_id_valid
+from cleanup_ops.models import (
+    CleanupJob,
+    DeadLetter,
+    JobKind,
+    JobOutcome,
+    JobState,
+    LedgerEntry,
+    PipelinePause,
+    PurgeRequest,
+)
+from cleanup_ops.ratelimit import BucketConfig, tokens_acquire
 from cleanup_ops.services import sweep_refresh_status
 from properties.models import Portfolio, Property
 from retention.eligibility import db_datetime, eligible_sql
@@ -88,6 +107,7 @@ class SliceResult:
     deferred_seconds: float = 0.0
     error_category: str = ""
     dead: bool = False
+    documents_purged: int = 0
 
 
 @dataclass
@@ -99,6 +119,9 @@ class _Job:
     cutoff: datetime
     policy_version_id: int
     slot: datetime
+    sweep_id: int
+    kind: str
+    purge_request_id: int | None
 
 
 def worker_name() -> str:
@@ -182,7 +205,16 @@ def job_release(*, lease: Lease, available_at: datetime | None = None) -> bool:
 
 def _load(job_id: int) -> _Job:
     row = CleanupJob.objects.filter(pk=job_id).values_list(
-        "id", "portfolio_id", "property_id", "record_kind", "cutoff", "policy_version_id", "sweep__slot"
+        "id",
+        "portfolio_id",
+        "property_id",
+        "record_kind",
+        "cutoff",
+        "policy_version_id",
+        "sweep__slot",
+        "sweep_id",
+        "kind",
+        "purge_request_id",
     )[0]
     return _Job(*row)
 
@@ -278,12 +310,18 @@ def run_batch(*, job: _Job, lease: Lease, limit: int, now: datetime | None = Non
             _finish(cur, job, outcome, now)
             return 0, outcome
         predicate, params = eligible_sql(job.record_kind, cutoff=cutoff, alias=spec.table)
+        attachment = attachment_column(job.record_kind)
         cur.execute(
             f"DELETE FROM {spec.table} WHERE {spec.table}.property_id = %s AND {spec.table}.id > %s"
-            f" AND {spec.table}.id <= %s AND {predicate}",
+            f" AND {spec.table}.id <= %s AND {predicate}" + (f" RETURNING {attachment}" if attachment else ""),
             [job.property_id, after_id, last_id, *params],
         )
-        deleted = cur.rowcount
+        if attachment:
+            returned = cur.fetchall()
+            deleted = len(returned)
+            documents = [row[0] for row in returned if row[0]]
+        else:
+            deleted, documents = cur.rowcount, []
         cur.execute(
             f"INSERT INTO {LEDGER_TABLE} (operation_id, job_id, portfolio_id, property_id, record_kind,"
             f" policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
@@ -309,7 +347,53 @@ def run_batch(*, job: _Job, lease: Lease, limit: int, now: datetime | None = Non
             f" rows_held = rows_held + %s, lease_expires_at = %s WHERE id = %s",
             [last_id, deleted, max(0, candidates - deleted), renew, job.id],
         )
+        if documents:
+            purge_outbox_write(job=job, operation=op_id, document_ids=documents, now=now)
     return deleted, ""
+
+
+_ATTACHMENTS: dict[str, str | None] = {}
+
+
+def attachment_column(kind: str) -> str | None:
+    """The document id column of a record kind, or None when it has no attachments."""
+    if kind not in _ATTACHMENTS:
+        model = get_spec(kind).model
+        field = next((f for f in model._meta.concrete_fields if f.name == "document_id"), None)
+        _ATTACHMENTS[kind] = field.column if field is not None else None
+    return _ATTACHMENTS[kind]
+
+
+def purge_outbox_write(*, job: _Job, operation: str, document_ids: list[str], now: datetime) -> CleanupJob:
+    """The outbox rows of one applied batch: a ``PurgeRequest`` and its ``purge`` job.
+
+    Called inside the batch's transaction. Ids that are not plain identifiers
+    are counted, never stored (see ``PurgeRequest``).
+    """
+    valid = list(dict.fromkeys(d for d in document_ids if document_id_valid(d)))
+    invalid = sum(1 for d in document_ids if not document_id_valid(d))
+    request = PurgeRequest.objects.create(
+        key=operation,
+        delete_job_id=job.id,
+        portfolio_id=job.portfolio_id,
+        property_id=job.property_id,
+        record_kind=job.record_kind,
+        document_ids=valid,
+        invalid_ids=invalid,
+        created_at=now,
+    )
+    return CleanupJob.objects.create(
+        sweep_id=job.sweep_id,
+        key=f"purge:{operation}",
+        kind=JobKind.PURGE,
+        purge_request=request,
+        portfolio_id=job.portfolio_id,
+        property_id=job.property_id,
+        record_kind=job.record_kind,
+        policy_version_id=job.policy_version_id,
+        cutoff=job.cutoff,
+        available_at=now,
+    )
 
 
 BatchHook = Callable[[int], None]
@@ -341,27 +425,40 @@ def job_run_slice(
     job = _load(job_id)
     started = time.monotonic()
     try:
-        while True:
-            wait = _wait_for_token(job.portfolio_id)
-            if wait > 0:
-                # No token soon: give the job back for later (not an attempt)
-                # rather than sleeping while holding the lease.
-                result.deferred_seconds = wait
-                job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
-                break
-            if before_batch:
-                before_batch(job_id)
-            deleted, outcome = run_batch(job=job, lease=lease, limit=limit)
-            result.batches += 1
-            result.rows_deleted += deleted
-            if after_batch:
-                after_batch(job_id)
-            if outcome:
-                result.outcome = outcome
-                break
-            if result.batches >= max_batches or time.monotonic() - started >= max_seconds:
-                job_release(lease=lease)
-                break
+        if job.kind == JobKind.PURGE:
+            from cleanup_ops.purge import purge_run
+
+            purge_run(
+                job=job,
+                lease=lease,
+                result=result,
+                max_requests=max_batches,
+                max_seconds=max_seconds,
+                before_request=before_batch,
+                after_request=after_batch,
+            )
+        else:
+            while True:
+                wait = _wait_for_token(job.portfolio_id)
+                if wait > 0:
+                    # No token soon: give the job back for later (not an attempt)
+                    # rather than sleeping while holding the lease.
+                    result.deferred_seconds = wait
+                    job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
+                    break
+                if before_batch:
+                    before_batch(job_id)
+                deleted, outcome = run_batch(job=job, lease=lease, limit=limit)
+                result.batches += 1
+                result.rows_deleted += deleted
+                if after_batch:
+                    after_batch(job_id)
+                if outcome:
+                    result.outcome = outcome
+                    break
+                if result.batches >= max_batches or time.monotonic() - started >= max_seconds:
+                    job_release(lease=lease)
+                    break
     except Exception as exc:
         classification = classify(exc, now=timezone.now())
         result.error_category = classification.category
@@ -379,12 +476,12 @@ def job_run_slice(
     return result
 
 
-def _wait_for_token(portfolio_id: int) -> float:
+def _wait_for_token(portfolio_id: int, buckets: list[BucketConfig] | None = None) -> float:
     """0 once a token is taken; else the deferral, after at most one short wait."""
-    wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp())
+    wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp(), buckets=buckets)
     if 0 < wait <= settings.CLEANUP_TOKEN_WAIT_SECONDS:
         time.sleep(wait)
-        wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp())
+        wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp(), buckets=buckets)
     return wait
 
 
@@ -445,6 +542,7 @@ def job_fail(*, lease: Lease, classification, now: datetime | None = None) -> bo
 class DrainResult:
     slices: int = 0
     rows_deleted: int = 0
+    documents_purged: int = 0
     waited_seconds: float = 0.0
 
 
@@ -475,6 +573,7 @@ def cleanup_drain(
             outcome = job_run_slice(job_id=job_id, owner=owner)
             result.slices += 1
             result.rows_deleted += outcome.rows_deleted
+            result.documents_purged += outcome.documents_purged
             if progress:
                 open_jobs = CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).count()
                 progress(result.slices, result.slices + open_jobs)

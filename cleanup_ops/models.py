@@ -5,6 +5,14 @@ id and is a hint to look at the row: the worker leases the job with a
 conditional UPDATE and exits quietly when the job is not due, already leased,
 or finished. ``LedgerEntry`` is the proof of disposition: one row per applied
 batch, written in the same transaction as the DELETE, unique by operation id.
+
+Jobs come in two kinds. A ``delete`` job is one partition of a sweep. A
+``purge`` job removes the attachments of one applied batch from the document
+store: the batch's transaction writes its ``PurgeRequest`` (the outbox row:
+document ids and an idempotency key derived from the operation id) and the job
+itself, so a batch that deleted nothing (held, replayed, rolled back) purges
+nothing. A redrive of a purge job inherits its kind and its request (see
+``CleanupJob.save``), so the redrive service needs to know nothing about it.
 """
 
 from __future__ import annotations
@@ -53,8 +61,14 @@ class JobState(models.TextChoices):
 OPEN_STATES = (JobState.PENDING, JobState.LEASED)
 
 
+class JobKind(models.TextChoices):
+    DELETE = "delete", "Delete records"
+    PURGE = "purge", "Purge attachments"
+
+
 class JobOutcome(models.TextChoices):
     DELETED = "deleted", "Deleted"
+    PURGED = "purged", "Attachments purged"
     NOTHING_ELIGIBLE = "nothing_eligible", "Nothing eligible"
     HELD = "held", "Held"
     SCOPE_MISSING = "scope_missing", "Scope missing"
@@ -66,9 +80,15 @@ class CleanupJob(models.Model):
 
     State = JobState
     Outcome = JobOutcome
+    Kind = JobKind
 
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="jobs")
     key = models.CharField(max_length=255, unique=True)
+    kind = models.CharField(max_length=10, choices=JobKind.choices, default=JobKind.DELETE, db_default=JobKind.DELETE)
+    # Purge jobs only: the outbox row with the document ids (shared by redrives).
+    purge_request = models.ForeignKey(
+        "PurgeRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
+    )
     # Plain ids, not foreign keys: the scope may disappear while the job waits,
     # and the job must still be able to say so (outcome scope_missing).
     portfolio_id = models.BigIntegerField()
@@ -116,6 +136,16 @@ class CleanupJob(models.Model):
 
     def __str__(self) -> str:
         return self.key
+
+    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        # A redrive is a new job copying the old one's scope and cursor; for a
+        # purge job the kind and the outbox row belong to that scope too.
+        if self._state.adding and self.redrive_of_id is not None and self.purge_request_id is None:
+            old = self.redrive_of
+            if old.kind == JobKind.PURGE:
+                self.kind = JobKind.PURGE
+                self.purge_request_id = old.purge_request_id
+        super().save(*args, **kwargs)
 
     @property
     def is_open(self) -> bool:
@@ -166,6 +196,35 @@ class LedgerEntry(models.Model):
 
     def __str__(self) -> str:
         return self.operation_id
+
+
+class PurgeRequest(models.Model):
+    """Outbox row: the attachments of one applied batch, to be removed from the store.
+
+    Written in the batch's transaction. ``key`` is the batch's operation id;
+    each document's ``Idempotency-Key`` is ``<key>:<document id>``, so every
+    retry, redelivery or redrive sends the same key for the same document.
+    Ids that fail validation are never stored (they could be a URL or a path
+    smuggled into a record); only their count is, and the purge job then ends
+    as a ``policy_or_input`` dead letter for an operator to look at.
+    """
+
+    key = models.CharField(max_length=64, unique=True)
+    delete_job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="purge_requests")
+    portfolio_id = models.BigIntegerField()
+    property_id = models.BigIntegerField()
+    record_kind = models.CharField(max_length=40)
+    document_ids = models.JSONField(default=list)
+    invalid_ids = models.PositiveIntegerField(default=0)
+    documents_purged = models.PositiveIntegerField(default=0)
+    documents_absent = models.PositiveIntegerField(default=0, help_text="404: already gone, counted as done.")
+    created_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"Purge request {self.key[:12]}"
 
 
 class DeadLetterStatus(models.TextChoices):

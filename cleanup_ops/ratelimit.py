@@ -41,6 +41,8 @@ def effective_limits() -> dict[str, float | int]:
         "max_age_seconds": settings.CLEANUP_MAX_AGE_SECONDS,
         "backoff_base_seconds": settings.CLEANUP_BACKOFF_BASE_SECONDS,
         "backoff_cap_seconds": settings.CLEANUP_BACKOFF_CAP_SECONDS,
+        "docstore_global_rate_per_s": settings.DOCSTORE_RATE_GLOBAL,
+        "docstore_portfolio_rate_per_s": settings.DOCSTORE_RATE_PORTFOLIO,
     }
 
 
@@ -52,6 +54,19 @@ def buckets_for(portfolio_id: int) -> list[BucketConfig]:
         )
     if settings.CLEANUP_RATE_GLOBAL > 0:
         buckets.append(BucketConfig("global", settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL))
+    return buckets
+
+
+def docstore_buckets_for(portfolio_id: int) -> list[BucketConfig]:
+    """The document store's own buckets (requests per second), apart from the
+    delete buckets: purges never spend the database side's tokens, nor the
+    other way round."""
+    buckets = []
+    if settings.DOCSTORE_RATE_PORTFOLIO > 0:
+        rate, burst = settings.DOCSTORE_RATE_PORTFOLIO, settings.DOCSTORE_BURST_PORTFOLIO
+        buckets.append(BucketConfig(f"docstore:portfolio:{portfolio_id}", rate, burst))
+    if settings.DOCSTORE_RATE_GLOBAL > 0:
+        buckets.append(BucketConfig("docstore:global", settings.DOCSTORE_RATE_GLOBAL, settings.DOCSTORE_BURST_GLOBAL))
     return buckets
 
 

@@ -8,7 +8,23 @@ scan a cleanup job runs per property.
 
 from __future__ import annotations
 
+from django.core.validators import RegexValidator
 from django.db import models
+
+# An attachment is a file in the document store (see cleanup_ops.purge); the
+# record keeps only the store's document id. Ids are strict so a record can
+# never smuggle a URL or a path into a request to the store.
+document_id_validator = RegexValidator(r"^[A-Za-z0-9_-]{1,64}\Z", "A document id is 1-64 letters, digits, '-' or '_'.")
+
+
+def document_id_field() -> models.CharField:
+    return models.CharField(
+        max_length=64,
+        null=True,
+        blank=True,
+        validators=[document_id_validator],
+        help_text="Attachment in the document store (signed lease, photos); purged after the record is deleted.",
+    )
 
 
 def record_indexes(prefix: str, timestamp: str) -> list[models.Index]:
@@ -61,6 +77,7 @@ class Lease(models.Model):
     started_on = models.DateField()
     # Retention timestamp; null while the lease is still running.
     ended_on = models.DateTimeField(null=True, blank=True)
+    document_id = document_id_field()
 
     class Meta:
         indexes = [*record_indexes("lease", "ended_on")]
@@ -76,6 +93,7 @@ class MaintenanceRecord(models.Model):
     opened_at = models.DateTimeField()
     # Retention timestamp; null while the work order is open.
     closed_at = models.DateTimeField(null=True, blank=True)
+    document_id = document_id_field()
 
     class Meta:
         indexes = [*record_indexes("maintenance", "closed_at")]

@@ -16,6 +16,8 @@ from datetime import datetime, timedelta
 
 from django.contrib.auth.models import Group, User
 from django.db import transaction
+from django.db.models import CharField, Value
+from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
@@ -195,3 +197,31 @@ def _place_demo_holds(rng: random.Random, reviewer: User) -> int:
         )
         placed += 1
     return placed
+
+
+def record_attachments_seed(*, fraction: float, seed: int, upload: Callable[[str], None] | None = None) -> list[str]:
+    """Give a deterministic share of leases and maintenance records an attachment.
+
+    Document ids are ``lease-<id>`` / ``maint-<id>``. ``upload`` (the store
+    client) is called for every id first, outside any transaction; only then
+    are the ids written to the records, in one short transaction. Returns the
+    document ids.
+    """
+    if not 0 <= fraction <= 1:
+        raise SeedError("--fraction must be between 0 and 1")
+    rng = random.Random(seed)
+    plan: list[tuple[type, str, list[int]]] = []
+    for model, prefix in ((Lease, "lease"), (MaintenanceRecord, "maint")):
+        ids = list(model.objects.filter(document_id__isnull=True).order_by("id").values_list("id", flat=True))
+        plan.append((model, prefix, [record_id for record_id in ids if rng.random() < fraction]))
+    document_ids = [f"{prefix}-{record_id}" for _, prefix, ids in plan for record_id in ids]
+    if upload:
+        for document_id in document_ids:
+            upload(document_id)
+    with transaction.atomic():
+        for model, prefix, ids in plan:
+            for start in range(0, len(ids), BULK_SIZE):
+                model.objects.filter(id__in=ids[start : start + BULK_SIZE]).update(
+                    document_id=Concat(Value(f"{prefix}-"), Cast("id", output_field=CharField()))
+                )
+    return document_ids

@@ -6,6 +6,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from cleanup_ops.execution import cleanup_drain
+from cleanup_ops.purge import purge_summary
 from cleanup_ops.selectors import drain_summary
 from config.progress import progress_bar
 
@@ -24,7 +25,12 @@ class Command(BaseCommand):
             raise CommandError("--max-seconds must be 0 or more")
         started = time.monotonic()
         run = cleanup_drain(max_seconds=options["max_seconds"], progress=None if options["json"] else progress_bar())
-        summary = {**drain_summary(), "slices": run.slices, "seconds": round(time.monotonic() - started, 2)}
+        summary = {
+            **drain_summary(),
+            "purges": purge_summary(),
+            "slices": run.slices,
+            "seconds": round(time.monotonic() - started, 2),
+        }
         if options["json"]:
             self.stdout.write(json.dumps(summary))
             return
@@ -37,3 +43,10 @@ class Command(BaseCommand):
         self.stdout.write(f"Jobs by outcome: {outcomes}")
         self.stdout.write(f"Jobs by state: {states}")
         self.stdout.write(f"Ledger rows (proof of disposition): {summary['ledger_rows']}")
+        purges = summary["purges"]
+        purge_states = ", ".join(f"{k}: {v}" for k, v in purges["purge_jobs_by_state"].items() if v) or "none"
+        self.stdout.write(
+            f"Attachments purged from the document store: {purges['documents_purged']}"
+            f" (already gone: {purges['documents_already_gone']}, invalid ids: {purges['documents_invalid_ids']})"
+            f" from {purges['purge_requests']} purge requests; purge jobs by state: {purge_states}"
+        )

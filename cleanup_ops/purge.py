@@ -1,0 +1,154 @@
+"""Downstream purge: remove a deleted batch's attachments from the document store.
+
+Protocol of a purge job's slice (the job is already leased by
+``execution.job_run_slice``, which also classifies any failure):
+
+1. Read the job's ``PurgeRequest`` (document ids, key) and its cursor: the
+   number of documents already done. A redrive starts from the old cursor.
+2. Per document, in order:
+   a. take a token from the store's own buckets (``DOCSTORE_RATE_*``: global
+      and per portfolio, apart from the delete buckets); no token soon →
+      give the job back for later, without counting an attempt;
+   b. ``DELETE /documents/<id>`` with ``Idempotency-Key: <request key>:<id>``,
+      **outside any database transaction** (a slow store never holds a row
+      lock). 2xx → deleted; 404 → already gone, also done;
+   c. one short transaction that locks the job row where the lease token is
+      still ours (fencing) and moves the cursor past the document, counting it.
+      A worker whose lease expired during the call commits nothing; whoever
+      holds the job next sends the same key again and the store answers from
+      its idempotency record without deleting anything twice.
+3. Cursor at the end → the job is done (``purged``), in the same fenced way.
+   If the outbox counted ids that failed validation, the job instead becomes a
+   ``policy_or_input`` dead letter once the valid ones are done: the files of
+   such records cannot be found safely and an operator has to look.
+
+Failures are exceptions from the client and are classified by
+``cleanup_ops.classification``: 429/503 wait for ``Retry-After``; other 5xx,
+connection errors and timeouts back off and retry with the same key; other
+4xx and redirects dead-letter as ``downstream_rejected``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import connection, transaction
+from django.db.models import Count, F, Sum
+from django.utils import timezone
+
+from cleanup_ops.classification import InvalidInput
+from cleanup_ops.docstore_client import DocstoreClient, InvalidDocumentId
+from cleanup_ops.execution import (
+    JOB_TABLE,
+    Lease,
+    LeaseLost,
+    SliceResult,
+    _finish,
+    _Job,
+    _lock_job,
+    _wait_for_token,
+    job_release,
+)
+from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, PurgeRequest
+from cleanup_ops.ratelimit import docstore_buckets_for
+from retention.eligibility import db_datetime
+
+Hook = Callable[[int], None]
+
+
+def idempotency_key(request_key: str, document_id: str) -> str:
+    return f"{request_key}:{document_id}"
+
+
+def purge_run(
+    *,
+    job: _Job,
+    lease: Lease,
+    result: SliceResult,
+    max_requests: int,
+    max_seconds: float,
+    before_request: Hook | None = None,
+    after_request: Hook | None = None,
+) -> None:
+    """Run a bounded slice of a leased purge job; raises on failure (the caller classifies)."""
+    row = PurgeRequest.objects.filter(pk=job.purge_request_id).values_list("id", "key", "document_ids", "invalid_ids")
+    if not row:
+        raise InvalidInput("purge job without a purge request")
+    request_id, key, document_ids, invalid = row[0]
+    if not isinstance(document_ids, list):
+        raise InvalidInput("purge request payload is not a list")
+    cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
+    buckets = docstore_buckets_for(job.portfolio_id)
+    started = time.monotonic()
+    requests = 0
+    with DocstoreClient() as client:
+        while True:
+            if cursor >= len(document_ids):
+                if invalid:
+                    raise InvalidDocumentId("purge request has invalid document ids")
+                _purge_finish(job=job, lease=lease)
+                result.outcome = JobOutcome.PURGED
+                return
+            wait = _wait_for_token(job.portfolio_id, buckets=buckets)
+            if wait > 0:
+                result.deferred_seconds = wait
+                job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
+                return
+            if before_request:
+                before_request(job.id)
+            document_id = document_ids[cursor]
+            effect = client.delete_document(document_id, idempotency_key=idempotency_key(key, str(document_id)))
+            cursor = _purge_advance(job=job, lease=lease, request_id=request_id, cursor=cursor, effect=effect)
+            requests += 1
+            result.batches += 1
+            result.documents_purged += 1
+            if after_request:
+                after_request(job.id)
+            if requests >= max_requests or time.monotonic() - started >= max_seconds:
+                job_release(lease=lease)
+                return
+
+
+def _purge_advance(*, job: _Job, lease: Lease, request_id: int, cursor: int, effect: str) -> int:
+    """Fenced: record one document as done and renew the lease. Returns the new cursor."""
+    now = timezone.now()
+    with transaction.atomic(), connection.cursor() as cur:
+        current = _lock_job(cur, job, lease, now)
+        if current != cursor:
+            # Someone else moved it (cannot happen while our lease holds): stop.
+            raise LeaseLost(job.id)
+        cur.execute(
+            f"UPDATE {JOB_TABLE} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s",
+            [cursor + 1, db_datetime(now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)), job.id],
+        )
+        counter = "documents_purged" if effect == "deleted" else "documents_absent"
+        PurgeRequest.objects.filter(pk=request_id).update(**{counter: F(counter) + 1})
+    return cursor + 1
+
+
+def _purge_finish(*, job: _Job, lease: Lease) -> None:
+    now = timezone.now()
+    with transaction.atomic(), connection.cursor() as cur:
+        _lock_job(cur, job, lease, now)
+        _finish(cur, job, JobOutcome.PURGED, now)
+
+
+def purge_summary() -> dict[str, Any]:
+    """Purge jobs by state and documents purged: what ``cleanup_drain`` prints."""
+    by_state = dict(
+        CleanupJob.objects.filter(kind=JobKind.PURGE).values_list("state").annotate(n=Count("id")).order_by()
+    )
+    totals = PurgeRequest.objects.aggregate(
+        purged=Sum("documents_purged"), absent=Sum("documents_absent"), invalid=Sum("invalid_ids")
+    )
+    return {
+        "purge_jobs_by_state": {state: by_state.get(state, 0) for state in JobState.values},
+        "purge_requests": PurgeRequest.objects.count(),
+        "documents_purged": totals["purged"] or 0,
+        "documents_already_gone": totals["absent"] or 0,
+        "documents_invalid_ids": totals["invalid"] or 0,
+    }
