@@ -55,6 +55,7 @@ import sqlite3
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
@@ -223,6 +224,15 @@ class Store:
             self.db.executescript("DELETE FROM documents; DELETE FROM idempotency; DELETE FROM requests;")
 
 
+@dataclass
+class Answer:
+    status: int
+    body: bytes = b""
+    headers: dict[str, str] = field(default_factory=dict)
+    replayed: bool = False
+    applied: bool = False
+
+
 class DocstoreServer(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
@@ -305,60 +315,51 @@ class Handler(BaseHTTPRequestHandler):
         arrived = time.time()
         key = (self.headers.get("Idempotency-Key") or "").strip()[:200]
         match = DOCUMENT_PATH.match(path)
+        self._body_bytes = self._body()
+        faults: dict[str, Any] = {}
         if match is None:
-            self._body()
-            status, replayed = HTTPStatus.BAD_REQUEST if path.startswith("/documents/") else HTTPStatus.NOT_FOUND, False
-            self._send(status)
+            answer = Answer(HTTPStatus.BAD_REQUEST if path.startswith("/documents/") else HTTPStatus.NOT_FOUND)
         else:
-            status, replayed = self._document(method, match.group(1), key, path)
-        self.server.store.log(at=arrived, method=method, path=path, key=key, status=int(status), replayed=replayed)
+            faults = self.server.faults.take() if method == "DELETE" else {}
+            answer = self._document(method, match.group(1), key, path, faults)
+        # Logged when the outcome is decided, before any slow answer, so the
+        # log order is the order in which effects happened.
+        self.server.store.log(
+            at=arrived, method=method, path=path, key=key, status=int(answer.status), replayed=answer.replayed
+        )
+        if faults.get("hang_after_apply") and answer.applied:
+            time.sleep(float(faults["hang_after_apply"]))
+        self._send(answer.status, answer.body, answer.headers)
 
-    def _document(self, method: str, doc_id: str, key: str, path: str) -> tuple[int, bool]:
+    def _document(self, method: str, doc_id: str, key: str, path: str, faults: dict[str, Any]) -> Answer:
         store = self.server.store
-        body = self._body()
-        faults = self.server.faults.take() if method == "DELETE" else {}
         if faults.get("latency"):
             time.sleep(float(faults["latency"]))
         if faults.get("hang"):
             time.sleep(float(faults["hang"]))
-            self._send(HTTPStatus.GATEWAY_TIMEOUT)
-            return HTTPStatus.GATEWAY_TIMEOUT, False
+            return Answer(HTTPStatus.GATEWAY_TIMEOUT)
         if faults.get("redirect"):
-            self._send(HTTPStatus.TEMPORARY_REDIRECT, headers={"Location": str(faults["redirect"])})
-            return HTTPStatus.TEMPORARY_REDIRECT, False
+            return Answer(HTTPStatus.TEMPORARY_REDIRECT, headers={"Location": str(faults["redirect"])})
         if faults.get("status"):
-            status = int(faults["status"])
             headers = {}
             if faults.get("retry_after"):
                 headers["Retry-After"] = _retry_after_value(str(faults["retry_after"]))
-            self._send(status, headers=headers)
-            return status, False
+            return Answer(int(faults["status"]), headers=headers)
         wait = self.server.bucket.take()
         if wait > 0:
-            self._send(HTTPStatus.TOO_MANY_REQUESTS, headers={"Retry-After": str(max(1, int(wait + 0.999)))})
-            return HTTPStatus.TOO_MANY_REQUESTS, False
+            return Answer(HTTPStatus.TOO_MANY_REQUESTS, headers={"Retry-After": str(max(1, int(wait + 0.999)))})
         if method == "GET":
             content = store.get(doc_id)
-            if content is None:
-                self._send(HTTPStatus.NOT_FOUND)
-                return HTTPStatus.NOT_FOUND, False
-            self._send(HTTPStatus.OK, content)
-            return HTTPStatus.OK, False
+            return Answer(HTTPStatus.NOT_FOUND) if content is None else Answer(HTTPStatus.OK, content)
         if method == "PUT":
-            status = store.put(doc_id, body)
-            self._send(status)
-            return status, False
+            return Answer(store.put(doc_id, self._body_bytes))
         if method == "DELETE":
             if not key:
-                self._send(HTTPStatus.BAD_REQUEST)
-                return HTTPStatus.BAD_REQUEST, False
+                return Answer(HTTPStatus.BAD_REQUEST)
             status, replayed = store.delete(doc_id, key=key, path=path)
-            if faults.get("hang_after_apply") and not replayed:
-                time.sleep(float(faults["hang_after_apply"]))
-            self._send(status, headers={"Idempotent-Replayed": "true"} if replayed else None)
-            return status, replayed
-        self._send(HTTPStatus.METHOD_NOT_ALLOWED)
-        return HTTPStatus.METHOD_NOT_ALLOWED, False
+            headers = {"Idempotent-Replayed": "true"} if replayed else {}
+            return Answer(status, headers=headers, replayed=replayed, applied=not replayed)
+        return Answer(HTTPStatus.METHOD_NOT_ALLOWED)
 
     def _admin(self, method: str, path: str) -> None:
         if not self._client_is_loopback():

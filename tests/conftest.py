@@ -37,6 +37,12 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
+    # Users are created in many tests; the production hasher is slow on purpose.
+    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+
+
+@pytest.fixture(autouse=True)
 def _role_groups(request: pytest.FixtureRequest) -> None:
     """Transactional tests flush the tables, taking the migration-made groups
     with them; put them back so every test sees a migrated database."""
@@ -141,3 +147,121 @@ def remaining_ids(prop: Property, kind: str) -> set[int]:
     from retention.registry import get_spec
 
     return set(get_spec(kind).model.objects.filter(property_id=prop.pk).values_list("id", flat=True))
+
+
+# --- Downstream purge: the demo document store on loopback --------------------
+
+
+class DocstoreProcess:
+    """The demo document store (``python -m docstore``) in a subprocess on a free loopback port.
+
+    A separate process on purpose: it keeps the real clock while a test
+    freezes its own with time-machine, and it is the same program ``make demo``
+    runs. Admin calls (faults, request log) go to its loopback admin endpoints.
+    """
+
+    def __init__(self, db_path: str, *flags: str) -> None:
+        import subprocess
+        import sys
+        from pathlib import Path
+
+        root = Path(__file__).resolve().parent.parent
+        self.proc = subprocess.Popen(  # noqa: S603 - our own module, fixed arguments
+            [sys.executable, "-m", "docstore", "--port", "0", "--db", db_path, *flags],
+            cwd=root,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        line = self.proc.stdout.readline().strip() if self.proc.stdout else ""
+        if not line.startswith("docstore listening on http://127.0.0.1:"):
+            self.stop()
+            raise RuntimeError(f"the document store did not start: {line!r}")
+        self.url = line.rsplit(" ", 1)[1]
+
+    def _admin(self, method: str, path: str, payload: object | None = None) -> object:
+        import httpx
+
+        response = httpx.request(method, f"{self.url}/_admin/{path}", json=payload, timeout=5, trust_env=False)
+        response.raise_for_status()
+        return response.json()
+
+    def set_faults(self, **faults: object) -> None:
+        self._admin("POST", "faults", faults)
+
+    def clear_faults(self) -> None:
+        self._admin("DELETE", "faults")
+
+    def create(self, *ids: str) -> None:
+        self._admin("POST", "documents", {"ids": list(ids)})
+
+    def documents(self) -> set[str]:
+        return set(self._admin("GET", "documents"))  # type: ignore[arg-type]
+
+    def requests(self, method: str = "DELETE") -> list[dict]:
+        return [r for r in self._admin("GET", "requests") if r["method"] == method]  # type: ignore[union-attr]
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(timeout=5)
+        if self.proc.stdout:
+            self.proc.stdout.close()
+
+
+@pytest.fixture
+def docstore_factory(tmp_path, settings):  # type: ignore[no-untyped-def]
+    """Start a document store with extra flags; DOCSTORE_URL points at the last one started."""
+    started: list[DocstoreProcess] = []
+
+    def start(*flags: str) -> DocstoreProcess:
+        store = DocstoreProcess(str(tmp_path / f"docstore-{len(started)}.sqlite3"), *flags)
+        started.append(store)
+        settings.DOCSTORE_URL = store.url
+        return store
+
+    yield start
+    for store in started:
+        store.stop()
+
+
+@pytest.fixture
+def docstore(docstore_factory):  # type: ignore[no-untyped-def]
+    """The document store with no rate limit and no faults."""
+    return docstore_factory()
+
+
+@pytest.fixture
+def silent_listener():  # type: ignore[no-untyped-def]
+    """A second loopback listener that must receive nothing: yields (port, connections seen)."""
+    import socket
+    import threading
+
+    server = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.1)
+    seen: list[tuple[str, int]] = []
+    stop = threading.Event()
+
+    def accept() -> None:
+        while not stop.is_set():
+            try:
+                conn, addr = server.accept()
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            seen.append(addr)
+            conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    yield server.getsockname()[1], seen
+    stop.set()
+    thread.join(timeout=2)
+    server.close()

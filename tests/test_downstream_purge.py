@@ -1,0 +1,466 @@
+"""Downstream purge: attachments removed from the document store through the outbox.
+
+Every test that purges talks real HTTP to the demo store (``python -m
+docstore``) on a free loopback port; the store's own request log (method,
+path, key, arrival time, status, replayed) is the witness of what left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from datetime import timedelta
+from email.utils import format_datetime
+from io import StringIO
+from pathlib import Path
+
+import pytest
+from django.core.management import call_command
+from django.db import connections
+from django.utils import timezone
+
+from cleanup_ops.classification import FailureCategory
+from cleanup_ops.dispatch import fair_due_job_ids
+from cleanup_ops.execution import cleanup_drain, job_run_slice
+from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobOutcome, JobState, LedgerEntry, PurgeRequest
+from cleanup_ops.services import dead_letters_redrive_bulk, pipeline_pause, sweep_trigger
+from properties.models import Lease, MaintenanceRecord, Portfolio, Property
+from retention.models import AuditEvent
+from retention.services import legal_hold_place
+
+from .conftest import make_records, remaining_ids, utc
+
+SLOT = utc("2026-08-21T02:00:00Z")
+NOW = utc("2026-08-21T02:05:00Z")
+OLD = utc("2020-01-01T00:00:00Z")
+REASON = "the document store is healthy again"
+ROOT = Path(__file__).resolve().parent.parent
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture
+def clock(time_machine):  # type: ignore[no-untyped-def]
+    time_machine.move_to(NOW, tick=False)
+    return time_machine
+
+
+def attach(model, ids: list[int], prefix: str = "doc") -> list[str]:  # type: ignore[no-untyped-def]
+    """Give rows ``ids`` of ``model`` the document ids ``<prefix>-<id>``."""
+    for record_id in ids:
+        model.objects.filter(pk=record_id).update(document_id=f"{prefix}-{record_id}")
+    return [f"{prefix}-{record_id}" for record_id in ids]
+
+
+def delete_job() -> CleanupJob:
+    return CleanupJob.objects.get(kind=JobKind.DELETE)
+
+
+def purge_jobs() -> list[CleanupJob]:
+    return list(CleanupJob.objects.filter(kind=JobKind.PURGE).order_by("id"))
+
+
+@pytest.fixture
+def leases_with_files(portfolio, prop, active_policy, clock):  # type: ignore[no-untyped-def]
+    """Six expired leases, four of them with a file; the sweep is admitted."""
+    active_policy(portfolio, "lease", 365)
+    ids = make_records(prop, "lease", 6, ended=OLD)
+    documents = attach(Lease, ids[:4])
+    sweep_trigger(slot=SLOT, now=NOW)
+    return ids, documents
+
+
+@pytest.fixture
+def purge_job(leases_with_files, docstore):  # type: ignore[no-untyped-def]
+    """The records are deleted; one purge job for their four files waits."""
+    _, documents = leases_with_files
+    docstore.create(*documents)
+    assert job_run_slice(job_id=delete_job().pk).outcome == JobOutcome.DELETED
+    (job,) = purge_jobs()
+    return job
+
+
+def run_until_dead(job: CleanupJob, clock) -> None:  # type: ignore[no-untyped-def]
+    for _ in range(20):
+        job.refresh_from_db()
+        if job.state == JobState.DEAD:
+            return
+        clock.move_to(job.available_at, tick=False)
+        job_run_slice(job_id=job.pk)
+    raise AssertionError("the job never became dead")
+
+
+class TestOutbox:
+    def test_a_batch_writes_one_purge_request_with_the_deleted_rows_documents_in_its_transaction(
+        self, leases_with_files, prop
+    ):
+        _, documents = leases_with_files
+        result = job_run_slice(job_id=delete_job().pk, batch_size=3)
+        assert result.rows_deleted == 6 and remaining_ids(prop, "lease") == set()
+        ledger = list(LedgerEntry.objects.order_by("id"))
+        requests = list(PurgeRequest.objects.order_by("id"))
+        # Batch 1 deleted ids[0:3] (all with files), batch 2 ids[3:6] (one file).
+        assert [r.key for r in requests] == [e.operation_id for e in ledger[:2]]
+        assert [r.document_ids for r in requests] == [documents[:3], documents[3:4]]
+        jobs = purge_jobs()
+        assert [j.key for j in jobs] == [f"purge:{r.key}" for r in requests]
+        assert [j.purge_request_id for j in jobs] == [r.pk for r in requests]
+        assert all(j.state == JobState.PENDING and j.property_id == prop.pk for j in jobs)
+
+    def test_a_kind_without_attachments_and_a_batch_without_files_write_no_purge(
+        self, portfolio, prop, active_policy, clock
+    ):
+        active_policy(portfolio, "tenant_activity", 30)
+        active_policy(portfolio, "maintenance_record", 30)
+        make_records(prop, "tenant_activity", 3, ended=OLD)
+        make_records(prop, "maintenance_record", 3, ended=OLD)
+        sweep_trigger(slot=SLOT, now=NOW)
+        for job in CleanupJob.objects.all():
+            assert job_run_slice(job_id=job.pk).outcome == JobOutcome.DELETED
+        assert LedgerEntry.objects.count() == 2
+        assert not PurgeRequest.objects.exists() and not purge_jobs()
+
+    def test_a_replayed_batch_writes_no_second_purge_request(self, leases_with_files, clock):
+        job = delete_job()
+        job_run_slice(job_id=job.pk, batch_size=3, max_batches=1)
+        # A redrive (or a lost acknowledgement) starts again from cursor 0.
+        CleanupJob.objects.filter(pk=job.pk).update(cursor=0)
+        assert job_run_slice(job_id=job.pk, batch_size=3).outcome == JobOutcome.DELETED
+        assert PurgeRequest.objects.count() == 2 and len(purge_jobs()) == 2
+
+    def test_a_document_id_that_is_not_an_identifier_is_counted_and_never_stored(
+        self, portfolio, prop, active_policy, clock
+    ):
+        active_policy(portfolio, "maintenance_record", 30)
+        ids = make_records(prop, "maintenance_record", 2, ended=OLD)
+        MaintenanceRecord.objects.filter(pk=ids[0]).update(document_id="http://127.0.0.1:1/x")
+        MaintenanceRecord.objects.filter(pk=ids[1]).update(document_id="photo-1")
+        sweep_trigger(slot=SLOT, now=NOW)
+        job_run_slice(job_id=delete_job().pk)
+        request = PurgeRequest.objects.get()
+        assert (request.document_ids, request.invalid_ids) == (["photo-1"], 1)
+
+
+class TestPurge:
+    def test_each_document_is_deleted_once_with_its_idempotency_key_and_a_404_counts_as_done(self, purge_job, docstore):
+        request = purge_job.purge_request
+        gone = request.document_ids[2]
+        docstore._admin("POST", "reset")  # one file already gone, and another one that is not ours
+        docstore.create("unrelated-file", *[d for d in request.document_ids if d != gone])
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.outcome == JobOutcome.PURGED and result.documents_purged == 4
+        assert docstore.documents() == {"unrelated-file"}
+        log = docstore.requests()
+        assert [r["path"] for r in log] == [f"/documents/{d}" for d in request.document_ids]
+        assert [r["key"] for r in log] == [f"{request.key}:{d}" for d in request.document_ids]
+        assert [r["status"] for r in log] == [204, 204, 404, 204]
+        request.refresh_from_db()
+        assert (request.documents_purged, request.documents_absent) == (3, 1)
+        purge_job.refresh_from_db()
+        assert (purge_job.state, purge_job.outcome, purge_job.cursor) == (JobState.DONE, JobOutcome.PURGED, 4)
+
+    @pytest.mark.parametrize("header", ["seconds", "http-date"])
+    def test_a_429_is_not_sent_again_before_its_retry_after_instant_and_then_succeeds(
+        self, purge_job, docstore, clock, header
+    ):
+        retry_at = NOW + timedelta(seconds=7)
+        value = "7" if header == "seconds" else format_datetime(retry_at, usegmt=True)
+        docstore.set_faults(status=429, retry_after=value, count=1)
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.error_category == FailureCategory.DOWNSTREAM_THROTTLED
+        purge_job.refresh_from_db()
+        assert purge_job.state == JobState.PENDING and purge_job.attempt == 1
+        assert retry_at <= purge_job.available_at <= retry_at + timedelta(seconds=2)
+        assert len(docstore.requests()) == 1
+
+        clock.move_to(purge_job.available_at - timedelta(seconds=1), tick=False)
+        assert job_run_slice(job_id=purge_job.pk).leased is False
+        assert purge_job.pk not in fair_due_job_ids(now=timezone.now(), limit=10)
+        assert len(docstore.requests()) == 1  # nothing re-sent before the instant
+
+        clock.move_to(purge_job.available_at, tick=False)
+        assert job_run_slice(job_id=purge_job.pk).outcome == JobOutcome.PURGED
+        log = docstore.requests()
+        assert [r["status"] for r in log] == [429, 204, 204, 204, 204]
+        assert log[0]["key"] == log[1]["key"]  # the retry used the same key
+        assert docstore.documents() == set()
+
+    def test_a_timeout_after_the_store_applied_the_delete_retries_with_the_same_key_and_changes_nothing_twice(
+        self, purge_job, docstore, clock, settings
+    ):
+        settings.DOCSTORE_READ_TIMEOUT = 0.3
+        first = purge_job.purge_request.document_ids[0]
+        docstore.set_faults(hang_after_apply=1.0, count=1)
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.error_category == FailureCategory.TIMEOUT and result.documents_purged == 0
+        purge_job.refresh_from_db()
+        assert (purge_job.state, purge_job.attempt, purge_job.cursor) == (JobState.PENDING, 1, 0)
+        assert first not in docstore.documents()  # the store did apply it
+        # A new file that happens to reuse the id: a second application of the
+        # old request would delete it.
+        docstore.create(first)
+
+        clock.move_to(purge_job.available_at, tick=False)
+        assert job_run_slice(job_id=purge_job.pk).outcome == JobOutcome.PURGED
+        assert docstore.documents() == {first}
+        log = [r for r in docstore.requests() if r["path"] == f"/documents/{first}"]
+        assert len(log) == 2 and log[0]["key"] == log[1]["key"]
+        assert [r["replayed"] for r in log] == [False, True]
+        request = PurgeRequest.objects.get()
+        assert (request.documents_purged, request.documents_absent) == (4, 0)
+
+    def test_a_500_storm_dead_letters_after_the_budget_and_a_redrive_with_a_reason_finishes_the_purge(
+        self, leases_with_files, docstore, clock, settings
+    ):
+        settings.CLEANUP_MAX_ATTEMPTS = 3
+        _, documents = leases_with_files
+        docstore.create(*documents)
+        job_run_slice(job_id=delete_job().pk, batch_size=2)
+        jobs = purge_jobs()
+        assert len(jobs) == 2
+        docstore.set_faults(status=500)
+        for job in jobs:
+            run_until_dead(job, clock)
+        letters = list(DeadLetter.objects.order_by("id"))
+        assert [(d.category, d.attempts, d.job_id) for d in letters] == [
+            (FailureCategory.RETRY_BUDGET_EXHAUSTED, 3, job.pk) for job in jobs
+        ]
+        log = docstore.requests()
+        assert len(log) == 6 and {r["status"] for r in log} == {500}
+        assert len({r["key"] for r in log}) == 2  # every retry of a document sent the same key
+        assert docstore.documents() == set(documents)
+
+        docstore.clear_faults()
+        redriven = dead_letters_redrive_bulk(actor=None, reason=REASON, category=FailureCategory.RETRY_BUDGET_EXHAUSTED)
+        assert [(j.kind, j.purge_request_id, j.redrive_of_id) for j in redriven] == [
+            (JobKind.PURGE, job.purge_request_id, job.pk) for job in jobs
+        ]
+        assert AuditEvent.objects.filter(action="dead_letter.redriven").count() == 2
+        cleanup_drain()
+        assert docstore.documents() == set()
+        for job in redriven:
+            job.refresh_from_db()
+            assert (job.state, job.outcome) == (JobState.DONE, JobOutcome.PURGED)
+        assert all(d.status == DeadLetter.Status.REDRIVEN for d in DeadLetter.objects.all())
+
+    def test_another_4xx_dead_letters_as_downstream_rejected_without_burning_the_budget(self, purge_job, docstore):
+        docstore.set_faults(status=403)
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.dead and result.error_category == FailureCategory.DOWNSTREAM_REJECTED
+        purge_job.refresh_from_db()
+        assert purge_job.attempt == 0
+        assert DeadLetter.objects.get().category == FailureCategory.DOWNSTREAM_REJECTED
+
+    def test_a_refused_connection_is_retried_with_backoff(self, purge_job, docstore, settings):
+        docstore.stop()  # nothing listens on that loopback port any more
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.error_category == FailureCategory.DOWNSTREAM_UNAVAILABLE
+        purge_job.refresh_from_db()
+        assert (purge_job.state, purge_job.attempt) == (JobState.PENDING, 1)
+        assert purge_job.available_at > NOW - timedelta(seconds=1)
+
+    def test_a_paused_portfolio_sends_no_purge(self, purge_job, docstore, portfolio):
+        pipeline_pause(actor=None, reason="store maintenance tonight", portfolio_id=portfolio.pk)
+        assert job_run_slice(job_id=purge_job.pk).leased is False
+        assert docstore.requests() == []
+
+    def test_without_a_configured_store_the_purge_dead_letters_as_policy_or_input(self, purge_job, settings):
+        settings.DOCSTORE_URL = ""
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.dead and result.error_category == FailureCategory.POLICY_OR_INPUT
+        assert DeadLetter.objects.get().error_class == "DocstoreNotConfigured"
+
+
+class TestHoldsAndInjection:
+    def test_a_hold_placed_after_admission_leaves_the_records_and_their_files_untouched(
+        self, leases_with_files, docstore, prop, portfolio, reviewer
+    ):
+        ids, documents = leases_with_files
+        docstore.create(*documents)
+        legal_hold_place(portfolio=portfolio, property=prop, placed_by=reviewer, reason="litigation over the building")
+        cleanup_drain()
+        assert delete_job().outcome == JobOutcome.HELD
+        assert remaining_ids(prop, "lease") == set(ids)
+        assert not PurgeRequest.objects.exists() and not purge_jobs()
+        assert docstore.documents() == set(documents)
+        assert docstore.requests() == []
+
+    def test_a_record_carrying_a_url_or_a_path_is_never_fetched(
+        self, portfolio, prop, active_policy, clock, docstore, silent_listener
+    ):
+        port, seen = silent_listener
+        active_policy(portfolio, "lease", 365)
+        ids = make_records(prop, "lease", 4, ended=OLD)
+        injected = [f"http://127.0.0.1:{port}/steal", "../_admin/reset", "%2e%2e%2f_admin"]
+        for record_id, value in zip(ids, [*injected, "signed-lease-1"], strict=True):
+            Lease.objects.filter(pk=record_id).update(document_id=value)
+        docstore.create("signed-lease-1")
+        sweep_trigger(slot=SLOT, now=NOW)
+        cleanup_drain()
+        request = PurgeRequest.objects.get()
+        assert (request.document_ids, request.invalid_ids) == (["signed-lease-1"], 3)
+        assert all(value not in json.dumps(request.document_ids) for value in injected)
+        (job,) = purge_jobs()
+        assert job.state == JobState.DEAD
+        assert DeadLetter.objects.get(job=job).category == FailureCategory.POLICY_OR_INPUT
+        assert [r["path"] for r in docstore.requests()] == ["/documents/signed-lease-1"]
+        assert docstore.requests("POST") == [] and docstore.requests("GET") == []
+        time.sleep(0.2)
+        assert seen == []
+
+    def test_a_payload_carrying_a_url_is_rejected_before_any_request(
+        self, purge_job, docstore, silent_listener, settings
+    ):
+        port, seen = silent_listener
+        PurgeRequest.objects.filter(pk=purge_job.purge_request_id).update(
+            document_ids=[f"http://127.0.0.1:{port}/x", f"//127.0.0.1:{port}/y", "a/../../b"]
+        )
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.dead and result.error_category == FailureCategory.POLICY_OR_INPUT
+        assert docstore.requests() == []
+        time.sleep(0.2)
+        assert seen == []
+
+    def test_a_redirect_from_the_store_is_not_followed(self, purge_job, docstore, silent_listener):
+        port, seen = silent_listener
+        docstore.set_faults(redirect=f"http://127.0.0.1:{port}/elsewhere")
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.dead and result.error_category == FailureCategory.DOWNSTREAM_REJECTED
+        assert [r["status"] for r in docstore.requests()] == [307]
+        time.sleep(0.2)
+        assert seen == []
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_four_workers_keep_the_store_under_the_configured_request_rate(docstore, settings, active_policy):
+    rate = 10.0
+    settings.DOCSTORE_RATE_GLOBAL = rate
+    settings.DOCSTORE_BURST_GLOBAL = 1.0
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 4
+    settings.CLEANUP_TOKEN_WAIT_SECONDS = 0.5
+    portfolio = Portfolio.objects.create(name="Rates", slug="rates")
+    prop = Property.objects.create(portfolio=portfolio, name="Tower")
+    active_policy(portfolio, "lease", 365)
+    ids = make_records(prop, "lease", 40, ended=OLD)
+    documents = attach(Lease, ids)
+    docstore.create(*documents)
+    sweep_trigger(slot=timezone.now().replace(second=0, microsecond=0))
+    job_run_slice(job_id=delete_job().pk, batch_size=5, max_batches=100)
+    assert len(purge_jobs()) == 8
+
+    errors: list[BaseException] = []
+    deadline = time.monotonic() + 60
+
+    def worker(n: int) -> None:
+        try:
+            while time.monotonic() < deadline:
+                if not CleanupJob.objects.filter(kind=JobKind.PURGE, state__in=["pending", "leased"]).exists():
+                    return
+                due = fair_due_job_ids(now=timezone.now(), limit=4, exclude_enqueued=False)
+                if not due:
+                    time.sleep(0.05)
+                    continue
+                job_run_slice(job_id=due[n % len(due)], owner=f"worker-{n}")
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=worker, args=(n,)) for n in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    assert docstore.documents() == set()
+    assert all(job.outcome == JobOutcome.PURGED for job in purge_jobs())
+    times = sorted(r["at"] for r in docstore.requests())
+    assert len(times) == 40
+    # Burst 1: n requests need at least (n - 1) / rate seconds between the first and the last.
+    assert (len(times) - 1) / (times[-1] - times[0]) <= rate * 1.05
+    busiest = max(sum(1 for t in times if start <= t < start + 1.0) for start in times)
+    assert busiest <= rate * 1.05 + 1
+
+
+class TestStoreAndSettings:
+    def test_the_store_answers_429_with_retry_after_from_its_own_rate_limit(self, docstore_factory):
+        from cleanup_ops.classification import DownstreamError
+        from cleanup_ops.docstore_client import DocstoreClient
+
+        store = docstore_factory("--rate", "1", "--burst", "1")
+        store.create("a", "b")
+        with DocstoreClient() as client:
+            assert client.delete_document("a", idempotency_key="k-a") == "deleted"
+            with pytest.raises(DownstreamError) as raised:
+                client.delete_document("b", idempotency_key="k-b")
+        assert raised.value.status == 429 and raised.value.retry_after == "1"
+        assert [r["status"] for r in store.requests()] == [204, 429]
+
+    def test_an_invalid_document_id_never_becomes_a_request(self, docstore):
+        from cleanup_ops.docstore_client import DocstoreClient, InvalidDocumentId
+
+        with DocstoreClient() as client:
+            for bad in ["", "x" * 65, "../x", "a b", "http://127.0.0.1/", "a%2Fb", "a\nb"]:
+                with pytest.raises(InvalidDocumentId):
+                    client.delete_document(bad, idempotency_key="k")
+        assert docstore.requests() == []
+
+    @pytest.mark.parametrize(
+        ("value", "fragment"),
+        [
+            ("ftp://127.0.0.1/", "scheme 'ftp'"),
+            ("http://docs.example.com/", "host 'docs.example.com'"),
+            ("http://user:pw@127.0.0.1/", "credentials"),
+            ("http://127.0.0.1:99999/", "not a valid URL"),
+        ],
+    )
+    def test_a_store_url_outside_the_allowlist_stops_start_up_naming_the_variable(self, value, fragment):
+        env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DEBUG"}}
+        env.update({"DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "x" * 50, "DOCSTORE_URL": value})
+        done = subprocess.run(
+            [sys.executable, "-c", "import django; django.setup(); print('started')"],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert done.returncode != 0 and "started" not in done.stdout
+        assert "DOCSTORE_URL" in done.stderr and fragment in done.stderr
+
+    def test_a_url_changed_at_run_time_is_checked_against_the_allowlist_again(self, settings):
+        from cleanup_ops.docstore_client import DocstoreClient, DocstoreNotConfigured
+
+        settings.DOCSTORE_URL = "http://203.0.113.7:8765"
+        with pytest.raises(DocstoreNotConfigured, match="DOCSTORE_ALLOWED_HOSTS"):
+            DocstoreClient()
+
+    def test_seed_attachments_uploads_files_and_cleanup_drain_reports_the_purges(
+        self, portfolio, prop, active_policy, clock, docstore
+    ):
+        active_policy(portfolio, "lease", 365)
+        make_records(prop, "lease", 10, ended=OLD)
+        out = StringIO()
+        call_command("seed_attachments", "--fraction", "1", "--seed", "1", stdout=out)
+        assert "Uploaded 10 attachments" in out.getvalue()
+        assert docstore.documents() == set(Lease.objects.values_list("document_id", flat=True))
+        sweep_trigger(slot=SLOT, now=NOW)
+        out = StringIO()
+        call_command("cleanup_drain", "--json", stdout=out)
+        summary = json.loads(out.getvalue().strip().splitlines()[-1])
+        assert summary["purges"]["documents_purged"] == 10
+        assert summary["purges"]["purge_jobs_by_state"]["done"] == 1
+        assert summary["jobs_by_outcome"]["purged"] == 1
+        assert docstore.documents() == set()
+
+    def test_seed_attachments_rejects_a_bad_fraction_naming_the_flag(self, docstore):
+        from django.core.management.base import CommandError
+
+        with pytest.raises(CommandError, match="--fraction"):
+            call_command("seed_attachments", "--fraction", "2")
+        assert not Lease.objects.exclude(document_id=None).exists()
