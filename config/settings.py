@@ -247,6 +247,11 @@ if DOCSTORE_URL:
         raise ImproperlyConfigured(str(exc)) from None
 DOCSTORE_CONNECT_TIMEOUT = env_float("DOCSTORE_CONNECT_TIMEOUT", 2.0, minimum=0.01)
 DOCSTORE_READ_TIMEOUT = env_float("DOCSTORE_READ_TIMEOUT", 5.0, minimum=0.01)
+if DOCSTORE_CONNECT_TIMEOUT + DOCSTORE_READ_TIMEOUT >= CLEANUP_LEASE_SECONDS:
+    # One request must fit in a lease, or every slow answer would end in a lost lease.
+    raise ImproperlyConfigured(
+        f"DOCSTORE_READ_TIMEOUT: connect + read timeout must stay under CLEANUP_LEASE_SECONDS ({CLEANUP_LEASE_SECONDS})"
+    )
 # The store's own token buckets, in HTTP requests per second; 0 = unlimited.
 DOCSTORE_RATE_GLOBAL = env_float("DOCSTORE_RATE_GLOBAL", 0.0)
 DOCSTORE_BURST_GLOBAL = env_float("DOCSTORE_BURST_GLOBAL", 10.0, minimum=1.0)

@@ -411,17 +411,20 @@ class TestStoreAndSettings:
         assert docstore.requests() == []
 
     @pytest.mark.parametrize(
-        ("value", "fragment"),
+        ("name", "value", "fragment"),
         [
-            ("ftp://127.0.0.1/", "scheme 'ftp'"),
-            ("http://docs.example.com/", "host 'docs.example.com'"),
-            ("http://user:pw@127.0.0.1/", "credentials"),
-            ("http://127.0.0.1:99999/", "not a valid URL"),
+            ("DOCSTORE_URL", "ftp://127.0.0.1/", "scheme 'ftp'"),
+            ("DOCSTORE_URL", "http://docs.example.com/", "host 'docs.example.com'"),
+            ("DOCSTORE_URL", "http://user:pw@127.0.0.1/", "credentials"),
+            ("DOCSTORE_URL", "http://127.0.0.1:99999/", "not a valid URL"),
+            ("DOCSTORE_URL", "http://127.0.0.1:8765/?next=http://x", "query"),
+            ("DOCSTORE_READ_TIMEOUT", "120", "CLEANUP_LEASE_SECONDS"),
+            ("DOCSTORE_RATE_GLOBAL", "fast", "expected a number"),
         ],
     )
-    def test_a_store_url_outside_the_allowlist_stops_start_up_naming_the_variable(self, value, fragment):
+    def test_a_bad_store_setting_stops_start_up_naming_the_variable(self, name, value, fragment):
         env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "DEBUG"}}
-        env.update({"DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "x" * 50, "DOCSTORE_URL": value})
+        env.update({"DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "x" * 50, name: value})
         done = subprocess.run(
             [sys.executable, "-c", "import django; django.setup(); print('started')"],
             cwd=ROOT,
@@ -431,7 +434,7 @@ class TestStoreAndSettings:
             timeout=60,
         )
         assert done.returncode != 0 and "started" not in done.stdout
-        assert "DOCSTORE_URL" in done.stderr and fragment in done.stderr
+        assert f"{name}: " in done.stderr and fragment in done.stderr
 
     def test_a_url_changed_at_run_time_is_checked_against_the_allowlist_again(self, settings):
         from cleanup_ops.docstore_client import DocstoreClient, DocstoreNotConfigured
