@@ -1,0 +1,283 @@
+"""Chaos run: drain a sweep through real workers while things break.
+
+PostgreSQL (a throwaway cluster), ``qcluster`` with two workers draining a
+sweep, while this script SIGKILLs random worker processes several times,
+restarts PostgreSQL once, and has the document store answer 429s and 500s for
+a while. Afterwards it checks and prints:
+
+1. every eligible record is deleted or accounted for in an open dead letter;
+2. no held record was deleted;
+3. no operation id is twice in the ledger;
+4. the ledger's deleted-row total equals the records actually gone;
+5. no job is left leased past its lease expiry;
+6. no purge was applied twice for one idempotency key, and no held record's
+   file was purged.
+
+Exit status 1 on any breach. ``--ci`` is the small variant ``.ci/run`` runs
+(a few minutes); the default is larger. Usage::
+
+    .venv/bin/python chaos/run.py [--ci] [--seed N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PY = sys.executable
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def log(message: str) -> None:
+    print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+class Postgres:
+    """A throwaway cluster under /tmp (run as `postgres` when we are root)."""
+
+    def __init__(self) -> None:
+        self.bin = next(Path("/usr/lib/postgresql").glob("*/bin"), None)
+        if self.bin is None:
+            raise SystemExit("chaos: PostgreSQL server binaries not found (apt-get install postgresql)")
+        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg."))
+        self.data = self.dir / "data"
+        self.port = free_port()
+        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
+        if self.as_user:
+            subprocess.run(["chown", "postgres", str(self.dir)], check=True)
+
+    def ctl(self, *args: str) -> None:
+        subprocess.run(
+            [*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.data / "log"), "-w", *args],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+
+    def start(self) -> str:
+        subprocess.run(
+            [*self.as_user, str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
+        opts = f"-p {self.port} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
+        self.ctl("-o", opts, "start")
+        subprocess.run(
+            [str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "app"], check=True
+        )
+        return f"postgres://postgres@127.0.0.1:{self.port}/app"
+
+    def restart(self) -> None:
+        self.ctl("-m", "fast", "restart")
+
+    def stop(self) -> None:
+        try:
+            self.ctl("-m", "fast", "stop")
+        except subprocess.CalledProcessError:
+            pass
+        subprocess.run(["rm", "-rf", str(self.dir)], check=False)
+
+
+def manage(env: dict[str, str], *args: str) -> str:
+    result = subprocess.run([PY, "manage.py", *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    if result.returncode != 0:
+        raise SystemExit(f"chaos: manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
+    return result.stdout
+
+
+def children(pid: int) -> list[int]:
+    """Direct child processes of ``pid`` (the qcluster's sentinel, workers, monitor, pusher)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def descendants(pid: int) -> list[int]:
+    out, todo = [], [pid]
+    while todo:
+        for child in children(todo.pop()):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def docstore_faults(port: int, faults: dict[str, object] | None) -> None:
+    url = f"http://127.0.0.1:{port}/_admin/faults"
+    data = json.dumps(faults).encode() if faults else None
+    request = urllib.request.Request(url, data=data, method="POST" if faults else "DELETE")
+    request.add_header("Content-Type", "application/json")
+    urllib.request.urlopen(request, timeout=5).read()
+
+
+def docstore_requests(port: int) -> list[dict[str, object]]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/_admin/requests", timeout=10) as r:
+        return json.loads(r.read())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--ci", action="store_true", help="small variant for CI (a few minutes)")
+    parser.add_argument("--seed", type=int, default=int(time.time()) % 10000)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    size = (
+        {"portfolios": 5, "properties": 3, "records": 300, "kills": 4, "timeout": 300}
+        if args.ci
+        else {"portfolios": 12, "properties": 6, "records": 1500, "kills": 8, "timeout": 900}
+    )
+    log(f"seed {args.seed}, size {size}")
+    pg = Postgres()
+    store = cluster = None
+    try:
+        db_url = pg.start()
+        store_port = free_port()
+        env = {
+            **os.environ,
+            "DATABASE_URL": db_url,
+            "SECRET_KEY": "chaos-run-secret-key-not-for-production-0123456789",
+            "DEBUG": "false",
+            "DOCSTORE_URL": f"http://127.0.0.1:{store_port}",
+            "Q_WORKERS": "2",
+            "CLEANUP_LEASE_SECONDS": "10",
+            "DOCSTORE_CONNECT_TIMEOUT": "1",
+            "DOCSTORE_READ_TIMEOUT": "3",
+            "CLEANUP_BATCH_SIZE": "40",
+            "CLEANUP_SLICE_BATCHES": "3",
+            "CLEANUP_BACKOFF_BASE_SECONDS": "1",
+            "CLEANUP_BACKOFF_CAP_SECONDS": "8",
+            "CLEANUP_MAX_ATTEMPTS": "12",
+            "CLEANUP_PORTFOLIO_MAX_LEASES": "2",
+            "LOG_LEVEL": "ERROR",
+        }
+        manage(env, "migrate", "--noinput", "-v", "0")
+        store = subprocess.Popen(
+            [PY, "-m", "docstore", "--port", str(store_port), "--db", str(pg.dir / "docstore.sqlite3"), "--rate", "0"],
+            cwd=ROOT,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        time.sleep(0.5)
+        manage(
+            env,
+            "seed_demo",
+            "--portfolios",
+            str(size["portfolios"]),
+            "--properties-per-portfolio",
+            str(size["properties"]),
+            "--records-per-property",
+            str(size["records"]),
+            "--seed",
+            str(args.seed),
+        )
+        manage(env, "seed_attachments", "--fraction", "0.2", "--seed", str(args.seed))
+
+        # Django in this process, for the before/after picture.
+        os.environ.update(env)
+        os.environ["DJANGO_SETTINGS_MODULE"] = "config.settings"
+        sys.path.insert(0, str(ROOT))
+        import django
+
+        django.setup()
+        from chaos.checks import checks, snapshot_before
+
+        before = snapshot_before()
+        log(f"before: {before.summary()}")
+        out = json.loads(manage(env, "cleanup_sweep", "--json").strip().splitlines()[-1])
+        log(f"sweep {out['key']}: {out['jobs_admitted']} jobs admitted")
+
+        cluster = subprocess.Popen(
+            [PY, "manage.py", "qcluster"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + size["timeout"]
+        kills, restarted, faults = 0, False, 0
+        started = time.monotonic()
+        from django.db import connections
+
+        from chaos.checks import open_jobs
+
+        while time.monotonic() < deadline:
+            time.sleep(rng.uniform(1.0, 3.0))
+            elapsed = time.monotonic() - started
+            if kills < size["kills"]:
+                victims = [p for p in descendants(cluster.pid)]
+                if victims:
+                    victim = rng.choice(victims)
+                    try:
+                        os.kill(victim, signal.SIGKILL)
+                        kills += 1
+                        log(f"SIGKILL worker-side process {victim} ({kills}/{size['kills']})")
+                    except ProcessLookupError:
+                        pass
+            if not restarted and elapsed > 8:
+                log("restarting PostgreSQL")
+                connections.close_all()
+                pg.restart()
+                restarted = True
+            if faults == 0 and elapsed > 4:
+                docstore_faults(store_port, {"status": 429, "retry_after": "2", "count": 25})
+                log("document store: 25 x 429 Retry-After: 2")
+                faults = 1
+            elif faults == 1 and elapsed > 14:
+                docstore_faults(store_port, {"status": 500, "count": 25})
+                log("document store: 25 x 500")
+                faults = 2
+            try:
+                remaining = open_jobs()
+            except Exception:  # the database may be restarting
+                connections.close_all()
+                continue
+            if kills >= size["kills"] and restarted and faults == 2 and remaining == 0:
+                break
+        else:
+            log("timed out waiting for the drain")
+        log(f"drained in {time.monotonic() - started:.1f} s")
+        cluster.send_signal(signal.SIGTERM)
+        try:
+            cluster.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(cluster.pid, signal.SIGKILL)
+        cluster = None
+        connections.close_all()
+        results = checks(before, store_requests=docstore_requests(store_port))
+        failed = [r for r in results if not r.ok]
+        for r in results:
+            print(f"{'PASS' if r.ok else 'FAIL'}  {r.name}: {r.detail}", flush=True)
+        print(f"chaos: {len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
+        return 1 if failed else 0
+    finally:
+        if cluster is not None and cluster.poll() is None:
+            os.killpg(cluster.pid, signal.SIGKILL)
+        if store is not None:
+            store.terminate()
+            store.wait(timeout=10)
+        pg.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
