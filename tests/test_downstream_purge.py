@@ -213,6 +213,27 @@ class TestPurge:
         request = PurgeRequest.objects.get()
         assert (request.documents_purged, request.documents_absent) == (4, 0)
 
+    def test_a_worker_whose_lease_expired_during_the_call_commits_nothing_and_the_next_one_sends_the_same_key(
+        self, purge_job, docstore, clock, settings
+    ):
+        first = purge_job.purge_request.document_ids[0]
+
+        def lease_expires_meanwhile(job_id: int) -> None:
+            clock.move_to(NOW + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS + 1), tick=False)
+
+        result = job_run_slice(job_id=purge_job.pk, owner="slow", before_batch=lease_expires_meanwhile)
+        assert result.lease_lost and result.documents_purged == 0
+        purge_job.refresh_from_db()
+        assert (purge_job.cursor, purge_job.attempt) == (0, 0)  # fenced: nothing committed
+        assert first not in docstore.documents()  # although the store applied it
+
+        assert job_run_slice(job_id=purge_job.pk, owner="rescuer").outcome == JobOutcome.PURGED
+        log = [r for r in docstore.requests() if r["path"] == f"/documents/{first}"]
+        assert [(r["status"], r["replayed"]) for r in log] == [(204, False), (204, True)]
+        assert log[0]["key"] == log[1]["key"]
+        request = PurgeRequest.objects.get()
+        assert (request.documents_purged, request.documents_absent) == (4, 0)
+
     def test_a_500_storm_dead_letters_after_the_budget_and_a_redrive_with_a_reason_finishes_the_purge(
         self, leases_with_files, docstore, clock, settings
     ):
