@@ -6,9 +6,12 @@ Protocol of a purge job's slice (the job is already leased by
 1. Read the job's ``PurgeRequest`` (document ids, key) and its cursor: the
    number of documents already done. A redrive starts from the old cursor.
 2. Per document, in order:
-   a. take a token from the store's own buckets (``DOCSTORE_RATE_*``: global
-      and per portfolio, apart from the delete buckets); no token soon →
-      give the job back for later, without counting an attempt;
+   a. if the store answered 429/503 with a ``Retry-After`` that has not
+      passed yet (to this worker or any other), give the job back until that
+      instant, without counting an attempt; otherwise take a token from the
+      store's own buckets (``DOCSTORE_RATE_*``: global and per portfolio,
+      apart from the delete buckets); no token soon → give the job back for
+      later, again without counting an attempt;
    b. ``DELETE /documents/<id>`` with ``Idempotency-Key: <request key>:<id>``,
       **outside any database transaction** (a slow store never holds a row
       lock). 2xx → deleted; 404 → already gone, also done;
@@ -40,7 +43,7 @@ from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-from cleanup_ops.classification import InvalidInput
+from cleanup_ops.classification import DownstreamError, InvalidInput, parse_retry_after, retry_after_jitter
 from cleanup_ops.docstore_client import DocstoreClient, InvalidDocumentId
 from cleanup_ops.execution import (
     JOB_TABLE,
@@ -54,7 +57,7 @@ from cleanup_ops.execution import (
     job_release,
 )
 from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, PurgeRequest
-from cleanup_ops.ratelimit import docstore_buckets_for
+from cleanup_ops.ratelimit import docstore_buckets_for, docstore_hold_remaining, docstore_hold_until
 from retention.eligibility import db_datetime
 
 Hook = Callable[[int], None]
@@ -93,7 +96,11 @@ def purge_run(
                 _purge_finish(job=job, lease=lease)
                 result.outcome = JobOutcome.PURGED
                 return
-            wait = _wait_for_token(job.portfolio_id, buckets=buckets)
+            wait = docstore_hold_remaining(now=timezone.now().timestamp())
+            if wait > 0:
+                wait += retry_after_jitter()
+            else:
+                wait = _wait_for_token(job.portfolio_id, buckets=buckets)
             if wait > 0:
                 result.deferred_seconds = wait
                 job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
@@ -101,7 +108,11 @@ def purge_run(
             if before_request:
                 before_request(job.id)
             document_id = document_ids[cursor]
-            effect = client.delete_document(document_id, idempotency_key=idempotency_key(key, str(document_id)))
+            try:
+                effect = client.delete_document(document_id, idempotency_key=idempotency_key(key, str(document_id)))
+            except DownstreamError as exc:
+                _hold_all_purges(exc)
+                raise
             cursor = _purge_advance(job=job, lease=lease, request_id=request_id, cursor=cursor, effect=effect)
             requests += 1
             result.batches += 1
@@ -111,6 +122,13 @@ def purge_run(
             if requests >= max_requests or time.monotonic() - started >= max_seconds:
                 job_release(lease=lease)
                 return
+
+
+def _hold_all_purges(exc: DownstreamError) -> None:
+    if exc.status in (429, 503) and exc.retry_after:
+        until = parse_retry_after(exc.retry_after, now=timezone.now())
+        if until is not None:
+            docstore_hold_until(until=until.timestamp())
 
 
 def _purge_advance(*, job: _Job, lease: Lease, request_id: int, cursor: int, effect: str) -> int:

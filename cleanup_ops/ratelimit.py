@@ -112,3 +112,24 @@ def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig]
                 transaction.set_rollback(True)
                 return wait
     return 0.0
+
+
+# The store's own Retry-After, shared by every worker: one 429 or 503 holds
+# all purges until the instant it names, so the other workers defer their jobs
+# (no attempt burned) instead of each collecting a 429 of its own. Kept as a
+# bucket row whose ``updated_at`` is the instant; it only ever moves later.
+DOCSTORE_HOLD = "docstore:retry-after"
+
+
+def docstore_hold_until(*, until: float) -> None:
+    with transaction.atomic():
+        RateBucket.objects.bulk_create(
+            [RateBucket(name=DOCSTORE_HOLD, tokens=0.0, updated_at=until)], ignore_conflicts=True
+        )
+        RateBucket.objects.filter(name=DOCSTORE_HOLD, updated_at__lt=until).update(updated_at=until)
+
+
+def docstore_hold_remaining(*, now: float) -> float:
+    """Seconds until the store's last Retry-After instant; 0 when none is pending."""
+    until = RateBucket.objects.filter(name=DOCSTORE_HOLD).values_list("updated_at", flat=True).first()
+    return max(0.0, until - now) if until is not None else 0.0

@@ -189,6 +189,27 @@ class TestPurge:
         assert log[0]["key"] == log[1]["key"]  # the retry used the same key
         assert docstore.documents() == set()
 
+    def test_a_429_holds_the_other_workers_purges_until_its_instant_without_burning_their_attempts(
+        self, leases_with_files, docstore, clock
+    ):
+        _, documents = leases_with_files
+        docstore.create(*documents)
+        job_run_slice(job_id=delete_job().pk, batch_size=2)
+        first, second = purge_jobs()
+        docstore.set_faults(status=429, retry_after="7", count=1)
+        assert job_run_slice(job_id=first.pk).error_category == FailureCategory.DOWNSTREAM_THROTTLED
+        deferred = job_run_slice(job_id=second.pk)
+        assert deferred.leased and deferred.error_category == "" and 7 <= deferred.deferred_seconds <= 9
+        second.refresh_from_db()
+        assert (second.state, second.attempt) == (JobState.PENDING, 0)
+        assert second.available_at >= NOW + timedelta(seconds=7)
+        assert len(docstore.requests()) == 1  # the second worker sent nothing
+
+        clock.move_to(max(first.available_at, second.available_at) + timedelta(seconds=2), tick=False)
+        cleanup_drain()
+        assert docstore.documents() == set()
+        assert [r["status"] for r in docstore.requests()] == [429, 204, 204, 204, 204]
+
     def test_a_timeout_after_the_store_applied_the_delete_retries_with_the_same_key_and_changes_nothing_twice(
         self, purge_job, docstore, clock, settings
     ):
