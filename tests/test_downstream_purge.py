@@ -26,7 +26,16 @@ from django.utils import timezone
 from cleanup_ops.classification import FailureCategory
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.execution import cleanup_drain, job_run_slice
-from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobOutcome, JobState, LedgerEntry, PurgeRequest
+from cleanup_ops.models import (
+    CleanupJob,
+    DeadLetter,
+    JobKind,
+    JobOutcome,
+    JobState,
+    LedgerEntry,
+    PurgeRequest,
+    RateBucket,
+)
 from cleanup_ops.services import dead_letters_redrive_bulk, pipeline_pause, sweep_trigger
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.models import AuditEvent
@@ -288,6 +297,21 @@ class TestPurge:
             job.refresh_from_db()
             assert (job.state, job.outcome) == (JobState.DONE, JobOutcome.PURGED)
         assert all(d.status == DeadLetter.Status.REDRIVEN for d in DeadLetter.objects.all())
+
+    def test_the_stores_own_bucket_limits_purges_and_an_empty_one_defers_without_an_attempt(
+        self, purge_job, docstore, settings, portfolio
+    ):
+        settings.DOCSTORE_RATE_GLOBAL = 0.01
+        settings.DOCSTORE_BURST_GLOBAL = 2
+        settings.DOCSTORE_RATE_PORTFOLIO = 0.01
+        settings.DOCSTORE_BURST_PORTFOLIO = 3
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.documents_purged == 2 and result.deferred_seconds > 1 and result.error_category == ""
+        purge_job.refresh_from_db()
+        assert (purge_job.state, purge_job.attempt, purge_job.cursor) == (JobState.PENDING, 0, 2)
+        assert len(docstore.requests()) == 2
+        names = set(RateBucket.objects.values_list("name", flat=True))
+        assert names == {"docstore:global", f"docstore:portfolio:{portfolio.pk}"}  # not the delete buckets
 
     def test_another_4xx_dead_letters_as_downstream_rejected_without_burning_the_budget(self, purge_job, docstore):
         docstore.set_faults(status=403)
