@@ -245,7 +245,9 @@ def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     jobs = Gauge("retention_jobs", "Cleanup jobs by state", ["state"], registry=registry)
     for state, n in f["jobs_by_state"].items():
         jobs.labels(state).set(n)
-    Gauge("retention_rows_deleted", "Rows deleted by all jobs", registry=registry).set(f["rows_deleted"])
+    Gauge("retention_rows_deleted_24h", "Rows deleted in the last 24 hours", registry=registry).set(
+        f["rows_deleted_24h"]
+    )
     Gauge("retention_leases_active", "Live leases", registry=registry).set(f["leased"])
     Gauge("retention_paused", "1 when the whole pipeline is paused", registry=registry).set(int(f["paused"]))
     Gauge("retention_oldest_due_job_age_seconds", "Age of the oldest due job", registry=registry).set(

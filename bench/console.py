@@ -1,0 +1,228 @@
+#!/usr/bin/env python
+"""Console and API latency with 100k jobs and 1M ledger rows on PostgreSQL.
+
+Run from the repository root::
+
+    .venv/bin/python bench/console.py [--jobs 100000] [--ledger 1000000] [--requests 40]
+
+Starts a throwaway PostgreSQL (as ``chaos/run.py`` does), bulk-loads sweeps,
+jobs, ledger rows, dead letters, audit events and records with
+``generate_series``, then requests each console page and list endpoint through
+Django's full request stack (in-process client: middleware, auth, views,
+templates, queries; no socket) and prints p50/p95/max in milliseconds and the
+number of queries per page. Target: p95 under 150 ms for every page.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+PAGES = [
+    "/console/",
+    "/console/sweeps/{sweep}/",
+    "/console/dead-letters/",
+    "/console/audit/",
+    "/api/v1/jobs/?state=done",
+    "/api/v1/dead-letters/?status=open",
+    "/api/v1/sweeps/",
+    "/api/v1/metrics/",
+]
+
+
+def load(jobs: int, ledger: int, *, spread_hours: int) -> int:
+    from django.db import connection
+
+    per_job = max(1, ledger // jobs)
+    sweeps = 10
+    with connection.cursor() as cur:
+        cur.execute(
+            "INSERT INTO properties_portfolio (name, slug, created_at)"
+            " SELECT 'P' || g, 'p-' || g, now() FROM generate_series(1, 100) g"
+        )
+        cur.execute(
+            "INSERT INTO properties_property (portfolio_id, name)"
+            " SELECT po.id, 'B' || g FROM properties_portfolio po, generate_series(1, 10) g"
+        )
+        cur.execute("SELECT min(id) FROM auth_user")
+        (user_id,) = cur.fetchone()
+        # One approved policy per portfolio and kind.
+        for kind in ("lease", "maintenance_record", "tenant_activity"):
+            cur.execute(
+                "INSERT INTO retention_retentionpolicy (portfolio_id, record_kind, created_at)"
+                " SELECT id, %s, now() FROM properties_portfolio",
+                [kind],
+            )
+        cur.execute(
+            "INSERT INTO retention_policyversion (policy_id, number, retention_days, enabled, status, author_id,"
+            " reason, created_at, review_note) SELECT id, 1, CASE record_kind WHEN 'lease' THEN 730"
+            " WHEN 'maintenance_record' THEN 365 ELSE 90 END, true, 'approved', %s, 'bench', now(), ''"
+            " FROM retention_retentionpolicy",
+            [user_id],
+        )
+        # 300k leases, 5% of them overdue (past the cutoff, not yet deleted).
+        cur.execute(
+            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on,"
+            " document_id) SELECT p.portfolio_id, p.id, '1', 'T', now()::date,"
+            " now() - (CASE WHEN g % 20 = 0 THEN 800 ELSE 100 END) * interval '1 day', ''"
+            " FROM properties_property p, generate_series(1, 300) g"
+        )
+        cur.execute(
+            "INSERT INTO cleanup_ops_sweep (key, slot, status, jobs_admitted, carried_over, created_at)"
+            " SELECT 'cleanup:2026-11-' || lpad(g::text, 2, '0') || 'T02:00Z',"
+            " timestamp '2026-11-01 02:00+00' + (g - 1) * interval '1 day', 'drained', %s, 0, now()"
+            " FROM generate_series(1, %s) g",
+            [jobs // sweeps, sweeps],
+        )
+        cur.execute("SELECT id FROM retention_policyversion LIMIT 1")
+        (version_id,) = cur.fetchone()
+        cur.execute(
+            "INSERT INTO cleanup_ops_cleanupjob (sweep_id, key, kind, portfolio_id, property_id, record_kind,"
+            " policy_version_id, cutoff, state, outcome, available_at, lease_owner, leases, attempt,"
+            " last_error_category, last_error_class, cursor, batches, rows_deleted, rows_held, created_at,"
+            " first_leased_at, finished_at)"
+            " SELECT s.id, s.key || ':' || g, 'delete', 1 + g %% 100, g %% 1000 + 1, 'lease', %s, now(),"
+            " CASE WHEN g %% 50 = 0 THEN 'dead' WHEN g %% 97 = 0 THEN 'pending' ELSE 'done' END,"
+            " CASE WHEN g %% 50 = 0 THEN '' ELSE 'deleted' END, now() - interval '1 hour', '', 1,"
+            " CASE WHEN g %% 10 = 0 THEN 2 ELSE 0 END, CASE WHEN g %% 10 = 0 THEN 'timeout' ELSE '' END, '',"
+            " g, %s, %s, 0, now() - interval '2 hours', now() - interval '2 hours' + (g %% 60) * interval '1 second',"
+            " now() - interval '1 hour'"
+            " FROM cleanup_ops_sweep s, generate_series(1, %s) g",
+            [version_id, per_job, per_job * 1000, jobs // sweeps],
+        )
+        cur.execute(
+            "INSERT INTO cleanup_ops_ledgerentry (operation_id, job_id, portfolio_id, property_id, record_kind,"
+            " policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
+            " SELECT md5(j.id || ':' || g) || md5(g || ':' || j.id), j.id, j.portfolio_id, j.property_id,"
+            " 'lease', %s, now(), g * 1000, g * 1000 + 999, 1000, 1000, 1000,"
+            " now() - (random() * %s) * interval '1 hour'"
+            " FROM cleanup_ops_cleanupjob j, generate_series(1, %s) g",
+            [version_id, spread_hours, per_job],
+        )
+        cur.execute(
+            "INSERT INTO cleanup_ops_deadletter (job_id, category, error_class, attempts, first_seen_at,"
+            " last_seen_at, portfolio_id, property_id, record_kind, policy_version_id, sweep_id, status,"
+            " resolution_reason) SELECT id, 'retry_budget_exhausted', 'TimeoutError', 5, now(), now()"
+            " - (id % 72) * interval '1 hour', portfolio_id, property_id, record_kind, policy_version_id,"
+            " sweep_id, CASE WHEN id % 3 = 0 THEN 'open' ELSE 'dismissed' END, ''"
+            " FROM cleanup_ops_cleanupjob WHERE state = 'dead'"
+        )
+        cur.execute(
+            "INSERT INTO retention_auditevent (actor_id, action, object_type, object_id, reason, details, created_at)"
+            " SELECT %s, 'dead_letter.dismissed', 'dead_letter', g::text, 'bench', '{}'::jsonb,"
+            " now() - g * interval '1 second' FROM generate_series(1, 100000) g",
+            [user_id],
+        )
+        cur.execute("VACUUM ANALYZE")
+        cur.execute("SELECT max(id) FROM cleanup_ops_sweep")
+        return cur.fetchone()[0]
+
+
+def best_of(fn, n: int = 5) -> float:  # type: ignore[no-untyped-def]
+    times = []
+    for _ in range(n):
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return min(times)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description="console/API latency benchmark")
+    parser.add_argument("--jobs", type=int, default=100_000)
+    parser.add_argument("--ledger", type=int, default=1_000_000)
+    parser.add_argument("--requests", type=int, default=40)
+    parser.add_argument(
+        "--spread-hours", type=int, default=30 * 24, help="ledger rows are spread over this many past hours"
+    )
+    parser.add_argument("--keep", action="store_true", help="leave the database running (prints its URL) and wait")
+    args = parser.parse_args()
+
+    from chaos.run import Postgres
+
+    pg = Postgres()
+    try:
+        os.environ.update(
+            {
+                "DATABASE_URL": pg.start(),
+                "SECRET_KEY": "bench-secret-key-not-for-production-0123456789",
+                "SECURE_SSL_REDIRECT": "false",
+                "DJANGO_SETTINGS_MODULE": "config.settings",
+                "LOG_LEVEL": "ERROR",
+            }
+        )
+        import django
+
+        django.setup()
+        from django.contrib.auth.models import Group, User
+        from django.core.management import call_command
+        from django.db import connection
+        from django.test import Client
+        from django.test.utils import CaptureQueriesContext
+
+        call_command("migrate", verbosity=0)
+        user = User.objects.create_user("bench-operator", password="x" * 12)
+        user.groups.add(Group.objects.get(name="operator"))
+        started = time.monotonic()
+        sweep = load(args.jobs, args.ledger, spread_hours=args.spread_hours)
+        with connection.cursor() as cur:
+            cur.execute(
+                "SELECT (SELECT count(*) FROM cleanup_ops_cleanupjob), (SELECT count(*) FROM cleanup_ops_ledgerentry)"
+            )
+            jobs, ledger = cur.fetchone()
+        print(f"loaded {jobs} jobs, {ledger} ledger rows in {time.monotonic() - started:.1f} s")
+        from django.utils import timezone
+
+        from cleanup_ops import selectors
+
+        now = timezone.now()
+        current = selectors.current_sweep()
+        parts = {
+            "jobs_overview": lambda: selectors.jobs_overview(now=now),
+            "sweep_progress": lambda: selectors.sweep_progress(current),
+            "throughput": lambda: selectors.throughput(now=now),
+            "retries_by_category": selectors.retries_by_category,
+            "dead_letter_figures": lambda: selectors.dead_letter_figures(now=now),
+            "portfolio_fairness": lambda: selectors.portfolio_fairness(now=now, sweep=current),
+            "retention_debt": lambda: selectors.retention_debt(now=now),
+        }
+        print("overview parts (ms, best of 5): " + ", ".join(f"{name} {best_of(fn):.1f}" for name, fn in parts.items()))
+        client = Client(HTTP_HOST="localhost")
+        client.force_login(user)
+        print(f"{'page':<38} {'queries':>7} {'p50 ms':>8} {'p95 ms':>8} {'max ms':>8}")
+        worst = 0.0
+        for template in PAGES:
+            path = template.format(sweep=sweep)
+            for _ in range(3):
+                assert client.get(path).status_code == 200, path
+            with CaptureQueriesContext(connection) as ctx:
+                client.get(path)
+            ctx.captured_queries = ctx.captured_queries or connection.queries
+            samples = []
+            for _ in range(args.requests):
+                t0 = time.perf_counter()
+                client.get(path)
+                samples.append((time.perf_counter() - t0) * 1000)
+            samples.sort()
+            p95 = samples[max(0, int(len(samples) * 0.95) - 1)]
+            worst = max(worst, p95)
+            median = statistics.median(samples)
+            print(f"{path:<38} {len(ctx.captured_queries):>7} {median:>8.1f} {p95:>8.1f} {samples[-1]:>8.1f}")
+        print(f"worst p95: {worst:.1f} ms (target < 150 ms): {'met' if worst < 150 else 'MISSED'}")
+        if args.keep:
+            print(f"database kept at {os.environ['DATABASE_URL']}; Ctrl-C to stop", flush=True)
+            time.sleep(3600)
+        return 0
+    finally:
+        pg.stop()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
