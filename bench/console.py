@@ -203,7 +203,7 @@ def main() -> int:
                 assert client.get(path).status_code == 200, path
             counted = []
 
-            def count(execute, sql, params, many, context):  # type: ignore[no-untyped-def]
+            def count(execute, sql, params, many, context, counted=counted):  # type: ignore[no-untyped-def]
                 counted.append(sql)
                 return execute(sql, params, many, context)
 
