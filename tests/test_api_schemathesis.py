@@ -1,0 +1,292 @@
+"""Property-based API tests: schemathesis against the live OpenAPI schema.
+
+Each test loads ``/api/v1/schema/`` from pytest-django's ``live_server`` (on
+127.0.0.1), takes one operation and sends it Hypothesis-generated requests with
+the DRF token of a user who holds all four roles:
+
+* valid (positive) requests must get a documented status code, content type,
+  headers and body, and never a server error;
+* invalid (negative) requests must never get a server error.
+
+Data is seeded first (portfolio, property, active policy, a version in review,
+a legal hold, a sweep whose job became a dead letter), and path ids are drawn
+from the seeded rows as well as generated, so detail and action endpoints are
+reached. Every operation gets a fresh database; an operation that mutates
+(redrive, dismiss, approve, pause, ...) sees only its own earlier changes, and
+its later answers (409 not open, 400 not in review, ...) are documented ones.
+
+schemathesis' own pytest loader (``schemathesis.pytest.from_fixture``) fails
+under pytest 9 (it assigns ``Node._nodeid``, which pytest 9 no longer has), so
+each operation is driven here with ``APIOperation.as_strategy`` and ``@given``.
+Generation is derandomized: a run is reproducible, and a failure names the
+request as a ``curl`` command.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+import pytest
+import requests
+import schemathesis
+from django.db import connection
+from drf_spectacular.generators import SchemaGenerator
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+from rest_framework.authtoken.models import Token
+from schemathesis import GenerationMode
+from schemathesis.checks import not_a_server_error
+from schemathesis.core.failures import ServerError
+from schemathesis.openapi.checks import UndefinedStatusCode
+from schemathesis.specs.openapi.checks import (
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+    status_code_conformance,
+)
+
+from cleanup_ops.classification import DownstreamError
+from cleanup_ops.execution import job_run_slice
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
+from cleanup_ops.services import sweep_trigger
+from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
+from retention.services import legal_hold_place, policy_version_submit
+
+from .conftest import make_records, make_user, utc
+
+OLD = utc("2020-01-01T00:00:00Z")
+ROLES = ("property_manager", "compliance_reviewer", "operator", "auditor")
+MAX_EXAMPLES = 20  # per operation and generation mode
+
+# The rows a path ``{id}`` names, by the path's collection (/api/v1/<collection>/{id}/...).
+COLLECTIONS = {
+    "audit-events": AuditEvent,
+    "dead-letters": DeadLetter,
+    "jobs": CleanupJob,
+    "legal-holds": LegalHold,
+    "policies": RetentionPolicy,
+    "policy-versions": PolicyVersion,
+    "sweeps": Sweep,
+}
+
+pytestmark = pytest.mark.django_db(transaction=True)  # live_server serves from another thread
+
+
+def collection(case: Any) -> str:
+    return case.operation.path.split("/")[3]
+
+
+# --- Known bugs, reported and deliberately not fixed here -----------------------
+#
+# Each exemption below is as narrow as it can be: the check still fails on
+# anything else. Remove an exemption once its bug is fixed.
+
+INT64 = range(-(2**63), 2**63)
+FOREIGN_KEY_FILTERS = {"/api/v1/jobs/": "sweep", "/api/v1/dead-letters/": "sweep", "/api/v1/audit-events/": "actor"}
+
+
+def is_known_sqlite_overflow(case: Any) -> bool:
+    """KNOWN BUG (API, SQLite only): a foreign-key filter outside the signed
+    64-bit range is a 500 (``OverflowError: Python int too large to convert to
+    SQLite INTEGER``), e.g. ``GET /api/v1/jobs/?sweep=18446744073709551616``;
+    likewise ``?sweep=`` on /dead-letters/ and ``?actor=`` on /audit-events/.
+    PostgreSQL answers 200 with an empty page, so there nothing is exempt."""
+    name = FOREIGN_KEY_FILTERS.get(case.path)
+    if connection.vendor != "sqlite" or name is None:
+        return False
+    try:
+        return int((case.query or {}).get(name)) not in INT64
+    except (TypeError, ValueError):
+        return False
+
+
+def is_known_undocumented_status(case: Any, response: Any) -> bool:
+    """KNOWN SCHEMA GAPS (drf-spectacular documents only the success code and
+    the codes declared with ``extend_schema``):
+
+    * 404 on every ``{id}`` operation for an id that names no row;
+    * 404 ``{"detail": "Invalid page."}`` on every paginated list for a ``page``
+      outside 1..last, e.g. ``GET /api/v1/jobs/?page=0``;
+    * 400 on ``POST /api/v1/legal-holds/`` (failed validation, e.g.
+      ``{"portfolio": 0, "reason": "0"}``): only 201 is documented.
+    """
+    if response.status_code == 404 and isinstance((case.path_parameters or {}).get("id"), int):
+        return not COLLECTIONS[collection(case)].objects.filter(pk=case.path_parameters["id"]).exists()
+    if response.status_code == 404 and "page" in (case.query or {}):
+        return response.json() == {"detail": "Invalid page."}
+    return (case.method, case.path, response.status_code) == ("POST", "/api/v1/legal-holds/", 400)
+
+
+# KNOWN SCHEMA GAP: ``DELETE /api/v1/pause/`` (resume) documents no request
+# body, but the view reads ``reason`` (required, >= 10 characters) and
+# ``portfolio_id`` from the body, so a request built from the schema can only
+# ever get 400 ("reason is required"). The 400 is documented, so the checks
+# pass; only the "succeeds at least once" assertion is waived for it.
+NEVER_SUCCEEDS = {"DELETE /api/v1/pause/"}
+
+
+def not_a_server_error_except_known_bugs(ctx: Any, response: Any, case: Any) -> bool | None:
+    try:
+        return not_a_server_error(ctx, response, case)
+    except ServerError:
+        if is_known_sqlite_overflow(case):
+            return None
+        raise
+
+
+def status_code_conformance_except_known_gaps(ctx: Any, response: Any, case: Any) -> bool | None:
+    try:
+        return status_code_conformance(ctx, response, case)
+    except UndefinedStatusCode:
+        if is_known_undocumented_status(case, response) or is_known_sqlite_overflow(case):
+            return None
+        raise
+
+
+POSITIVE_CHECKS: list[Callable[..., Any]] = [
+    not_a_server_error_except_known_bugs,
+    status_code_conformance_except_known_gaps,
+    content_type_conformance,
+    response_headers_conformance,
+    response_schema_conformance,
+]
+NEGATIVE_CHECKS: list[Callable[..., Any]] = [not_a_server_error_except_known_bugs]
+
+
+# --- Fixtures -------------------------------------------------------------------
+
+
+def documented_operations() -> list[str]:
+    """``METHOD /path`` of every operation, from the generator that serves the schema."""
+    paths = SchemaGenerator().get_schema(request=None, public=True)["paths"]
+    return sorted(f"{method.upper()} {path}" for path, item in paths.items() for method in item)
+
+
+@pytest.fixture
+def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+    """A row of every kind the API serves; returns their ids by collection."""
+    version = active_policy(portfolio, "lease", 365)
+    policy_version_submit(policy=version.policy, retention_days=400, enabled=True, author=manager, reason="longer")
+    make_records(prop, "lease", 3, ended=OLD)
+    sweep_trigger()
+
+    def rejected(job_id: int) -> None:
+        raise DownstreamError(400)
+
+    job_run_slice(job_id=CleanupJob.objects.get().pk, before_batch=rejected)
+    holder = make_user("hold-reviewer", "compliance_reviewer")
+    legal_hold_place(portfolio=portfolio, property=prop, reason="litigation 2026-17", placed_by=holder)
+    ids = {name: list(model.objects.order_by("id").values_list("id", flat=True)) for name, model in COLLECTIONS.items()}
+    assert all(ids.values()), ids
+    ids |= {"portfolio": [portfolio.pk], "property": [prop.pk]}
+    assert DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count() == 1
+    assert PolicyVersion.objects.filter(status=PolicyVersion.Status.IN_REVIEW).count() == 1
+    return ids
+
+
+@pytest.fixture
+def api_headers(db: None) -> dict[str, str]:
+    user = make_user("api-all-roles", *ROLES)
+    return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+
+
+@pytest.fixture
+def base_url(live_server) -> str:  # type: ignore[no-untyped-def]
+    """The live server's address as 127.0.0.1 (pytest-django calls it ``localhost``)."""
+    port = urlsplit(live_server.url).port
+    assert port
+    return f"http://127.0.0.1:{port}"
+
+
+@pytest.fixture
+def http() -> Iterator[requests.Session]:
+    session = requests.Session()
+    session.trust_env = False  # no proxy from the environment: requests go straight to loopback
+    yield session
+    # Closing the keep-alive sockets ends the live server's request threads,
+    # which close their database connections (else the test database cannot be dropped).
+    session.close()
+
+
+@pytest.fixture
+def api_schema(base_url: str, api_headers: dict[str, str]):  # type: ignore[no-untyped-def]
+    config = schemathesis.Config.from_dict(
+        {"base-url": base_url, "generation": {"database": "none", "with-security-parameters": False}}
+    )
+    return schemathesis.openapi.from_url(
+        f"{base_url}/api/v1/schema/",
+        config=config,
+        headers=api_headers,
+        proxies={"http": None, "https": None},
+        timeout=30,
+    )
+
+
+def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[int]]) -> st.SearchStrategy[Any]:
+    """Generated cases, plus cases that name seeded rows: each seeded ``{id}``
+    in the path, and the seeded portfolio and property in a body that refers
+    to them (creating a legal hold)."""
+    generated = operation.as_strategy(generation_mode=mode)
+    strategies = [generated]
+    has_id = any(p.name == "id" for p in operation.path_parameters)
+    # In negative mode a fixed id leaves nothing to make invalid unless there is a body.
+    if has_id and (mode == GenerationMode.POSITIVE or operation.body):
+        ids = seeded[operation.path.split("/")[3]]
+        strategies += [operation.as_strategy(generation_mode=mode, path_parameters={"id": i}) for i in ids]
+    if mode == GenerationMode.POSITIVE and operation.body:
+
+        def with_seeded_references(case: Any) -> Any:
+            if isinstance(case.body, dict):
+                refs = {name: seeded[name][0] for name in ("portfolio", "property") if name in case.body}
+                case.body = {**case.body, **refs}
+            return case
+
+        strategies.append(generated.map(with_seeded_references))
+    return st.one_of(strategies)
+
+
+def fuzz(strategy: st.SearchStrategy[Any], send: Callable[[Any], None]) -> None:
+    @settings(
+        max_examples=MAX_EXAMPLES,
+        deadline=None,
+        database=None,  # nothing written to .hypothesis/
+        derandomize=True,
+        phases=[Phase.explicit, Phase.generate, Phase.shrink],
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
+    )
+    @given(case=strategy)
+    def run(case: Any) -> None:
+        send(case)
+
+    run()
+
+
+# --- The test -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("label", documented_operations())
+def test_the_api_operation_answers_as_documented_and_never_with_a_server_error(
+    label: str, api_schema, seeded, base_url: str, api_headers: dict[str, str], http: requests.Session
+) -> None:  # type: ignore[no-untyped-def]
+    method, path = label.split(" ", 1)
+    assert f"{method} {path}" in {f"{op.ok().method.upper()} {op.ok().path}" for op in api_schema.get_all_operations()}
+    operation = api_schema[path][method]
+    statuses: list[int] = []
+
+    def sender(checks: list[Callable[..., Any]]) -> Callable[[Any], None]:
+        def send(case: Any) -> None:
+            response = case.call_and_validate(base_url=base_url, session=http, headers=api_headers, checks=checks)
+            assert urlsplit(response.request.url).hostname == "127.0.0.1"
+            statuses.append(response.status_code)
+
+        return send
+
+    fuzz(case_strategy(operation, GenerationMode.POSITIVE, seeded), sender(POSITIVE_CHECKS))
+    if operation.path_parameters or operation.query or operation.body:  # else nothing can be made invalid
+        fuzz(case_strategy(operation, GenerationMode.NEGATIVE, seeded), sender(NEGATIVE_CHECKS))
+
+    assert statuses, "no request was sent"
+    if label not in NEVER_SUCCEEDS:  # the seeded data lets every other operation succeed at least once
+        assert any(200 <= code < 300 for code in statuses), f"{label} never succeeded: {sorted(set(statuses))}"
