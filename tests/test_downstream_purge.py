@@ -20,12 +20,12 @@ from pathlib import Path
 
 import pytest
 from django.core.management import call_command
-from django.db import connections
+from django.db import connections, transaction
 from django.utils import timezone
 
 from cleanup_ops.classification import FailureCategory
 from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.execution import cleanup_drain, job_run_slice
+from cleanup_ops.execution import _load, cleanup_drain, job_lease, job_run_slice, run_batch
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
@@ -119,6 +119,17 @@ class TestOutbox:
         assert [j.key for j in jobs] == [f"purge:{r.key}" for r in requests]
         assert [j.purge_request_id for j in jobs] == [r.pk for r in requests]
         assert all(j.state == JobState.PENDING and j.property_id == prop.pk for j in jobs)
+
+    def test_a_batch_that_rolls_back_takes_its_purge_request_with_it(self, leases_with_files, prop):
+        ids, _ = leases_with_files
+        job = delete_job()
+        lease = job_lease(job_id=job.pk, owner="crashing")
+        with pytest.raises(RuntimeError), transaction.atomic():
+            assert run_batch(job=_load(job.pk), lease=lease, limit=10)[0] == 6
+            assert PurgeRequest.objects.count() == 1  # written by the batch itself, not after commit
+            raise RuntimeError("the worker died before the commit")
+        assert remaining_ids(prop, "lease") == set(ids)
+        assert not PurgeRequest.objects.exists() and not purge_jobs()
 
     def test_a_kind_without_attachments_and_a_batch_without_files_write_no_purge(
         self, portfolio, prop, active_policy, clock
