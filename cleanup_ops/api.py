@@ -77,9 +77,12 @@ def int_param(request: Request, name: str) -> int | None:
     if raw in (None, ""):
         return None
     try:
-        return int(raw)
+        value = int(raw)
     except ValueError:
         raise ValidationError({name: f"{name} must be an integer id"}) from None
+    if not 0 <= value < 2**63:
+        raise ValidationError({name: f"{name} must be an id between 0 and 2^63-1"})
+    return value
 
 
 def choice_param(request: Request, name: str, choices: list[str]) -> str | None:
@@ -388,7 +391,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
         return super().list(request, *args, **kwargs)
 
     def get_queryset(self) -> QuerySet[DeadLetter]:
-        qs = DeadLetter.objects.order_by("-id")
+        qs = DeadLetter.objects.select_related("job").order_by("-id")
         if self.action != "list":
             return qs
         if (status_ := choice_param(self.request, "status", DeadLetter.Status.values)) is not None:
@@ -515,6 +518,10 @@ class LegalHoldViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         "release": "retention.change_legalhold",
     }
 
+    @extend_schema(
+        request=LegalHoldSerializer,
+        responses={201: LegalHoldSerializer, 400: OpenApiResponse(description="invalid scope or blank reason")},
+    )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = LegalHoldSerializer(data=request.data)
         data.is_valid(raise_exception=True)
@@ -585,10 +592,10 @@ class MetricsView(APIView):
 
 
 class PauseView(APIView):
-    """Pause (POST) or resume (DELETE) the pipeline or one portfolio, with a reason."""
+    """Pause the pipeline or one portfolio, with a reason."""
 
     permission_classes = [RolePermission]
-    required_perms = {"post": "cleanup_ops.add_pipelinepause", "delete": "cleanup_ops.change_pipelinepause"}
+    required_perms = {"post": "cleanup_ops.add_pipelinepause"}
 
     @extend_schema(
         request=PauseSerializer,
@@ -600,11 +607,18 @@ class PauseView(APIView):
         pause = call_service(pipeline_pause, actor=request.user, **data.validated_data)
         return Response({"id": pause.pk, "portfolio_id": pause.portfolio_id}, status=status.HTTP_201_CREATED)
 
+
+class ResumeView(APIView):
+    """Resume the pipeline or one portfolio, with a reason."""
+
+    permission_classes = [RolePermission]
+    required_perms = {"post": "cleanup_ops.change_pipelinepause"}
+
     @extend_schema(
         request=PauseSerializer,
         responses={200: OpenApiResponse(description="resumed"), 400: OpenApiResponse(description="invalid")},
     )
-    def delete(self, request: Request) -> Response:
+    def post(self, request: Request) -> Response:
         data = PauseSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         pause = call_service(pipeline_resume, actor=request.user, **data.validated_data)

@@ -22,7 +22,7 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, connection, transaction
 from django.utils import timezone
 
-from cleanup_ops.models import OPEN_STATES, CleanupJob, DeadLetter, PipelinePause, Sweep
+from cleanup_ops.models import OPEN_STATES, CleanupJob, DeadLetter, JobKind, PipelinePause, Sweep
 from properties.models import Portfolio, Property
 from retention.eligibility import count_expired_and_held, db_datetime
 from retention.models import PolicyVersion
@@ -165,7 +165,9 @@ def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
         if sweep.status != Sweep.Status.ADMITTING:
             return 0
         open_elsewhere = set(
-            CleanupJob.objects.filter(state__in=OPEN_STATES)
+            # Only delete jobs: an open purge job (say, waiting on the document
+            # store's Retry-After) must not hold back the partition's next delete.
+            CleanupJob.objects.filter(state__in=OPEN_STATES, kind=JobKind.DELETE)
             .exclude(sweep_id=sweep.pk)
             .values_list("portfolio_id", "property_id", "record_kind")
         )

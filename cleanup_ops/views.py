@@ -84,9 +84,9 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
     sweep = get_object_or_404(Sweep, pk=sweep_id)
     outcomes = list(
         CleanupJob.objects.filter(sweep=sweep)
-        .values("state", "outcome")
+        .values("kind", "state", "outcome")
         .annotate(n=Count("id"))
-        .order_by("state", "outcome")
+        .order_by("kind", "state", "outcome")
     )
     letters = list(DeadLetter.objects.filter(sweep=sweep).order_by("-id")[:PAGE_SIZE])
     return render(request, "console/sweep.html", {"sweep": sweep, "outcomes": outcomes, "letters": letters})
@@ -128,9 +128,8 @@ def _letter_filters(params: Any) -> tuple[Q, dict[str, str]]:
 @permission_required("cleanup_ops.view_deadletter", raise_exception=True)
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
     q, chosen = _letter_filters(request.GET)
-    page = Paginator(DeadLetter.objects.filter(q).order_by("-last_seen_at", "-id"), PAGE_SIZE).get_page(
-        request.GET.get("page")
-    )
+    letters = DeadLetter.objects.filter(q).select_related("job").order_by("-last_seen_at", "-id")
+    page = Paginator(letters, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(
         request,
         "console/dead_letters.html",

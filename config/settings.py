@@ -197,6 +197,10 @@ SPECTACULAR_SETTINGS = {
     "SERVE_INCLUDE_SCHEMA": False,
     "SERVE_PERMISSIONS": ["rest_framework.permissions.IsAuthenticated"],
     "COMPONENT_SPLIT_REQUEST": True,
+    "POSTPROCESSING_HOOKS": [
+        "drf_spectacular.hooks.postprocess_schema_enums",
+        "config.schema.add_common_responses",
+    ],
 }
 # /metrics (Prometheus): a bearer token, or client addresses in the allowlist.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")

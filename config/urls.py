@@ -26,6 +26,7 @@ urlpatterns = [
     path("console/", include("cleanup_ops.urls")),
     path("api/v1/metrics/", api.MetricsView.as_view(), name="api-metrics"),
     path("api/v1/pause/", api.PauseView.as_view(), name="api-pause"),
+    path("api/v1/pause/resume/", api.ResumeView.as_view(), name="api-resume"),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/", include(router.urls)),
     re_path(r"^metrics$", views.prometheus_metrics, name="prometheus-metrics"),

@@ -31,15 +31,12 @@ from urllib.parse import urlsplit
 import pytest
 import requests
 import schemathesis
-from django.db import connection
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
-from schemathesis.core.failures import ServerError
-from schemathesis.openapi.checks import UndefinedStatusCode
 from schemathesis.specs.openapi.checks import (
     content_type_conformance,
     response_headers_conformance,
@@ -50,7 +47,7 @@ from schemathesis.specs.openapi.checks import (
 from cleanup_ops.classification import DownstreamError
 from cleanup_ops.execution import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.services import pipeline_pause, sweep_trigger
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
 from retention.services import legal_hold_place, policy_version_submit
 
@@ -78,81 +75,18 @@ def collection(case: Any) -> str:
     return case.operation.path.split("/")[3]
 
 
-# --- Known bugs, reported and deliberately not fixed here -----------------------
-#
-# Each exemption below is as narrow as it can be: the check still fails on
-# anything else. Remove an exemption once its bug is fixed.
-
-INT64 = range(-(2**63), 2**63)
-FOREIGN_KEY_FILTERS = {"/api/v1/jobs/": "sweep", "/api/v1/dead-letters/": "sweep", "/api/v1/audit-events/": "actor"}
-
-
-def is_known_sqlite_overflow(case: Any) -> bool:
-    """KNOWN BUG (API, SQLite only): a foreign-key filter outside the signed
-    64-bit range is a 500 (``OverflowError: Python int too large to convert to
-    SQLite INTEGER``), e.g. ``GET /api/v1/jobs/?sweep=18446744073709551616``;
-    likewise ``?sweep=`` on /dead-letters/ and ``?actor=`` on /audit-events/.
-    PostgreSQL answers 200 with an empty page, so there nothing is exempt."""
-    name = FOREIGN_KEY_FILTERS.get(case.path)
-    if connection.vendor != "sqlite" or name is None:
-        return False
-    try:
-        return int((case.query or {}).get(name)) not in INT64
-    except (TypeError, ValueError):
-        return False
-
-
-def is_known_undocumented_status(case: Any, response: Any) -> bool:
-    """KNOWN SCHEMA GAPS (drf-spectacular documents only the success code and
-    the codes declared with ``extend_schema``):
-
-    * 404 on every ``{id}`` operation for an id that names no row;
-    * 404 ``{"detail": "Invalid page."}`` on every paginated list for a ``page``
-      outside 1..last, e.g. ``GET /api/v1/jobs/?page=0``;
-    * 400 on ``POST /api/v1/legal-holds/`` (failed validation, e.g.
-      ``{"portfolio": 0, "reason": "0"}``): only 201 is documented.
-    """
-    if response.status_code == 404 and isinstance((case.path_parameters or {}).get("id"), int):
-        return not COLLECTIONS[collection(case)].objects.filter(pk=case.path_parameters["id"]).exists()
-    if response.status_code == 404 and "page" in (case.query or {}):
-        return response.json() == {"detail": "Invalid page."}
-    return (case.method, case.path, response.status_code) == ("POST", "/api/v1/legal-holds/", 400)
-
-
-# KNOWN SCHEMA GAP: ``DELETE /api/v1/pause/`` (resume) documents no request
-# body, but the view reads ``reason`` (required, >= 10 characters) and
-# ``portfolio_id`` from the body, so a request built from the schema can only
-# ever get 400 ("reason is required"). The 400 is documented, so the checks
-# pass; only the "succeeds at least once" assertion is waived for it.
-NEVER_SUCCEEDS = {"DELETE /api/v1/pause/"}
-
-
-def not_a_server_error_except_known_bugs(ctx: Any, response: Any, case: Any) -> bool | None:
-    try:
-        return not_a_server_error(ctx, response, case)
-    except ServerError:
-        if is_known_sqlite_overflow(case):
-            return None
-        raise
-
-
-def status_code_conformance_except_known_gaps(ctx: Any, response: Any, case: Any) -> bool | None:
-    try:
-        return status_code_conformance(ctx, response, case)
-    except UndefinedStatusCode:
-        if is_known_undocumented_status(case, response) or is_known_sqlite_overflow(case):
-            return None
-        raise
+# Every operation must succeed at least once with the seeded data.
+NEVER_SUCCEEDS: set[str] = set()
 
 
 POSITIVE_CHECKS: list[Callable[..., Any]] = [
-    not_a_server_error_except_known_bugs,
-    status_code_conformance_except_known_gaps,
+    not_a_server_error,
+    status_code_conformance,
     content_type_conformance,
     response_headers_conformance,
     response_schema_conformance,
 ]
-NEGATIVE_CHECKS: list[Callable[..., Any]] = [not_a_server_error_except_known_bugs]
+NEGATIVE_CHECKS: list[Callable[..., Any]] = [not_a_server_error]
 
 
 # --- Fixtures -------------------------------------------------------------------
@@ -178,6 +112,7 @@ def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # 
     job_run_slice(job_id=CleanupJob.objects.get().pk, before_batch=rejected)
     holder = make_user("hold-reviewer", "compliance_reviewer")
     legal_hold_place(portfolio=portfolio, property=prop, reason="litigation 2026-17", placed_by=holder)
+    pipeline_pause(actor=None, reason="seeded portfolio pause", portfolio_id=portfolio.pk)  # so resume can succeed
     ids = {name: list(model.objects.order_by("id").values_list("id", flat=True)) for name, model in COLLECTIONS.items()}
     assert all(ids.values()), ids
     ids |= {"portfolio": [portfolio.pk], "property": [prop.pk]}
@@ -240,6 +175,8 @@ def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[i
         def with_seeded_references(case: Any) -> Any:
             if isinstance(case.body, dict):
                 refs = {name: seeded[name][0] for name in ("portfolio", "property") if name in case.body}
+                if "portfolio_id" in case.body:  # pause / resume of the seeded (paused) portfolio
+                    refs["portfolio_id"] = seeded["portfolio"][0]
                 case.body = {**case.body, **refs}
             return case
 

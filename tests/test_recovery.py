@@ -189,7 +189,8 @@ class TestRetries:
         settings.CLEANUP_BACKOFF_BASE_SECONDS = 600
         settings.CLEANUP_BACKOFF_CAP_SECONDS = 600
         job_run_slice(job_id=job.pk, batch_size=1, max_batches=1)  # first attempt: the age clock starts
-        clock.move_to(NOW + timedelta(minutes=59), tick=False)
+        # Past the age budget: whatever the jittered delay (>= 0), the next try would be too late.
+        clock.move_to(NOW + timedelta(seconds=3601), tick=False)
         job_run_slice(job_id=job.pk, before_batch=raising(DownstreamError(500)))
         letter = DeadLetter.objects.get(job=job)
         assert letter.category == FailureCategory.AGE_BUDGET_EXHAUSTED and letter.attempts == 1

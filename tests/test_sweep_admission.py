@@ -124,6 +124,27 @@ class TestAdmission:
         assert result["jobs_admitted"] == 1
         assert CleanupJob.objects.count() == 4
 
+    def test_an_open_purge_job_does_not_carry_its_partition_over(self, estate, clock):
+        clock.move_to("2026-08-20T02:05:00Z", tick=False)
+        run("--slot", "2026-08-20T02:00Z")
+        earlier = CleanupJob.objects.order_by("id")
+        CleanupJob.objects.filter(pk__in=[j.pk for j in earlier]).update(state=CleanupJob.State.DONE)
+        first = earlier.first()
+        CleanupJob.objects.create(
+            sweep=first.sweep,
+            key="purge:waiting-on-retry-after",
+            kind="purge",
+            portfolio_id=first.portfolio_id,
+            property_id=first.property_id,
+            record_kind=first.record_kind,
+            policy_version=first.policy_version,
+            cutoff=first.cutoff,
+            available_at=first.available_at,
+        )
+        clock.move_to(NOW, tick=False)
+        result = run("--slot", "2026-08-21T02:00Z")
+        assert (result["carried_over"], result["jobs_admitted"]) == (0, 3)
+
     def test_a_withdrawn_policy_admits_nothing(self, portfolio, prop, active_policy):
         active_policy(portfolio, "lease", 365)
         make_records(prop, "lease", 2, ended=OLD)
