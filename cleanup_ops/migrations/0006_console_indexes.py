@@ -4,14 +4,15 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cleanup_ops', '0005_purge'),
+        ("cleanup_ops", "0005_purge"),
     ]
 
     operations = [
         migrations.AddIndex(
-            model_name='ledgerentry',
-            index=models.Index(fields=['applied_at'], include=('rows_deleted', 'record_kind'), name='ledger_applied_idx'),
+            model_name="ledgerentry",
+            index=models.Index(
+                fields=["applied_at"], include=("rows_deleted", "record_kind"), name="ledger_applied_idx"
+            ),
         ),
     ]
