@@ -464,13 +464,34 @@ def job_run_slice(
         result.error_category = classification.category
         if classification.category == FailureCategory.LEASE_LOST:
             result.lease_lost = True
-            logger.warning("cleanup job %s: lease lost, stopping without committing", job_id)
+            logger.warning(
+                "cleanup job %s: lease lost, stopping without committing",
+                job_id,
+                extra={"job_id": job_id, "category": classification.category},
+            )
         else:
-            logger.warning("cleanup job %s: %s (%s)", job_id, classification.category, classification.error_class)
+            logger.warning(
+                "cleanup job %s: %s (%s)",
+                job_id,
+                classification.category,
+                classification.error_class,
+                extra={"job_id": job_id, "category": classification.category},
+            )
             try:
                 result.dead = job_fail(lease=lease, classification=classification)
             except Exception:
-                logger.warning("cleanup job %s: could not record the failure; the lease will expire", job_id)
+                logger.warning(
+                    "cleanup job %s: could not record the failure; the lease will expire",
+                    job_id,
+                    extra={"job_id": job_id, "category": classification.category},
+                )
+    if result.outcome:
+        logger.info(
+            "cleanup job %s finished: %s",
+            job_id,
+            result.outcome,
+            extra={"job_id": job_id, "status": result.outcome, "record_kind": job.record_kind},
+        )
     if result.outcome or result.dead:
         sweep_refresh_status(sweep_id=CleanupJob.objects.values_list("sweep_id", flat=True).get(pk=job_id))
     return result
