@@ -177,10 +177,17 @@ def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[i
                 refs = {name: seeded[name][0] for name in ("portfolio", "property") if name in case.body}
                 if "portfolio_id" in case.body:  # pause / resume of the seeded (paused) portfolio
                     refs["portfolio_id"] = seeded["portfolio"][0]
+                if "reason" in case.body and len(str(case.body["reason"]).strip()) < 10:
+                    refs["reason"] = "a generated decision, long enough"  # operator reasons need 10+ characters
                 case.body = {**case.body, **refs}
             return case
 
         strategies.append(generated.map(with_seeded_references))
+        if has_id:  # a seeded row *and* a valid body: the operation's success path (redrive, approve, ...)
+            strategies += [
+                operation.as_strategy(generation_mode=mode, path_parameters={"id": i}).map(with_seeded_references)
+                for i in seeded[operation.path.split("/")[3]]
+            ]
     return st.one_of(strategies)
 
 
