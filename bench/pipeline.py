@@ -51,6 +51,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -58,7 +59,6 @@ sys.path.insert(0, str(ROOT))
 NICE = 0  # --nice, for the qcluster processes
 KIND = "lease"
 TABLE = "properties_lease"
-PRISTINE = "bench_lease_pristine"
 RETENTION_DAYS = 365
 BIG_PROPERTIES = 10  # the big portfolio: half of all rows over this many properties
 SMALL_PORTFOLIOS = 99
@@ -249,6 +249,12 @@ class PgCluster:
         log("PostgreSQL stopped and removed")
 
 
+def _admin(url: str) -> tuple[str, str]:
+    """(URL of the maintenance database ``postgres`` on the same server, our database's name)."""
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(path="/postgres")), parts.path.lstrip("/")
+
+
 def create_database(url: str) -> None:
     import psycopg
 
@@ -257,10 +263,33 @@ def create_database(url: str) -> None:
         return
     except psycopg.OperationalError:
         pass
-    base, _, name = url.rpartition("/")
-    with psycopg.connect(f"{base}/postgres", autocommit=True) as conn:
+    admin, name = _admin(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
         if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", [name]).fetchone():
             conn.execute(f'CREATE DATABASE "{name}"')
+
+
+def copy_database(url: str, source: str, target: str) -> None:
+    """``target`` := a file-level copy of ``source`` (same pages, indexes, statistics, visibility map)."""
+    import psycopg
+    from django.db import connections
+
+    connections.close_all()
+    admin, _ = _admin(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{target}" WITH (FORCE)')
+        try:
+            conn.execute(f'CREATE DATABASE "{target}" TEMPLATE "{source}" STRATEGY = FILE_COPY')
+        except psycopg.errors.SyntaxError:  # PostgreSQL < 15
+            conn.execute(f'CREATE DATABASE "{target}" TEMPLATE "{source}"')
+
+
+def drop_database(url: str, name: str) -> None:
+    import psycopg
+
+    admin, _ = _admin(url)
+    with psycopg.connect(admin, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
 # --------------------------------------------------------------------------- Django
@@ -365,7 +394,6 @@ def load_records(scope: Scope, rows: int, slot: datetime) -> Dataset:
     started = time.perf_counter()
     cutoff = slot - timedelta(days=RETENTION_DAYS)
     sql(f"TRUNCATE {cleanup_tables()}, {TABLE}, retention_legalhold RESTART IDENTITY CASCADE")
-    sql(f"DROP TABLE IF EXISTS {PRISTINE}")
     sql("DROP TABLE IF EXISTS bench_slots")
     sql("CREATE TEMP TABLE bench_slots (idx int PRIMARY KEY, property_id bigint, portfolio_id bigint)")
     sql(
@@ -377,7 +405,7 @@ def load_records(scope: Scope, rows: int, slot: datetime) -> Dataset:
     # Interleaved ids (records arrive over time across properties); even rows go
     # to the big portfolio. 2% running leases (NULL), 2% ended recently, the
     # rest ended 400-1900 days before the slot.
-    with bulk_load():
+    with fk_triggers_off():
         sql("SELECT setseed(0.42)")
         sql(
             f"INSERT INTO {TABLE} (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
@@ -416,7 +444,7 @@ def load_records(scope: Scope, rows: int, slot: datetime) -> Dataset:
             placed_by=scope.reviewer,
             reason="bench: subject access request",
         )
-    sql(f"CREATE UNLOGGED TABLE {PRISTINE} AS SELECT * FROM {TABLE}")
+    sql("DROP TABLE bench_slots")
     sql(f"VACUUM ANALYZE {TABLE}")
     generate_seconds = time.perf_counter() - started
 
@@ -432,37 +460,37 @@ def load_records(scope: Scope, rows: int, slot: datetime) -> Dataset:
 
 
 @contextmanager
-def bulk_load() -> Iterator[None]:
-    """Load the record table fast: secondary indexes dropped and rebuilt, and the
-    per-row foreign-key triggers skipped when we may (superuser; the rows are
-    valid by construction). Constraint indexes (the primary key) stay."""
-    indexes = sql(
-        "SELECT indexname, indexdef FROM pg_indexes WHERE schemaname = current_schema() AND tablename = %s"
-        " AND indexname NOT IN (SELECT conname FROM pg_constraint WHERE conrelid = %s::regclass)",
-        [TABLE, TABLE],
-    )
-    for name, _ in indexes:
-        sql(f'DROP INDEX "{name}"')
+def fk_triggers_off() -> Iterator[None]:
+    """Skip the per-row foreign-key triggers while loading, when we may (superuser;
+    the rows are valid by construction). The indexes stay and are built row by row,
+    as in production, so their layout (and the plans the planner picks) is realistic."""
     try_sql("SET session_replication_role = replica")
     try:
         yield
     finally:
         try_sql("RESET session_replication_role")
-        sql("SET maintenance_work_mem = '256MB'")
-        for _, ddl in indexes:
-            sql(ddl)
-        sql("RESET maintenance_work_mem")
+
+
+def pristine_name() -> str:
+    return _admin(os.environ["DATABASE_URL"])[1] + "_bench_pristine"
+
+
+def snapshot() -> float:
+    """Vacuum, analyze and checkpoint, then keep a file-level copy of the whole database."""
+    started = time.perf_counter()
+    sql("VACUUM ANALYZE")
+    try_sql("CHECKPOINT")
+    url = os.environ["DATABASE_URL"]
+    copy_database(url, _admin(url)[1], pristine_name())
+    return time.perf_counter() - started
 
 
 def restore() -> float:
-    """Back to the pristine records, empty pipeline and broker tables, fresh statistics."""
+    """The database back to the snapshot: identical pages, statistics and visibility map
+    for every run; empty pipeline and broker tables."""
     started = time.perf_counter()
-    sql(f"TRUNCATE {cleanup_tables()}, {TABLE} CASCADE")
-    with bulk_load():
-        sql(f"INSERT INTO {TABLE} SELECT * FROM {PRISTINE} ORDER BY id")
-    sql(f"VACUUM ANALYZE {TABLE}")
-    for table in cleanup_tables().split(", "):
-        sql(f"VACUUM ANALYZE {table}")
+    url = os.environ["DATABASE_URL"]
+    copy_database(url, pristine_name(), _admin(url)[1])
     try_sql("CHECKPOINT")
     return time.perf_counter() - started
 
@@ -983,7 +1011,6 @@ def admission_phase(slot: datetime, properties_per_portfolio: int = 100) -> dict
     from cleanup_ops import services
 
     sql(f"TRUNCATE {cleanup_tables()}, {TABLE}, retention_legalhold RESTART IDENTITY CASCADE")
-    sql(f"DROP TABLE IF EXISTS {PRISTINE}")
     sql(
         "INSERT INTO properties_property (portfolio_id, name)"
         " SELECT po.id, 'Admission ' || po.id || '/' || g FROM properties_portfolio po"
@@ -1193,6 +1220,7 @@ def main() -> None:
         slot = slot_current()
         scope = build_scope()
         ds = load_records(scope, args.rows, slot)
+        log(f"snapshot of the database in {snapshot():.1f} s")
         log(
             f"dataset: {ds.total:,} leases generated in {ds.generate_seconds:.1f} s; eligible {ds.eligible:,},"
             f" held past cutoff {ds.held:,} ({100 * ds.held / ds.total:.2f}%), {ds.holds} legal holds,"
@@ -1257,7 +1285,7 @@ def main() -> None:
                 rss_rows.append((ds.total, r.label, r.extra["maxrss_mb"]))
         if "rss" in phases and args.rss_rows and args.rss_rows != args.rows:
             small = load_records(scope, args.rss_rows, slot)
-            log(f"RSS pass: {small.total:,} leases; restored in {restore():.1f} s")
+            log(f"RSS pass: {small.total:,} leases; snapshot in {snapshot():.1f} s")
             q1 = run_qcluster(small, 1, slot, env, log_dir, live)
             rss_rows.append((small.total, q1.label, q1.extra["worker_peak_rss_mb"]))
             restore()
@@ -1314,6 +1342,11 @@ def main() -> None:
             connections.close_all()
         except Exception:  # noqa: S110 - best effort before the server goes away
             pass
+        if pg.env is None and os.environ.get("DATABASE_URL"):
+            try:
+                drop_database(os.environ["DATABASE_URL"], pristine_name())
+            except Exception as exc:
+                log(f"could not drop the snapshot database: {exc}")
         pg.stop()
         if args.keep_logs:
             log(f"qcluster logs kept in {log_dir}")
