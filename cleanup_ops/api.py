@@ -14,7 +14,7 @@ from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.db.models import Count, QuerySet, Sum
 from django.http import HttpResponse
-from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
@@ -591,35 +591,40 @@ class MetricsView(APIView):
         return Response(overview())
 
 
-class PauseView(APIView):
-    """Pause the pipeline or one portfolio, with a reason."""
-
+class _PauseSwitchView(APIView):
     permission_classes = [RolePermission]
-    required_perms = {"post": "cleanup_ops.add_pipelinepause"}
+    service: Any = None
+    success = status.HTTP_200_OK
 
-    @extend_schema(
+    def post(self, request: Request) -> Response:
+        data = PauseSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        pause = call_service(type(self).service, actor=request.user, **data.validated_data)
+        return Response({"id": pause.pk, "portfolio_id": pause.portfolio_id}, status=self.success)
+
+
+@extend_schema_view(
+    post=extend_schema(
         request=PauseSerializer,
         responses={201: OpenApiResponse(description="paused"), 400: OpenApiResponse(description="invalid")},
     )
-    def post(self, request: Request) -> Response:
-        data = PauseSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        pause = call_service(pipeline_pause, actor=request.user, **data.validated_data)
-        return Response({"id": pause.pk, "portfolio_id": pause.portfolio_id}, status=status.HTTP_201_CREATED)
+)
+class PauseView(_PauseSwitchView):
+    """Pause the pipeline or one portfolio, with a reason: no new leases until resumed."""
+
+    required_perms = {"post": "cleanup_ops.add_pipelinepause"}
+    service = staticmethod(pipeline_pause)
+    success = status.HTTP_201_CREATED
 
 
-class ResumeView(APIView):
-    """Resume the pipeline or one portfolio, with a reason."""
-
-    permission_classes = [RolePermission]
-    required_perms = {"post": "cleanup_ops.change_pipelinepause"}
-
-    @extend_schema(
+@extend_schema_view(
+    post=extend_schema(
         request=PauseSerializer,
         responses={200: OpenApiResponse(description="resumed"), 400: OpenApiResponse(description="invalid")},
     )
-    def post(self, request: Request) -> Response:
-        data = PauseSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        pause = call_service(pipeline_resume, actor=request.user, **data.validated_data)
-        return Response({"id": pause.pk, "portfolio_id": pause.portfolio_id})
+)
+class ResumeView(_PauseSwitchView):
+    """Resume the pipeline or one portfolio, with a reason."""
+
+    required_perms = {"post": "cleanup_ops.change_pipelinepause"}
+    service = staticmethod(pipeline_resume)
