@@ -571,6 +571,7 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     props = _loop_properties()
     batches = 0
     deleted = 0
+    select_seconds = delete_seconds = 0.0
     started = time.perf_counter()
     with connection.cursor() as cur:
         for prop_id, days in props:
@@ -578,12 +579,15 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
             pred, params = eligible_sql(KIND, cutoff=cutoff, alias=TABLE)
             after = 0
             while True:
+                t0 = time.perf_counter()
                 cur.execute(
                     f"SELECT COUNT(*), MAX(c.id) FROM (SELECT r.id FROM {TABLE} r WHERE r.property_id = %s"
                     " AND r.id > %s AND r.ended_on < %s ORDER BY r.property_id, r.id LIMIT %s) c",
                     [prop_id, after, db_datetime(cutoff), batch],
                 )
                 candidates, last = cur.fetchone()
+                t1 = time.perf_counter()
+                select_seconds += t1 - t0
                 if not candidates:
                     break
                 cur.execute(
@@ -591,6 +595,7 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                     f" AND {pred}",
                     [prop_id, after, last, *params],
                 )
+                delete_seconds += time.perf_counter() - t1
                 batches += 1
                 deleted += cur.rowcount
                 if candidates < batch:
@@ -598,9 +603,12 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                 after = last
     seconds = time.perf_counter() - started
     check = verify(ds, "loop, ranged")
-    return RunResult(
-        "DELETE loop, run_batch's 2 statements", seconds, check["deleted"], check["ok"], extra={"batches": batches}
-    )
+    extra = {
+        "batches": batches,
+        "candidates_ms_per_batch": round(1000 * select_seconds / max(batches, 1), 2),
+        "delete_ms_per_batch": round(1000 * delete_seconds / max(batches, 1), 2),
+    }
+    return RunResult("DELETE loop, run_batch's 2 statements", seconds, check["deleted"], check["ok"], extra=extra)
 
 
 def _loop_properties() -> list[tuple[int, int]]:
@@ -870,6 +878,7 @@ SQL_CLASSES = [
 ]
 
 
+DISPATCH_SIM = "dispatch_due_jobs (after every slice, as run_job; 1 free slot)"
 # Module-level functions of cleanup_ops.execution that the profile times (those that exist).
 PROFILED = (
     "run_batch",
@@ -908,11 +917,13 @@ class Profile:
         entry[0] += 1
         entry[1] += seconds
 
-    def timed(self, name: str, fn: Callable[..., Any], split: Callable[[Any], str] | None = None) -> Callable[..., Any]:
+    def timed(
+        self, name: str, fn: Callable[..., Any], split: Callable[[Any], str] | None = None, by_caller: bool = False
+    ) -> Callable[..., Any]:
         def wrapper(*args: Any, **kwargs: Any) -> Any:
             outer, self.section = self.section, name
             started = time.perf_counter()
-            key = name
+            key = f"{name} [in {(outer or 'cleanup_drain').split(' ')[0]}]" if by_caller else name
             try:
                 result = fn(*args, **kwargs)
                 if split:
@@ -953,9 +964,11 @@ def child_main(args: argparse.Namespace) -> None:
             if callable(getattr(execution, name, None)):
                 split = _batch_kind if name == "run_batch" else None
                 setattr(execution, name, prof.timed(name, getattr(execution, name), split))
-        dispatch.fair_due_job_ids = prof.timed("fair_due_job_ids (drain)", dispatch.fair_due_job_ids)
+        dispatch.fair_due_job_ids = prof.timed("fair_due_job_ids", dispatch.fair_due_job_ids, by_caller=True)
+        if callable(getattr(dispatch, "_send", None)):
+            dispatch._send = prof.timed("_send (async_task after commit)", dispatch._send)
         real_dispatch = dispatch.dispatch_due_jobs
-        timed_dispatch = prof.timed("dispatch_due_jobs (simulated, 1 free slot)", real_dispatch)
+        timed_dispatch = prof.timed(DISPATCH_SIM, real_dispatch)
         real_slice = execution.job_run_slice
         timed_slice = prof.timed("job_run_slice", real_slice)
 
@@ -1087,6 +1100,8 @@ def print_details(runs: list[RunResult]) -> None:
     print("\nPer run (jobs, slices = leases taken, batches = ledger rows; gaps from ledger timestamps):")
     keys = [
         "batches",
+        "candidates_ms_per_batch",
+        "delete_ms_per_batch",
         "jobs",
         "slices",
         "ledger_batches",
@@ -1113,7 +1128,7 @@ def print_details(runs: list[RunResult]) -> None:
         print(f"  {r.label}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
 
 
-def print_profile(prof_run: RunResult, loop: RunResult | None) -> None:
+def print_profile(prof_run: RunResult, loops: list[RunResult]) -> None:
     profile: dict[str, list[float]] = prof_run.extra.get("profile", {})
     if not profile:
         return
@@ -1133,8 +1148,9 @@ def print_profile(prof_run: RunResult, loop: RunResult | None) -> None:
             f" {1000 * sql_in_batch / batches:.2f} ms in execute(), "
             f"{1000 * (batch_total - sql_in_batch) / batches:.2f} ms other (COMMIT, Python)"
         )
-    if loop and loop.extra.get("batches"):
-        print(f"  loop: {1000 * loop.seconds / loop.extra['batches']:.2f} ms/batch (1 statement, autocommit)")
+    for run in loops:
+        if run.extra.get("batches"):
+            print(f"  {run.label}: {1000 * run.seconds / run.extra['batches']:.2f} ms/batch (autocommit)")
 
 
 def main() -> None:
@@ -1309,7 +1325,7 @@ def main() -> None:
         print_runs("Throughput (seconds = trigger to drained for the pipeline, admission included):", runs)
         print_details(runs + ([prof_run] if prof_run else []))
         if prof_run:
-            print_profile(prof_run, next((r for r in runs if r.label.startswith("DELETE loop")), None))
+            print_profile(prof_run, [r for r in runs if r.label.startswith("DELETE loop")])
         if rss_rows:
             print("\nPeak RSS of a worker (qcluster: VmHWM of the worker processes; drain: ru_maxrss):")
             for rows, label, mb in sorted(rss_rows):
