@@ -1360,7 +1360,7 @@ def main() -> None:
                 f" {1000 * admission['dispatch_10k_open_seconds']:.1f} ms"
             )
         loop = next((r for r in runs if r.label.startswith("DELETE loop")), None)
-        q1 = next((r for r in runs if "1 worker" in r.label and "qcluster" in r.label), None)
+        q1 = next((r for r in runs if r.label == "pipeline: qcluster, 1 worker"), None)
         if loop and q1:
             ratio = loop.seconds / q1.seconds
             print(f"\nTarget pipeline (1 worker) >= 0.8x loop: {ratio:.2f}x -> {'met' if ratio >= 0.8 else 'MISSED'}")
