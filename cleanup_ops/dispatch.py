@@ -44,6 +44,12 @@ def due_jobs(*, now: datetime) -> Q:
     return Q(available_at__lte=now) & (Q(state=JobState.PENDING) | Q(state=JobState.LEASED, lease_expires_at__lte=now))
 
 
+def not_waiting_in_broker(*, now: datetime) -> Q:
+    """No message for the job is waiting in the broker (or it was sent so long ago it must be lost)."""
+    stale = now - timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
+    return Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale)
+
+
 def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True) -> list[int]:
     """Up to ``limit`` due job ids, round-robin across portfolios.
 
@@ -66,8 +72,7 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
     full = {portfolio for portfolio, n in busy.items() if n >= cap}
     qs = CleanupJob.objects.filter(due_jobs(now=now)).exclude(portfolio_id__in=paused | full)
     if exclude_enqueued:
-        stale = now - timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
-        qs = qs.filter(Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale))
+        qs = qs.filter(not_waiting_in_broker(now=now))
     ranked = (
         qs.annotate(turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")]))
         .filter(turn__lte=cap)
@@ -103,7 +108,8 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
         claimed = list(
             CleanupJob.objects.select_for_update(skip_locked=True)
             .filter(pk__in=ids)
-            .filter(due_jobs(now=now))
+            # Re-checked under the row lock: another dispatcher may have sent it meanwhile.
+            .filter(due_jobs(now=now), not_waiting_in_broker(now=now))
             .values_list("id", flat=True)
         )
         CleanupJob.objects.filter(pk__in=claimed).update(enqueued_at=now)

@@ -29,7 +29,8 @@ Protocol (DESIGN.md "Execution details that matter"):
       job. A held or replayed batch deletes nothing and so purges nothing; a
       rolled-back batch takes its outbox rows with it. Kinds without
       attachments run the plain DELETE, with no extra statement.
-   No candidates left → the job is done with its outcome.
+   A batch with fewer candidates than the limit (or none) was the last one:
+   the job is done with its outcome in that same transaction.
 3. **Release.** After ``CLEANUP_SLICE_BATCHES`` batches or
    ``CLEANUP_SLICE_SECONDS`` the job goes back to pending, due now, cursor
    saved, so one big property never holds a worker for long.
@@ -260,11 +261,14 @@ def _finish(cur, job: _Job, outcome: str, now: datetime) -> None:  # type: ignor
     )
 
 
-def _final_outcome(job_id: int) -> str:
-    deleted, held = CleanupJob.objects.filter(pk=job_id).values_list("rows_deleted", "rows_held")[0]
-    if deleted:
+def _outcome_of(rows_deleted: int, rows_held: int) -> str:
+    if rows_deleted:
         return JobOutcome.DELETED
-    return JobOutcome.HELD if held else JobOutcome.NOTHING_ELIGIBLE
+    return JobOutcome.HELD if rows_held else JobOutcome.NOTHING_ELIGIBLE
+
+
+def _final_outcome(job_id: int) -> str:
+    return _outcome_of(*CleanupJob.objects.filter(pk=job_id).values_list("rows_deleted", "rows_held")[0])
 
 
 def run_batch(*, job: _Job, lease: Lease, limit: int, now: datetime | None = None) -> tuple[int, str]:
@@ -344,12 +348,20 @@ def run_batch(*, job: _Job, lease: Lease, limit: int, now: datetime | None = Non
         )
         cur.execute(
             f"UPDATE {JOB_TABLE} SET cursor = %s, batches = batches + 1, rows_deleted = rows_deleted + %s,"
-            f" rows_held = rows_held + %s, lease_expires_at = %s WHERE id = %s",
+            f" rows_held = rows_held + %s, lease_expires_at = %s WHERE id = %s RETURNING rows_deleted, rows_held",
             [last_id, deleted, max(0, candidates - deleted), renew, job.id],
         )
+        total_deleted, total_held = cur.fetchone()
+        outcome = ""
+        if candidates < limit:
+            # A short batch was the last one: finish now instead of paying for
+            # an empty batch. Rows that become eligible later (inserted with
+            # old timestamps after this point) are the next sweep's work.
+            outcome = _outcome_of(total_deleted, total_held)
+            _finish(cur, job, outcome, now)
         if documents:
             purge_outbox_write(job=job, operation=op_id, document_ids=documents, now=now)
-    return deleted, ""
+    return deleted, outcome
 
 
 _ATTACHMENTS: dict[str, str | None] = {}
@@ -557,6 +569,39 @@ def job_fail(*, lease: Lease, classification, now: datetime | None = None) -> bo
             sweep_id=job.sweep_id,
         )
     return True
+
+
+@dataclass
+class TurnResult:
+    slices: int = 0
+    rows_deleted: int = 0
+
+
+def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
+    """One broker task's work: the delivered job's slice, then more due jobs.
+
+    Handing every slice through the broker costs a fetch, a poll wait and a
+    dispatcher call; instead the worker keeps taking the next due job in fair
+    order (only jobs with no message waiting in the broker, so it never races
+    a delivery) until ``CLEANUP_SLICE_SECONDS`` is spent. Fairness is the
+    dispatcher's order either way, and a turn is as bounded as one slice.
+    """
+    from cleanup_ops.dispatch import fair_due_job_ids
+
+    owner = owner or worker_name()
+    deadline = time.monotonic() + settings.CLEANUP_SLICE_SECONDS
+    turn = TurnResult()
+    next_id: int | None = job_id
+    while next_id is not None:
+        remaining = deadline - time.monotonic()
+        result = job_run_slice(job_id=next_id, owner=owner, max_seconds=max(0.1, remaining))
+        turn.slices += 1
+        turn.rows_deleted += result.rows_deleted
+        if not result.leased or result.deferred_seconds or time.monotonic() >= deadline:
+            break
+        ids = fair_due_job_ids(now=timezone.now(), limit=1)
+        next_id = ids[0] if ids else None
+    return turn
 
 
 @dataclass

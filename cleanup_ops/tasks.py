@@ -3,15 +3,15 @@
 from __future__ import annotations
 
 from cleanup_ops.dispatch import dispatch_due_jobs
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution import worker_turn
 
 
 def run_job(job_id: int) -> dict[str, object]:
-    result = job_run_slice(job_id=job_id)
+    turn = worker_turn(job_id=job_id)
     # Wake the dispatcher so a busy pipeline refills the window now rather
     # than at the scheduler's next tick.
     dispatch_due_jobs()
-    return {"job_id": job_id, "batches": result.batches, "rows_deleted": result.rows_deleted, "outcome": result.outcome}
+    return {"job_id": job_id, "slices": turn.slices, "rows_deleted": turn.rows_deleted}
 
 
 def dispatch() -> int:
