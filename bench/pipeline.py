@@ -548,6 +548,7 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     props = _loop_properties()
     batches = 0
     deleted = 0
+    finished: dict[int, float] = {}
     started = time.perf_counter()
     with connection.cursor() as cur:  # autocommit: every statement is its own transaction
         for prop_id, days in props:
@@ -566,9 +567,49 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                 if n < batch:
                     break
                 after = last
+            finished[prop_id] = time.perf_counter() - started
     seconds = time.perf_counter() - started
     check = verify(ds, "loop")
-    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra={"batches": batches})
+    extra = {"batches": batches, **small_portfolio_fairness(finished, seconds)}
+    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=extra)
+
+
+def run_single_delete(ds: Dataset, slot: datetime) -> RunResult:
+    """The database's ceiling: one DELETE statement with the whole predicate, one transaction."""
+    from django.db import connection
+
+    from retention.eligibility import eligible_sql
+
+    pred, params = eligible_sql(KIND, cutoff=slot - timedelta(days=RETENTION_DAYS), alias=TABLE)
+    started = time.perf_counter()
+    with connection.cursor() as cur:
+        cur.execute(f"DELETE FROM {TABLE} WHERE {pred}", params)
+    seconds = time.perf_counter() - started
+    check = verify(ds, "one DELETE")
+    return RunResult("one DELETE statement (ceiling)", seconds, check["deleted"], check["ok"])
+
+
+def small_portfolio_fairness(finished_at: dict[int, float], total: float) -> dict[str, Any]:
+    """When each small portfolio was fully cleaned, as a share of the whole drain (p50, p95).
+
+    ``finished_at``: property id -> seconds from the start until its last row went."""
+    owners = dict(sql("SELECT id, portfolio_id FROM properties_property"))
+    big = sql(
+        "SELECT portfolio_id FROM properties_property GROUP BY portfolio_id"
+        " ORDER BY count(*) DESC, portfolio_id LIMIT 1"
+    )[0][0]
+    done: dict[int, float] = {}
+    for prop, at in finished_at.items():
+        portfolio = owners.get(prop)
+        if portfolio is not None and portfolio != big:
+            done[portfolio] = max(done.get(portfolio, 0.0), at)
+    if not done or total <= 0:
+        return {}
+    shares = sorted(v / total for v in done.values())
+    return {
+        "small_done_share_p50": round(statistics.median(shares), 3),
+        "small_done_share_p95": round(shares[max(0, int(len(shares) * 0.95) - 1)], 3),
+    }
 
 
 def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
@@ -788,6 +829,23 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True) -
     entries = list(LedgerEntry.objects.order_by("applied_at", "id").values_list("job_id", "applied_at"))
     if trigger_at and entries:
         stats["first_batch_after_trigger_ms"] = round((entries[0][1] - trigger_at).total_seconds() * 1000, 1)
+    jobs = list(
+        CleanupJob.objects.filter(kind="delete").values_list(
+            "property_id", "created_at", "first_leased_at", "finished_at"
+        )
+    )
+    start = min((created for _, created, _, _ in jobs), default=None)
+    end = max((f for _, _, _, f in jobs if f), default=None)
+    if start and end:
+        per_property: dict[int, float] = {}
+        for prop, _, _, fin in jobs:
+            if fin:
+                per_property[prop] = max(per_property.get(prop, 0.0), (fin - start).total_seconds())
+        stats.update(small_portfolio_fairness(per_property, (end - start).total_seconds()))
+        waits = sorted((first - created).total_seconds() for _, created, first, _ in jobs if first)
+        if waits:
+            stats["first_lease_wait_s_p50"] = round(statistics.median(waits), 2)
+            stats["first_lease_wait_s_p95"] = round(waits[max(0, int(len(waits) * 0.95) - 1)], 2)
     if not serial:
         return stats
     # Ledger rows in time order: a gap between two batches of the same job within a
@@ -1107,6 +1165,43 @@ def print_runs(title: str, runs: list[RunResult]) -> None:
     )
 
 
+def write_docs(path: Path, *, rows: int, batch: int, runs: list[RunResult], code: str) -> None:
+    """docs/benchmarks.md: the throughput table, a bar chart, fairness and pickup figures."""
+    loop = next((r for r in runs if r.label.startswith("DELETE loop")), None)
+    ceiling = next((r for r in runs if r.label.startswith("one DELETE")), None)
+    fastest = max((r.deleted / r.seconds for r in runs if r.seconds), default=1)
+    lines = [
+        f"## {rows:,} leases, batch size {batch} (code {code})",
+        "",
+        "| run | rows deleted | seconds | rows/s | vs loop | vs one DELETE | small portfolios done"
+        " (p50 / p95 of drain) |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | --- |",
+    ]
+    chart = []
+    for r in runs:
+        rate = r.deleted / r.seconds if r.seconds else 0
+        vs_loop = f"{loop.seconds / r.seconds:.2f}x" if loop else "-"
+        vs_one = f"{ceiling.seconds / r.seconds:.2f}x" if ceiling else "-"
+        fair = r.extra.get("small_done_share_p50")
+        fairness = f"{fair:.0%} / {r.extra['small_done_share_p95']:.0%}" if fair is not None else "-"
+        lines.append(
+            f"| {r.label} | {r.deleted:,} | {r.seconds:.2f} | {rate:,.0f} | {vs_loop} | {vs_one} | {fairness} |"
+        )
+        chart.append(f"{r.label[:36]:<36} {'#' * max(1, round(40 * rate / fastest))} {rate:,.0f} rows/s")
+    waits = [
+        f"- {r.label}: first lease {r.extra['first_lease_wait_s_p50']} s p50, {r.extra['first_lease_wait_s_p95']} s p95"
+        for r in runs
+        if "first_lease_wait_s_p50" in r.extra
+    ]
+    body = "\n".join([*lines, "", "```", *chart, "```", "", "Wait from admission to a job's first lease:", *waits, ""])
+    existing = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `bench/pipeline.py --write-docs`.\n"
+    marker = f"## {rows:,} leases"
+    kept = [part for part in existing.split("\n## ") if not ("## " + part).startswith(marker)]
+    text = "\n## ".join(kept).rstrip() + "\n\n" + body
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(text)
+
+
 def print_details(runs: list[RunResult]) -> None:
     print("\nPer run (jobs, slices = leases taken, batches = ledger rows; gaps from ledger timestamps):")
     keys = [
@@ -1132,6 +1227,10 @@ def print_details(runs: list[RunResult]) -> None:
         "worker_processes",
         "worker_peak_rss_mb",
         "maxrss_mb",
+        "small_done_share_p50",
+        "small_done_share_p95",
+        "first_lease_wait_s_p50",
+        "first_lease_wait_s_p95",
         "all_seconds",
         "all_handoff_seconds",
         "all_other_cpu_cores",
@@ -1203,6 +1302,7 @@ def main() -> None:
         help="scheduling priority for this benchmark's processes and its own PostgreSQL (e.g. -10 as root on a"
         " shared machine, so other work disturbs the figures less; default 0)",
     )
+    parser.add_argument("--write-docs", action="store_true", help="write/update docs/benchmarks.md with the results")
     parser.add_argument("--keep-logs", action="store_true", help="keep the qcluster logs (their directory is printed)")
     parser.add_argument("--child", choices=["drain", "profile"], help=argparse.SUPPRESS)
     parser.add_argument("--slot", help=argparse.SUPPRESS)
@@ -1288,10 +1388,13 @@ def main() -> None:
         if "loop" in phases:
             log(f"restored in {restore():.1f} s; running the DELETE loop")
             record(lambda: run_loop(ds, args.batch_size, slot))
+        if "one" in phases:
+            log(f"restored in {restore():.1f} s; running one DELETE statement")
+            record(lambda: run_single_delete(ds, slot))
         if "loop2" in phases:
             log(f"restored in {restore():.1f} s; running the DELETE loop with run_batch's statements")
             record(lambda: run_loop_ranged(ds, args.batch_size, slot))
-        for workers in (1, 2):
+        for workers in (1, 2, 4):
             if f"q{workers}" in phases:
                 log(f"restored in {restore():.1f} s; running qcluster with {workers} worker(s)")
                 record(lambda w=workers: run_qcluster(ds, w, slot, env, log_dir, live))
@@ -1344,6 +1447,10 @@ def main() -> None:
             runs,
         )
         print_details(runs + ([prof_run] if prof_run else []))
+        if args.write_docs:
+            write_docs(
+                ROOT / "docs" / "benchmarks.md", rows=ds.total, batch=args.batch_size, runs=runs, code=code_version()
+            )
         if prof_run:
             print_profile(prof_run, [r for r in runs if r.label.startswith("DELETE loop")])
         if rss_rows:
