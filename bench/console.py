@@ -184,10 +184,9 @@ def main() -> int:
         now = timezone.now()
         current = selectors.current_sweep()
         parts = {
-            "jobs_overview": lambda: selectors.jobs_overview(now=now),
-            "sweep_progress": lambda: selectors.sweep_progress(current),
+            "jobs_overview (with sweep progress)": lambda: selectors.jobs_overview(now=now, sweep=current),
             "throughput": lambda: selectors.throughput(now=now),
-            "retries_by_category": selectors.retries_by_category,
+            "retries_by_category": lambda: selectors.retries_by_category(sweep=current),
             "dead_letter_figures": lambda: selectors.dead_letter_figures(now=now),
             "portfolio_fairness": lambda: selectors.portfolio_fairness(now=now, sweep=current),
             "retention_debt": lambda: selectors.retention_debt(now=now),

@@ -284,6 +284,17 @@ def retention_debt(*, now: datetime) -> list[dict[str, Any]]:
     return result
 
 
+DEBT_CACHE_SECONDS = 60
+
+
+def retention_debt_cached(*, now: datetime) -> list[dict[str, Any]]:
+    """``retention_debt`` at most once a minute per process: it reads every
+    overdue record, and debt moves on the scale of sweeps, not seconds."""
+    from django.core.cache import cache
+
+    return cache.get_or_set("cleanup_ops:retention_debt", lambda: retention_debt(now=now), DEBT_CACHE_SECONDS)
+
+
 def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime]]) -> dict[str, Any]:
     ts = spec.timestamp_column
     hold_sql, hold_params = hold_covers_sql(kind)
@@ -353,6 +364,6 @@ def overview(*, now: datetime | None = None) -> dict[str, Any]:
         "retries_by_category": retries_by_category(sweep=sweep),
         "dead_letters": dead_letter_figures(now=now),
         "fairness": portfolio_fairness(now=now, sweep=sweep),
-        "retention_debt": retention_debt(now=now),
+        "retention_debt": retention_debt_cached(now=now),
         "limits": effective_limits(),
     }

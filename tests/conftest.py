@@ -37,6 +37,13 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 
 
 @pytest.fixture(autouse=True)
+def _fresh_cache() -> None:
+    from django.core.cache import cache
+
+    cache.clear()  # cached figures (retention debt) must not leak between tests
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
     # Users are created in many tests; the production hasher is slow on purpose.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
