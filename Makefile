@@ -35,7 +35,7 @@ demo: venv
 	$(PY) manage.py cleanup_drain --max-seconds 60; \
 	$(PY) -c "import sqlite3; rows = sqlite3.connect('var/docstore.sqlite3').execute('select method, status, count(*) from requests group by 1, 2 order by 1, 2').fetchall(); print('Document store request log:', ', '.join(f'{m} {s}: {n}' for m, s, n in rows))"
 	@echo
-	@echo "Admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/admin/"
+	@echo "Console and admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/console/ (operator) or /admin/ (manager, reviewer)"
 
 test: venv
 	PYTHON=$(PY) bash scripts/test.sh
