@@ -113,13 +113,26 @@ def children(pid: int) -> list[int]:
     return found
 
 
-def descendants(pid: int) -> list[int]:
-    out, todo = [], [pid]
-    while todo:
-        for child in children(todo.pop()):
-            out.append(child)
-            todo.append(child)
-    return out
+def start_cluster(env: dict[str, str], groups: list[int]) -> subprocess.Popen:
+    proc = subprocess.Popen(
+        [PY, "manage.py", "qcluster"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
+    groups.append(proc.pid)
+    return proc
+
+
+def kill_groups(groups: list[int]) -> None:
+    """SIGKILL whatever the clusters left behind (say, workers orphaned by a killed sentinel)."""
+    for group in groups:
+        try:
+            os.killpg(group, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def docstore_faults(port: int, faults: dict[str, object] | None) -> None:
@@ -149,6 +162,7 @@ def main() -> int:
     log(f"seed {args.seed}, size {size}")
     pg = Postgres()
     store = cluster = None
+    clusters: list[int] = []  # process groups of every qcluster started
     try:
         db_url = pg.start()
         store_port = free_port()
@@ -206,14 +220,7 @@ def main() -> int:
         out = json.loads(manage(env, "cleanup_sweep", "--json").strip().splitlines()[-1])
         log(f"sweep {out['key']}: {out['jobs_admitted']} jobs admitted")
 
-        cluster = subprocess.Popen(
-            [PY, "manage.py", "qcluster"],
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-            start_new_session=True,
-        )
+        cluster = start_cluster(env, clusters)
         deadline = time.monotonic() + size["timeout"]
         kills, restarted, faults = 0, False, 0
         started = time.monotonic()
@@ -224,8 +231,14 @@ def main() -> int:
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(1.0, 3.0))
             elapsed = time.monotonic() - started
+            if cluster.poll() is not None:
+                # A supervisor (systemd, Kubernetes) restarts a dead cluster; so do we.
+                log(f"qcluster exited ({cluster.returncode}); starting it again")
+                cluster = start_cluster(env, clusters)
             if kills < size["kills"]:
-                victims = [p for p in descendants(cluster.pid)]
+                # The sentinel's children: workers, and the pusher and monitor it
+                # reincarnates. The sentinel itself is the cluster's supervisor.
+                victims = [p for sentinel in children(cluster.pid) for p in children(sentinel)]
                 if victims:
                     victim = rng.choice(victims)
                     try:
@@ -261,7 +274,8 @@ def main() -> int:
         try:
             cluster.wait(timeout=60)
         except subprocess.TimeoutExpired:
-            os.killpg(cluster.pid, signal.SIGKILL)
+            log("qcluster did not stop within 60 s")
+        kill_groups(clusters)  # nothing may still write while the checks read
         cluster = None
         connections.close_all()
         results = checks(before, store_requests=docstore_requests(store_port))
@@ -271,8 +285,7 @@ def main() -> int:
         print(f"chaos: {len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
         return 1 if failed else 0
     finally:
-        if cluster is not None and cluster.poll() is None:
-            os.killpg(cluster.pid, signal.SIGKILL)
+        kill_groups(clusters)
         if store is not None:
             store.terminate()
             store.wait(timeout=10)
