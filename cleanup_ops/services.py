@@ -27,7 +27,7 @@ from properties.models import Portfolio, Property
 from retention.eligibility import count_expired_and_held, db_datetime
 from retention.models import PolicyVersion
 from retention.registry import get_spec
-from retention.services import audit_event_record
+from retention.services import audit_event_record, require_text
 
 SLOT_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::00)?Z$")
 
@@ -272,12 +272,7 @@ class DeadLetterNotOpen(Exception):
 
 
 def _operator_reason(reason: str | None) -> str:
-    text = (reason or "").strip()
-    if len(text) < MIN_REASON_LENGTH:
-        raise ValidationError(
-            {"reason": f"reason is required: at least {MIN_REASON_LENGTH} characters after trimming."}
-        )
-    return text
+    return require_text(reason or "", field="reason", min_length=MIN_REASON_LENGTH)
 
 
 def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:

@@ -29,7 +29,8 @@ from retention.models import (
 from retention.registry import get_spec
 
 
-def _require_text(value: str, *, field: str, min_length: int = 1) -> str:
+def require_text(value: str, *, field: str, min_length: int = 1) -> str:
+    """The trimmed text, or a ValidationError naming ``field`` (reasons, notes)."""
     text = (value or "").strip()
     if len(text) < min_length:
         if min_length <= 1:
@@ -81,7 +82,7 @@ def policy_version_submit(
 ) -> PolicyVersion:
     """Create the next version of ``policy`` and put it in review."""
     days = _validate_retention_days(retention_days)
-    reason = _require_text(reason, field="reason")
+    reason = require_text(reason, field="reason")
     now = timezone.now()
     with transaction.atomic():
         # The policy row lock serialises version numbering.
@@ -161,7 +162,7 @@ def policy_version_approve(*, version_id: int, reviewer: AbstractBaseUser, note:
 
 
 def policy_version_reject(*, version_id: int, reviewer: AbstractBaseUser, note: str) -> PolicyVersion:
-    note = _require_text(note, field="review_note")
+    note = require_text(note, field="review_note")
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=False)
 
 
@@ -174,7 +175,7 @@ def legal_hold_place(
     record_kind: str = "",
     record_id: int | None = None,
 ) -> LegalHold:
-    reason = _require_text(reason, field="reason")
+    reason = require_text(reason, field="reason")
     if record_kind:
         try:
             get_spec(record_kind)
@@ -216,7 +217,7 @@ def legal_hold_place(
 
 
 def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: str) -> LegalHold:
-    reason = _require_text(reason, field="reason")
+    reason = require_text(reason, field="reason")
     with transaction.atomic():
         hold = LegalHold.objects.select_for_update().get(pk=hold_id)
         if not hold.is_active:
