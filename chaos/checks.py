@@ -73,6 +73,13 @@ def open_jobs() -> int:
     return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).count()
 
 
+def work_done() -> tuple[int, int]:
+    """(finished jobs, purge/ledger progress): changes whenever the cluster gets anything done."""
+    finished = CleanupJob.objects.filter(state__in=[JobState.DONE, JobState.DEAD]).count()
+    cursor_sum = CleanupJob.objects.aggregate(n=Sum("cursor"))["n"] or 0
+    return finished, cursor_sum
+
+
 def checks(before: Before, *, store_requests: list[dict[str, object]]) -> list[Result]:
     results = []
     open_letters = set(DeadLetter.objects.filter(status="open").values_list("property_id", "record_kind"))

@@ -36,6 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+STALL_SECONDS = 25
 
 
 def free_port() -> int:
@@ -223,10 +224,12 @@ def main() -> int:
         cluster = start_cluster(env, clusters)
         deadline = time.monotonic() + size["timeout"]
         kills, restarted, faults = 0, False, 0
+        last_progress: tuple[int, int] = (-1, -1)
+        progress_at = time.monotonic()
         started = time.monotonic()
         from django.db import connections
 
-        from chaos.checks import open_jobs
+        from chaos.checks import open_jobs, work_done
 
         while time.monotonic() < deadline:
             time.sleep(rng.uniform(1.0, 3.0))
@@ -261,12 +264,22 @@ def main() -> int:
                 log("document store: 25 x 500")
                 faults = 2
             try:
-                remaining = open_jobs()
+                remaining, progress = open_jobs(), work_done()
             except Exception:  # the database may be restarting
                 connections.close_all()
                 continue
             if kills >= size["kills"] and restarted and faults == 2 and remaining == 0:
                 break
+            if progress != last_progress:
+                last_progress, progress_at = progress, time.monotonic()
+            elif remaining and time.monotonic() - progress_at > STALL_SECONDS:
+                # A worker SIGKILLed while holding the cluster's shared task
+                # queue can wedge the whole cluster (a multiprocessing limit);
+                # in production a liveness check restarts it. So do we.
+                log(f"no progress for {STALL_SECONDS} s with {remaining} open jobs: restarting qcluster")
+                kill_groups([cluster.pid])
+                cluster = start_cluster(env, clusters)
+                progress_at = time.monotonic()
         else:
             log("timed out waiting for the drain")
         log(f"drained in {time.monotonic() - started:.1f} s")
