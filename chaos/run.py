@@ -36,7 +36,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
-STALL_SECONDS = 25
+STALL_SECONDS = 30
 
 
 def free_port() -> int:
@@ -279,6 +279,13 @@ def main() -> int:
                 log(f"no progress for {STALL_SECONDS} s with {remaining} open jobs: restarting qcluster")
                 kill_groups([cluster.pid])
                 cluster = start_cluster(env, clusters)
+                time.sleep(3)
+                # The restarted cluster's scheduler needs up to a minute before
+                # the periodic dispatch runs; kick the dispatcher as an operator
+                # would (messages the dead cluster had fetched stay locked).
+                from cleanup_ops.dispatch import dispatch_due_jobs
+
+                log(f"dispatched {dispatch_due_jobs()} due jobs")
                 progress_at = time.monotonic()
         else:
             log("timed out waiting for the drain")
