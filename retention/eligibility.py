@@ -4,7 +4,7 @@ A row of a record kind is eligible when its retention timestamp is before the
 cutoff and no *active* legal hold covers it. The hold test is a correlated
 ``NOT EXISTS`` so it can sit inside the ``DELETE`` statement itself: the check
 and the delete then read the same snapshot, inside the write transaction,
-instead of trusting an earlier scan (DESIGN.md invariant 5).
+instead of trusting an earlier scan (docs/architecture.md, "Invariants", 5).
 
 Both preview counts (admin, dry-run, admission) and the execution path build
 their SQL from these functions.

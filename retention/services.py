@@ -1,6 +1,6 @@
 """Writes for policies, legal holds and the audit trail.
 
-Legal-hold race (DESIGN.md): placing a hold takes its scope's row lock
+Legal-hold race (docs/architecture.md, "The legal-hold race"): placing a hold takes its scope's row lock
 ``FOR UPDATE`` (the portfolio row for a portfolio-wide hold, the property row
 otherwise). A cleanup batch takes the portfolio and property rows
 ``FOR SHARE`` before its DELETE. Under READ COMMITTED the batch therefore

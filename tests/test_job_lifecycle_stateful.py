@@ -3,7 +3,7 @@
 Steps: deliveries (enqueue and duplicate enqueue), leases by competing
 workers, lease expiry, batch commits, lost acknowledgements, 429s with
 Retry-After, timeouts, budget exhaustion, redrive and pause. After every step
-DESIGN.md's invariants are checked against the database.
+the invariants of docs/architecture.md ("Invariants") are checked against the database.
 """
 
 from __future__ import annotations
