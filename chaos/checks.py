@@ -10,8 +10,8 @@ from django.db import connection
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry
-from cleanup_ops.services import slot_current
+from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, open_q
+from cleanup_ops.schedule import slot_current
 from retention.eligibility import db_datetime, hold_covers_sql
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
@@ -70,12 +70,12 @@ def snapshot_before() -> Before:
 
 
 def open_jobs() -> int:
-    return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).count()
+    return CleanupJob.objects.open().count()
 
 
 def work_done() -> tuple[int, int]:
     """(finished jobs, purge/ledger progress): changes whenever the cluster gets anything done."""
-    finished = CleanupJob.objects.filter(state__in=[JobState.DONE, JobState.DEAD]).count()
+    finished = CleanupJob.objects.exclude(open_q()).count()
     cursor_sum = CleanupJob.objects.aggregate(n=Sum("cursor"))["n"] or 0
     return finished, cursor_sum
 
@@ -111,7 +111,7 @@ def checks(before: Before, *, store_requests: list[dict[str, object]]) -> list[R
             f"ledger {ledger_total}, records gone {gone_total}",
         )
     )
-    stale = CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__lt=timezone.now()).count()
+    stale = CleanupJob.objects.expired_leases(now=timezone.now()).count()
     results.append(Result("no job left leased past its lease expiry", stale == 0, f"{stale} stale leases"))
     applied = Counter(
         r["key"]

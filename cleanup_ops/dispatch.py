@@ -24,30 +24,21 @@ cluster that died stays locked until ``Q_RETRY`` without blocking the window.
 
 from __future__ import annotations
 
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Q, Window
+from django.db.models import Count, F, Window
 from django.db.models.functions import RowNumber
 from django.utils import timezone
+from django_q.models import OrmQ
+from django_q.tasks import async_task
 
-from cleanup_ops.models import CleanupJob, JobState, PipelinePause
+from cleanup_ops.models import CleanupJob, PipelinePause
 
 
 def dispatch_window() -> int:
     return settings.CLEANUP_DISPATCH_WINDOW or 2 * settings.Q_CLUSTER["workers"]
-
-
-def due_jobs(*, now: datetime) -> Q:
-    """Due now: pending and available, or leased with an expired lease."""
-    return Q(available_at__lte=now) & (Q(state=JobState.PENDING) | Q(state=JobState.LEASED, lease_expires_at__lte=now))
-
-
-def not_waiting_in_broker(*, now: datetime) -> Q:
-    """No message for the job is waiting in the broker (or it was sent so long ago it must be lost)."""
-    stale = now - timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
-    return Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale)
 
 
 def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True) -> list[int]:
@@ -59,20 +50,15 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
     """
     if limit <= 0:
         return []
-    paused = set(PipelinePause.objects.filter(resumed_at__isnull=True).values_list("portfolio_id", flat=True))
+    paused = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
     if None in paused:
         return []
     cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
-    busy = dict(
-        CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__gt=now)
-        .values_list("portfolio_id")
-        .annotate(n=Count("id"))
-        .order_by()
-    )
+    busy = dict(CleanupJob.objects.live_leases(now=now).values_list("portfolio_id").annotate(n=Count("id")).order_by())
     full = {portfolio for portfolio, n in busy.items() if n >= cap}
-    qs = CleanupJob.objects.filter(due_jobs(now=now)).exclude(portfolio_id__in=paused | full)
+    qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=paused | full)
     if exclude_enqueued:
-        qs = qs.filter(not_waiting_in_broker(now=now))
+        qs = qs.not_waiting_in_broker(now=now)
     ranked = (
         qs.annotate(turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")]))
         .filter(turn__lte=cap)
@@ -90,8 +76,6 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
 
 def broker_backlog(*, now: datetime) -> int:
     """Messages waiting in the ORM broker that no cluster has fetched yet."""
-    from django_q.models import OrmQ
-
     return OrmQ.objects.filter(lock__lte=now).count()
 
 
@@ -109,7 +93,8 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
             CleanupJob.objects.select_for_update(skip_locked=True)
             .filter(pk__in=ids)
             # Re-checked under the row lock: another dispatcher may have sent it meanwhile.
-            .filter(due_jobs(now=now), not_waiting_in_broker(now=now))
+            .due(now=now)
+            .not_waiting_in_broker(now=now)
             .values_list("id", flat=True)
         )
         CleanupJob.objects.filter(pk__in=claimed).update(enqueued_at=now)
@@ -119,9 +104,12 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
     return len(claimed)
 
 
-def _send(job_ids: list[int]) -> None:
-    from django_q.tasks import async_task
+def dispatch_after_commit() -> None:
+    """Wake the dispatcher once the current transaction commits (new due work)."""
+    transaction.on_commit(dispatch_due_jobs)
 
+
+def _send(job_ids: list[int]) -> None:
     # The broker keeps no order of its own, but with a short window the order
     # we send in is roughly the order workers see.
     for job_id in job_ids:

@@ -11,12 +11,19 @@ Jobs come in two kinds. A ``delete`` job is one partition of a sweep. A
 store: the batch's transaction writes its ``PurgeRequest`` (the outbox row:
 document ids and an idempotency key derived from the operation id) and the job
 itself, so a batch that deleted nothing (held, replayed, rolled back) purges
-nothing. A redrive of a purge job inherits its kind and its request (see
-``CleanupJob.save``), so the redrive service needs to know nothing about it.
+nothing. A redrive of a purge job inherits its kind and its request.
+
+Every state predicate of a job ("due", "open", "live lease", …) is defined
+once, on ``CleanupJobQuerySet``, and used everywhere (dispatch, leasing,
+selectors, the chaos checks), so the rules cannot drift apart.
 """
 
 from __future__ import annotations
 
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -30,10 +37,30 @@ class SweepStatus(models.TextChoices):
     DRAINED_WITH_DEAD_LETTERS = "drained_with_dead_letters", "Drained with dead letters"
 
 
+class SweepQuerySet(models.QuerySet["Sweep"]):
+    def mark_drained_if_finished(self, *, sweep_id: int, now: datetime) -> None:
+        """Mark a running sweep drained once none of its jobs is open."""
+        jobs = CleanupJob.objects.filter(sweep_id=sweep_id)
+        if jobs.open().exists():
+            return
+        has_dead = jobs.filter(state=JobState.DEAD).exists()
+        self.filter(pk=sweep_id, status=SweepStatus.RUNNING).update(
+            status=SweepStatus.DRAINED_WITH_DEAD_LETTERS if has_dead else SweepStatus.DRAINED, finished_at=now
+        )
+
+    def reopen(self, *, sweep_ids: set[int]) -> None:
+        """A redrive gives finished sweeps open work again."""
+        self.filter(pk__in=sweep_ids).exclude(status=SweepStatus.ADMITTING).update(
+            status=SweepStatus.RUNNING, finished_at=None
+        )
+
+
 class Sweep(models.Model):
     """One scheduled run, keyed by its slot: ``cleanup:2026-08-21T02:00Z``."""
 
     Status = SweepStatus
+
+    objects = SweepQuerySet.as_manager()
 
     key = models.CharField(max_length=40, unique=True)
     slot = models.DateTimeField()
@@ -60,6 +87,64 @@ class JobState(models.TextChoices):
 
 OPEN_STATES = (JobState.PENDING, JobState.LEASED)
 
+# The scope a job, its dead letter, its redrive and its outbox rows share.
+SCOPE_FIELDS = ("portfolio_id", "property_id", "record_kind", "policy_version_id")
+
+
+def scope_of(job: Any) -> dict[str, Any]:
+    """The scope fields of a job (a model instance or any object with those attributes)."""
+    return {name: getattr(job, name) for name in SCOPE_FIELDS}
+
+
+def open_q() -> Q:
+    """Pending or leased: work that is not finished (dead jobs are not open)."""
+    return Q(state__in=OPEN_STATES)
+
+
+def live_lease_q(*, now: datetime) -> Q:
+    """Leased, and the lease has not expired: a worker holds the job right now."""
+    return Q(state=JobState.LEASED, lease_expires_at__gt=now)
+
+
+def expired_lease_q(*, now: datetime) -> Q:
+    return Q(state=JobState.LEASED, lease_expires_at__lte=now)
+
+
+def due_q(*, now: datetime) -> Q:
+    """Due now: pending and available, or leased with an expired lease (a dead
+    worker's job is rescued by being due again)."""
+    return Q(available_at__lte=now) & (Q(state=JobState.PENDING) | expired_lease_q(now=now))
+
+
+def not_waiting_in_broker_q(*, now: datetime) -> Q:
+    """No message for the job is waiting in the broker (or it was sent so long
+    ago, more than a lease, that it must be lost)."""
+    stale = now - timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
+    return Q(enqueued_at__isnull=True) | Q(enqueued_at__lte=stale)
+
+
+class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
+    """The job's state predicates, each defined once (the ``*_q`` functions
+    above, for use inside aggregates' ``filter=``)."""
+
+    def open(self) -> CleanupJobQuerySet:
+        return self.filter(open_q())
+
+    def due(self, *, now: datetime) -> CleanupJobQuerySet:
+        return self.filter(due_q(now=now))
+
+    def live_leases(self, *, now: datetime) -> CleanupJobQuerySet:
+        return self.filter(live_lease_q(now=now))
+
+    def expired_leases(self, *, now: datetime) -> CleanupJobQuerySet:
+        return self.filter(expired_lease_q(now=now))
+
+    def not_waiting_in_broker(self, *, now: datetime) -> CleanupJobQuerySet:
+        return self.filter(not_waiting_in_broker_q(now=now))
+
+    def deletes(self) -> CleanupJobQuerySet:
+        return self.filter(kind=JobKind.DELETE)
+
 
 class JobKind(models.TextChoices):
     DELETE = "delete", "Delete records"
@@ -81,6 +166,8 @@ class CleanupJob(models.Model):
     State = JobState
     Outcome = JobOutcome
     Kind = JobKind
+
+    objects = CleanupJobQuerySet.as_manager()
 
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="jobs")
     key = models.CharField(max_length=255, unique=True)
@@ -137,19 +224,13 @@ class CleanupJob(models.Model):
     def __str__(self) -> str:
         return self.key
 
-    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
-        # A redrive is a new job copying the old one's scope and cursor; for a
-        # purge job the kind and the outbox row belong to that scope too.
-        if self._state.adding and self.redrive_of_id is not None and self.purge_request_id is None:
-            old = self.redrive_of
-            if old.kind == JobKind.PURGE:
-                self.kind = JobKind.PURGE
-                self.purge_request_id = old.purge_request_id
-        super().save(*args, **kwargs)
-
     @property
     def is_open(self) -> bool:
         return self.state in OPEN_STATES
+
+    def has_live_lease(self, *, now: datetime) -> bool:
+        """``live_lease_q`` for a row already in memory."""
+        return self.state == JobState.LEASED and self.lease_expires_at is not None and self.lease_expires_at > now
 
     # Transitions after a failure; the caller holds the job row lock.
     _RETRY_FIELDS = ("state", "available_at", "attempt", "last_error_category", "last_error_class")
@@ -237,10 +318,22 @@ class DeadLetterStatus(models.TextChoices):
     DISMISSED = "dismissed", "Dismissed"
 
 
+def open_letter_q() -> Q:
+    """A dead letter waiting for an operator's decision."""
+    return Q(status=DeadLetterStatus.OPEN)
+
+
+class DeadLetterQuerySet(models.QuerySet["DeadLetter"]):
+    def open(self) -> DeadLetterQuerySet:
+        return self.filter(open_letter_q())
+
+
 class DeadLetter(models.Model):
     """A job that stopped: an operator inbox entry, never retried automatically."""
 
     Status = DeadLetterStatus
+
+    objects = DeadLetterQuerySet.as_manager()
 
     job = models.OneToOneField(CleanupJob, on_delete=models.PROTECT, related_name="dead_letter")
     category = models.CharField(max_length=30)
@@ -298,11 +391,22 @@ class RateBucket(models.Model):
         return f"{self.name}: {self.tokens:.1f}"
 
 
+class PipelinePauseQuerySet(models.QuerySet["PipelinePause"]):
+    def active(self) -> PipelinePauseQuerySet:
+        return self.filter(resumed_at__isnull=True)
+
+    def covering(self, *, portfolio_id: int) -> PipelinePauseQuerySet:
+        """Active pauses that stop new leases in ``portfolio_id``: its own or a global one."""
+        return self.active().filter(Q(portfolio_id__isnull=True) | Q(portfolio_id=portfolio_id))
+
+
 class PipelinePause(models.Model):
     """An operator's pause: global (no portfolio) or for one portfolio.
 
     Active while ``resumed_at`` is null; at most one active pause per scope.
     """
+
+    objects = PipelinePauseQuerySet.as_manager()
 
     portfolio_id = models.BigIntegerField(null=True, blank=True)
     reason = models.TextField()

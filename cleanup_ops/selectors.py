@@ -1,27 +1,183 @@
+"""Reads: the figures of ``cleanup_status``, the console and the API, and the
+filters both the console and the API parse from a request (defined once here).
+"""
+
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from django.db import connection
 from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
-from cleanup_ops.dispatch import due_jobs
-from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry, PipelinePause, Sweep
+from cleanup_ops import sql
+from cleanup_ops.models import (
+    CleanupJob,
+    DeadLetter,
+    JobState,
+    LedgerEntry,
+    PipelinePause,
+    Sweep,
+    due_q,
+    live_lease_q,
+    open_letter_q,
+    open_q,
+)
 from cleanup_ops.ratelimit import effective_limits
-from properties.models import Property
+from cleanup_ops.recovery.classification import FailureCategory
 from retention.eligibility import db_datetime, hold_covers_sql
-from retention.models import PolicyVersion
+from retention.models import AuditEvent, PolicyVersion
 from retention.registry import REGISTRY
+
+# --- Filters parsed from a request (console and API) ---------------------------
+
+MAX_ID = 2**63 - 1
+
+
+class FilterError(ValueError):
+    """A filter parameter that is not valid; ``field`` names it."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
+        self.message = message
+
+
+def id_param(params: Mapping[str, Any], name: str, *, strict: bool) -> int | None:
+    """An id parameter: None when absent; invalid → ``FilterError`` (strict) or None."""
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = int(raw)
+    except (TypeError, ValueError):
+        if strict:
+            raise FilterError(name, f"{name} must be an integer id") from None
+        return None
+    if not 0 <= value <= MAX_ID:
+        if strict:
+            raise FilterError(name, f"{name} must be an id between 0 and 2^63-1")
+        return None
+    return value
+
+
+def choice_param(params: Mapping[str, Any], name: str, choices: list[str], *, strict: bool) -> str | None:
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    if raw not in choices:
+        if strict:
+            raise FilterError(name, f"{name} must be one of {', '.join(choices)}")
+        return None
+    return str(raw)
+
+
+@dataclass(frozen=True)
+class DeadLetterFilter:
+    """Which dead letters: the inbox's filter, the API's, and a bulk decision's."""
+
+    status: str | None = None
+    category: str | None = None
+    portfolio_id: int | None = None
+    sweep_id: int | None = None
+    older_than_hours: int | None = None
+    letter_ids: tuple[int, ...] | None = None
+
+    def q(self, *, now: datetime) -> Q:
+        q = Q()
+        if self.status is not None:
+            q &= Q(status=self.status)
+        if self.category is not None:
+            q &= Q(category=self.category)
+        if self.portfolio_id is not None:
+            q &= Q(portfolio_id=self.portfolio_id)
+        if self.sweep_id is not None:
+            q &= Q(sweep_id=self.sweep_id)
+        if self.older_than_hours is not None:
+            q &= Q(last_seen_at__lte=now - timedelta(hours=self.older_than_hours))
+        if self.letter_ids is not None:
+            q &= Q(pk__in=self.letter_ids)
+        return q
+
+    def as_params(self) -> dict[str, str]:
+        """The chosen filters as request parameters (the console keeps them in links)."""
+        pairs = {
+            "status": self.status,
+            "category": self.category,
+            "portfolio": self.portfolio_id,
+            "sweep": self.sweep_id,
+            "older_than_hours": self.older_than_hours,
+        }
+        return {name: str(value) for name, value in pairs.items() if value is not None}
+
+
+def dead_letter_filter_parse(
+    params: Mapping[str, Any], *, strict: bool, default_status: str | None = None
+) -> DeadLetterFilter:
+    """``status``, ``category``, ``portfolio``, ``sweep``, ``older_than_hours``.
+
+    ``strict`` (the API): an invalid value raises ``FilterError`` naming the
+    parameter. Not strict (the console's links): an invalid value is ignored.
+    """
+    raw_status = params.get("status", default_status)
+    return DeadLetterFilter(
+        status=choice_param({"status": raw_status}, "status", DeadLetter.Status.values, strict=strict),
+        category=choice_param(params, "category", FailureCategory.values, strict=strict),
+        portfolio_id=id_param(params, "portfolio", strict=strict),
+        sweep_id=id_param(params, "sweep", strict=strict),
+        older_than_hours=id_param(params, "older_than_hours", strict=strict),
+    )
+
+
+@dataclass(frozen=True)
+class AuditFilter:
+    action: str | None = None
+    object_type: str | None = None
+    actor_id: int | None = None
+
+    def q(self) -> Q:
+        q = Q()
+        if self.action:
+            q &= Q(action=self.action)
+        if self.object_type:
+            q &= Q(object_type=self.object_type)
+        if self.actor_id is not None:
+            q &= Q(actor_id=self.actor_id)
+        return q
+
+    def as_params(self) -> dict[str, str]:
+        pairs = {"action": self.action, "object_type": self.object_type, "actor": self.actor_id}
+        return {name: str(value) for name, value in pairs.items() if value}
+
+
+def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilter:
+    return AuditFilter(
+        action=params.get("action") or None,
+        object_type=params.get("object_type") or None,
+        actor_id=id_param(params, "actor", strict=strict),
+    )
+
+
+def audit_events(audit_filter: AuditFilter) -> Any:
+    return AuditEvent.objects.filter(audit_filter.q()).select_related("actor").order_by("-id")
+
+
+def dead_letters(letter_filter: DeadLetterFilter, *, now: datetime | None = None) -> Any:
+    return (
+        DeadLetter.objects.filter(letter_filter.q(now=now or timezone.now()))
+        .select_related("job")
+        .order_by("-last_seen_at", "-id")
+    )
 
 
 def pipeline_status(*, now: datetime | None = None) -> dict[str, Any]:
     """The figures ``cleanup_status`` prints: a handful of aggregate queries."""
     now = now or timezone.now()
     by_state = dict(CleanupJob.objects.values_list("state").annotate(n=Count("id")).order_by())
-    oldest_due = CleanupJob.objects.filter(due_jobs(now=now)).aggregate(at=Min("available_at"))["at"]
+    oldest_due = CleanupJob.objects.due(now=now).aggregate(at=Min("available_at"))["at"]
     sweeps = list(
         Sweep.objects.order_by("-slot")[:10]
         .annotate(deleted=Sum("jobs__rows_deleted"))
@@ -30,13 +186,13 @@ def pipeline_status(*, now: datetime | None = None) -> dict[str, Any]:
     return {
         "jobs_by_state": {state: by_state.get(state, 0) for state in JobState.values},
         "oldest_due_age_seconds": round((now - oldest_due).total_seconds(), 1) if oldest_due else None,
-        "leased": CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__gt=now).count(),
-        "expired_leases": CleanupJob.objects.filter(state=JobState.LEASED, lease_expires_at__lte=now).count(),
+        "leased": CleanupJob.objects.live_leases(now=now).count(),
+        "expired_leases": CleanupJob.objects.expired_leases(now=now).count(),
         "rows_deleted_total": LedgerEntry.objects.aggregate(n=Sum("rows_deleted"))["n"] or 0,
-        "dead_letters_open": DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count(),
+        "dead_letters_open": DeadLetter.objects.open().count(),
         "paused": [
             {"portfolio_id": p["portfolio_id"], "reason": p["reason"]}
-            for p in PipelinePause.objects.filter(resumed_at__isnull=True).values("portfolio_id", "reason")
+            for p in PipelinePause.objects.active().values("portfolio_id", "reason")
         ],
         "limits": effective_limits(),
         "ledger_rows": LedgerEntry.objects.count(),
@@ -113,13 +269,13 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None) -> dict[str, Any]:
     Scoped so the cost follows the current sweep and the open work (both
     indexed), not the whole job history.
     """
-    scope = Q(state__in=[JobState.PENDING, JobState.LEASED])
+    scope = open_q()
     if sweep is not None:
         scope |= Q(sweep=sweep)
     agg = CleanupJob.objects.filter(scope).aggregate(
         **{f"state_{s}": Count("id", filter=Q(state=s)) for s in JobState.values},
-        leased=Count("id", filter=Q(state=JobState.LEASED, lease_expires_at__gt=now)),
-        oldest_due=Min("available_at", filter=due_jobs(now=now)),
+        leased=Count("id", filter=live_lease_q(now=now)),
+        oldest_due=Min("available_at", filter=due_q(now=now)),
         in_sweep=Count("id", filter=Q(sweep=sweep)),
         done=Count("id", filter=Q(sweep=sweep, state=JobState.DONE)),
         dead=Count("id", filter=Q(sweep=sweep, state=JobState.DEAD)),
@@ -157,7 +313,7 @@ def throughput(*, now: datetime, hours: int = THROUGHPUT_HOURS) -> list[dict[str
 
 def retries_by_category(*, sweep: Sweep | None) -> dict[str, int]:
     """Failed attempts by category, for the current sweep's jobs and open ones."""
-    scope = Q(state__in=[JobState.PENDING, JobState.LEASED])
+    scope = open_q()
     if sweep is not None:
         scope |= Q(sweep=sweep)
     return dict(
@@ -171,8 +327,8 @@ def retries_by_category(*, sweep: Sweep | None) -> dict[str, int]:
 
 def dead_letter_figures(*, now: datetime) -> dict[str, Any]:
     agg = DeadLetter.objects.aggregate(
-        open=Count("id", filter=Q(status=DeadLetter.Status.OPEN)),
-        oldest=Min("last_seen_at", filter=Q(status=DeadLetter.Status.OPEN)),
+        open=Count("id", filter=open_letter_q()),
+        oldest=Min("last_seen_at", filter=open_letter_q()),
         last_24h=Count("id", filter=Q(last_seen_at__gte=now - timedelta(hours=24))),
         previous_24h=Count(
             "id", filter=Q(last_seen_at__gte=now - timedelta(hours=48), last_seen_at__lt=now - timedelta(hours=24))
@@ -191,18 +347,8 @@ def portfolio_fairness(*, now: datetime, sweep: Sweep | None) -> list[dict[str, 
     (p50, p95), live leases and rows deleted. One query on PostgreSQL."""
     if sweep is None:
         return []
-    if connection.vendor == "postgresql":
-        with connection.cursor() as cur:
-            cur.execute(
-                f"SELECT portfolio_id,"
-                f" percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),"
-                f" percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),"
-                f" COUNT(*) FILTER (WHERE state = 'leased' AND lease_expires_at > %s),"
-                f" COALESCE(SUM(rows_deleted), 0), COUNT(*)"
-                f" FROM {CleanupJob._meta.db_table} WHERE sweep_id = %s GROUP BY portfolio_id ORDER BY portfolio_id",
-                [now, sweep.pk],
-            )
-            rows = cur.fetchall()
+    if sql.is_postgres():
+        rows = sql.execute(sql.portfolio_fairness_pg(), [now, sweep.pk])
         return [
             {
                 "portfolio_id": r[0],
@@ -221,7 +367,7 @@ def portfolio_fairness(*, now: datetime, sweep: Sweep | None) -> list[dict[str, 
         "portfolio_id", "created_at", "first_leased_at", "state", "lease_expires_at", "rows_deleted"
     ):
         entry = stats.setdefault(pid, [0, 0, 0])
-        entry[0] += int(state == JobState.LEASED and expires is not None and expires > now)
+        entry[0] += int(CleanupJob(state=state, lease_expires_at=expires).has_live_lease(now=now))
         entry[1] += deleted
         entry[2] += 1
         if first is not None:
@@ -296,38 +442,14 @@ def retention_debt_cached(*, now: datetime) -> list[dict[str, Any]]:
 
 
 def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime]]) -> dict[str, Any]:
-    ts = spec.timestamp_column
     hold_sql, hold_params = hold_covers_sql(kind)
     params: list[object] = []
     for pid, cutoff in cutoffs:
         params += [pid, db_datetime(cutoff), db_datetime(cutoff - DEBT_GRACE)]
-    if connection.vendor == "postgresql":
-        # Per property, an index range scan on (property, timestamp): the cost
-        # follows the overdue rows, not the table. OFFSET 0 keeps the hold
-        # test computed once per row instead of once per aggregate.
-        row_sql = "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
-        source = (
-            f" FROM c JOIN {Property._meta.db_table} p ON p.portfolio_id = c.portfolio_id CROSS JOIN LATERAL"
-            f" (SELECT r.{ts} AS ts, {hold_sql} AS held FROM {spec.table} r"
-            f" WHERE r.property_id = p.id AND r.{ts} < c.cutoff OFFSET 0) x"
-        )
-    else:
-        row_sql = "(%s, %s, %s)"
-        source = (
-            f" FROM c JOIN {Property._meta.db_table} p ON p.portfolio_id = c.portfolio_id"
-            f" JOIN (SELECT r.property_id, r.{ts} AS ts, {hold_sql} AS held FROM {spec.table} r) x"
-            f" ON x.property_id = p.id AND x.ts < c.cutoff"
-        )
-    sql = (
-        f"WITH c(portfolio_id, cutoff, late) AS (VALUES {', '.join([row_sql] * len(cutoffs))})"
-        " SELECT c.portfolio_id, MIN(c.cutoff),"
-        " SUM(CASE WHEN x.held THEN 0 ELSE 1 END), SUM(CASE WHEN x.held THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)"
-        f"{source} GROUP BY c.portfolio_id"
+    statement = sql.retention_debt(
+        table=spec.table, timestamp_column=spec.timestamp_column, hold_sql=hold_sql, cutoffs=len(cutoffs)
     )
-    with connection.cursor() as cur:
-        cur.execute(sql, [*params, *hold_params])
-        rows = cur.fetchall()
+    rows = sql.execute(statement, [*params, *hold_params])
     oldest = None
     for _pid, cutoff, _overdue, _held, _late, min_ts in rows:
         if min_ts is not None:
@@ -351,7 +473,7 @@ def overview(*, now: datetime | None = None) -> dict[str, Any]:
     """Everything the console overview and ``/api/v1/metrics/`` show."""
     now = now or timezone.now()
     sweep = current_sweep()
-    pauses = list(PipelinePause.objects.filter(resumed_at__isnull=True).values("portfolio_id", "reason", "paused_at"))
+    pauses = list(PipelinePause.objects.active().values("portfolio_id", "reason", "paused_at"))
     return {
         "generated_at": now.isoformat(),
         "paused": any(p["portfolio_id"] is None for p in pauses),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cleanup_ops.dispatch import dispatch_due_jobs
-from cleanup_ops.execution import worker_turn
+from cleanup_ops.execution.runner import worker_turn
 
 
 def run_job(job_id: int) -> dict[str, object]:

@@ -8,7 +8,6 @@ confirmation step before anything changes.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Any
 
 from django.conf import settings
@@ -16,24 +15,30 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count, Q
+from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonResponse
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
-from django.utils import timezone
 from django.views.decorators.http import require_http_methods, require_POST
 
-from cleanup_ops.classification import FailureCategory
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.proof import proof_csv, sweep_proof
-from cleanup_ops.selectors import overview
-from cleanup_ops.services import (
+from cleanup_ops.recovery.classification import FailureCategory
+from cleanup_ops.recovery.operator import (
+    MIN_REASON_LENGTH,
     dead_letters_dismiss_bulk,
     dead_letters_redrive_bulk,
     pipeline_pause,
     pipeline_resume,
 )
-from retention.models import AuditEvent
+from cleanup_ops.selectors import (
+    DeadLetterFilter,
+    audit_events,
+    audit_filter_parse,
+    dead_letter_filter_parse,
+    dead_letters,
+    overview,
+)
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
 PAGE_SIZE = 50
@@ -104,38 +109,17 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
     return response
 
 
-def _letter_filters(params: Any) -> tuple[Q, dict[str, str]]:
-    q = Q()
-    chosen = {}
-    status = params.get("status", "open")
-    if status in DeadLetter.Status.values:
-        q &= Q(status=status)
-        chosen["status"] = status
-    if params.get("category") in FailureCategory.values:
-        q &= Q(category=params["category"])
-        chosen["category"] = params["category"]
-    for name, field in (("portfolio", "portfolio_id"), ("sweep", "sweep_id")):
-        if (params.get(name) or "").isdigit():
-            q &= Q(**{field: int(params[name])})
-            chosen[name] = params[name]
-    if (params.get("older_than_hours") or "").isdigit():
-        q &= Q(last_seen_at__lte=timezone.now() - timedelta(hours=int(params["older_than_hours"])))
-        chosen["older_than_hours"] = params["older_than_hours"]
-    return q, chosen
-
-
 @login_required
 @permission_required("cleanup_ops.view_deadletter", raise_exception=True)
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
-    q, chosen = _letter_filters(request.GET)
-    letters = DeadLetter.objects.filter(q).select_related("job").order_by("-last_seen_at", "-id")
-    page = Paginator(letters, PAGE_SIZE).get_page(request.GET.get("page"))
+    letter_filter = dead_letter_filter_parse(request.GET, strict=False, default_status=DeadLetter.Status.OPEN)
+    page = Paginator(dead_letters(letter_filter), PAGE_SIZE).get_page(request.GET.get("page"))
     return render(
         request,
         "console/dead_letters.html",
         {
             "page": page,
-            "filters": chosen,
+            "filters": letter_filter.as_params(),
             "categories": FailureCategory.values,
             "statuses": DeadLetter.Status.values,
             "can_redrive": request.user.has_perm("cleanup_ops.redrive_deadletter"),
@@ -160,8 +144,8 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
     errors = []
     if not letters:
         errors.append("Select at least one dead letter.")
-    if len(reason.strip()) < 10:
-        errors.append("A reason of at least 10 characters is required; it goes into the audit trail.")
+    if len(reason.strip()) < MIN_REASON_LENGTH:
+        errors.append(f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail.")
     if errors or request.POST.get("confirm") != "yes":
         return render(
             request,
@@ -171,7 +155,11 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
         )
     bulk = dead_letters_redrive_bulk if operation == "redrive" else dead_letters_dismiss_bulk
     try:
-        result = bulk(actor=request.user, reason=reason, letter_ids=[letter.pk for letter in letters])
+        result = bulk(
+            actor=request.user,
+            reason=reason,
+            letter_filter=DeadLetterFilter(letter_ids=tuple(letter.pk for letter in letters)),
+        )
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return HttpResponseRedirect(reverse("console:dead_letters"))
@@ -189,19 +177,9 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required("retention.view_auditevent", raise_exception=True)
 def audit_log(request: HttpRequest) -> HttpResponse:
-    q = Q()
-    chosen = {}
-    for name in ("action", "object_type"):
-        if value := request.GET.get(name):
-            q &= Q(**{name: value})
-            chosen[name] = value
-    if (request.GET.get("actor") or "").isdigit():
-        q &= Q(actor_id=int(request.GET["actor"]))
-        chosen["actor"] = request.GET["actor"]
-    page = Paginator(AuditEvent.objects.filter(q).select_related("actor").order_by("-id"), PAGE_SIZE).get_page(
-        request.GET.get("page")
-    )
-    return render(request, "console/audit.html", {"page": page, "filters": chosen})
+    audit_filter = audit_filter_parse(request.GET, strict=False)
+    page = Paginator(audit_events(audit_filter), PAGE_SIZE).get_page(request.GET.get("page"))
+    return render(request, "console/audit.html", {"page": page, "filters": audit_filter.as_params()})
 
 
 @login_required

@@ -6,9 +6,9 @@ import pytest
 from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, Sweep
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.schedule import sweep_trigger
 from retention.models import AuditEvent, LegalHold, PolicyVersion
 from retention.services import policy_version_submit, retention_policy_get_or_create
 
@@ -125,7 +125,7 @@ class TestReads:
 class TestDeadLetters:
     @pytest.fixture
     def letter(self, estate):
-        from cleanup_ops.classification import DownstreamError
+        from cleanup_ops.recovery.classification import DownstreamError
 
         sweep_trigger()
 

@@ -44,10 +44,11 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from cleanup_ops.classification import DownstreamError
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
-from cleanup_ops.services import pipeline_pause, sweep_trigger
+from cleanup_ops.recovery.classification import DownstreamError
+from cleanup_ops.recovery.operator import pipeline_pause
+from cleanup_ops.schedule import sweep_trigger
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
 from retention.services import legal_hold_place, policy_version_submit
 

@@ -10,10 +10,10 @@ from django.db import connection
 from django.test import Client
 from django.test.utils import CaptureQueriesContext
 
-from cleanup_ops.classification import DownstreamError
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.recovery.classification import DownstreamError
+from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 from retention.models import AuditEvent
 from retention.services import legal_hold_place
@@ -42,7 +42,7 @@ def grow(active_policy, reviewer, *, portfolios: int, properties: int) -> None: 
 
 
 def run_everything(sweep_slot: str) -> None:
-    from cleanup_ops.services import slot_parse
+    from cleanup_ops.schedule import slot_parse
 
     sweep_trigger(slot=slot_parse(sweep_slot))
     for n, job in enumerate(CleanupJob.objects.filter(state="pending").order_by("id")):

@@ -20,10 +20,10 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth.models import User
 
-from cleanup_ops.classification import DownstreamError, FailureCategory
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.recovery.classification import DownstreamError, FailureCategory
+from cleanup_ops.schedule import sweep_trigger
 from retention.models import AuditEvent
 
 from .conftest import make_records, make_user, utc

@@ -114,7 +114,7 @@ def test_a_portfolio_gets_no_more_jobs_than_its_free_lease_slots(make_jobs, sett
 
 @pytest.mark.django_db
 def test_paused_portfolios_and_a_global_pause_are_not_dispatched(make_jobs, operator_user, portfolio):
-    from cleanup_ops.services import pipeline_pause, pipeline_resume
+    from cleanup_ops.recovery.operator import pipeline_pause, pipeline_resume
 
     first = make_jobs(portfolio.pk, 1)
     second = make_jobs(portfolio.pk + 1, 1)

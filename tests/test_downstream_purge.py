@@ -23,9 +23,10 @@ from django.core.management import call_command
 from django.db import connections, transaction
 from django.utils import timezone
 
-from cleanup_ops.classification import FailureCategory
 from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.execution import _load, cleanup_drain, job_lease, job_run_slice, run_batch
+from cleanup_ops.execution.batches import job_load, run_batch
+from cleanup_ops.execution.leases import job_lease
+from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
@@ -36,7 +37,10 @@ from cleanup_ops.models import (
     PurgeRequest,
     RateBucket,
 )
-from cleanup_ops.services import dead_letters_redrive_bulk, pipeline_pause, sweep_trigger
+from cleanup_ops.recovery.classification import FailureCategory
+from cleanup_ops.recovery.operator import dead_letters_redrive_bulk, pipeline_pause
+from cleanup_ops.schedule import sweep_trigger
+from cleanup_ops.selectors import DeadLetterFilter
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.models import AuditEvent
 from retention.services import legal_hold_place
@@ -125,7 +129,7 @@ class TestOutbox:
         job = delete_job()
         lease = job_lease(job_id=job.pk, owner="crashing")
         with pytest.raises(RuntimeError), transaction.atomic():
-            assert run_batch(job=_load(job.pk), lease=lease, limit=10)[0] == 6
+            assert run_batch(job=job_load(job.pk), lease=lease, limit=10)[0] == 6
             assert PurgeRequest.objects.count() == 1  # written by the batch itself, not after commit
             raise RuntimeError("the worker died before the commit")
         assert remaining_ids(prop, "lease") == set(ids)
@@ -297,7 +301,9 @@ class TestPurge:
         assert docstore.documents() == set(documents)
 
         docstore.clear_faults()
-        redriven = dead_letters_redrive_bulk(actor=None, reason=REASON, category=FailureCategory.RETRY_BUDGET_EXHAUSTED)
+        redriven = dead_letters_redrive_bulk(
+            actor=None, reason=REASON, letter_filter=DeadLetterFilter(category=FailureCategory.RETRY_BUDGET_EXHAUSTED)
+        )
         assert [(j.kind, j.purge_request_id, j.redrive_of_id) for j in redriven] == [
             (JobKind.PURGE, job.purge_request_id, job.pk) for job in jobs
         ]
@@ -466,8 +472,8 @@ def test_four_workers_keep_the_store_under_the_configured_request_rate(docstore,
 
 class TestStoreAndSettings:
     def test_the_store_answers_429_with_retry_after_from_its_own_rate_limit(self, docstore_factory):
-        from cleanup_ops.classification import DownstreamError
-        from cleanup_ops.docstore_client import DocstoreClient
+        from cleanup_ops.downstream.client import DocstoreClient
+        from cleanup_ops.recovery.classification import DownstreamError
 
         store = docstore_factory("--rate", "1", "--burst", "1")
         store.create("a", "b")
@@ -479,7 +485,7 @@ class TestStoreAndSettings:
         assert [r["status"] for r in store.requests()] == [204, 429]
 
     def test_an_invalid_document_id_never_becomes_a_request(self, docstore):
-        from cleanup_ops.docstore_client import DocstoreClient, InvalidDocumentId
+        from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
 
         with DocstoreClient() as client:
             for bad in ["", "x" * 65, "../x", "a b", "http://127.0.0.1/", "a%2Fb", "a\nb"]:
@@ -514,7 +520,7 @@ class TestStoreAndSettings:
         assert f"{name}: " in done.stderr and fragment in done.stderr
 
     def test_a_url_changed_at_run_time_is_checked_against_the_allowlist_again(self, settings):
-        from cleanup_ops.docstore_client import DocstoreClient, DocstoreNotConfigured
+        from cleanup_ops.downstream.client import DocstoreClient, DocstoreNotConfigured
 
         settings.DOCSTORE_URL = "http://203.0.113.7:8765"
         with pytest.raises(DocstoreNotConfigured, match="DOCSTORE_ALLOWED_HOSTS"):

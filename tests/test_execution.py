@@ -7,9 +7,12 @@ from datetime import timedelta
 import pytest
 from django.db import connections, transaction
 
-from cleanup_ops.execution import LeaseLost, _load, job_lease, job_run_slice, run_batch
+from cleanup_ops.execution.batches import job_load, run_batch
+from cleanup_ops.execution.leases import job_lease
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, JobOutcome, JobState, LedgerEntry
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.recovery.classification import LeaseLost
+from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 from retention.models import LegalHold
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
@@ -148,7 +151,7 @@ class TestBatches:
             legal_hold_place(
                 portfolio=portfolio, record_kind="lease", record_id=record_id, placed_by=reviewer, reason="h"
             )
-        loaded = _load(job.pk)
+        loaded = job_load(job.pk)
         lease = job_lease(job_id=job.pk, owner="t")
         assert run_batch(job=loaded, lease=lease, limit=2) == (0, "")
         assert run_batch(job=loaded, lease=lease, limit=2) == (2, "")
@@ -187,7 +190,7 @@ class TestLeasing:
         active_policy(portfolio, "lease", 365)
         make_records(prop, "lease", 4, ended=OLD)
         job = admit()
-        loaded = _load(job.pk)
+        loaded = job_load(job.pk)
         slow = job_lease(job_id=job.pk, owner="slow")
         clock.move_to(NOW + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS + 1), tick=False)
         with pytest.raises(LeaseLost):
@@ -305,7 +308,7 @@ class TestConcurrency:
         thread = threading.Thread(target=place_hold_slowly)
         thread.start()
         assert hold_locked.wait(10)
-        loaded = _load(job.pk)
+        loaded = job_load(job.pk)
         lease = job_lease(job_id=job.pk, owner="w")
         started = time.monotonic()
         deleted, _ = run_batch(job=loaded, lease=lease, limit=10)

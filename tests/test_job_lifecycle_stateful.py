@@ -19,11 +19,14 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
-from cleanup_ops.classification import DownstreamError, DownstreamTimeout, classify
 from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.execution import LeaseLost, _load, job_fail, job_lease, job_release, run_batch
+from cleanup_ops.execution.batches import job_load, run_batch
+from cleanup_ops.execution.leases import job_lease, job_release
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry
-from cleanup_ops.services import dead_letter_redrive, pipeline_pause, pipeline_resume, sweep_trigger
+from cleanup_ops.recovery.classification import DownstreamError, DownstreamTimeout, LeaseLost, classify
+from cleanup_ops.recovery.failures import job_fail
+from cleanup_ops.recovery.operator import dead_letter_redrive, pipeline_pause, pipeline_resume
+from cleanup_ops.schedule import sweep_trigger
 from properties.models import Lease, Portfolio, Property
 from retention.services import legal_hold_place
 
@@ -93,7 +96,7 @@ class JobLifecycle(RuleBasedStateMachine):
         if lease is None:
             return
         try:
-            run_batch(job=_load(lease.job_id), lease=lease, limit=limit)
+            run_batch(job=job_load(lease.job_id), lease=lease, limit=limit)
         except LeaseLost:
             self.leases.pop(worker)
 

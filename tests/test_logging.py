@@ -5,10 +5,10 @@ import logging
 
 import pytest
 
-from cleanup_ops.classification import InvalidInput
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.recovery.classification import InvalidInput
+from cleanup_ops.schedule import sweep_trigger
 from config.logging import JsonLinesFormatter
 
 from .conftest import make_records, utc

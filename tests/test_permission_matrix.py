@@ -6,9 +6,9 @@ import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
-from cleanup_ops.classification import DownstreamError
-from cleanup_ops.execution import job_run_slice
+from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
+from cleanup_ops.recovery.classification import DownstreamError
 from retention.models import LegalHold, PolicyVersion, RetentionPolicy
 from retention.services import legal_hold_place, policy_version_submit
 
@@ -26,7 +26,7 @@ def world(portfolio, prop, active_policy, time_machine, reviewer):
     time_machine.move_to("2026-08-21T02:05:00Z", tick=False)
     active_policy(portfolio, "lease", 365)
     make_records(prop, "lease", 3, ended=OLD)
-    from cleanup_ops.services import sweep_trigger
+    from cleanup_ops.schedule import sweep_trigger
 
     sweep_trigger()
 

@@ -9,7 +9,7 @@ from django.db import connections
 from django.utils import timezone
 
 from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.execution import job_lease
+from cleanup_ops.execution.leases import job_lease
 from cleanup_ops.models import CleanupJob, JobState, Sweep
 from cleanup_ops.ratelimit import BucketConfig, tokens_acquire
 from properties.models import Portfolio, Property

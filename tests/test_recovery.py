@@ -11,7 +11,12 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
 
-from cleanup_ops.classification import (
+from cleanup_ops.dispatch import fair_due_job_ids
+from cleanup_ops.execution.batches import job_load, run_batch
+from cleanup_ops.execution.leases import job_lease, job_release
+from cleanup_ops.execution.runner import job_run_slice
+from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry, Sweep
+from cleanup_ops.recovery.classification import (
     DownstreamError,
     DownstreamTimeout,
     FailureCategory,
@@ -20,18 +25,16 @@ from cleanup_ops.classification import (
     classify,
     parse_retry_after,
 )
-from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.execution import _load, job_lease, job_release, job_run_slice, run_batch
-from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry, Sweep
-from cleanup_ops.services import (
+from cleanup_ops.recovery.operator import (
     DeadLetterNotOpen,
     dead_letter_dismiss,
     dead_letter_redrive,
     dead_letters_redrive_bulk,
     pipeline_pause,
     pipeline_resume,
-    sweep_trigger,
 )
+from cleanup_ops.schedule import sweep_trigger
+from cleanup_ops.selectors import DeadLetterFilter
 from properties.models import Property
 from retention.models import AuditEvent
 
@@ -135,7 +138,7 @@ class TestRetries:
     def test_a_lease_that_expires_just_before_the_acknowledgement_is_finished_by_another_worker_once(
         self, job, prop, clock, settings
     ):
-        loaded = _load(job.pk)
+        loaded = job_load(job.pk)
         first = job_lease(job_id=job.pk, owner="first")
         assert run_batch(job=loaded, lease=first, limit=4)[0] == 4
         clock.move_to(NOW + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS + 1), tick=False)
@@ -288,7 +291,9 @@ class TestRedrive:
         job_run_slice(job_id=jobs[0].pk, before_batch=raising(DownstreamError(400)))
         job_run_slice(job_id=jobs[1].pk, before_batch=raising(DownstreamError(403)))
         job_run_slice(job_id=jobs[2].pk, before_batch=raising(InvalidInput()))
-        redriven = dead_letters_redrive_bulk(actor=operator_user, reason=REASON, category="downstream_rejected")
+        redriven = dead_letters_redrive_bulk(
+            actor=operator_user, reason=REASON, letter_filter=DeadLetterFilter(category="downstream_rejected")
+        )
         assert len(redriven) == 2
         assert AuditEvent.objects.filter(action="dead_letter.redriven").count() == 2
         assert DeadLetter.objects.get(category="policy_or_input").status == DeadLetter.Status.OPEN
@@ -315,7 +320,7 @@ class TestPause:
     ):
         lease = job_lease(job_id=job.pk, owner="in-flight")
         pipeline_pause(actor=operator_user, reason="database failover drill")
-        loaded = _load(job.pk)
+        loaded = job_load(job.pk)
         assert run_batch(job=loaded, lease=lease, limit=100)[0] == 6  # the in-flight slice finishes
         CleanupJob.objects.filter(pk=job.pk).update(state=JobState.PENDING, outcome="", lease_token=None)
         assert job_lease(job_id=job.pk, owner="new") is None

@@ -10,8 +10,9 @@ from django.core.management.base import CommandError
 from django.db import connections, transaction
 from django_q.models import OrmQ
 
+from cleanup_ops.admission import sweep_admit
 from cleanup_ops.models import CleanupJob, Sweep
-from cleanup_ops.services import SlotError, slot_current, slot_parse, sweep_admit, sweep_trigger
+from cleanup_ops.schedule import SlotError, slot_current, slot_parse, sweep_trigger
 from properties.models import Portfolio, Property
 
 from .conftest import make_records, utc
@@ -94,7 +95,7 @@ class TestAdmission:
     def test_a_crashed_admission_is_completed_without_duplicates(self, estate):
         sweep = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=SLOT)
         # Half-done admission: one job exists, the sweep is still admitting.
-        from cleanup_ops.services import partitions_due
+        from cleanup_ops.admission import partitions_due
 
         part = partitions_due(slot=SLOT)[0]
         CleanupJob.objects.create(

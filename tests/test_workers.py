@@ -13,7 +13,7 @@ import pytest
 from django.db import connection
 
 from cleanup_ops.models import CleanupJob, JobState, LedgerEntry
-from cleanup_ops.services import sweep_trigger
+from cleanup_ops.schedule import sweep_trigger
 from properties.models import Lease, Portfolio, Property
 from retention.services import (
     legal_hold_place,

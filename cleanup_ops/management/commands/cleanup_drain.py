@@ -5,8 +5,8 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cleanup_ops.execution import cleanup_drain
-from cleanup_ops.purge import purge_summary
+from cleanup_ops.downstream.purge import purge_summary
+from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.selectors import drain_summary
 from config.progress import progress_bar
 

@@ -6,9 +6,10 @@ from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cleanup_ops.classification import FailureCategory
 from cleanup_ops.models import Sweep
-from cleanup_ops.services import dead_letters_dismiss_bulk, dead_letters_redrive_bulk
+from cleanup_ops.recovery.classification import FailureCategory
+from cleanup_ops.recovery.operator import dead_letters_dismiss_bulk, dead_letters_redrive_bulk
+from cleanup_ops.selectors import DeadLetterFilter
 from properties.models import Portfolio
 
 
@@ -40,13 +41,21 @@ class Command(BaseCommand):
             actor = User.objects.filter(username=options["user"]).first()
             if actor is None:
                 raise CommandError(f"--user: no user {options['user']!r}")
-        filters = {"category": options["category"], "portfolio_id": options["portfolio"], "sweep_id": sweep_id}
+        letter_filter = DeadLetterFilter(
+            category=options["category"], portfolio_id=options["portfolio"], sweep_id=sweep_id
+        )
         try:
             if options["dismiss"]:
-                count, new_jobs = dead_letters_dismiss_bulk(actor=actor, reason=options["reason"], **filters), []
+                count, new_jobs = (
+                    dead_letters_dismiss_bulk(actor=actor, reason=options["reason"], letter_filter=letter_filter),
+                    [],
+                )
             else:
                 new_jobs = [
-                    job.pk for job in dead_letters_redrive_bulk(actor=actor, reason=options["reason"], **filters)
+                    job.pk
+                    for job in dead_letters_redrive_bulk(
+                        actor=actor, reason=options["reason"], letter_filter=letter_filter
+                    )
                 ]
                 count = len(new_jobs)
         except ValidationError as exc:

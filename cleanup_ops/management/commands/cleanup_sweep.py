@@ -5,7 +5,8 @@ import json
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
-from cleanup_ops.services import SlotError, slot_current, slot_format, slot_parse, sweep_preview, sweep_trigger
+from cleanup_ops.admission import sweep_preview
+from cleanup_ops.schedule import SlotError, slot_current, slot_format, slot_parse, sweep_trigger
 
 
 class Command(BaseCommand):

@@ -1,7 +1,7 @@
 """Downstream purge: remove a deleted batch's attachments from the document store.
 
 Protocol of a purge job's slice (the job is already leased by
-``execution.job_run_slice``, which also classifies any failure):
+``execution.runner.job_run_slice``, which also classifies any failure):
 
 1. Read the job's ``PurgeRequest`` (document ids, key) and its cursor: the
    number of documents already done. A redrive starts from the old cursor.
@@ -26,7 +26,7 @@ Protocol of a purge job's slice (the job is already leased by
    such records cannot be found safely and an operator has to look.
 
 Failures are exceptions from the client and are classified by
-``cleanup_ops.classification``: 429/503 wait for ``Retry-After``; other 5xx,
+``cleanup_ops.recovery.classification``: 429/503 wait for ``Retry-After``; other 5xx,
 connection errors and timeouts back off and retry with the same key; other
 4xx and redirects dead-letter as ``downstream_rejected``.
 """
@@ -35,32 +35,38 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
-from cleanup_ops.classification import DownstreamError, InvalidInput, parse_retry_after, retry_after_jitter
-from cleanup_ops.docstore_client import DocstoreClient, InvalidDocumentId
-from cleanup_ops.execution import (
-    JOB_TABLE,
-    Lease,
-    LeaseLost,
-    SliceResult,
-    _finish,
-    _Job,
-    _lock_job,
-    _wait_for_token,
-    job_release,
-)
+from cleanup_ops import sql
+from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
+from cleanup_ops.execution.batches import JobRef
+from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
 from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, PurgeRequest
 from cleanup_ops.ratelimit import docstore_buckets_for, docstore_hold_remaining, docstore_hold_until
-from retention.eligibility import db_datetime
+from cleanup_ops.recovery.classification import (
+    DownstreamError,
+    InvalidInput,
+    LeaseLost,
+    parse_retry_after,
+    retry_after_jitter,
+)
 
 Hook = Callable[[int], None]
+
+
+@dataclass
+class PurgeProgress:
+    """What a purge slice did so far (kept when it raises midway)."""
+
+    requests: int = 0
+    outcome: str = ""
+    deferred_seconds: float = 0.0
 
 
 def idempotency_key(request_key: str, document_id: str) -> str:
@@ -69,9 +75,9 @@ def idempotency_key(request_key: str, document_id: str) -> str:
 
 def purge_run(
     *,
-    job: _Job,
+    job: JobRef,
     lease: Lease,
-    result: SliceResult,
+    progress: PurgeProgress,
     max_requests: int,
     max_seconds: float,
     before_request: Hook | None = None,
@@ -87,22 +93,21 @@ def purge_run(
     cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
     buckets = docstore_buckets_for(job.portfolio_id)
     started = time.monotonic()
-    requests = 0
     with DocstoreClient() as client:
         while True:
             if cursor >= len(document_ids):
                 if invalid:
                     raise InvalidDocumentId("purge request has invalid document ids")
                 _purge_finish(job=job, lease=lease)
-                result.outcome = JobOutcome.PURGED
+                progress.outcome = JobOutcome.PURGED
                 return
             wait = docstore_hold_remaining(now=timezone.now().timestamp())
             if wait > 0:
                 wait += retry_after_jitter()
             else:
-                wait = _wait_for_token(job.portfolio_id, buckets=buckets)
+                wait = wait_for_token(job.portfolio_id, buckets=buckets)
             if wait > 0:
-                result.deferred_seconds = wait
+                progress.deferred_seconds = wait
                 job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
                 return
             if before_request:
@@ -114,12 +119,10 @@ def purge_run(
                 _hold_all_purges(exc)
                 raise
             cursor = _purge_advance(job=job, lease=lease, request_id=request_id, cursor=cursor, effect=effect)
-            requests += 1
-            result.batches += 1
-            result.documents_purged += 1
+            progress.requests += 1
             if after_request:
                 after_request(job.id)
-            if requests >= max_requests or time.monotonic() - started >= max_seconds:
+            if progress.requests >= max_requests or time.monotonic() - started >= max_seconds:
                 job_release(lease=lease)
                 return
 
@@ -131,28 +134,25 @@ def _hold_all_purges(exc: DownstreamError) -> None:
             docstore_hold_until(until=until.timestamp())
 
 
-def _purge_advance(*, job: _Job, lease: Lease, request_id: int, cursor: int, effect: str) -> int:
+def _purge_advance(*, job: JobRef, lease: Lease, request_id: int, cursor: int, effect: str) -> int:
     """Fenced: record one document as done and renew the lease. Returns the new cursor."""
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cur:
-        current = _lock_job(cur, job, lease, now)
+        current = lock_job(cur, job_id=job.id, lease=lease, now=now)
         if current != cursor:
             # Someone else moved it (cannot happen while our lease holds): stop.
             raise LeaseLost(job.id)
-        cur.execute(
-            f"UPDATE {JOB_TABLE} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s",
-            [cursor + 1, db_datetime(now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)), job.id],
-        )
+        sql.execute(sql.purge_advance(), [cursor + 1, lease_renewal(now), job.id], cur=cur)
         counter = "documents_purged" if effect == "deleted" else "documents_absent"
         PurgeRequest.objects.filter(pk=request_id).update(**{counter: F(counter) + 1})
     return cursor + 1
 
 
-def _purge_finish(*, job: _Job, lease: Lease) -> None:
+def _purge_finish(*, job: JobRef, lease: Lease) -> None:
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cur:
-        _lock_job(cur, job, lease, now)
-        _finish(cur, job, JobOutcome.PURGED, now)
+        lock_job(cur, job_id=job.id, lease=lease, now=now)
+        job_finish(cur, job_id=job.id, outcome=JobOutcome.PURGED, now=now)
 
 
 def purge_summary() -> dict[str, Any]:

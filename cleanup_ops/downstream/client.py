@@ -17,7 +17,7 @@ Rules this module enforces:
 - Response bodies are never read into logs, exceptions or the database: a
   failure becomes ``DownstreamError(status, retry_after)``,
   ``DownstreamTimeout`` or ``DownstreamConnectionError`` and is classified
-  by ``cleanup_ops.classification`` like any other failure.
+  by ``cleanup_ops.recovery.classification`` like any other failure.
 """
 
 from __future__ import annotations
@@ -28,8 +28,13 @@ from types import TracebackType
 import httpx
 from django.conf import settings
 
-from cleanup_ops.classification import DownstreamConnectionError, DownstreamError, DownstreamTimeout, InvalidInput
-from cleanup_ops.docstore_url import docstore_url_check, document_id_valid
+from cleanup_ops.downstream.urls import docstore_url_check, document_id_valid
+from cleanup_ops.recovery.classification import (
+    DownstreamConnectionError,
+    DownstreamError,
+    DownstreamTimeout,
+    InvalidInput,
+)
 
 logger = logging.getLogger(__name__)
 

@@ -69,6 +69,10 @@ class InvalidInput(Exception):
     """The job's policy or input cannot be executed as it stands."""
 
 
+class LeaseLost(Exception):
+    """Our lease token is gone or expired: another worker may own the job."""
+
+
 RETRY = "retry"
 DEAD = "dead"
 
@@ -93,12 +97,6 @@ def _transient_db(exc: BaseException) -> bool:
     return isinstance(exc, DatabaseError) and getattr(cause, "sqlstate", None) in {"40001", "40P01"}
 
 
-def _lease_lost(exc: BaseException) -> bool:
-    from cleanup_ops.execution import LeaseLost
-
-    return isinstance(exc, LeaseLost)
-
-
 RULES: tuple[Rule, ...] = (
     Rule(FailureCategory.DOWNSTREAM_THROTTLED, RETRY, lambda e: _status(e, lambda s: s in (429, 503))),
     Rule(
@@ -114,7 +112,7 @@ RULES: tuple[Rule, ...] = (
         RETRY,
         lambda e: _status(e, lambda s: s >= 500) or isinstance(e, DownstreamConnectionError),
     ),
-    Rule(FailureCategory.LEASE_LOST, RETRY, _lease_lost),
+    Rule(FailureCategory.LEASE_LOST, RETRY, lambda e: isinstance(e, LeaseLost)),
     Rule(FailureCategory.TRANSIENT_DATABASE, RETRY, _transient_db),
     Rule(FailureCategory.POLICY_OR_INPUT, DEAD, lambda e: isinstance(e, InvalidInput | ValidationError)),
 )

@@ -1,0 +1,216 @@
+"""Operators' decisions: redrive or dismiss dead letters, pause and resume.
+
+Every decision needs a written reason (``MIN_REASON_LENGTH``), the actor's
+permission (``actor=None`` is a trusted command-line operator), and leaves one
+audit event per object it changed, in the same transaction.
+
+Redrive and dismiss share one helper for the single and the bulk form:
+letters are locked ``FOR UPDATE`` and must still be open (a single letter that
+is not open is a ``DeadLetterNotOpen``; in bulk such letters are skipped). A
+redrive is a *new* job with a new id and the key ``<old key>:redrive:<n>``,
+copying the old job's scope and cursor (the ledger replays anything already
+applied, so the old cursor is a safe start); a purge job's redrive inherits
+its kind and its outbox row. Redriven sweeps are running again, and the
+dispatcher is woken after commit.
+
+A pause stops new leases (everywhere, or in one portfolio); slices in flight
+finish their batch.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.contrib.auth.models import AbstractBaseUser
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db import IntegrityError, models, transaction
+from django.utils import timezone
+
+from cleanup_ops.dispatch import dispatch_after_commit
+from cleanup_ops.models import CleanupJob, DeadLetter, PipelinePause, Sweep, scope_of
+from cleanup_ops.selectors import DeadLetterFilter
+from properties.models import Portfolio
+from retention.services import audit_event_record, require_text
+
+MIN_REASON_LENGTH = 10
+
+
+class Decision(models.TextChoices):
+    REDRIVE = "redrive", "Redrive"
+    DISMISS = "dismiss", "Dismiss"
+
+
+_PERMISSION = {Decision.REDRIVE: "cleanup_ops.redrive_deadletter", Decision.DISMISS: "cleanup_ops.dismiss_deadletter"}
+
+
+class DeadLetterNotOpen(Exception):
+    """Redrive or dismiss of a letter that an operator already resolved."""
+
+    def __init__(self, letter: DeadLetter) -> None:
+        super().__init__(f"dead letter {letter.pk} is {letter.status}, not open")
+        self.letter = letter
+
+
+def operator_reason(reason: str | None) -> str:
+    return require_text(reason or "", field="reason", min_length=MIN_REASON_LENGTH)
+
+
+def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:
+    # actor None: a trusted command-line operator (see cleanup_redrive).
+    if actor is not None and not actor.has_perm(perm):
+        raise PermissionDenied(f"You do not have the {perm} permission.")
+
+
+def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
+    old = letter.job
+    n = CleanupJob.objects.filter(redrive_of=old).count() + 1
+    return CleanupJob.objects.create(
+        sweep_id=old.sweep_id,
+        key=f"{old.key}:redrive:{n}",
+        # A purge job's kind and outbox row belong to its scope too.
+        kind=old.kind,
+        purge_request_id=old.purge_request_id,
+        cutoff=old.cutoff,
+        # The old cursor is a safe start: the ledger replays anything already applied.
+        cursor=old.cursor,
+        available_at=now,
+        redrive_of=old,
+        **scope_of(old),
+    )
+
+
+def _decide(
+    letters: list[DeadLetter], *, decision: Decision, actor: AbstractBaseUser | None, reason: str, now: datetime
+) -> list[CleanupJob]:
+    """Apply one decision to locked, open letters; the redrive jobs it created."""
+    jobs = []
+    for letter in letters:
+        if decision == Decision.REDRIVE:
+            job = _redrive_job(letter, now=now)
+            jobs.append(job)
+            letter.mark_resolved(status=DeadLetter.Status.REDRIVEN, by=actor, at=now, reason=reason, redrive_job=job)
+            details = {"old_job_id": letter.job_id, "new_job_id": job.pk}
+        else:
+            letter.mark_resolved(status=DeadLetter.Status.DISMISSED, by=actor, at=now, reason=reason)
+            details = {"job_id": letter.job_id}
+        audit_event_record(
+            actor=actor,
+            action=f"dead_letter.{'redriven' if decision == Decision.REDRIVE else 'dismissed'}",
+            object_type="dead_letter",
+            object_id=letter.pk,
+            reason=reason,
+            details={**details, "category": letter.category, "sweep_id": letter.sweep_id},
+        )
+    if jobs:
+        Sweep.objects.reopen(sweep_ids={job.sweep_id for job in jobs})
+        dispatch_after_commit()
+    return jobs
+
+
+def dead_letters_decide(
+    *,
+    decision: Decision,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    letter_filter: DeadLetterFilter | None = None,
+    letter_id: int | None = None,
+) -> tuple[list[DeadLetter], list[CleanupJob]]:
+    """Redrive or dismiss one letter (``letter_id``: must be open) or every
+    open letter matching ``letter_filter``, in one transaction. Returns the
+    letters decided and the redrive jobs created."""
+    _require_perm(actor, _PERMISSION[decision])
+    reason = operator_reason(reason)
+    now = timezone.now()
+    locked = DeadLetter.objects.select_for_update().select_related("job")
+    with transaction.atomic():
+        if letter_id is not None:
+            letter = locked.get(pk=letter_id)
+            if letter.status != DeadLetter.Status.OPEN:
+                raise DeadLetterNotOpen(letter)
+            letters = [letter]
+        else:
+            chosen = letter_filter or DeadLetterFilter()
+            letters = list(locked.open().filter(chosen.q(now=now)).order_by("id"))
+        jobs = _decide(letters, decision=decision, actor=actor, reason=reason, now=now)
+    return letters, jobs
+
+
+def dead_letter_redrive(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> CleanupJob:
+    """Try a dead letter again as a *new* job (new id, key ``<old key>:redrive:<n>``)."""
+    _, jobs = dead_letters_decide(decision=Decision.REDRIVE, actor=actor, reason=reason, letter_id=letter_id)
+    return jobs[0]
+
+
+def dead_letter_dismiss(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> DeadLetter:
+    letters, _ = dead_letters_decide(decision=Decision.DISMISS, actor=actor, reason=reason, letter_id=letter_id)
+    return letters[0]
+
+
+def dead_letters_redrive_bulk(
+    *, actor: AbstractBaseUser | None, reason: str, letter_filter: DeadLetterFilter | None = None
+) -> list[CleanupJob]:
+    """Redrive every open letter matching the filter, one audit event each.
+    Letters no longer open are skipped: the caller sees which from the jobs."""
+    _, jobs = dead_letters_decide(decision=Decision.REDRIVE, actor=actor, reason=reason, letter_filter=letter_filter)
+    return jobs
+
+
+def dead_letters_dismiss_bulk(
+    *, actor: AbstractBaseUser | None, reason: str, letter_filter: DeadLetterFilter | None = None
+) -> int:
+    letters, _ = dead_letters_decide(decision=Decision.DISMISS, actor=actor, reason=reason, letter_filter=letter_filter)
+    return len(letters)
+
+
+def _pause_scope(portfolio_id: int | None) -> tuple[str, object]:
+    return ("portfolio", portfolio_id) if portfolio_id else ("pipeline", "all")
+
+
+def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+    """Stop new leases (everywhere, or for one portfolio); in-flight slices finish."""
+    _require_perm(actor, "cleanup_ops.add_pipelinepause")
+    reason = operator_reason(reason)
+    if portfolio_id is not None and not Portfolio.objects.filter(pk=portfolio_id).exists():
+        raise ValidationError({"portfolio": f"no portfolio with id {portfolio_id}"})
+    object_type, object_id = _pause_scope(portfolio_id)
+    try:
+        with transaction.atomic():
+            # The partial unique constraint guards this on PostgreSQL; SQLite
+            # cannot express it (NULLS NOT DISTINCT), so check here as well.
+            if PipelinePause.objects.active().filter(portfolio_id=portfolio_id).exists():
+                raise IntegrityError("already paused")
+            pause = PipelinePause.objects.create(
+                portfolio_id=portfolio_id, reason=reason, paused_by=actor, paused_at=timezone.now()
+            )
+            audit_event_record(
+                actor=actor,
+                action="pipeline.paused",
+                object_type=object_type,
+                object_id=object_id,
+                reason=reason,
+                details={"pause_id": pause.pk},
+            )
+    except IntegrityError:
+        raise ValidationError({"portfolio": "already paused"}) from None
+    return pause
+
+
+def pipeline_resume(*, actor: AbstractBaseUser | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+    _require_perm(actor, "cleanup_ops.change_pipelinepause")
+    reason = operator_reason(reason)
+    object_type, object_id = _pause_scope(portfolio_id)
+    with transaction.atomic():
+        pause = PipelinePause.objects.select_for_update().active().filter(portfolio_id=portfolio_id).first()
+        if pause is None:
+            raise ValidationError({"portfolio": "not paused"})
+        pause.mark_resumed(by=actor, at=timezone.now(), reason=reason)
+        audit_event_record(
+            actor=actor,
+            action="pipeline.resumed",
+            object_type=object_type,
+            object_id=object_id,
+            reason=reason,
+            details={"pause_id": pause.pk},
+        )
+        dispatch_after_commit()
+    return pause
