@@ -17,9 +17,8 @@ from dataclasses import dataclass
 from django.conf import settings
 from django.db import connection, transaction
 
+from cleanup_ops import sql
 from cleanup_ops.models import RateBucket
-
-TABLE = RateBucket._meta.db_table
 
 
 @dataclass(frozen=True)
@@ -72,17 +71,12 @@ def docstore_buckets_for(portfolio_id: int) -> list[BucketConfig]:
 
 def _take(cur, bucket: BucketConfig, now: float, *, first: bool = True) -> float:  # type: ignore[no-untyped-def]
     """Take one token: 0.0 when granted, else seconds until one will be there."""
-    least, greatest = ("LEAST", "GREATEST") if connection.vendor == "postgresql" else ("MIN", "MAX")
-    refill = f"{least}(%s, tokens + {greatest}(0, %s - updated_at) * %s)"
-    cur.execute(
-        # 1e-9: a whole token accrued in float steps must not miss by rounding.
-        f"UPDATE {TABLE} SET tokens = {refill} - 1, updated_at = %s WHERE name = %s AND {refill} >= 0.999999999",
-        [bucket.burst, now, bucket.rate, now, bucket.name, bucket.burst, now, bucket.rate],
+    sql.execute(
+        sql.bucket_take(), [bucket.burst, now, bucket.rate, now, bucket.name, bucket.burst, now, bucket.rate], cur=cur
     )
     if cur.rowcount == 1:
         return 0.0
-    cur.execute(f"SELECT tokens, updated_at FROM {TABLE} WHERE name = %s", [bucket.name])
-    row = cur.fetchone()
+    row = sql.execute(sql.bucket_read(), [bucket.name], cur=cur).fetchone()
     if row is None and first:
         # First use of this bucket: create it full (a concurrent creator may
         # win; either way the row exists now) and take from it as usual.

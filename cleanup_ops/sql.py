@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection
 
-from cleanup_ops.models import CleanupJob, LedgerEntry, RateBucket
+from cleanup_ops.models import CleanupJob, JobOutcome, JobState, LedgerEntry, RateBucket
 from properties.models import Portfolio, Property
 from retention.models import PolicyVersion, RetentionPolicy
 
@@ -94,56 +94,7 @@ def job_finish() -> str:
     )
 
 
-# --- The batch transaction ------------------------------------------------------
-
-
-def scope_lock_and_policy() -> str:
-    """Portfolio and property rows ``FOR SHARE`` (the legal-hold race) and the
-    active policy version of the job's kind, in one round trip."""
-    return (
-        f"SELECT p.id, v.id, v.retention_days, v.enabled"
-        f" FROM {PROPERTY} p"
-        f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id"
-        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = %s"
-        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %s"
-        f" WHERE p.id = %s AND po.id = %s{for_share_of('p', 'po')}"
-    )
-
-
-def batch_replay_and_candidates(*, table: str, timestamp_column: str) -> str:
-    """(ledger row's last id for this operation or NULL, candidates, last candidate id)."""
-    return (
-        f"SELECT (SELECT last_id FROM {LEDGER} WHERE operation_id = %s), COUNT(*), MAX(c.id) FROM ("
-        f"SELECT r.id FROM {table} r WHERE r.property_id = %s AND r.id > %s AND r.{timestamp_column} < %s"
-        f" ORDER BY r.property_id, r.id LIMIT %s) c"
-    )
-
-
-def batch_delete(*, table: str, predicate: str, returning: str | None) -> str:
-    """Delete the eligible rows of the candidate range; the hold check is in ``predicate``."""
-    sql = f"DELETE FROM {table} WHERE {table}.property_id = %s AND {table}.id > %s AND {table}.id <= %s AND {predicate}"
-    return sql + (f" RETURNING {returning}" if returning else "")
-
-
-def ledger_insert() -> str:
-    return (
-        f"INSERT INTO {LEDGER} (operation_id, job_id, portfolio_id, property_id, record_kind,"
-        f" policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
-        f" VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)"
-    )
-
-
-def job_advance() -> str:
-    """Move the cursor past a batch, count it and renew the lease."""
-    return (
-        f"UPDATE {JOB} SET cursor = %s, batches = batches + 1, rows_deleted = rows_deleted + %s,"
-        f" rows_held = rows_held + %s, lease_expires_at = %s WHERE id = %s RETURNING rows_deleted, rows_held"
-    )
-
-
-def job_skip_replayed() -> str:
-    """A replayed batch: move the cursor to the ledger row's last id, renew the lease."""
-    return f"UPDATE {JOB} SET cursor = %s, lease_expires_at = %s WHERE id = %s"
+# --- Purge ----------------------------------------------------------------------
 
 
 def purge_advance() -> str:
@@ -222,3 +173,133 @@ def retention_debt(*, table: str, timestamp_column: str, hold_sql: str, cutoffs:
         " SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)"
         f"{source} GROUP BY c.portfolio_id"
     )
+
+
+# --- The multi-partition batch --------------------------------------------------
+# One transaction over several small partitions: each statement carries a
+# list of partitions as a ``WITH g(...) AS (VALUES ...)`` list. PostgreSQL
+# needs the parameters' types spelled out there; SQLite must not get them
+# (its CAST to an unknown type name would turn a timestamp into a number).
+
+
+def typed(sql_type: str) -> str:
+    return f"CAST(%s AS {sql_type})" if is_postgres() else "%s"
+
+
+def values_list(rows: int, types: Sequence[str]) -> str:
+    row = "(" + ", ".join(typed(t) for t in types) + ")"
+    return ", ".join([row] * rows)
+
+
+def placeholders(n: int) -> str:
+    return ", ".join(["%s"] * n)
+
+
+def group_lock_fenced(jobs: int) -> str:
+    """The cursors of those of the group's jobs whose lease is still ours,
+    rows locked in id order (two groups never wait on each other in a cycle)."""
+    return (
+        f"SELECT id, cursor FROM {JOB} WHERE id IN ({placeholders(jobs)}) AND state = %s AND lease_token = %s"
+        f" AND lease_expires_at > %s ORDER BY id{for_update()}"
+    )
+
+
+def group_scope_lock_and_policy(jobs: int) -> str:
+    """Per job: the active version of its portfolio's policy for its kind
+    (NULLs when none); property and portfolio rows ``FOR SHARE`` in property
+    id order. A job whose scope is gone returns no row."""
+    rows = values_list(jobs, ["bigint", "bigint", "bigint", "varchar"])
+    return (
+        f"WITH g(job_id, property_id, portfolio_id, record_kind) AS (VALUES {rows})"
+        f" SELECT g.job_id, v.id, v.retention_days, v.enabled FROM g"
+        f" JOIN {PROPERTY} p ON p.id = g.property_id"
+        f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
+        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
+        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %s"
+        f" ORDER BY p.id{for_share_of('p', 'po')}"
+    )
+
+
+def ledger_lookup(operations: int) -> str:
+    return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id IN ({placeholders(operations)})"
+
+
+def partition_candidates(*, table: str, timestamp_column: str) -> str:
+    """One partition's next candidates after its cursor: (count, last id)."""
+    return (
+        f"SELECT COUNT(*), MAX(c.id) FROM (SELECT r.id FROM {table} r WHERE r.property_id = %s AND r.id > %s"
+        f" AND r.{timestamp_column} < %s ORDER BY r.property_id, r.id LIMIT %s) c"
+    )
+
+
+def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
+    """(job id, candidates, last candidate id) for every partition of one kind
+    in one statement (PostgreSQL: LATERAL; each side an index range scan)."""
+    rows = values_list(jobs, ["bigint", "bigint", "bigint", "timestamptz"])
+    return (
+        f"WITH g(job_id, property_id, after_id, cutoff) AS (VALUES {rows})"
+        f" SELECT g.job_id, COUNT(c.id), MAX(c.id) FROM g LEFT JOIN LATERAL ("
+        f"SELECT r.id FROM {table} r WHERE r.property_id = g.property_id AND r.id > g.after_id"
+        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT %s) c ON true GROUP BY g.job_id"
+    )
+
+
+def group_delete(*, table: str, predicate: str, jobs: int, returning: str | None) -> str:
+    """Delete the eligible rows of every partition's candidate range; returns
+    one row per deleted record: its property id (a group holds one job per
+    property and kind) and, for kinds with attachments, the document id.
+    ``predicate`` is the eligibility predicate over ``table`` with the
+    cutoff ``g.cutoff``: the hold check is inside this statement."""
+    rows = values_list(jobs, ["bigint", "bigint", "bigint", "timestamptz"])
+    cte = f"WITH g(property_id, after_id, last_id, cutoff) AS (VALUES {rows})"
+    extra = f", {table}.{returning}" if returning else ""
+    in_range = (
+        f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id AND {predicate}"
+    )
+    if is_postgres():
+        return f"{cte} DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.property_id{extra}"
+    # SQLite has no DELETE … USING.
+    return (
+        f"{cte} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
+        f" RETURNING {table}.property_id{extra}"
+    )
+
+
+def ledger_insert_many(rows: int) -> str:
+    one = "(" + placeholders(13) + ")"
+    return (
+        f"INSERT INTO {LEDGER} (operation_id, job_id, portfolio_id, property_id, record_kind,"
+        f" policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
+        f" VALUES {', '.join([one] * rows)}"
+    )
+
+
+def group_jobs_advance(jobs: int) -> str:
+    """Every job of the transaction in one statement: cursor, counts, lease
+    renewal, and — for those that finished — state ``done`` with their
+    outcome: a fixed one (``scope_missing``, ``policy_withdrawn``) or, from
+    the totals, ``deleted`` / ``held`` / ``nothing_eligible``."""
+    rows = values_list(jobs, ["bigint", "bigint", "bigint", "bigint", "bigint", "bigint", "varchar"])
+    finishing = "g.finish = 1"
+    return (
+        f"WITH g(job_id, new_cursor, d_batches, d_deleted, d_held, finish, fixed_outcome) AS (VALUES {rows})"
+        f" UPDATE {JOB} SET cursor = g.new_cursor, batches = batches + g.d_batches,"
+        f" rows_deleted = rows_deleted + g.d_deleted, rows_held = rows_held + g.d_held,"
+        f" state = CASE WHEN {finishing} THEN '{JobState.DONE}' ELSE state END,"
+        f" outcome = CASE WHEN {finishing} THEN CASE WHEN g.fixed_outcome <> '' THEN g.fixed_outcome"
+        f" WHEN rows_deleted + g.d_deleted > 0 THEN '{JobOutcome.DELETED}'"
+        f" WHEN rows_held + g.d_held > 0 THEN '{JobOutcome.HELD}'"
+        f" ELSE '{JobOutcome.NOTHING_ELIGIBLE}' END ELSE outcome END,"
+        f" finished_at = CASE WHEN {finishing} THEN {typed('timestamptz')} ELSE finished_at END,"
+        f" lease_token = CASE WHEN {finishing} THEN NULL ELSE lease_token END,"
+        f" lease_owner = CASE WHEN {finishing} THEN '' ELSE lease_owner END,"
+        f" lease_expires_at = CASE WHEN {finishing} THEN NULL ELSE {typed('timestamptz')} END"
+        f" FROM g WHERE {JOB}.id = g.job_id RETURNING {JOB}.id, {JOB}.state, {JOB}.outcome"
+    )
+
+
+def lease_caps_lock(portfolios: int) -> str:
+    """The cap locks of several portfolios, taken in portfolio order."""
+    if not is_postgres():
+        return ""
+    return f"SELECT pg_advisory_xact_lock(%s, p) FROM (VALUES {values_list(portfolios, ['bigint'])}) AS v(p) ORDER BY p"

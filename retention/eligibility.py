@@ -41,9 +41,17 @@ def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
 
 def eligible_sql(kind: str, *, cutoff: datetime, alias: str = "r") -> tuple[str, list[object]]:
     """The WHERE fragment selecting rows of ``kind`` that may be deleted now."""
+    predicate, params = eligible_sql_for(kind, cutoff_sql="%s", alias=alias)
+    return predicate, [db_datetime(cutoff), *params]
+
+
+def eligible_sql_for(kind: str, *, cutoff_sql: str, alias: str = "r") -> tuple[str, list[object]]:
+    """The same predicate with the cutoff as an SQL expression (a column of a
+    joined list of partitions, each with its own cutoff); its params follow
+    any the expression itself takes."""
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind, alias=alias)
-    return f"{alias}.{spec.timestamp_column} < %s AND NOT {hold_sql}", [db_datetime(cutoff), *hold_params]
+    return f"{alias}.{spec.timestamp_column} < {cutoff_sql} AND NOT {hold_sql}", hold_params
 
 
 def count_expired_and_held(

@@ -35,15 +35,17 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from django.db import connection, transaction
 from django.utils import timezone
 
 from cleanup_ops import sql
 from cleanup_ops.downstream.urls import document_id_valid
-from cleanup_ops.execution.leases import Lease, job_finish, lease_renewal, lock_job
-from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, PurgeRequest, scope_of
-from retention.eligibility import db_datetime, eligible_sql
+from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
+from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, PurgeRequest, scope_of
+from cleanup_ops.recovery.classification import LeaseLost
+from retention.eligibility import db_datetime, eligible_sql_for
 from retention.models import PolicyVersion
 from retention.registry import get_spec
 
@@ -86,107 +88,227 @@ def operation_id(*, record_kind: str, property_id: int, cutoff: datetime, after_
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
-def _lock_scope_and_policy(cur, job: JobRef) -> tuple[bool, tuple[int, int, bool] | None]:  # type: ignore[no-untyped-def]
-    """(scope exists, (version id, retention days, enabled) or None)."""
-    row = sql.execute(
-        sql.scope_lock_and_policy(),
-        [job.record_kind, PolicyVersion.Status.APPROVED, job.property_id, job.portfolio_id],
-        cur=cur,
-    ).fetchone()
-    if row is None:
-        return False, None
-    if row[1] is None:
-        return True, None
-    return True, (int(row[1]), int(row[2]), bool(row[3]))
+@dataclass
+class PartitionStep:
+    """What one batch transaction did for one job of its group."""
+
+    job_id: int
+    deleted: int = 0
+    outcome: str = ""  # set when the job finished in this transaction
+    applied: bool = False  # a ledger row was written or replayed, or the job finished
+    lost: bool = False  # our lease on it is gone: nothing was written for it
 
 
-def outcome_of(rows_deleted: int, rows_held: int) -> str:
-    if rows_deleted:
-        return JobOutcome.DELETED
-    return JobOutcome.HELD if rows_held else JobOutcome.NOTHING_ELIGIBLE
+@dataclass
+class _Work:
+    job: JobRef
+    after_id: int
+    cutoff: datetime
+    version_id: int
+    operation: str = ""
+    candidates: int = 0
+    last_id: int | None = None
 
 
 def run_batch(*, job: JobRef, lease: Lease, limit: int, now: datetime | None = None) -> tuple[int, str]:
-    """One batch in one transaction. Returns (rows deleted, outcome if the job finished)."""
+    """One batch of one job in one transaction. Returns (rows deleted, outcome if the job finished)."""
+    step = run_group_batch(jobs=[job], lease=lease, limit=limit, now=now)[job.id]
+    return step.deleted, step.outcome
+
+
+def run_group_batch(
+    *, jobs: list[JobRef], lease: Lease, limit: int, now: datetime | None = None
+) -> dict[int, PartitionStep]:
+    """One batch transaction over the leased ``jobs`` (one or many partitions).
+
+    Each partition keeps its own operation id, cursor and ledger row, exactly
+    as if it ran alone; the transaction takes partitions in the given order
+    while their candidates fit in ``limit`` rows (the first always goes, so a
+    large partition runs alone). Partitions left out are untouched and stay
+    leased for the next transaction. Raises ``LeaseLost`` only when the lease
+    is lost on every job; otherwise lost ones are reported and skipped.
+    """
     now = now or timezone.now()
-    spec = get_spec(job.record_kind)
+    steps = {job.id: PartitionStep(job.id) for job in jobs}
+    renew = lease_renewal(now)
     with transaction.atomic(), connection.cursor() as cur:
-        after_id = lock_job(cur, job_id=job.id, lease=lease, now=now)
-        scope_exists, active = _lock_scope_and_policy(cur, job)
-        if not scope_exists:
-            job_finish(cur, job_id=job.id, outcome=JobOutcome.SCOPE_MISSING, now=now)
-            return 0, JobOutcome.SCOPE_MISSING
-        if active is None or not active[2]:
-            job_finish(cur, job_id=job.id, outcome=JobOutcome.POLICY_WITHDRAWN, now=now)
-            return 0, JobOutcome.POLICY_WITHDRAWN
-        active_id, active_days, _ = active
-        current_cutoff = job.slot - timedelta(days=active_days)
-        cutoff, version_id = (
-            (current_cutoff, active_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
-        )
-        op_id = operation_id(
-            record_kind=job.record_kind, property_id=job.property_id, cutoff=cutoff, after_id=after_id, limit=limit
-        )
-        replay_last_id, candidates, last_id = sql.execute(
-            sql.batch_replay_and_candidates(table=spec.table, timestamp_column=spec.timestamp_column),
-            [op_id, job.property_id, after_id, db_datetime(cutoff), limit],
-            cur=cur,
-        ).fetchone()
-        renew = lease_renewal(now)
-        if replay_last_id is not None:
-            # Already applied (by this job before a lost ack, or by the job a
-            # redrive replaced): skip it, never apply it twice.
-            sql.execute(sql.job_skip_replayed(), [max(after_id, int(replay_last_id)), renew, job.id], cur=cur)
-            return 0, ""
-        if not candidates:
-            outcome = outcome_of(*CleanupJob.objects.filter(pk=job.id).values_list("rows_deleted", "rows_held")[0])
-            job_finish(cur, job_id=job.id, outcome=outcome, now=now)
-            return 0, outcome
-        predicate, params = eligible_sql(job.record_kind, cutoff=cutoff, alias=spec.table)
-        attachment = attachment_column(job.record_kind)
-        sql.execute(
-            sql.batch_delete(table=spec.table, predicate=predicate, returning=attachment),
-            [job.property_id, after_id, last_id, *params],
-            cur=cur,
-        )
-        if attachment:
-            returned = cur.fetchall()
-            deleted = len(returned)
-            documents = [row[0] for row in returned if row[0]]
-        else:
-            deleted, documents = cur.rowcount, []
-        sql.execute(
-            sql.ledger_insert(),
-            [
-                op_id,
-                job.id,
-                job.portfolio_id,
-                job.property_id,
-                job.record_kind,
-                version_id,
-                db_datetime(cutoff),
-                after_id,
-                last_id,
-                limit,
-                candidates,
-                deleted,
-                db_datetime(now),
-            ],
-            cur=cur,
-        )
-        total_deleted, total_held = sql.execute(
-            sql.job_advance(), [last_id, deleted, max(0, candidates - deleted), renew, job.id], cur=cur
-        ).fetchone()
-        outcome = ""
-        if candidates < limit:
+        cursors = _lock_group(cur, jobs=jobs, lease=lease, now=now)
+        for job in jobs:
+            steps[job.id].lost = job.id not in cursors
+        live = [job for job in jobs if job.id in cursors]
+        policies = _lock_scopes_and_policies(cur, live)
+        # (job id, new cursor, batches, deleted, held, finish, fixed outcome)
+        updates: list[tuple[int, int, int, int, int, int, str]] = []
+        work: list[_Work] = []
+        for job in live:
+            after_id = cursors[job.id]
+            if job.id not in policies:
+                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.SCOPE_MISSING))
+                continue
+            version_id, days, enabled = policies[job.id]
+            if version_id is None or not enabled:
+                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.POLICY_WITHDRAWN))
+                continue
+            current_cutoff = job.slot - timedelta(days=days)
+            cutoff, used_version = (
+                (current_cutoff, version_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
+            )
+            item = _Work(job, after_id, cutoff, used_version)
+            item.operation = operation_id(
+                record_kind=job.record_kind, property_id=job.property_id, cutoff=cutoff, after_id=after_id, limit=limit
+            )
+            work.append(item)
+        replayed = _replayed(cur, work)
+        fresh = []
+        for item in work:
+            if item.operation in replayed:
+                # Already applied (by this job before a lost ack, or by the job a
+                # redrive replaced): skip it, never apply it twice.
+                updates.append((item.job.id, max(item.after_id, replayed[item.operation]), 0, 0, 0, 0, ""))
+            else:
+                fresh.append(item)
+        _count_candidates(cur, fresh, limit=limit)
+        chosen, budget = [], 0
+        for item in fresh:
+            if item.candidates and chosen and budget + item.candidates > limit:
+                continue  # next transaction: this one is full
+            budget += item.candidates
+            chosen.append(item)
+        deleted_by_job, documents = _delete(cur, [item for item in chosen if item.candidates])
+        ledger = []
+        for item in chosen:
+            job = item.job
+            if not item.candidates:
+                # Nothing left past the cutoff: done, outcome from the totals.
+                updates.append((job.id, item.after_id, 0, 0, 0, 1, ""))
+                continue
+            deleted = deleted_by_job.get(job.id, 0)
+            steps[job.id].deleted = deleted
+            ledger.append(
+                [
+                    item.operation,
+                    job.id,
+                    job.portfolio_id,
+                    job.property_id,
+                    job.record_kind,
+                    item.version_id,
+                    db_datetime(item.cutoff),
+                    item.after_id,
+                    item.last_id,
+                    limit,
+                    item.candidates,
+                    deleted,
+                    db_datetime(now),
+                ]
+            )
             # A short batch was the last one: finish now instead of paying for
             # an empty batch. Rows that become eligible later (inserted with
             # old timestamps after this point) are the next sweep's work.
-            outcome = outcome_of(total_deleted, total_held)
-            job_finish(cur, job_id=job.id, outcome=outcome, now=now)
+            finish = int(item.candidates < limit)
+            updates.append((job.id, int(item.last_id or 0), 1, deleted, item.candidates - deleted, finish, ""))
+        if ledger:
+            sql.execute(sql.ledger_insert_many(len(ledger)), [v for row in ledger for v in row], cur=cur)
+        if updates:
+            params = [v for row in updates for v in row] + [db_datetime(now), renew]
+            for job_id, state, outcome in sql.execute(sql.group_jobs_advance(len(updates)), params, cur=cur).fetchall():
+                steps[job_id].applied = True
+                if state == JobState.DONE:
+                    steps[job_id].outcome = outcome
         if documents:
-            purge_outbox_write(job=job, operation=op_id, document_ids=documents, now=now)
-    return deleted, outcome
+            by_id = {item.job.id: item for item in chosen}
+            purge_outbox_write_many(
+                [(by_id[job_id].job, by_id[job_id].operation, ids) for job_id, ids in documents.items()], now=now
+            )
+    return steps
+
+
+def _lock_group(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> dict[int, int]:
+    """The fence for a group: cursors of the jobs still ours; ``LeaseLost`` if none is."""
+    ids = [job.id for job in jobs]
+    rows = sql.execute(
+        sql.group_lock_fenced(len(ids)),
+        [*ids, JobState.LEASED, token_param(lease.token), db_datetime(now)],
+        cur=cur,
+    ).fetchall()
+    if not rows:
+        raise LeaseLost(ids[0])
+    return {int(job_id): int(cursor) for job_id, cursor in rows}
+
+
+def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool]]:
+    """Per job whose scope exists: (active version id or None, retention days, enabled)."""
+    if not jobs:
+        return {}
+    params: list[object] = []
+    for job in jobs:
+        params += [job.id, job.property_id, job.portfolio_id, job.record_kind]
+    rows = sql.execute(
+        sql.group_scope_lock_and_policy(len(jobs)), [*params, PolicyVersion.Status.APPROVED], cur=cur
+    ).fetchall()
+    return {
+        int(job_id): (None if vid is None else int(vid), int(days or 0), bool(enabled))
+        for job_id, vid, days, enabled in rows
+    }
+
+
+def _replayed(cur: Any, work: list[_Work]) -> dict[str, int]:
+    if not work:
+        return {}
+    operations = [item.operation for item in work]
+    rows = sql.execute(sql.ledger_lookup(len(operations)), operations, cur=cur).fetchall()
+    return {op: int(last_id) for op, last_id in rows}
+
+
+def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
+    """Fill each partition's candidates (up to ``limit``) and last candidate id."""
+    by_kind: dict[str, list[_Work]] = {}
+    for item in work:
+        by_kind.setdefault(item.job.record_kind, []).append(item)
+    for kind, items in by_kind.items():
+        spec = get_spec(kind)
+        if sql.is_postgres():
+            params: list[object] = []
+            for item in items:
+                params += [item.job.id, item.job.property_id, item.after_id, db_datetime(item.cutoff)]
+            statement = sql.group_candidates(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
+            found = {
+                int(job_id): (int(n), last)
+                for job_id, n, last in sql.execute(statement, [*params, limit], cur=cur).fetchall()
+            }
+            for item in items:
+                item.candidates, item.last_id = found.get(item.job.id, (0, None))
+        else:
+            # SQLite (the demo) has no LATERAL: one small query per partition.
+            statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
+            for item in items:
+                n, last = sql.execute(
+                    statement, [item.job.property_id, item.after_id, db_datetime(item.cutoff), limit], cur=cur
+                ).fetchone()
+                item.candidates, item.last_id = int(n), last
+
+
+def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[str]]]:
+    """One DELETE per record kind; (rows deleted per job, document ids per job)."""
+    deleted: dict[int, int] = {}
+    documents: dict[int, list[str]] = {}
+    by_kind: dict[str, list[_Work]] = {}
+    for item in work:
+        by_kind.setdefault(item.job.record_kind, []).append(item)
+    for kind, items in by_kind.items():
+        spec = get_spec(kind)
+        job_of = {item.job.property_id: item.job.id for item in items}
+        predicate, predicate_params = eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table)
+        attachment = attachment_column(kind)
+        params: list[object] = []
+        for item in items:
+            params += [item.job.property_id, item.after_id, item.last_id, db_datetime(item.cutoff)]
+        statement = sql.group_delete(table=spec.table, predicate=predicate, jobs=len(items), returning=attachment)
+        for row in sql.execute(statement, [*params, *predicate_params], cur=cur).fetchall():
+            job_id = job_of[int(row[0])]
+            deleted[job_id] = deleted.get(job_id, 0) + 1
+            if attachment and row[1]:
+                documents.setdefault(job_id, []).append(row[1])
+    return deleted, documents
 
 
 _ATTACHMENTS: dict[str, str | None] = {}
@@ -201,31 +323,45 @@ def attachment_column(kind: str) -> str | None:
     return _ATTACHMENTS[kind]
 
 
-def purge_outbox_write(*, job: JobRef, operation: str, document_ids: list[str], now: datetime) -> CleanupJob:
-    """The outbox rows of one applied batch: a ``PurgeRequest`` and its ``purge`` job.
+def purge_outbox_write_many(batches: list[tuple[JobRef, str, list[str]]], *, now: datetime) -> list[CleanupJob]:
+    """The outbox rows of applied batches: per batch a ``PurgeRequest`` and its
+    ``purge`` job, in two statements whatever the number of batches.
 
     Called inside the batch's transaction. Ids that are not plain identifiers
     are counted, never stored (see ``PurgeRequest``).
     """
-    valid = list(dict.fromkeys(d for d in document_ids if document_id_valid(d)))
-    invalid = sum(1 for d in document_ids if not document_id_valid(d))
-    scope = scope_of(job)
-    request = PurgeRequest.objects.create(
-        key=operation,
-        delete_job_id=job.id,
-        portfolio_id=scope["portfolio_id"],
-        property_id=scope["property_id"],
-        record_kind=scope["record_kind"],
-        document_ids=valid,
-        invalid_ids=invalid,
-        created_at=now,
-    )
-    return CleanupJob.objects.create(
-        sweep_id=job.sweep_id,
-        key=f"purge:{operation}",
-        kind=JobKind.PURGE,
-        purge_request=request,
-        cutoff=job.cutoff,
-        available_at=now,
-        **scope,
+    requests = []
+    for job, operation, document_ids in batches:
+        scope = scope_of(job)
+        requests.append(
+            PurgeRequest(
+                key=operation,
+                delete_job_id=job.id,
+                portfolio_id=scope["portfolio_id"],
+                property_id=scope["property_id"],
+                record_kind=scope["record_kind"],
+                document_ids=list(dict.fromkeys(d for d in document_ids if document_id_valid(d))),
+                invalid_ids=sum(1 for d in document_ids if not document_id_valid(d)),
+                created_at=now,
+            )
+        )
+    PurgeRequest.objects.bulk_create(requests)
+    if not all(request.pk for request in requests):
+        # Backends that cannot return ids from a bulk insert (not PostgreSQL or SQLite).
+        keys = {request.key: request for request in requests}
+        for pk, key in PurgeRequest.objects.filter(key__in=keys).values_list("pk", "key"):
+            keys[key].pk = pk
+    return CleanupJob.objects.bulk_create(
+        [
+            CleanupJob(
+                sweep_id=job.sweep_id,
+                key=f"purge:{operation}",
+                kind=JobKind.PURGE,
+                purge_request_id=request.pk,
+                cutoff=job.cutoff,
+                available_at=now,
+                **scope_of(job),
+            )
+            for (job, operation, _), request in zip(batches, requests, strict=True)
+        ]
     )
