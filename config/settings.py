@@ -15,6 +15,8 @@ import environ
 from croniter import croniter
 from django.core.exceptions import ImproperlyConfigured
 
+from config.urlcheck import docstore_url_check  # pure stdlib: the settings import no app
+
 BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
@@ -244,8 +246,6 @@ CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 0.5)
 # The only place the store's address comes from. Checked at start-up against
 # the allowlists; an empty DOCSTORE_URL means "not configured" and purge jobs
 # dead-letter as policy_or_input until it is set (then redrive them).
-from cleanup_ops.docstore_url import docstore_url_check  # noqa: E402 - pure stdlib, no Django imports
-
 DOCSTORE_ALLOWED_SCHEMES = env.list("DOCSTORE_ALLOWED_SCHEMES", default=["http", "https"])
 DOCSTORE_ALLOWED_HOSTS = env.list("DOCSTORE_ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "::1"])
 DOCSTORE_URL = env.str("DOCSTORE_URL", default="").strip()
