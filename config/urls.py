@@ -8,15 +8,17 @@ from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from cleanup_ops import api, views
+from retention import api as retention_api
 
+# One router for /api/v1/ (one API root): the pipeline's viewsets, then retention's.
 router = DefaultRouter(trailing_slash=True)
 router.register("sweeps", api.SweepViewSet, basename="sweep")
 router.register("jobs", api.JobViewSet, basename="job")
 router.register("dead-letters", api.DeadLetterViewSet, basename="dead-letter")
-router.register("policies", api.PolicyViewSet, basename="policy")
-router.register("policy-versions", api.PolicyVersionViewSet, basename="policy-version")
-router.register("legal-holds", api.LegalHoldViewSet, basename="legal-hold")
-router.register("audit-events", api.AuditEventViewSet, basename="audit-event")
+router.register("policies", retention_api.PolicyViewSet, basename="policy")
+router.register("policy-versions", retention_api.PolicyVersionViewSet, basename="policy-version")
+router.register("legal-holds", retention_api.LegalHoldViewSet, basename="legal-hold")
+router.register("audit-events", retention_api.AuditEventViewSet, basename="audit-event")
 
 urlpatterns = [
     path("", RedirectView.as_view(url="/console/", permanent=False)),

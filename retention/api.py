@@ -1,0 +1,246 @@
+"""Retention's REST API under ``/api/v1/``: policies, policy versions, legal holds, audit events.
+
+Views are thin: they check the role (``RolePermission``), validate input with a
+serializer, call a ``retention.services`` function through ``call_service``
+and render the result. The router is wired in ``config/urls.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db.models import QuerySet
+from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
+from rest_framework import mixins, serializers, status, viewsets
+from rest_framework.decorators import action
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from retention.apiutils import ReasonSerializer, RolePermission, call_service, int_param
+from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
+from retention.services import (
+    legal_hold_place,
+    legal_hold_release,
+    policy_version_approve,
+    policy_version_reject,
+    policy_version_submit,
+)
+
+# --- Serializers ----------------------------------------------------------------
+
+
+class PolicyVersionSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = PolicyVersion
+        fields = [
+            "id",
+            "policy",
+            "number",
+            "retention_days",
+            "enabled",
+            "status",
+            "author",
+            "reason",
+            "created_at",
+            "reviewer",
+            "reviewed_at",
+            "review_note",
+        ]
+
+
+class PolicySerializer(serializers.ModelSerializer):
+    active_version = serializers.SerializerMethodField()
+
+    class Meta:
+        model = RetentionPolicy
+        fields = ["id", "portfolio", "record_kind", "active_version"]
+
+    def get_active_version(self, obj: RetentionPolicy) -> dict[str, Any] | None:
+        active = next((v for v in obj.versions.all() if v.status == PolicyVersion.Status.APPROVED), None)
+        return (
+            None
+            if active is None
+            else {
+                "id": active.pk,
+                "number": active.number,
+                "retention_days": active.retention_days,
+                "enabled": active.enabled,
+            }
+        )
+
+
+class NewVersionSerializer(serializers.Serializer):
+    retention_days = serializers.IntegerField()
+    enabled = serializers.BooleanField(default=True)
+    reason = serializers.CharField(allow_blank=True)
+
+
+class ReviewSerializer(serializers.Serializer):
+    note = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class LegalHoldSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = LegalHold
+        fields = [
+            "id",
+            "portfolio",
+            "property",
+            "record_kind",
+            "record_id",
+            "reason",
+            "placed_by",
+            "placed_at",
+            "released_by",
+            "released_at",
+            "release_reason",
+        ]
+        read_only_fields = ["placed_by", "placed_at", "released_by", "released_at", "release_reason"]
+
+
+class AuditEventSerializer(serializers.ModelSerializer):
+    class Meta:
+        model = AuditEvent
+        fields = ["id", "actor", "action", "object_type", "object_id", "reason", "details", "created_at"]
+
+
+# --- Views ----------------------------------------------------------------------
+
+
+class PolicyViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = RetentionPolicy.objects.prefetch_related("versions").order_by("id")
+    serializer_class = PolicySerializer
+    permission_classes = [RolePermission]
+    required_perms = {
+        "list": "retention.view_retentionpolicy",
+        "retrieve": "retention.view_retentionpolicy",
+        "versions": "retention.add_policyversion",
+    }
+
+    @extend_schema(
+        request=NewVersionSerializer,
+        responses={201: PolicyVersionSerializer, 400: OpenApiResponse(description="invalid retention_days or reason")},
+    )
+    @action(detail=True, methods=["post"])
+    def versions(self, request: Request, pk: str | None = None) -> Response:
+        policy = self.get_object()
+        data = NewVersionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = call_service(policy_version_submit, policy=policy, author=request.user, **data.validated_data)
+        return Response(PolicyVersionSerializer(version).data, status=status.HTTP_201_CREATED)
+
+
+class PolicyVersionViewSet(viewsets.ReadOnlyModelViewSet):
+    queryset = PolicyVersion.objects.order_by("-id")
+    serializer_class = PolicyVersionSerializer
+    permission_classes = [RolePermission]
+    required_perms = {
+        "list": "retention.view_policyversion",
+        "retrieve": "retention.view_policyversion",
+        "approve": "retention.approve_policyversion",
+        "reject": "retention.approve_policyversion",
+    }
+
+    def _review(self, request: Request, fn: Any) -> Response:
+        version = self.get_object()
+        data = ReviewSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        version = call_service(fn, version_id=version.pk, reviewer=request.user, note=data.validated_data["note"])
+        return Response(PolicyVersionSerializer(version).data)
+
+    @extend_schema(
+        request=ReviewSerializer,
+        responses={
+            200: PolicyVersionSerializer,
+            400: OpenApiResponse(description="not in review"),
+            403: OpenApiResponse(description="the author, or a role without the permission"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def approve(self, request: Request, pk: str | None = None) -> Response:
+        return self._review(request, policy_version_approve)
+
+    @extend_schema(
+        request=ReviewSerializer,
+        responses={
+            200: PolicyVersionSerializer,
+            400: OpenApiResponse(description="not in review, or note missing"),
+            403: OpenApiResponse(description="the author, or a role without the permission"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def reject(self, request: Request, pk: str | None = None) -> Response:
+        return self._review(request, policy_version_reject)
+
+
+class LegalHoldViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    queryset = LegalHold.objects.order_by("-id")
+    serializer_class = LegalHoldSerializer
+    permission_classes = [RolePermission]
+    required_perms = {
+        "list": "retention.view_legalhold",
+        "retrieve": "retention.view_legalhold",
+        "create": "retention.add_legalhold",
+        "release": "retention.change_legalhold",
+    }
+
+    @extend_schema(
+        request=LegalHoldSerializer,
+        responses={201: LegalHoldSerializer, 400: OpenApiResponse(description="invalid scope or blank reason")},
+    )
+    def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        data = LegalHoldSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        fields = data.validated_data
+        hold = call_service(
+            legal_hold_place,
+            portfolio=fields["portfolio"],
+            property=fields.get("property"),
+            record_kind=fields.get("record_kind", ""),
+            record_id=fields.get("record_id"),
+            reason=fields["reason"],
+            placed_by=request.user,
+        )
+        return Response(LegalHoldSerializer(hold).data, status=status.HTTP_201_CREATED)
+
+    @extend_schema(
+        request=ReasonSerializer,
+        responses={200: LegalHoldSerializer, 400: OpenApiResponse(description="reason missing or already released")},
+    )
+    @action(detail=True, methods=["post"])
+    def release(self, request: Request, pk: str | None = None) -> Response:
+        hold = self.get_object()
+        data = ReasonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        hold = call_service(
+            legal_hold_release, hold_id=hold.pk, released_by=request.user, reason=data.validated_data["reason"]
+        )
+        return Response(LegalHoldSerializer(hold).data)
+
+
+class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+    serializer_class = AuditEventSerializer
+    permission_classes = [RolePermission]
+    required_perms = {"list": "retention.view_auditevent", "retrieve": "retention.view_auditevent"}
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("action", str),
+            OpenApiParameter("object_type", str),
+            OpenApiParameter("actor", int),
+        ]
+    )
+    def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
+        return super().list(request, *args, **kwargs)
+
+    def get_queryset(self) -> QuerySet[AuditEvent]:
+        qs = AuditEvent.objects.order_by("-id")
+        if self.action != "list":
+            return qs
+        if value := self.request.query_params.get("action"):
+            qs = qs.filter(action=value)
+        if value := self.request.query_params.get("object_type"):
+            qs = qs.filter(object_type=value)
+        if (actor := int_param(self.request, "actor")) is not None:
+            qs = qs.filter(actor_id=actor)
+        return qs

@@ -1,0 +1,71 @@
+"""Shared REST plumbing for the apps' APIs under ``/api/v1/`` (DRF).
+
+``RolePermission`` maps each view action to a Django permission;
+``call_service`` runs a service and maps its errors to HTTP
+(``ValidationError`` → 400, ``PermissionDenied`` → 403); ``int_param`` and
+``choice_param`` validate list filters; ``Conflict`` is the 409 an app's API
+raises for its own state conflicts; ``ReasonSerializer`` is the body of every
+action that only takes a reason. It lives in ``retention`` (the lower layer)
+so both ``retention.api`` and ``cleanup_ops.api`` can use it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
+from django.core.exceptions import ValidationError as DjangoValidationError
+from rest_framework import serializers, status
+from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
+from rest_framework.permissions import BasePermission
+from rest_framework.request import Request
+
+
+class Conflict(APIException):
+    status_code = status.HTTP_409_CONFLICT
+    default_detail = "conflict"
+
+
+class RolePermission(BasePermission):
+    """Each view declares ``required_perms = {action: "app.codename"}``."""
+
+    def has_permission(self, request: Request, view: Any) -> bool:
+        if not (request.user and request.user.is_authenticated):
+            return False
+        perm = getattr(view, "required_perms", {}).get(getattr(view, "action", None) or request.method.lower())
+        return perm is None or request.user.has_perm(perm)
+
+
+def call_service(fn: Any, **kwargs: Any) -> Any:
+    try:
+        return fn(**kwargs)
+    except DjangoValidationError as exc:
+        raise ValidationError(exc.message_dict if hasattr(exc, "error_dict") else {"detail": exc.messages}) from None
+    except DjangoPermissionDenied as exc:
+        raise PermissionDenied(str(exc) or None) from None
+
+
+def int_param(request: Request, name: str) -> int | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValidationError({name: f"{name} must be an integer id"}) from None
+    if not 0 <= value < 2**63:
+        raise ValidationError({name: f"{name} must be an id between 0 and 2^63-1"})
+    return value
+
+
+def choice_param(request: Request, name: str, choices: list[str]) -> str | None:
+    raw = request.query_params.get(name)
+    if raw in (None, ""):
+        return None
+    if raw not in choices:
+        raise ValidationError({name: f"{name} must be one of {', '.join(choices)}"})
+    return raw
+
+
+class ReasonSerializer(serializers.Serializer):
+    reason = serializers.CharField(required=False, allow_blank=True, default="")
