@@ -128,6 +128,7 @@ INSTALLED_APPS = [
     "properties",
     "retention",
     "cleanup_ops",
+    "demo",
 ]
 
 MIDDLEWARE = [

@@ -1,12 +1,19 @@
+"""``seed_attachments``: upload demo attachments to the document store and link them to records."""
+
 from __future__ import annotations
 
 import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from cleanup_ops.classification import DownstreamConnectionError, DownstreamError, DownstreamTimeout, InvalidInput
-from cleanup_ops.docstore_client import DocstoreClient
-from properties.services import SeedError, record_attachments_seed
+from cleanup_ops.downstream.client import DocstoreClient
+from cleanup_ops.recovery.classification import (
+    DownstreamConnectionError,
+    DownstreamError,
+    DownstreamTimeout,
+    InvalidInput,
+)
+from demo.services import SeedError, record_attachments_seed
 
 
 class Command(BaseCommand):

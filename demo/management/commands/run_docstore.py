@@ -1,3 +1,5 @@
+"""``run_docstore``: the demo document store (``docstore.server``) as a management command."""
+
 from __future__ import annotations
 
 import argparse

@@ -1,3 +1,5 @@
+"""``seed_demo``: fill an empty database with deterministic demo data (see ``demo.services``)."""
+
 from __future__ import annotations
 
 import time
@@ -5,7 +7,7 @@ import time
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from config.progress import progress_bar
-from properties.services import DEMO_PASSWORD, SeedError, demo_data_seed
+from demo.services import DEMO_PASSWORD, SeedError, demo_data_seed
 
 
 class Command(BaseCommand):

@@ -1,4 +1,4 @@
-"""Deterministic demo data (``seed_demo``).
+"""The demo seeder: deterministic demo data (``seed_demo``) and attachments (``seed_attachments``).
 
 Timestamps are spread backwards from midnight UTC of the current day, so two
 runs with the same seed on the same day produce identical rows. The first

@@ -1,0 +1,1 @@
+"""``seed_demo``, ``seed_attachments``, ``run_docstore``."""
