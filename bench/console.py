@@ -5,7 +5,7 @@ Run from the repository root::
 
     .venv/bin/python bench/console.py [--jobs 100000] [--ledger 1000000] [--requests 40]
 
-Starts a throwaway PostgreSQL (as ``chaos/run.py`` does), bulk-loads sweeps,
+Starts a throwaway PostgreSQL (``harness/postgres.py``), bulk-loads sweeps,
 jobs, ledger rows, dead letters, audit events and records with
 ``generate_series``, then requests each console page and list endpoint through
 Django's full request stack (in-process client: middleware, auth, views,
@@ -145,13 +145,18 @@ def main() -> int:
     parser.add_argument("--keep", action="store_true", help="leave the database running (prints its URL) and wait")
     args = parser.parse_args()
 
-    from chaos.run import Postgres
+    from harness.postgres import Cluster, ClusterError, create_database
 
-    pg = Postgres()
     try:
+        pg = Cluster(prefix="bench-console-pg.")
+    except ClusterError as exc:
+        raise SystemExit(f"bench: {exc}") from exc
+    try:
+        url = pg.start()
+        create_database(url)
         os.environ.update(
             {
-                "DATABASE_URL": pg.start(),
+                "DATABASE_URL": url,
                 "SECRET_KEY": "bench-secret-key-not-for-production-0123456789",
                 "SECURE_SSL_REDIRECT": "false",
                 "DJANGO_SETTINGS_MODULE": "config.settings",

@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# Runs bench/pipeline.py against the committed HEAD (plus this bench/ directory)
-# instead of the working tree, so a half-finished edit elsewhere in the tree
-# cannot break or skew a measurement. Arguments go to pipeline.py.
+# Runs bench/pipeline.py against the committed HEAD (plus the working tree's
+# bench/ and harness/ directories, the benchmark's own code) instead of the
+# working tree, so a half-finished edit elsewhere in the tree cannot break or
+# skew a measurement. Arguments go to pipeline.py.
 #
 #   bash bench/run-at-head.sh --rows 100000
 set -euo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 snap=$(mktemp -d /tmp/bench-head.XXXXXX)
-chmod 755 "$snap" # pg_ctl runs as postgres when we are root and starts in this directory
+chmod 755 "$snap" # readable by postgres (the cluster's user when we are root), like a checkout
 trap 'rm -rf "$snap"' EXIT
 git -C "$repo" archive HEAD | tar -x -C "$snap"
-mkdir -p "$snap/bench"
-cp "$repo/bench/pipeline.py" "$snap/bench/"
+rm -rf "$snap/bench" "$snap/harness"
+tar -C "$repo" --exclude=__pycache__ --exclude=bench/out -cf - bench harness | tar -x -C "$snap"
 git -C "$repo" rev-parse --short HEAD >"$snap/bench/.commit"
 
 # Run in the background and forward INT/TERM/HUP as TERM, so pipeline.py

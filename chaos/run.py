@@ -26,72 +26,27 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 import urllib.request
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# Run as a script, Python puts chaos/ on the path; harness/ lives at the root.
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from harness.ports import free_port  # noqa: E402
+from harness.postgres import Cluster, ClusterError, create_database  # noqa: E402
+from harness.qcluster import QCluster  # noqa: E402
+
 PY = sys.executable
 STALL_SECONDS = 30
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def log(message: str) -> None:
     print(f"[chaos {time.strftime('%H:%M:%S')}] {message}", flush=True)
-
-
-class Postgres:
-    """A throwaway cluster under /tmp (run as `postgres` when we are root)."""
-
-    def __init__(self) -> None:
-        self.bin = next(Path("/usr/lib/postgresql").glob("*/bin"), None)
-        if self.bin is None:
-            raise SystemExit("chaos: PostgreSQL server binaries not found (apt-get install postgresql)")
-        self.dir = Path(tempfile.mkdtemp(prefix="chaos-pg."))
-        self.data = self.dir / "data"
-        self.port = free_port()
-        self.as_user = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
-        if self.as_user:
-            subprocess.run(["chown", "postgres", str(self.dir)], check=True)
-
-    def ctl(self, *args: str) -> None:
-        subprocess.run(
-            [*self.as_user, str(self.bin / "pg_ctl"), "-D", str(self.data), "-l", str(self.data / "log"), "-w", *args],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-
-    def start(self) -> str:
-        subprocess.run(
-            [*self.as_user, str(self.bin / "initdb"), "-D", str(self.data), "-U", "postgres", "--auth=trust"],
-            check=True,
-            stdout=subprocess.DEVNULL,
-        )
-        opts = f"-p {self.port} -k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c max_connections=100"
-        self.ctl("-o", opts, "start")
-        subprocess.run(
-            [str(self.bin / "createdb"), "-h", "127.0.0.1", "-p", str(self.port), "-U", "postgres", "app"], check=True
-        )
-        return f"postgres://postgres@127.0.0.1:{self.port}/app"
-
-    def restart(self) -> None:
-        self.ctl("-m", "fast", "restart")
-
-    def stop(self) -> None:
-        try:
-            self.ctl("-m", "fast", "stop")
-        except subprocess.CalledProcessError:
-            pass
-        subprocess.run(["rm", "-rf", str(self.dir)], check=False)
 
 
 def manage(env: dict[str, str], *args: str) -> str:
@@ -99,41 +54,6 @@ def manage(env: dict[str, str], *args: str) -> str:
     if result.returncode != 0:
         raise SystemExit(f"chaos: manage.py {' '.join(args)} failed:\n{result.stdout}\n{result.stderr}")
     return result.stdout
-
-
-def children(pid: int) -> list[int]:
-    """Direct child processes of ``pid`` (the qcluster's sentinel, workers, monitor, pusher)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except (OSError, IndexError):
-            continue
-        if int(fields[1]) == pid:
-            found.append(int(stat.parent.name))
-    return found
-
-
-def start_cluster(env: dict[str, str], groups: list[int]) -> subprocess.Popen:
-    proc = subprocess.Popen(
-        [PY, "manage.py", "qcluster"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        start_new_session=True,
-    )
-    groups.append(proc.pid)
-    return proc
-
-
-def kill_groups(groups: list[int]) -> None:
-    """SIGKILL whatever the clusters left behind (say, workers orphaned by a killed sentinel)."""
-    for group in groups:
-        try:
-            os.killpg(group, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
 
 
 def docstore_faults(port: int, faults: dict[str, object] | None) -> None:
@@ -161,11 +81,21 @@ def main() -> int:
         else {"portfolios": 12, "properties": 6, "records": 1500, "kills": 8, "timeout": 900}
     )
     log(f"seed {args.seed}, size {size}")
-    pg = Postgres()
+    try:
+        pg = Cluster(prefix="chaos-pg.")
+    except ClusterError as exc:
+        raise SystemExit(f"chaos: {exc} (apt-get install postgresql)") from exc
     store = cluster = None
-    clusters: list[int] = []  # process groups of every qcluster started
+    clusters: list[QCluster] = []  # every qcluster started: whatever they leave behind is killed
+
+    def start_cluster() -> QCluster:
+        qc = QCluster(env, cwd=ROOT, python=PY, log=log)
+        clusters.append(qc)
+        return qc
+
     try:
         db_url = pg.start()
+        create_database(db_url)
         store_port = free_port()
         env = {
             **os.environ,
@@ -221,7 +151,7 @@ def main() -> int:
         out = json.loads(manage(env, "cleanup_sweep", "--json").strip().splitlines()[-1])
         log(f"sweep {out['key']}: {out['jobs_admitted']} jobs admitted")
 
-        cluster = start_cluster(env, clusters)
+        cluster = start_cluster()
         deadline = time.monotonic() + size["timeout"]
         kills, restarted, faults = 0, False, 0
         last_progress: tuple[int, int] = (-1, -1)
@@ -237,11 +167,11 @@ def main() -> int:
             if cluster.poll() is not None:
                 # A supervisor (systemd, Kubernetes) restarts a dead cluster; so do we.
                 log(f"qcluster exited ({cluster.returncode}); starting it again")
-                cluster = start_cluster(env, clusters)
+                cluster = start_cluster()
             if kills < size["kills"]:
                 # The sentinel's children: workers, and the pusher and monitor it
                 # reincarnates. The sentinel itself is the cluster's supervisor.
-                victims = [p for sentinel in children(cluster.pid) for p in children(sentinel)]
+                victims = cluster.worker_side_pids()
                 if victims:
                     victim = rng.choice(victims)
                     try:
@@ -277,8 +207,8 @@ def main() -> int:
                 # queue can wedge the whole cluster (a multiprocessing limit);
                 # in production a liveness check restarts it. So do we.
                 log(f"no progress for {STALL_SECONDS} s with {remaining} open jobs: restarting qcluster")
-                kill_groups([cluster.pid])
-                cluster = start_cluster(env, clusters)
+                cluster.kill()
+                cluster = start_cluster()
                 time.sleep(3)
                 # The restarted cluster's scheduler needs up to a minute before
                 # the periodic dispatch runs; kick the dispatcher as an operator
@@ -290,12 +220,9 @@ def main() -> int:
         else:
             log("timed out waiting for the drain")
         log(f"drained in {time.monotonic() - started:.1f} s")
-        cluster.send_signal(signal.SIGTERM)
-        try:
-            cluster.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            log("qcluster did not stop within 60 s")
-        kill_groups(clusters)  # nothing may still write while the checks read
+        cluster.stop(grace=60)
+        for qc in clusters:  # nothing may still write while the checks read
+            qc.kill()
         cluster = None
         connections.close_all()
         results = checks(before, store_requests=docstore_requests(store_port))
@@ -305,7 +232,8 @@ def main() -> int:
         print(f"chaos: {len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
         return 1 if failed else 0
     finally:
-        kill_groups(clusters)
+        for qc in clusters:
+            qc.kill()
         if store is not None:
             store.terminate()
             store.wait(timeout=10)

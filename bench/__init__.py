@@ -1,0 +1,1 @@
+"""Benchmarks of the cleanup pipeline (``pipeline.py``) and of the console (``console.py``)."""
