@@ -145,6 +145,17 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
     def deletes(self) -> CleanupJobQuerySet:
         return self.filter(kind=JobKind.DELETE)
 
+    def lease_holders_by_portfolio(self, *, now: datetime) -> dict[int, int]:
+        """Per portfolio, how many leases (workers) hold jobs right now: the
+        portfolio's concurrency cap counts holders, not jobs, because one
+        lease may hold several small partitions worked in one transaction."""
+        return dict(
+            self.live_leases(now=now)
+            .values_list("portfolio_id")
+            .annotate(n=models.Count("lease_token", distinct=True))
+            .order_by()
+        )
+
 
 class JobKind(models.TextChoices):
     DELETE = "delete", "Delete records"

@@ -45,15 +45,22 @@ def effective_limits() -> dict[str, float | int]:
     }
 
 
+def portfolio_buckets(portfolio_id: int) -> list[BucketConfig]:
+    if settings.CLEANUP_RATE_PORTFOLIO <= 0:
+        return []
+    return [
+        BucketConfig(f"portfolio:{portfolio_id}", settings.CLEANUP_RATE_PORTFOLIO, settings.CLEANUP_BURST_PORTFOLIO)
+    ]
+
+
+def global_buckets() -> list[BucketConfig]:
+    if settings.CLEANUP_RATE_GLOBAL <= 0:
+        return []
+    return [BucketConfig("global", settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL)]
+
+
 def buckets_for(portfolio_id: int) -> list[BucketConfig]:
-    buckets = []
-    if settings.CLEANUP_RATE_PORTFOLIO > 0:
-        buckets.append(
-            BucketConfig(f"portfolio:{portfolio_id}", settings.CLEANUP_RATE_PORTFOLIO, settings.CLEANUP_BURST_PORTFOLIO)
-        )
-    if settings.CLEANUP_RATE_GLOBAL > 0:
-        buckets.append(BucketConfig("global", settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL))
-    return buckets
+    return portfolio_buckets(portfolio_id) + global_buckets()
 
 
 def docstore_buckets_for(portfolio_id: int) -> list[BucketConfig]:

@@ -299,7 +299,7 @@ def group_jobs_advance(jobs: int) -> str:
 
 
 def lease_caps_lock(portfolios: int) -> str:
-    """The cap locks of several portfolios, taken in portfolio order."""
-    if not is_postgres():
-        return ""
-    return f"SELECT pg_advisory_xact_lock(%s, p) FROM (VALUES {values_list(portfolios, ['bigint'])}) AS v(p) ORDER BY p"
+    """The cap locks of several portfolios, taken in portfolio order
+    (PostgreSQL only; parameters: the namespace, then the portfolio keys)."""
+    rows = values_list(portfolios, ["integer"])
+    return f"SELECT pg_advisory_xact_lock(CAST(%s AS integer), v.p) FROM (VALUES {rows}) AS v(p) ORDER BY v.p"

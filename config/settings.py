@@ -240,6 +240,9 @@ CLEANUP_BURST_GLOBAL = env_float("CLEANUP_BURST_GLOBAL", 50.0, minimum=1.0)
 CLEANUP_RATE_PORTFOLIO = env_float("CLEANUP_RATE_PORTFOLIO", 0.0)
 CLEANUP_BURST_PORTFOLIO = env_float("CLEANUP_BURST_PORTFOLIO", 20.0, minimum=1.0)
 CLEANUP_PORTFOLIO_MAX_LEASES = env_int("CLEANUP_PORTFOLIO_MAX_LEASES", 2, minimum=1)
+# How many due partitions one lease takes at once; their batches share
+# transactions while their candidates fit in CLEANUP_BATCH_SIZE rows.
+CLEANUP_LEASE_JOBS = env_int("CLEANUP_LEASE_JOBS", 100, minimum=1, maximum=1000)
 # How long a worker may wait for a token before it defers the job instead.
 CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 0.5)
 

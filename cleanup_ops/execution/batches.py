@@ -66,20 +66,28 @@ class JobRef:
     purge_request_id: int | None
 
 
+_JOB_FIELDS = (
+    "id",
+    "portfolio_id",
+    "property_id",
+    "record_kind",
+    "cutoff",
+    "policy_version_id",
+    "sweep__slot",
+    "sweep_id",
+    "kind",
+    "purge_request_id",
+)
+
+
 def job_load(job_id: int) -> JobRef:
-    row = CleanupJob.objects.filter(pk=job_id).values_list(
-        "id",
-        "portfolio_id",
-        "property_id",
-        "record_kind",
-        "cutoff",
-        "policy_version_id",
-        "sweep__slot",
-        "sweep_id",
-        "kind",
-        "purge_request_id",
-    )[0]
-    return JobRef(*row)
+    return JobRef(*CleanupJob.objects.filter(pk=job_id).values_list(*_JOB_FIELDS)[0])
+
+
+def jobs_load(job_ids: list[int]) -> dict[int, JobRef]:
+    """Several jobs in one query."""
+    rows = CleanupJob.objects.filter(pk__in=job_ids).values_list(*_JOB_FIELDS)
+    return {row[0]: JobRef(*row) for row in rows}
 
 
 def operation_id(*, record_kind: str, property_id: int, cutoff: datetime, after_id: int, limit: int) -> str:

@@ -41,7 +41,7 @@ from django.utils import timezone
 
 from cleanup_ops import sql
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
-from cleanup_ops.ratelimit import BucketConfig, tokens_acquire
+from cleanup_ops.ratelimit import BucketConfig, global_buckets, portfolio_buckets, tokens_acquire
 from cleanup_ops.recovery.classification import LeaseLost
 from retention.eligibility import db_datetime
 
@@ -65,17 +65,25 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
     """Claim the job if it is due, not validly leased, not paused and its
     portfolio is under its lease cap; None when not."""
     now = now or timezone.now()
-    portfolio_id = CleanupJob.objects.filter(pk=job_id).values_list("portfolio_id", flat=True).first()
-    if portfolio_id is None:
-        return None
     token = uuid.uuid4()
     with transaction.atomic():
+        # The job row first, then the portfolio's cap lock: the same order as
+        # a group lease (rows, then cap locks in portfolio order), so the two
+        # never wait on each other in a cycle.
+        portfolio_id = (
+            CleanupJob.objects.select_for_update().filter(pk=job_id).values_list("portfolio_id", flat=True).first()
+        )
+        if portfolio_id is None:
+            return None
         if sql.is_postgres():
             sql.execute(sql.lease_cap_lock(), [sql.LEASE_LOCK_NAMESPACE, portfolio_id % 2**31])
         if PipelinePause.objects.covering(portfolio_id=portfolio_id).exists():
             return None
         leased_now = (
-            CleanupJob.objects.live_leases(now=now).filter(portfolio_id=portfolio_id).exclude(pk=job_id).count()
+            CleanupJob.objects.exclude(pk=job_id)
+            .filter(portfolio_id=portfolio_id)
+            .lease_holders_by_portfolio(now=now)
+            .get(portfolio_id, 0)
         )
         if leased_now >= settings.CLEANUP_PORTFOLIO_MAX_LEASES:
             # Let the dispatcher send it again once a slot frees up.
@@ -95,6 +103,93 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
             )
         )
     return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
+
+
+@dataclass
+class GroupLease:
+    """One lease (one token) over several jobs, worked in shared transactions."""
+
+    lease: Lease
+    job_ids: list[int]
+
+
+def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> GroupLease | None:
+    """Lease up to ``limit`` due delete jobs under one token; None when none is due.
+
+    The pick is one indexed query over the open-and-due index, oldest
+    ``available_at`` first, ``FOR UPDATE SKIP LOCKED`` so concurrent workers
+    take disjoint jobs. A released job is due again "now", so it goes behind
+    every job that was waiting: over time each portfolio gets its turn. Jobs
+    are then taken round-robin across the portfolios in the pick, leaving out
+    paused portfolios and those at their lease cap (re-checked under the
+    portfolios' cap locks, taken in portfolio order), and at most one job per
+    (property, kind).
+    """
+    now = now or timezone.now()
+    paused = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
+    if None in paused:
+        return None
+    token = uuid.uuid4()
+    cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
+    with transaction.atomic():
+        holders = CleanupJob.objects.lease_holders_by_portfolio(now=now)
+        full = {portfolio for portfolio, n in holders.items() if n >= cap}
+        rows = list(
+            CleanupJob.objects.select_for_update(skip_locked=True)
+            .due(now=now)
+            .deletes()
+            .exclude(portfolio_id__in=paused | full)
+            .order_by("available_at", "id")
+            .values_list("id", "portfolio_id", "property_id", "record_kind")[: limit * 4]
+        )
+        if not rows:
+            return None
+        portfolios = sorted({row[1] for row in rows})
+        if sql.is_postgres():
+            sql.execute(
+                sql.lease_caps_lock(len(portfolios)),
+                [sql.LEASE_LOCK_NAMESPACE, *(p % 2**31 for p in portfolios)],
+            )
+            # Re-read under the locks: another worker may have taken the last slot.
+            holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_holders_by_portfolio(now=now)
+        queues: dict[int, list[int]] = {}
+        seen: set[tuple[int, str]] = set()
+        for job_id, portfolio_id, property_id, kind in rows:
+            if holders.get(portfolio_id, 0) >= cap or (property_id, kind) in seen:
+                continue
+            seen.add((property_id, kind))
+            queues.setdefault(portfolio_id, []).append(job_id)
+        chosen: list[int] = []
+        while queues and len(chosen) < limit:
+            for portfolio_id in list(queues):
+                chosen.append(queues[portfolio_id].pop(0))
+                if not queues[portfolio_id]:
+                    del queues[portfolio_id]
+                if len(chosen) == limit:
+                    break
+        if not chosen:
+            return None
+        CleanupJob.objects.filter(pk__in=chosen).update(
+            state=JobState.LEASED,
+            lease_token=token,
+            lease_owner=owner[:100],
+            lease_expires_at=now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
+            leases=F("leases") + 1,
+            enqueued_at=None,
+            first_leased_at=Coalesce(F("first_leased_at"), Value(now)),
+        )
+    return GroupLease(lease=Lease(job_id=chosen[0], token=token, owner=owner), job_ids=chosen)
+
+
+def jobs_release(*, lease: Lease, job_ids: list[int], available_at: datetime | None = None) -> int:
+    """Give back those of ``job_ids`` still held by ``lease`` (pending, cursors kept)."""
+    return CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token).update(
+        state=JobState.PENDING,
+        lease_token=None,
+        lease_owner="",
+        lease_expires_at=None,
+        available_at=available_at or timezone.now(),
+    )
 
 
 def job_release(*, lease: Lease, available_at: datetime | None = None) -> bool:
@@ -136,3 +231,23 @@ def wait_for_token(portfolio_id: int, buckets: list[BucketConfig] | None = None)
         time.sleep(wait)
         wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp(), buckets=buckets)
     return wait
+
+
+def group_tokens(portfolio_ids: set[int]) -> tuple[set[int], dict[int, float]]:
+    """Tokens for one transaction over several portfolios: one from each
+    portfolio's bucket, then one global. Returns (portfolios allowed, seconds
+    to wait for each portfolio left out). Without a global token every
+    portfolio is left out. Unlimited rates cost no query."""
+    now = timezone.now().timestamp()
+    waits: dict[int, float] = {}
+    for portfolio_id in sorted(portfolio_ids):
+        wait = tokens_acquire(portfolio_id=portfolio_id, now=now, buckets=portfolio_buckets(portfolio_id))
+        if wait > 0:
+            waits[portfolio_id] = wait
+    allowed = set(portfolio_ids) - set(waits)
+    if allowed:
+        wait = tokens_acquire(portfolio_id=0, now=now, buckets=global_buckets())
+        if wait > 0:
+            waits.update(dict.fromkeys(allowed, wait))
+            allowed = set()
+    return allowed, waits

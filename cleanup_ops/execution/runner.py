@@ -29,10 +29,18 @@ from django.utils import timezone
 
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.downstream.purge import PurgeProgress, purge_run
-from cleanup_ops.execution.batches import job_load, run_batch
-from cleanup_ops.execution.leases import job_lease, job_release, wait_for_token, worker_name
+from cleanup_ops.execution.batches import job_load, jobs_load, run_batch, run_group_batch
+from cleanup_ops.execution.leases import (
+    group_tokens,
+    job_lease,
+    job_release,
+    jobs_lease_group,
+    jobs_release,
+    wait_for_token,
+    worker_name,
+)
 from cleanup_ops.models import CleanupJob, JobKind, Sweep
-from cleanup_ops.recovery.classification import FailureCategory, classify
+from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 
 logger = logging.getLogger(__name__)
@@ -159,32 +167,138 @@ def job_run_slice(
 
 
 @dataclass
+class GroupSliceResult:
+    leased: int = 0  # jobs the lease took
+    transactions: int = 0
+    rows_deleted: int = 0
+    finished: int = 0
+    deferred_seconds: float = 0.0
+    fell_back: bool = False  # a transaction failed: its jobs ran alone
+
+
+def group_run_slice(
+    *,
+    owner: str | None = None,
+    max_jobs: int | None = None,
+    max_batches: int | None = None,
+    max_seconds: float | None = None,
+    batch_size: int | None = None,
+) -> GroupSliceResult:
+    """Lease several due delete jobs at once and run them in shared transactions.
+
+    Each transaction covers as many of the leased partitions as fit in one
+    batch of candidate rows (``run_group_batch``); partitions that finish
+    drop out, a large one runs alone. The slice is bounded like a single
+    job's (``CLEANUP_SLICE_BATCHES`` transactions or ``CLEANUP_SLICE_SECONDS``);
+    what is left is released with its cursors. With rate limits configured a
+    transaction takes one token per portfolio it touches and one global token;
+    a portfolio without a token is left out of it and deferred, not waited for.
+
+    If a transaction fails, which partition caused it is unknown: the slice
+    releases the jobs and runs each alone (``job_run_slice``), whose failure
+    handling classifies and records it for exactly that job.
+    """
+    owner = owner or worker_name()
+    result = GroupSliceResult()
+    group = jobs_lease_group(owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS)
+    if group is None:
+        return result
+    lease, pending = group.lease, list(group.job_ids)
+    result.leased = len(pending)
+    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
+    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    limit = min(batch_size or settings.CLEANUP_BATCH_SIZE, 1000)
+    jobs = jobs_load(pending)
+    sweeps: set[int] = set()
+    started = time.monotonic()
+    while pending:
+        allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in pending})
+        deferred = [job_id for job_id in pending if jobs[job_id].portfolio_id not in allowed]
+        if deferred:
+            wait = max(waits[jobs[job_id].portfolio_id] for job_id in deferred)
+            result.deferred_seconds = max(result.deferred_seconds, wait)
+            jobs_release(lease=lease, job_ids=deferred, available_at=timezone.now() + timedelta(seconds=wait))
+            pending = [job_id for job_id in pending if job_id not in set(deferred)]
+            if not pending:
+                break
+        try:
+            steps = run_group_batch(jobs=[jobs[job_id] for job_id in pending], lease=lease, limit=limit)
+        except LeaseLost:
+            logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(pending))
+            pending = []
+            break
+        except Exception as exc:
+            logger.warning(
+                "cleanup group of %s jobs: %s; running them one by one",
+                len(pending),
+                type(exc).__name__,
+                extra={"category": classify(exc, now=timezone.now()).category},
+            )
+            jobs_release(lease=lease, job_ids=pending)
+            result.fell_back = True
+            for job_id in pending:
+                alone = job_run_slice(job_id=job_id, owner=owner, batch_size=batch_size)
+                result.rows_deleted += alone.rows_deleted
+                result.finished += int(bool(alone.outcome))
+            pending = []
+            break
+        result.transactions += 1
+        for job_id, step in steps.items():
+            result.rows_deleted += step.deleted
+            if step.outcome:
+                result.finished += 1
+                sweeps.add(jobs[job_id].sweep_id)
+        pending = [job_id for job_id in pending if not steps[job_id].outcome and not steps[job_id].lost]
+        if result.transactions >= max_batches or time.monotonic() - started >= max_seconds:
+            break
+    if pending:
+        jobs_release(lease=lease, job_ids=pending)
+    for sweep_id in sorted(sweeps):
+        Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=timezone.now())
+    return result
+
+
+@dataclass
 class TurnResult:
     slices: int = 0
     rows_deleted: int = 0
 
 
 def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
-    """One broker task's work: the delivered job's slice, then more due jobs.
+    """One broker task's work: a purge job's slice, or groups of due delete jobs.
 
-    Handing every slice through the broker costs a fetch, a poll wait and a
-    dispatcher call; instead the worker keeps taking the next due job in fair
-    order until ``CLEANUP_SLICE_SECONDS`` is spent. Fairness is the
-    dispatcher's order either way, and a turn is as bounded as one slice.
+    Handing every small partition through the broker would cost a fetch, a
+    poll wait and a dispatcher call each; instead a turn leases due
+    partitions in groups and works them in shared transactions. A turn is as
+    bounded as one slice: ``CLEANUP_SLICE_BATCHES`` transactions or
+    ``CLEANUP_SLICE_SECONDS``.
     """
     owner = owner or worker_name()
     deadline = time.monotonic() + settings.CLEANUP_SLICE_SECONDS
+    batches_left = settings.CLEANUP_SLICE_BATCHES
     turn = TurnResult()
-    next_id: int | None = job_id
-    while next_id is not None:
-        remaining = deadline - time.monotonic()
-        result = job_run_slice(job_id=next_id, owner=owner, max_seconds=max(0.1, remaining))
+    kind = CleanupJob.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    if kind == JobKind.PURGE:
+        # Purges are bound by the store's latency: one at a time, alone.
+        turn.rows_deleted += job_run_slice(job_id=job_id, owner=owner).rows_deleted
         turn.slices += 1
-        turn.rows_deleted += result.rows_deleted
-        if not result.leased or result.deferred_seconds or time.monotonic() >= deadline:
+        return turn
+    # Delete jobs: the message is only a hint that work is due. Take due
+    # partitions in groups (the delivered one among them when it is due)
+    # until one slice's budget of transactions or seconds is spent, so a
+    # stopping cluster waits for at most that much (SIGTERM finishes the
+    # batch in flight and the turn it belongs to, never more).
+    while batches_left > 0 and time.monotonic() < deadline:
+        group = group_run_slice(
+            owner=owner, max_batches=batches_left, max_seconds=max(0.1, deadline - time.monotonic())
+        )
+        if not group.leased:
             break
-        ids = fair_due_job_ids(now=timezone.now(), limit=1)
-        next_id = ids[0] if ids else None
+        turn.slices += 1
+        turn.rows_deleted += group.rows_deleted
+        batches_left -= max(1, group.transactions)
+        if group.deferred_seconds and not group.transactions:
+            break
     return turn
 
 
@@ -209,6 +323,15 @@ def cleanup_drain(
     deadline = time.monotonic() + max_seconds
     owner = f"drain:{worker_name()}"
     while True:
+        group = group_run_slice(owner=owner)
+        if group.leased:
+            result.slices += 1
+            result.rows_deleted += group.rows_deleted
+            if progress:
+                progress(result.slices, result.slices + CleanupJob.objects.open().count())
+            continue
+        # No delete job is due: purge jobs (and anything the group lease
+        # leaves to single slices) in the dispatcher's fair order.
         ids = fair_due_job_ids(now=timezone.now(), limit=20, exclude_enqueued=False)
         if not ids:
             if not CleanupJob.objects.open().exists() or time.monotonic() >= deadline:
