@@ -16,6 +16,7 @@ from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
 from django.http import HttpResponse
+from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -26,6 +27,7 @@ from rest_framework.views import APIView
 
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
 from cleanup_ops.proof import proof_csv, sweep_proof
+from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
     DeadLetterNotOpen,
     dead_letter_dismiss,
@@ -34,9 +36,9 @@ from cleanup_ops.recovery.operator import (
     pipeline_resume,
 )
 from cleanup_ops.schedule import SlotError, slot_parse, sweep_trigger
-from cleanup_ops.selectors import overview
+from cleanup_ops.selectors import dead_letter_filter_parse, overview
 from retention import apiutils
-from retention.apiutils import Conflict, ReasonSerializer, RolePermission, choice_param, int_param
+from retention.apiutils import Conflict, ReasonSerializer, RolePermission, choice_param, filter_errors_as_400, int_param
 
 
 def call_service(fn: Any, **kwargs: Any) -> Any:
@@ -256,7 +258,8 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
     @extend_schema(
         parameters=[
             OpenApiParameter("status", str, enum=DeadLetter.Status.values),
-            OpenApiParameter("category", str),
+            OpenApiParameter("category", str, enum=FailureCategory.values),
+            OpenApiParameter("older_than_hours", int),
             OpenApiParameter("portfolio", int),
             OpenApiParameter("sweep", int),
         ]
@@ -268,15 +271,9 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
         qs = DeadLetter.objects.select_related("job").order_by("-id")
         if self.action != "list":
             return qs
-        if (status_ := choice_param(self.request, "status", DeadLetter.Status.values)) is not None:
-            qs = qs.filter(status=status_)
-        if category := self.request.query_params.get("category"):
-            qs = qs.filter(category=category)
-        if (portfolio := int_param(self.request, "portfolio")) is not None:
-            qs = qs.filter(portfolio_id=portfolio)
-        if (sweep := int_param(self.request, "sweep")) is not None:
-            qs = qs.filter(sweep_id=sweep)
-        return qs
+        with filter_errors_as_400():
+            letter_filter = dead_letter_filter_parse(self.request.query_params, strict=True)
+        return qs.filter(letter_filter.q(now=timezone.now()))
 
     @extend_schema(
         request=ReasonSerializer,

@@ -33,12 +33,11 @@ from cleanup_ops.recovery.operator import (
 )
 from cleanup_ops.selectors import (
     DeadLetterFilter,
-    audit_events,
-    audit_filter_parse,
     dead_letter_filter_parse,
     dead_letters,
     overview,
 )
+from retention.filters import audit_events, audit_filter_parse
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
 PAGE_SIZE = 50

@@ -16,7 +16,8 @@ from rest_framework.decorators import action
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from retention.apiutils import ReasonSerializer, RolePermission, call_service, int_param
+from retention.apiutils import ReasonSerializer, RolePermission, call_service, filter_errors_as_400
+from retention.filters import audit_filter_parse
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
 from retention.services import (
     legal_hold_place,
@@ -237,10 +238,5 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
         qs = AuditEvent.objects.order_by("-id")
         if self.action != "list":
             return qs
-        if value := self.request.query_params.get("action"):
-            qs = qs.filter(action=value)
-        if value := self.request.query_params.get("object_type"):
-            qs = qs.filter(object_type=value)
-        if (actor := int_param(self.request, "actor")) is not None:
-            qs = qs.filter(actor_id=actor)
-        return qs
+        with filter_errors_as_400():
+            return qs.filter(audit_filter_parse(self.request.query_params, strict=True).q())

@@ -20,6 +20,9 @@ from rest_framework.exceptions import APIException, PermissionDenied, Validation
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
+from retention.filters import FilterError, id_param
+from retention.filters import choice_param as filters_choice_param
+
 
 class Conflict(APIException):
     status_code = status.HTTP_409_CONFLICT
@@ -45,26 +48,29 @@ def call_service(fn: Any, **kwargs: Any) -> Any:
         raise PermissionDenied(str(exc) or None) from None
 
 
-def int_param(request: Request, name: str) -> int | None:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
+def filter_errors_as_400() -> Any:
+    """Context: a ``FilterError`` from a filter parser becomes a 400 naming the parameter."""
+    return _FilterErrors()
+
+
+class _FilterErrors:
+    def __enter__(self) -> None:
         return None
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValidationError({name: f"{name} must be an integer id"}) from None
-    if not 0 <= value < 2**63:
-        raise ValidationError({name: f"{name} must be an id between 0 and 2^63-1"})
-    return value
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        if isinstance(exc, FilterError):
+            raise ValidationError({exc.field: exc.message}) from None
+        return False
+
+
+def int_param(request: Request, name: str) -> int | None:
+    with filter_errors_as_400():
+        return id_param(request.query_params, name, strict=True)
 
 
 def choice_param(request: Request, name: str, choices: list[str]) -> str | None:
-    raw = request.query_params.get(name)
-    if raw in (None, ""):
-        return None
-    if raw not in choices:
-        raise ValidationError({name: f"{name} must be one of {', '.join(choices)}"})
-    return raw
+    with filter_errors_as_400():
+        return filters_choice_param(request.query_params, name, choices, strict=True)
 
 
 class ReasonSerializer(serializers.Serializer):

@@ -28,13 +28,14 @@ from types import TracebackType
 import httpx
 from django.conf import settings
 
-from cleanup_ops.downstream.urls import docstore_url_check, document_id_valid
+from cleanup_ops.downstream.urls import document_id_valid
 from cleanup_ops.recovery.classification import (
     DownstreamConnectionError,
     DownstreamError,
     DownstreamTimeout,
     InvalidInput,
 )
+from config.urlcheck import docstore_url_check
 
 logger = logging.getLogger(__name__)
 
