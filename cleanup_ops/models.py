@@ -447,3 +447,32 @@ class PipelinePause(models.Model):
         self.resumed_at = at
         self.resume_reason = reason
         self.save(update_fields=["resumed_by", "resumed_at", "resume_reason"])
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per worker cluster, written by its own workers (``cleanup_ops.health``).
+
+    A cluster is one ``qcluster`` process tree on one host, named by
+    ``Q_CLUSTER_NAME``. ``pid`` is its sentinel (the parent of its workers):
+    a new value means the cluster was restarted, and ``started_at`` restarts
+    with it. ``last_progress_at`` is when one of its workers last finished a
+    task. A cluster with due work it could take and no progress for a while is
+    wedged, not idle (``cleanup_health --liveness``).
+    """
+
+    host = models.CharField(max_length=255)
+    cluster = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField(help_text="The cluster's sentinel process (parent of its workers).")
+    started_at = models.DateTimeField(help_text="When this run of the cluster (this pid) spawned its first worker.")
+    last_progress_at = models.DateTimeField(null=True, blank=True, help_text="When a worker last finished a task.")
+    turns = models.PositiveBigIntegerField(default=0, help_text="Tasks finished by this run of the cluster.")
+    jobs_leased = models.PositiveBigIntegerField(default=0, help_text="Jobs leased by this run of the cluster.")
+    rows_deleted = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["host", "cluster"]
+        constraints = [models.UniqueConstraint(fields=["host", "cluster"], name="heartbeat_one_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}@{self.host}"

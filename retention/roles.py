@@ -29,6 +29,15 @@ CLEANUP_VIEW = [
     "cleanup_ops.view_ledgerentry",
     "cleanup_ops.view_deadletter",
     "cleanup_ops.view_pipelinepause",
+    "cleanup_ops.view_workerheartbeat",
+]
+# django-q2's own admin pages (queued, successful and failed tasks, schedules):
+# read-only for operators, who watch the worker clusters.
+DJANGO_Q_VIEW = [
+    "django_q.view_ormq",
+    "django_q.view_success",
+    "django_q.view_failure",
+    "django_q.view_schedule",
 ]
 
 ROLE_PERMISSIONS: dict[str, list[str]] = {
@@ -49,6 +58,7 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         *PROPERTY_VIEW,
         *RETENTION_VIEW,
         *CLEANUP_VIEW,
+        *DJANGO_Q_VIEW,
         "cleanup_ops.add_sweep",
         "cleanup_ops.redrive_deadletter",
         "cleanup_ops.dismiss_deadletter",
