@@ -28,7 +28,7 @@ from cleanup_ops.models import CleanupJob, Sweep
 from properties.models import Portfolio
 from retention.eligibility import count_expired_and_held, db_datetime
 from retention.models import PolicyVersion
-from retention.registry import get_spec
+from retention.registry import REGISTRY
 
 
 def job_key(sweep: Sweep, portfolio_id: int, property_id: int, record_kind: str) -> str:
@@ -53,67 +53,46 @@ def _active_versions() -> list[PolicyVersion]:
 
 
 def partitions_due(*, slot: datetime) -> list[Partition]:
-    """Every (portfolio, property, kind) with at least one row past its cutoff.
-
-    Held rows count: such a partition still gets a job, which then ends with
-    the outcome ``held`` and so shows up in the sweep's report.
-    """
-    partitions: list[Partition] = []
-    for version in _active_versions():
-        kind = version.policy.record_kind
-        spec = get_spec(kind)
-        cutoff = slot - timedelta(days=version.retention_days)
-        rows = sql.execute(
-            sql.properties_with_expired_rows(table=spec.table, timestamp_column=spec.timestamp_column),
-            [version.policy.portfolio_id, db_datetime(cutoff)],
-        )
-        partitions.extend(
-            Partition(version.policy.portfolio_id, property_id, kind, version, cutoff) for (property_id,) in rows
-        )
-    return partitions
+    """Every (portfolio, property, kind) with at least one row past its cutoff
+    (the rule is ``sql.partitions_due``, the same the admission inserts by)."""
+    rows: list[tuple[int, int, str, int, object]] = []
+    for kind, spec in REGISTRY.items():
+        statement = sql.partitions_due(table=spec.table, timestamp_column=spec.timestamp_column)
+        rows += [
+            (pf, prop, kind, vid, cutoff) for pf, prop, vid, cutoff in sql.execute(statement, [db_datetime(slot), kind])
+        ]
+    versions = PolicyVersion.objects.in_bulk({row[3] for row in rows})
+    return [
+        Partition(pf, prop, kind, versions[vid], slot - timedelta(days=versions[vid].retention_days))
+        for pf, prop, kind, vid, _ in rows
+    ]
 
 
 def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
-    """Admit the sweep's jobs if it is still admitting; returns jobs inserted now."""
+    """Admit the sweep's jobs if it is still admitting; returns jobs inserted now.
+
+    Per record kind, one ``INSERT … SELECT`` adds a job for every due
+    partition that has no open delete job in another sweep (an open purge job
+    does not hold back the partition's next delete), and one count says how
+    many were carried over instead.
+    """
     now = now or timezone.now()
     with transaction.atomic():
         sweep = Sweep.objects.select_for_update().get(pk=sweep_id)
         if sweep.status != Sweep.Status.ADMITTING:
             return 0
-        open_elsewhere = set(
-            # Only delete jobs: an open purge job (say, waiting on the document
-            # store's Retry-After) must not hold back the partition's next delete.
-            CleanupJob.objects.open()
-            .deletes()
-            .exclude(sweep_id=sweep.pk)
-            .values_list("portfolio_id", "property_id", "record_kind")
-        )
-        jobs, carried_over = [], 0
-        for part in partitions_due(slot=sweep.slot):
-            if (part.portfolio_id, part.property_id, part.record_kind) in open_elsewhere:
-                carried_over += 1
-                continue
-            jobs.append(
-                CleanupJob(
-                    sweep=sweep,
-                    key=job_key(sweep, part.portfolio_id, part.property_id, part.record_kind),
-                    portfolio_id=part.portfolio_id,
-                    property_id=part.property_id,
-                    record_kind=part.record_kind,
-                    policy_version=part.version,
-                    cutoff=part.cutoff,
-                    available_at=now,
-                )
-            )
         before = CleanupJob.objects.filter(sweep=sweep).count()
-        CleanupJob.objects.bulk_create(jobs, batch_size=2000, ignore_conflicts=True)
+        carried_over = 0
+        slot = db_datetime(sweep.slot)
+        for kind, spec in REGISTRY.items():
+            columns = {"table": spec.table, "timestamp_column": spec.timestamp_column}
+            sql.execute(
+                sql.admit_partitions(**columns),
+                [slot, kind, sweep.pk, sweep.key, kind, kind, db_datetime(now), db_datetime(now), kind, sweep.pk],
+            )
+            carried_over += sql.execute(sql.count_carried_over(**columns), [slot, kind, kind, sweep.pk])[0][0]
         admitted = CleanupJob.objects.filter(sweep=sweep).count()
-        sweep.jobs_admitted = admitted
-        sweep.carried_over = carried_over
-        sweep.status = Sweep.Status.RUNNING if admitted else Sweep.Status.DRAINED
-        sweep.admitted_at = now
-        sweep.finished_at = None if admitted else now
-        sweep.save(update_fields=["jobs_admitted", "carried_over", "status", "admitted_at", "finished_at"])
+        sweep.mark_admitted(jobs=admitted, carried_over=carried_over, at=now)
         dispatch_after_commit()
     return admitted - before
 

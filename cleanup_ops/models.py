@@ -77,6 +77,15 @@ class Sweep(models.Model):
     def __str__(self) -> str:
         return self.key
 
+    def mark_admitted(self, *, jobs: int, carried_over: int, at: datetime) -> None:
+        """Admission done: running, or drained at once when nothing was due."""
+        self.jobs_admitted = jobs
+        self.carried_over = carried_over
+        self.status = SweepStatus.RUNNING if jobs else SweepStatus.DRAINED
+        self.admitted_at = at
+        self.finished_at = None if jobs else at
+        self.save(update_fields=["jobs_admitted", "carried_over", "status", "admitted_at", "finished_at"])
+
 
 class JobState(models.TextChoices):
     PENDING = "pending", "Pending"  # waiting for available_at, or due

@@ -24,7 +24,7 @@ from typing import Any
 
 from django.db import connection
 
-from cleanup_ops.models import CleanupJob, JobOutcome, JobState, LedgerEntry, RateBucket
+from cleanup_ops.models import OPEN_STATES, CleanupJob, JobKind, JobOutcome, JobState, LedgerEntry, RateBucket
 from properties.models import Portfolio, Property
 from retention.models import PolicyVersion, RetentionPolicy
 
@@ -105,13 +105,72 @@ def purge_advance() -> str:
 # --- Admission ------------------------------------------------------------------
 
 
-def properties_with_expired_rows(*, table: str, timestamp_column: str) -> str:
-    """Properties of one portfolio with at least one row of a kind past a cutoff."""
-    return (
-        f"SELECT p.id FROM {PROPERTY} p WHERE p.portfolio_id = %s AND EXISTS ("
-        f"SELECT 1 FROM {table} r WHERE r.property_id = p.id AND r.{timestamp_column} < %s)"
-        " ORDER BY p.id"
+def _slot_minus_retention() -> str:
+    """A partition's cutoff: the slot (a parameter) minus the version's retention days."""
+    if is_postgres():
+        return "(CAST(%s AS timestamptz) - v.retention_days * INTERVAL '1 day')"
+    return "datetime(%s, '-' || v.retention_days || ' days')"
+
+
+def _partitions_due(*, table: str, timestamp_column: str) -> tuple[str, str]:
+    """(CTE, WHERE) of the partitions of one kind due at a slot: every
+    property of a portfolio whose active, enabled version of the kind's policy
+    has a cutoff some row of the property is older than. Held rows count: such
+    a partition still gets a job, which ends ``held`` and so shows in the
+    sweep's report. Parameters: slot, kind."""
+    cte = (
+        f"WITH due AS (SELECT p.portfolio_id, p.id AS property_id, v.id AS version_id,"
+        f" {_slot_minus_retention()} AS cutoff"
+        f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = %s"
+        f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
     )
+    where = f"EXISTS (SELECT 1 FROM {table} r WHERE r.property_id = d.property_id AND r.{timestamp_column} < d.cutoff)"
+    return cte, where
+
+
+def _open_elsewhere() -> str:
+    """An open delete job of the same partition in another sweep (parameters: kind, sweep id)."""
+    states = ", ".join(f"'{state}'" for state in OPEN_STATES)
+    return (
+        f"EXISTS (SELECT 1 FROM {JOB} o WHERE o.portfolio_id = d.portfolio_id AND o.property_id = d.property_id"
+        f" AND o.record_kind = %s AND o.state IN ({states}) AND o.kind = '{JobKind.DELETE}' AND o.sweep_id <> %s)"
+    )
+
+
+def partitions_due(*, table: str, timestamp_column: str) -> str:
+    """(portfolio id, property id, version id, cutoff) of one kind; parameters: slot, kind."""
+    cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
+    return f"{cte} SELECT d.portfolio_id, d.property_id, d.version_id, d.cutoff FROM due d WHERE {where}" + (
+        " ORDER BY d.portfolio_id, d.property_id"
+    )
+
+
+def admit_partitions(*, table: str, timestamp_column: str) -> str:
+    """One job per due partition of one kind with no open delete job elsewhere,
+    in one set-based INSERT … SELECT; a key that exists (a crashed admission
+    being completed) is skipped. Parameters: slot, kind, key prefix, kind,
+    available at, created at, kind, sweep id (for the open-elsewhere test),
+    sweep id."""
+    cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
+    text = typed("varchar")
+    key = f"{text} || ':' || d.portfolio_id || ':' || d.property_id || ':' || {text}"
+    return (
+        f"{cte} INSERT INTO {JOB} (sweep_id, key, kind, portfolio_id, property_id, record_kind, policy_version_id,"
+        f" cutoff, state, outcome, available_at, lease_owner, leases, attempt, last_error_category,"
+        f" last_error_class, cursor, batches, rows_deleted, rows_held, created_at)"
+        f" SELECT {typed('bigint')}, {key}, '{JobKind.DELETE}', d.portfolio_id, d.property_id, {text},"
+        f" d.version_id, d.cutoff,"
+        f" '{JobState.PENDING}', '', {typed('timestamptz')}, '', 0, 0, '', '', 0, 0, 0, 0, {typed('timestamptz')}"
+        f" FROM due d WHERE {where} AND NOT {_open_elsewhere()} ORDER BY d.portfolio_id, d.property_id"
+        f" ON CONFLICT (key) DO NOTHING"
+    )
+
+
+def count_carried_over(*, table: str, timestamp_column: str) -> str:
+    """Due partitions of one kind skipped because a delete job of theirs is
+    still open in another sweep. Parameters: slot, kind, kind, sweep id."""
+    cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
+    return f"{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {_open_elsewhere()}"
 
 
 # --- Rate limits ----------------------------------------------------------------
