@@ -90,9 +90,21 @@ def jobs_load(job_ids: list[int]) -> dict[int, JobRef]:
     return {row[0]: JobRef(*row) for row in rows}
 
 
-def operation_id(*, record_kind: str, property_id: int, cutoff: datetime, after_id: int, limit: int) -> str:
-    stamp = cutoff.astimezone(UTC).isoformat().replace("+00:00", "Z")
-    raw = f"retention:{record_kind}:{property_id}:{stamp}:{after_id}:{limit}"
+def operation_id(
+    *, record_kind: str, property_id: int, slot: datetime, cutoff: datetime, after_id: int, limit: int
+) -> str:
+    """sha256 of ``retention:<kind>:<property>:<slot>:<cutoff>:<after_id>:<limit>`` (RFC 3339 UTC).
+
+    The slot is in it so that a later sweep whose cutoff happens to equal an
+    earlier one's (a policy shortened by exactly the time between the slots)
+    never replays the earlier sweep's ledger rows; a redrive (same sweep)
+    replays them as it should.
+    """
+
+    def stamp(value: datetime) -> str:
+        return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+    raw = f"retention:{record_kind}:{property_id}:{stamp(slot)}:{stamp(cutoff)}:{after_id}:{limit}"
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
@@ -163,7 +175,12 @@ def run_group_batch(
             )
             item = _Work(job, after_id, cutoff, used_version)
             item.operation = operation_id(
-                record_kind=job.record_kind, property_id=job.property_id, cutoff=cutoff, after_id=after_id, limit=limit
+                record_kind=job.record_kind,
+                property_id=job.property_id,
+                slot=job.slot,
+                cutoff=cutoff,
+                after_id=after_id,
+                limit=limit,
             )
             work.append(item)
         replayed = _replayed(cur, work)
