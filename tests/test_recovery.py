@@ -10,6 +10,9 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.utils import timezone
+from hypothesis import given
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
 
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.execution.batches import job_load, run_batch
@@ -91,6 +94,31 @@ class TestRetryAfter:
 
     def test_an_http_date_in_the_past_is_ignored(self):
         assert parse_retry_after(format_datetime(NOW - timedelta(minutes=1), usegmt=True), now=NOW) is None
+
+    @pytest.mark.parametrize("value", ["\u0663", "\u00b2", "\uff17", "\u0667\u0667"])
+    def test_only_ascii_digits_are_delta_seconds(self, value):
+        # str.isdigit accepts these (and int() reads some, rejects others).
+        assert value.isdigit()
+        assert parse_retry_after(value, now=NOW) is None
+
+    @pytest.mark.parametrize("value", ["9" * 20, "9" * 400, "1" + "0" * 12, str(10**18)])
+    def test_a_huge_number_is_ignored_without_overflowing(self, value):
+        assert parse_retry_after(value, now=NOW) is None
+        assert classify(DownstreamError(429, value), now=NOW).retry_after is None
+
+    def test_leading_zeros_and_the_cap_itself_are_still_seconds(self):
+        assert parse_retry_after("0007", now=NOW) == NOW + timedelta(seconds=7)
+        assert parse_retry_after(" 21600 ", now=NOW) == NOW + timedelta(hours=6)
+        assert parse_retry_after("21601", now=NOW) is None
+
+    @hypothesis_settings(max_examples=500, deadline=None)
+    @given(value=st.one_of(st.text(), st.from_regex(r"[0-9]{1,40}", fullmatch=True)))
+    def test_nothing_a_retry_after_header_carries_makes_the_classifier_raise(self, value):
+        at = parse_retry_after(value, now=NOW)
+        assert at is None or NOW <= at <= NOW + timedelta(hours=6)
+        for status in (429, 503):
+            result = classify(DownstreamError(status, value), now=NOW)
+            assert result.category == FailureCategory.DOWNSTREAM_THROTTLED and result.retry_after == at
 
 
 class TestBackoff:

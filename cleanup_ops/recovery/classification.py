@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import email.utils
 import random
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -30,6 +31,10 @@ from django.db.models import TextChoices
 
 # Retry-After values beyond this are treated as absurd and ignored (backoff applies).
 MAX_RETRY_AFTER = timedelta(hours=6)
+# Delta-seconds: ASCII digits only. More digits than this is absurd on its face
+# (and would not fit a timedelta): rejected before ``int`` reads it.
+_DELTA_SECONDS = re.compile(r"[0-9]+")
+_MAX_DELTA_DIGITS = 12
 
 
 class FailureCategory(TextChoices):
@@ -140,27 +145,35 @@ def classify(exc: BaseException, *, now: datetime) -> Classification:
     return Classification(FailureCategory.UNEXPECTED, RETRY, type(exc).__name__)
 
 
-def parse_retry_after(value: str, *, now: datetime) -> datetime | None:
+def parse_retry_after(value: object, *, now: datetime) -> datetime | None:
     """The instant a ``Retry-After`` header names (RFC 9110 §10.2.3), or None.
 
-    Delta-seconds or an HTTP-date. Negative, unparseable, or more than
-    ``MAX_RETRY_AFTER`` away: None, so ordinary backoff applies.
+    Delta-seconds (ASCII digits only: ``str.isdigit`` would also take other
+    Unicode digits, which ``int`` then reads) or an HTTP-date. Negative,
+    unparseable, or more than ``MAX_RETRY_AFTER`` away: None, so ordinary
+    backoff applies. Never raises, whatever the header carries: a number too
+    large for a ``timedelta`` is rejected by its length before any arithmetic.
     """
+    if not isinstance(value, str):
+        return None
     text = value.strip()
-    if text.isdigit():
-        seconds = int(text)
-        at = now + timedelta(seconds=seconds)
-    else:
-        try:
-            parsed = email.utils.parsedate_to_datetime(text)
-        except (TypeError, ValueError, IndexError):
+    if _DELTA_SECONDS.fullmatch(text):
+        digits = text.lstrip("0") or "0"
+        if len(digits) > _MAX_DELTA_DIGITS or int(digits) > MAX_RETRY_AFTER.total_seconds():
             return None
-        if parsed is None:
-            return None
-        at = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-        if at < now:
-            return None
-    if at - now > MAX_RETRY_AFTER:
+        return now + timedelta(seconds=int(digits))
+    try:
+        parsed = email.utils.parsedate_to_datetime(text)
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return None
+    if parsed is None:
+        return None
+    at = parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+    try:
+        ahead = at - now
+    except (TypeError, OverflowError):
+        return None
+    if ahead < timedelta(0) or ahead > MAX_RETRY_AFTER:
         return None
     return at
 
