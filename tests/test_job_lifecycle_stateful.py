@@ -1,8 +1,10 @@
 """A Hypothesis state machine over the job life cycle, with a fake clock.
 
 Steps: deliveries (enqueue and duplicate enqueue), leases by competing
-workers, lease expiry, batch commits, lost acknowledgements, 429s with
-Retry-After, timeouts, budget exhaustion, redrive and pause. After every step
+workers — of one job, or of several small partitions at once (a group lease
+worked in shared transactions) — lease expiry, batch commits, lost
+acknowledgements, 429s with Retry-After, timeouts, budget exhaustion, redrive
+and pause. After every step
 the invariants of docs/architecture.md ("Invariants") are checked against the database.
 """
 
@@ -20,8 +22,8 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.execution.batches import job_load, run_batch
-from cleanup_ops.execution.leases import job_lease, job_release
+from cleanup_ops.execution.batches import job_load, jobs_load, run_batch, run_group_batch
+from cleanup_ops.execution.leases import job_lease, job_release, jobs_lease_group, jobs_release
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, LedgerEntry
 from cleanup_ops.recovery.classification import DownstreamError, DownstreamTimeout, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
@@ -55,19 +57,21 @@ class JobLifecycle(RuleBasedStateMachine):
             legal_hold_place(
                 portfolio=portfolio, record_kind="lease", record_id=record_id, placed_by=self.reviewer, reason="h"
             )
+        # Two more small partitions, so group leases have company.
+        for name in ("C", "D"):
+            small = Property.objects.create(portfolio=portfolio, name=name)
+            small_ids = make_records(small, "lease", 2, ended=OLD)
+            self.eligible |= set(small_ids)
         self.initial = set(Lease.objects.values_list("id", flat=True))
         sweep_trigger(slot=utc("2026-08-21T02:00:00Z"))
         self.leases: dict[str, object] = {}
+        self.groups: dict[str, object] = {}
         self.paused = False
 
     def teardown(self) -> None:
         self.clock.stop()
         transaction.set_rollback(True)
         self.atomic.__exit__(None, None, None)
-
-    # --- helpers -----------------------------------------------------------
-    def open_job(self) -> CleanupJob | None:
-        return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).order_by("-id").first()
 
     # --- rules ---------------------------------------------------------------
     @rule(seconds=st.sampled_from([1, 5, 30, 61, 600, 3600]))
@@ -77,12 +81,13 @@ class JobLifecycle(RuleBasedStateMachine):
         self.clock = time_machine.travel(self.now, tick=False)
         self.clock.start()
 
-    @rule(worker=st.sampled_from(WORKERS))
-    def deliver(self, worker: str) -> None:
-        """An (early, duplicate or due) delivery of the open job to a worker."""
-        job = self.open_job()
-        if job is None:
+    @rule(worker=st.sampled_from(WORKERS), pick=st.integers(min_value=0, max_value=3))
+    def deliver(self, worker: str, pick: int) -> None:
+        """An (early, duplicate or due) delivery of an open job to a worker."""
+        jobs = list(CleanupJob.objects.open().order_by("-id"))
+        if not jobs:
             return
+        job = jobs[pick % len(jobs)]
         due_before = job.available_at
         lease = job_lease(job_id=job.pk, owner=worker)
         if lease is not None:
@@ -99,6 +104,44 @@ class JobLifecycle(RuleBasedStateMachine):
             run_batch(job=job_load(lease.job_id), lease=lease, limit=limit)
         except LeaseLost:
             self.leases.pop(worker)
+
+    @rule(worker=st.sampled_from(WORKERS), size=st.sampled_from([1, 2, 5]))
+    def lease_group(self, worker: str, size: int) -> None:
+        """A worker leases several due partitions at once under one token."""
+        if worker in self.groups:
+            return
+        group = jobs_lease_group(owner=worker, limit=size)
+        if group is None:
+            return
+        assert not self.paused, "group leased while paused"
+        for job in CleanupJob.objects.filter(pk__in=group.job_ids):
+            assert job.available_at <= self.now, "leased before available_at"
+        self.groups[worker] = group
+
+    @rule(worker=st.sampled_from(WORKERS), limit=st.sampled_from([1, 3, 5]))
+    def commit_group_batch(self, worker: str, limit: int) -> None:
+        group = self.groups.get(worker)
+        if group is None:
+            return
+        mine = list(
+            CleanupJob.objects.filter(pk__in=group.job_ids, state=JobState.LEASED, lease_token=group.lease.token)
+            .order_by("id")
+            .values_list("id", flat=True)
+        )
+        if not mine:
+            self.groups.pop(worker)
+            return
+        jobs = jobs_load(mine)
+        try:
+            run_group_batch(jobs=[jobs[i] for i in mine], lease=group.lease, limit=limit)
+        except LeaseLost:
+            self.groups.pop(worker)
+
+    @rule(worker=st.sampled_from(WORKERS))
+    def release_group(self, worker: str) -> None:
+        group = self.groups.pop(worker, None)
+        if group is not None:
+            jobs_release(lease=group.lease, job_ids=group.job_ids)
 
     @rule(worker=st.sampled_from(WORKERS))
     def acknowledge(self, worker: str) -> None:
@@ -157,16 +200,17 @@ class JobLifecycle(RuleBasedStateMachine):
         assert sum(n for _, n in entries) == gone
 
     @invariant()
-    def at_most_one_worker_holds_a_valid_lease(self) -> None:
+    def at_most_one_worker_holds_a_valid_lease_on_each_job(self) -> None:
         now = timezone.now()
-        valid = [
-            w
-            for w, lease in self.leases.items()
-            if CleanupJob.objects.filter(
-                pk=lease.job_id, state=JobState.LEASED, lease_token=lease.token, lease_expires_at__gt=now
-            ).exists()
-        ]
-        assert len(valid) <= 1
+        holders: dict[int, int] = {}
+        held_by = [(lease.token, [lease.job_id]) for lease in self.leases.values()]
+        held_by += [(group.lease.token, group.job_ids) for group in self.groups.values()]
+        for token, job_ids in held_by:
+            for job_id in CleanupJob.objects.filter(
+                pk__in=job_ids, state=JobState.LEASED, lease_token=token, lease_expires_at__gt=now
+            ).values_list("id", flat=True):
+                holders[job_id] = holders.get(job_id, 0) + 1
+        assert all(n <= 1 for n in holders.values())
 
     @invariant()
     def dead_jobs_hold_no_lease_and_are_never_dispatched(self) -> None:
