@@ -29,14 +29,41 @@ class Conflict(APIException):
     default_detail = "conflict"
 
 
+# Reads: the keys a view may use for its GET permission, in the order looked up.
+_READ_KEYS = ("get", "list", "retrieve")
+
+
 class RolePermission(BasePermission):
-    """Each view declares ``required_perms = {action: "app.codename"}``."""
+    """Each view declares ``required_perms = {action: "app.codename"}``.
+
+    ``HEAD`` and ``OPTIONS`` are reads: they need the same permission as
+    ``GET`` (a viewset's ``list``/``retrieve``, a plain view's ``get``), never
+    less. DRF routes a viewset's ``OPTIONS`` to its ``metadata`` action and a
+    plain view's ``HEAD`` to no action at all, so neither would find a key of
+    its own and both would otherwise pass unchecked. A view that declares no
+    read permission answers them only to a user holding one of its others.
+    """
 
     def has_permission(self, request: Request, view: Any) -> bool:
         if not (request.user and request.user.is_authenticated):
             return False
-        perm = getattr(view, "required_perms", {}).get(getattr(view, "action", None) or request.method.lower())
+        perms: dict[str, str] = getattr(view, "required_perms", {})
+        method = request.method.lower()
+        action = getattr(view, "action", None)
+        if method in ("head", "options") or action == "metadata":
+            required = [perms[key] for key in _read_keys(action) if key in perms]
+            if not required:
+                return not perms or any(request.user.has_perm(perm) for perm in perms.values())
+            return request.user.has_perm(required[0])
+        perm = perms.get(action or method)
         return perm is None or request.user.has_perm(perm)
+
+
+def _read_keys(action: str | None) -> tuple[str, ...]:
+    """A HEAD routed to ``retrieve`` needs retrieve's permission first."""
+    if action in _READ_KEYS:
+        return (action, *(key for key in _READ_KEYS if key != action))
+    return _READ_KEYS
 
 
 def call_service(fn: Any, **kwargs: Any) -> Any:

@@ -82,6 +82,19 @@ API_POSTS = {
     ("/api/v1/pause/", '{"reason": "short"}'): ok(OP, status=400),
 }
 
+# OPTIONS on the POST routes: the read permission of the viewset the route
+# belongs to; the pause routes have no read, so one of their own permissions.
+API_POST_OPTIONS = {
+    "/api/v1/sweeps/": ok(OP, AU),
+    "/api/v1/dead-letters/{letter}/redrive/": ok(OP, AU),
+    "/api/v1/dead-letters/{letter}/dismiss/": ok(OP, AU),
+    "/api/v1/policies/{policy}/versions/": ok(PM, CR, OP, AU),
+    "/api/v1/policy-versions/{version}/reject/": ok(PM, CR, OP, AU),
+    "/api/v1/legal-holds/": ok(PM, CR, OP, AU),
+    "/api/v1/legal-holds/{hold}/release/": ok(PM, CR, OP, AU),
+    "/api/v1/pause/": ok(OP),
+}
+
 CONSOLE_GETS = {
     "/console/": ok(OP, AU, anon=302),
     "/console/sweeps/{sweep}/": ok(OP, AU, anon=302),
@@ -118,9 +131,16 @@ def test_every_api_endpoint_answers_each_role_as_expected(world, role):
     seen = {}
     for path, expected in API_GETS.items():
         seen[("GET", path)] = (client.get(fill(path, world)).status_code, expected[role])
+        # HEAD and OPTIONS are reads: the same role check as GET, never less.
+        seen[("HEAD", path)] = (client.head(fill(path, world)).status_code, expected[role])
+        seen[("OPTIONS", path)] = (client.options(fill(path, world)).status_code, expected[role])
     for (path, body), expected in API_POSTS.items():
         response = client.post(fill(path, world), fill(body, world), content_type="application/json")
         seen[("POST", path)] = (response.status_code, expected[role])
+        # OPTIONS describes the route: it needs the route's read permission,
+        # or for a write-only action route, one of the view's own permissions.
+        response = client.options(fill(path, world))
+        seen[("OPTIONS", path)] = (response.status_code, API_POST_OPTIONS[path][role])
     wrong = {k: v for k, v in seen.items() if v[0] != v[1]}
     assert not wrong, f"{role}: (got, expected) {wrong}"
     # Nothing the matrix sent changed the world.
