@@ -202,19 +202,45 @@ def pause_toggle(request: HttpRequest) -> HttpResponse:
     return HttpResponseRedirect(reverse("console:overview"))
 
 
-def prometheus_metrics(request: HttpRequest) -> HttpResponse:
-    """``/metrics`` for Prometheus: a bearer token (``METRICS_TOKEN``) or an allowed client address."""
+# A request that carries any of these came through a proxy: its REMOTE_ADDR is
+# the proxy's (loopback when it runs on the same host), not the client's.
+FORWARDING_HEADERS = (
+    "HTTP_FORWARDED",
+    "HTTP_X_FORWARDED_FOR",
+    "HTTP_X_REAL_IP",
+    "HTTP_X_FORWARDED_HOST",
+    "HTTP_X_CLIENT_IP",
+    "HTTP_TRUE_CLIENT_IP",
+    "HTTP_CF_CONNECTING_IP",
+)
+
+
+def metrics_allowed(request: HttpRequest) -> bool:
+    """The bearer token, or a direct (unproxied) connection from ``METRICS_ALLOWED_IPS``.
+
+    Behind a reverse proxy on the same host every request arrives from
+    loopback, so an address is trusted only when no forwarding header is
+    present; a proxied scrape must send the token. Bytes are compared, so a
+    non-ASCII header is a mismatch rather than a ``TypeError``.
+    """
     import hmac
 
+    token = settings.METRICS_TOKEN
+    if token:
+        header = request.headers.get("Authorization", "")
+        if hmac.compare_digest(header.encode("utf-8", "surrogatepass"), f"Bearer {token}".encode()):
+            return True
+    if any(name in request.META for name in FORWARDING_HEADERS):
+        return False
+    return request.META.get("REMOTE_ADDR") in settings.METRICS_ALLOWED_IPS
+
+
+def prometheus_metrics(request: HttpRequest) -> HttpResponse:
+    """``/metrics`` for Prometheus: a bearer token (``METRICS_TOKEN``) or an allowed client address."""
     from prometheus_client import CollectorRegistry, Gauge, generate_latest
     from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
-    token = settings.METRICS_TOKEN
-    header = request.headers.get("Authorization", "")
-    allowed = (token and hmac.compare_digest(header, f"Bearer {token}")) or (
-        request.META.get("REMOTE_ADDR") in settings.METRICS_ALLOWED_IPS
-    )
-    if not allowed:
+    if not metrics_allowed(request):
         return HttpResponse("forbidden\n", status=403, content_type="text/plain")
     f = overview()
     registry = CollectorRegistry()

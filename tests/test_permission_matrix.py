@@ -174,3 +174,25 @@ def test_prometheus_metrics_need_an_allowed_address_or_the_token(world, settings
     assert response.status_code == 200
     assert b'retention_jobs{state="dead"} 1.0' in response.content
     assert b"retention_dead_letters_open 1.0" in response.content
+
+
+@pytest.mark.parametrize(
+    "header",
+    ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"],
+)
+def test_metrics_behind_a_proxy_on_the_same_host_need_the_token_even_from_loopback(world, settings, header):
+    settings.METRICS_TOKEN = "s3cret-metrics-token"
+    proxied = {"REMOTE_ADDR": "127.0.0.1", header: "203.0.113.9"}
+    assert Client().get("/metrics", **proxied).status_code == 403
+    assert Client().get("/metrics", **proxied, HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
+    response = Client().get("/metrics", **proxied, HTTP_AUTHORIZATION="Bearer s3cret-metrics-token")
+    assert response.status_code == 200
+    # Without a token configured, a proxied request has no way in at all.
+    settings.METRICS_TOKEN = ""
+    assert Client().get("/metrics", **proxied, HTTP_AUTHORIZATION="Bearer ").status_code == 403
+
+
+def test_a_non_ascii_authorization_header_on_metrics_is_a_403_not_a_500(world, settings):
+    settings.METRICS_TOKEN = "s3cret-metrics-token"
+    response = Client().get("/metrics", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer s3cr\u00e9t")
+    assert response.status_code == 403
