@@ -1,7 +1,9 @@
 """The property-records domain whose rows expire.
 
 Every record row carries both its property and its portfolio so that the
-eligibility predicate can match legal holds without a join, and each record
+eligibility predicate can match legal holds without a join (and tenant scoping
+can filter without one); on PostgreSQL a composite foreign key guarantees that
+the copy equals the property's portfolio (migration 0003). Each record
 table has an index on ``(property, retention timestamp, id)`` for the keyset
 scan a cleanup job runs per property.
 """
@@ -64,6 +66,13 @@ class Property(models.Model):
     class Meta:
         ordering = ["id"]
         verbose_name_plural = "properties"
+        constraints = [
+            # Redundant as a uniqueness rule (id is the key); it exists as the
+            # target of each record table's composite foreign key
+            # (property_id, portfolio_id), which makes the copied portfolio_id
+            # provably the property's own (migration 0003, PostgreSQL).
+            models.UniqueConstraint(fields=["id", "portfolio"], name="property_id_portfolio_unique"),
+        ]
 
     def __str__(self) -> str:
         return self.name
