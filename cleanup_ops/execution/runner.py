@@ -262,6 +262,7 @@ def group_run_slice(
 class TurnResult:
     slices: int = 0
     rows_deleted: int = 0
+    jobs_leased: int = 0  # for the cluster's heartbeat (cleanup_ops.health)
 
 
 def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
@@ -280,7 +281,9 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     kind = CleanupJob.objects.filter(pk=job_id).values_list("kind", flat=True).first()
     if kind == JobKind.PURGE:
         # Purges are bound by the store's latency: one at a time, alone.
-        turn.rows_deleted += job_run_slice(job_id=job_id, owner=owner).rows_deleted
+        purge = job_run_slice(job_id=job_id, owner=owner)
+        turn.rows_deleted += purge.rows_deleted
+        turn.jobs_leased += int(purge.leased)
         turn.slices += 1
         return turn
     # Delete jobs: the message is only a hint that work is due. Take due
@@ -296,6 +299,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
             break
         turn.slices += 1
         turn.rows_deleted += group.rows_deleted
+        turn.jobs_leased += group.leased
         batches_left -= max(1, group.transactions)
         if group.deferred_seconds and not group.transactions:
             break
