@@ -26,7 +26,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
-from cleanup_ops.proof import proof_csv, sweep_proof
+from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
     DeadLetterNotOpen,
@@ -204,13 +204,17 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return Response(body, status=status.HTTP_201_CREATED if result.created else status.HTTP_200_OK)
 
     @extend_schema(
-        parameters=[OpenApiParameter("export", str, enum=["json", "csv"], required=False)],
-        responses={200: OpenApiResponse(description="proof of disposition (JSON, or CSV with ?export=csv)")},
+        parameters=[OpenApiParameter("export", str, enum=list(PROOF_FORMATS), required=False)],
+        responses={
+            200: OpenApiResponse(description="proof of disposition (JSON, or CSV with ?export=csv)"),
+            400: OpenApiResponse(description="export is neither csv nor json"),
+        },
     )
     @action(detail=True, methods=["get"])
     def proof(self, request: Request, pk: str | None = None) -> Response | HttpResponse:
+        export = choice_param(request, "export", list(PROOF_FORMATS)) or "json"
         proof = sweep_proof(sweep=self.get_object())
-        if request.query_params.get("export") == "csv":
+        if export == "csv":
             response = HttpResponse(proof_csv(proof), content_type="text/csv")
             response["Content-Disposition"] = f'attachment; filename="proof-{proof["sweep_id"]}.csv"'
             return response

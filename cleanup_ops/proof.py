@@ -16,6 +16,9 @@ from typing import Any
 
 from cleanup_ops.models import CleanupJob, LedgerEntry, Sweep
 
+# The export formats, checked before a format reaches a file name or a header.
+PROOF_FORMATS = ("json", "csv")
+
 CSV_FIELDS = [
     "job_id",
     "job_key",

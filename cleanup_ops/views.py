@@ -22,7 +22,7 @@ from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
 
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
-from cleanup_ops.proof import proof_csv, sweep_proof
+from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
     MIN_REASON_LENGTH,
@@ -99,6 +99,9 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpResponse:
+    if fmt not in PROOF_FORMATS:
+        # Checked first: the format ends up in the Content-Disposition header.
+        return HttpResponse("format must be csv or json\n", status=400, content_type="text/plain")
     proof = sweep_proof(sweep=get_object_or_404(Sweep, pk=sweep_id))
     if fmt == "csv":
         response = HttpResponse(proof_csv(proof), content_type="text/csv")

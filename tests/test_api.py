@@ -102,6 +102,13 @@ class TestReads:
         csv = client_for(operator_user).get(f"/api/v1/sweeps/{sweep.pk}/proof/?export=csv")
         assert csv["Content-Type"] == "text/csv" and job_digest in csv.content.decode()
 
+    @pytest.mark.parametrize("export", ["xml", "csv\r\nSet-Cookie: x=1", "CSV", "json;csv"])
+    def test_a_proof_export_in_another_format_is_a_400_naming_the_parameter(self, estate, operator_user, export):
+        sweep = sweep_trigger().sweep
+        response = client_for(operator_user).get(f"/api/v1/sweeps/{sweep.pk}/proof/", {"export": export})
+        assert response.status_code == 400 and "export" in response.json()
+        assert "Content-Disposition" not in response
+
     def test_jobs_filter_by_sweep_state_and_portfolio_and_reject_bad_filters(self, estate, operator_user, portfolio):
         sweep = sweep_trigger().sweep
         api = client_for(operator_user)

@@ -131,6 +131,15 @@ def test_the_proof_exports_as_csv_and_json(letters, operator_user):
     assert body["jobs"] == 2 and len(body["digest"]) == 64
 
 
+@pytest.mark.parametrize("fmt", ["xml", "csv%22%0d%0aSet-Cookie:x=1", "CSV", "json "])
+def test_a_proof_export_in_another_format_is_a_400_before_any_header(letters, operator_user, fmt):
+    client = Client()
+    client.force_login(operator_user)
+    response = client.get(f"/console/sweeps/{letters[0].sweep_id}/proof.{fmt}")
+    assert response.status_code == 400 and b"csv or json" in response.content
+    assert "Content-Disposition" not in response and "Set-Cookie" not in response
+
+
 def test_pause_and_resume_from_the_console_need_a_reason_and_are_audited(operator_user):
     client = Client()
     client.force_login(operator_user)
