@@ -34,7 +34,8 @@ from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
-from cleanup_ops.models import CleanupJob, PipelinePause
+from cleanup_ops.brokers import not_before
+from cleanup_ops.models import CleanupJob, JobState, PipelinePause, not_waiting_in_broker_q
 
 
 def dispatch_window() -> int:
@@ -54,7 +55,18 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
     if None in paused:
         return []
     cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
-    busy = dict(CleanupJob.objects.live_leases(now=now).values_list("portfolio_id").annotate(n=Count("id")).order_by())
+    busy = CleanupJob.objects.lease_holders_by_portfolio(now=now)
+    if exclude_enqueued:
+        # Messages already sent for a portfolio that no worker has leased yet
+        # take its slots too, or a burst of sends would overshoot its cap.
+        for portfolio_id, n in (
+            CleanupJob.objects.filter(state=JobState.PENDING)
+            .exclude(not_waiting_in_broker_q(now=now))
+            .values_list("portfolio_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            busy[portfolio_id] = busy.get(portfolio_id, 0) + n
     full = {portfolio for portfolio, n in busy.items() if n >= cap}
     qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=paused | full)
     if exclude_enqueued:
@@ -104,13 +116,24 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
     return len(claimed)
 
 
+def hint_due_at(*, job_ids: list[int], at: datetime) -> None:
+    """After commit, tell the broker these jobs become due at ``at`` (retries,
+    deferrals): an idle cluster then leases them within a poll of ``at``.
+    Marked enqueued until then, so the dispatcher does not send them twice."""
+    if settings.Q_CLUSTER.get("sync") or not job_ids:
+        return
+    CleanupJob.objects.filter(pk__in=job_ids).update(enqueued_at=at)
+    transaction.on_commit(lambda: _send(list(job_ids), at=at))
+
+
 def dispatch_after_commit() -> None:
     """Wake the dispatcher once the current transaction commits (new due work)."""
     transaction.on_commit(dispatch_due_jobs)
 
 
-def _send(job_ids: list[int]) -> None:
+def _send(job_ids: list[int], *, at: datetime | None = None) -> None:
     # The broker keeps no order of its own, but with a short window the order
     # we send in is roughly the order workers see.
-    for job_id in job_ids:
-        async_task("cleanup_ops.tasks.run_job", job_id, task_name=f"cleanup-job-{job_id}", group="cleanup")
+    with not_before(at or timezone.now()):
+        for job_id in job_ids:
+            async_task("cleanup_ops.tasks.run_job", job_id, task_name=f"cleanup-job-{job_id}", group="cleanup")

@@ -161,7 +161,11 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
         return dict(
             self.live_leases(now=now)
             .values_list("portfolio_id")
-            .annotate(n=models.Count("lease_token", distinct=True))
+            # A leased row without a token (never written by a lease, but
+            # possible in data) counts as a holder of its own.
+            .annotate(
+                n=models.Count("lease_token", distinct=True) + models.Count("id", filter=Q(lease_token__isnull=True))
+            )
             .order_by()
         )
 

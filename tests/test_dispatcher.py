@@ -69,8 +69,11 @@ def test_jobs_not_yet_due_or_finished_or_validly_leased_are_not_picked(make_jobs
 
 @pytest.mark.django_db(transaction=True)
 def test_the_dispatcher_fills_the_broker_window_only_and_does_not_resend_waiting_messages(
-    make_jobs, broker, time_machine
+    make_jobs, broker, time_machine, settings
 ):
+    # Caps out of the way: this is about the window (sent-but-unleased jobs
+    # also take a portfolio's slots; see the test below).
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 10
     time_machine.move_to(NOW, tick=False)
     make_jobs(1, 5)
     make_jobs(2, 5)
@@ -84,6 +87,17 @@ def test_the_dispatcher_fills_the_broker_window_only_and_does_not_resend_waiting
     later = NOW + timedelta(seconds=61)
     time_machine.move_to(later, tick=False)
     assert dispatch_due_jobs(now=later) == 4  # lost messages are re-sent after the redelivery window
+
+
+@pytest.mark.django_db(transaction=True)
+def test_jobs_sent_but_not_yet_leased_take_their_portfolios_slots(make_jobs, broker, settings):
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 2
+    settings.CLEANUP_DISPATCH_WINDOW = 10
+    make_jobs(1, 5)
+    assert dispatch_due_jobs(now=NOW) == 2  # the portfolio's two slots
+    OrmQ.objects.all().delete()  # fetched, not leased yet (or lost)
+    assert fair_due_job_ids(now=NOW, limit=10) == []  # no third message for the portfolio
+    assert len(fair_due_job_ids(now=NOW + timedelta(seconds=61), limit=10)) == 2  # lost ones count no more
 
 
 @pytest.mark.django_db(transaction=True)

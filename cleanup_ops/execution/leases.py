@@ -40,6 +40,7 @@ from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from cleanup_ops import sql
+from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
 from cleanup_ops.ratelimit import BucketConfig, global_buckets, portfolio_buckets, tokens_acquire
 from cleanup_ops.recovery.classification import LeaseLost
@@ -182,26 +183,27 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
 
 
 def jobs_release(*, lease: Lease, job_ids: list[int], available_at: datetime | None = None) -> int:
-    """Give back those of ``job_ids`` still held by ``lease`` (pending, cursors kept)."""
-    return CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token).update(
-        state=JobState.PENDING,
-        lease_token=None,
-        lease_owner="",
-        lease_expires_at=None,
-        available_at=available_at or timezone.now(),
-    )
+    """Give back those of ``job_ids`` still held by ``lease`` (pending, cursors kept).
+
+    A release for later (a rate-limit deferral) also tells the broker when
+    the jobs become due, so an idle cluster takes them up then.
+    """
+    with transaction.atomic():
+        released = CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token).update(
+            state=JobState.PENDING,
+            lease_token=None,
+            lease_owner="",
+            lease_expires_at=None,
+            available_at=available_at or timezone.now(),
+        )
+        if available_at is not None and released:
+            hint_due_at(job_ids=job_ids, at=available_at)
+    return released
 
 
 def job_release(*, lease: Lease, available_at: datetime | None = None) -> bool:
     """Give the job back (pending, cursor kept). False if the lease was lost."""
-    released = CleanupJob.objects.filter(pk=lease.job_id, state=JobState.LEASED, lease_token=lease.token).update(
-        state=JobState.PENDING,
-        lease_token=None,
-        lease_owner="",
-        lease_expires_at=None,
-        available_at=available_at or timezone.now(),
-    )
-    return released == 1
+    return jobs_release(lease=lease, job_ids=[lease.job_id], available_at=available_at) == 1
 
 
 def lock_job(cur: Any, *, job_id: int, lease: Lease, now: datetime) -> int:

@@ -19,6 +19,7 @@ from django.conf import settings
 from django.db import transaction
 from django.utils import timezone
 
+from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.execution.leases import Lease
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, scope_of
 from cleanup_ops.recovery.classification import (
@@ -61,6 +62,7 @@ def job_fail(*, lease: Lease, classification: Classification, now: datetime | No
                 category = FailureCategory.AGE_BUDGET_EXHAUSTED
             else:
                 job.mark_retry(at=due)
+                hint_due_at(job_ids=[job.pk], at=due)
                 return False
         job.mark_dead()
         DeadLetter.objects.create(
