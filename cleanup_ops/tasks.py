@@ -3,16 +3,21 @@
 from __future__ import annotations
 
 from cleanup_ops.dispatch import dispatch_due_jobs
-from cleanup_ops.execution.runner import worker_turn
+from cleanup_ops.execution.runner import stop_on_sigterm, worker_turn
+from cleanup_ops.health import heartbeat_record_turn
 
 
 def run_job(job_id: int) -> dict[str, object]:
+    stop_on_sigterm()
     turn = worker_turn(job_id=job_id)
     # Wake the dispatcher so a busy pipeline refills the window now rather
     # than at the scheduler's next tick.
     dispatch_due_jobs()
+    heartbeat_record_turn(jobs_leased=turn.jobs_leased, rows_deleted=turn.rows_deleted)
     return {"job_id": job_id, "slices": turn.slices, "rows_deleted": turn.rows_deleted}
 
 
 def dispatch() -> int:
-    return dispatch_due_jobs()
+    sent = dispatch_due_jobs()
+    heartbeat_record_turn()
+    return sent

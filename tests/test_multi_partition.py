@@ -304,3 +304,42 @@ class TestGroupSlices:
         a_jobs = CleanupJob.objects.filter(portfolio_id=props["A"].portfolio_id)
         assert all(j.state == JobState.PENDING and j.available_at > NOW + timedelta(seconds=1) for j in a_jobs)
         assert all(j.attempt == 0 for j in a_jobs)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_after_sigterm_a_worker_finishes_the_batch_in_flight_and_takes_no_new_lease(
+    active_policy, monkeypatch, settings
+):
+    import os
+    import signal
+
+    from cleanup_ops.execution import runner
+
+    settings.CLEANUP_BATCH_SIZE = 2  # one batch cannot finish either partition
+    props = estate(active_policy, ["A", "B"], rows=3)
+    sweep_trigger(slot=SLOT, now=NOW)
+    previous = signal.getsignal(signal.SIGTERM)
+    real = runner.run_group_batch
+
+    def batch_then_sigterm(**kwargs):  # type: ignore[no-untyped-def]
+        steps = real(**kwargs)
+        os.kill(os.getpid(), signal.SIGTERM)  # arrives while this turn is working
+        return steps
+
+    monkeypatch.setattr(runner, "run_group_batch", batch_then_sigterm)
+    try:
+        runner.stop_on_sigterm()
+        turn = runner.worker_turn(job_id=job_of(props["A"]).pk)
+        assert runner.stop_requested()
+        # The batch in flight committed whole; the rest went back, nothing is left leased.
+        assert turn.slices == 1
+        assert [(e.property_id, e.rows_deleted) for e in LedgerEntry.objects.all()] == [(props["A"].pk, 2)]
+        assert CleanupJob.objects.filter(state=JobState.LEASED).count() == 0
+        assert CleanupJob.objects.filter(state=JobState.PENDING).count() == 2
+        # Due work remains, but a stopping worker takes no new lease.
+        assert runner.group_run_slice(owner="w").leased == 0
+        assert runner.job_run_slice(job_id=job_of(props["B"]).pk).leased is False
+    finally:
+        runner._stopping.clear()
+        signal.signal(signal.SIGTERM, previous)

@@ -19,6 +19,8 @@ The **drain** (``cleanup_drain``) runs due jobs in this process until none is.
 from __future__ import annotations
 
 import logging
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -44,6 +46,31 @@ from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, clas
 from cleanup_ops.recovery.failures import job_fail
 
 logger = logging.getLogger(__name__)
+
+# Set by SIGTERM in a worker process: take no new lease, finish the batch in
+# flight, give the rest back. (django-q2 stops a cluster by letting each
+# worker finish its current task; a SIGTERM that reaches a worker directly —
+# a whole-group stop, a container runtime — must not cut a batch short
+# either, and must not start another.)
+_stopping = threading.Event()
+
+
+def stop_on_sigterm() -> None:
+    """Install the SIGTERM handler in this (worker) process, once."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if getattr(signal.getsignal(signal.SIGTERM), "cleanup_stop", False):
+        return
+
+    def request_stop(signum: int, frame: object) -> None:
+        _stopping.set()
+
+    request_stop.cleanup_stop = True  # type: ignore[attr-defined]
+    signal.signal(signal.SIGTERM, request_stop)
+
+
+def stop_requested() -> bool:
+    return _stopping.is_set()
 
 
 @dataclass
@@ -79,6 +106,8 @@ def job_run_slice(
     batch: the place a downstream call (or a test's failing executor) sits.
     """
     result = SliceResult(job_id=job_id)
+    if stop_requested():
+        return result
     lease = job_lease(job_id=job_id, owner=owner or worker_name())
     if lease is None:
         return result
@@ -125,7 +154,7 @@ def job_run_slice(
                 if outcome:
                     result.outcome = outcome
                     break
-                if result.batches >= max_batches or time.monotonic() - started >= max_seconds:
+                if result.batches >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
                     job_release(lease=lease)
                     break
     except Exception as exc:
@@ -200,6 +229,8 @@ def group_run_slice(
     """
     owner = owner or worker_name()
     result = GroupSliceResult()
+    if stop_requested():
+        return result
     group = jobs_lease_group(owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS)
     if group is None:
         return result
@@ -249,7 +280,7 @@ def group_run_slice(
                 result.finished += 1
                 sweeps.add(jobs[job_id].sweep_id)
         pending = [job_id for job_id in pending if not steps[job_id].outcome and not steps[job_id].lost]
-        if result.transactions >= max_batches or time.monotonic() - started >= max_seconds:
+        if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
             break
     if pending:
         jobs_release(lease=lease, job_ids=pending)
@@ -289,9 +320,9 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     # Delete jobs: the message is only a hint that work is due. Take due
     # partitions in groups (the delivered one among them when it is due)
     # until one slice's budget of transactions or seconds is spent, so a
-    # stopping cluster waits for at most that much (SIGTERM finishes the
-    # batch in flight and the turn it belongs to, never more).
-    while batches_left > 0 and time.monotonic() < deadline:
+    # stopping cluster waits for at most that much; a SIGTERM that reaches
+    # this process ends the turn after the batch in flight.
+    while batches_left > 0 and time.monotonic() < deadline and not stop_requested():
         group = group_run_slice(
             owner=owner, max_batches=batches_left, max_seconds=max(0.1, deadline - time.monotonic())
         )
