@@ -289,8 +289,21 @@ if Q_RETRY <= _q_retry_floor:
         f"Q_RETRY: must exceed Q_TIMEOUT x 2 = {_q_retry_floor} s so a message is never "
         f"redelivered while its first run may still be going; got {Q_RETRY}"
     )
+# One queue for every cluster: "name" is django-q2's queue (and signing salt),
+# so all clusters share it and any of them takes any message. A cluster's own
+# identity, for its heartbeat and `cleanup_health --liveness`, is
+# CLEANUP_CLUSTER_NAME on its host. django-q2's Q_CLUSTER_NAME would instead
+# move the cluster to a queue of its own that the dispatcher never fills.
+if env.str("Q_CLUSTER_NAME", default="") not in {"", "retention"}:
+    raise ImproperlyConfigured(
+        "Q_CLUSTER_NAME: selects a separate django-q2 queue that nothing dispatches to; "
+        "name a cluster with CLEANUP_CLUSTER_NAME instead"
+    )
 Q_CLUSTER = {
     "name": "retention",
+    # Cluster status (qinfo, qmonitor, Stat) goes through a cache every
+    # cluster and every command shares: the database cache below.
+    "cache": "django_q",
     "orm": "default",
     "workers": Q_WORKERS,
     "queue_limit": Q_WORKERS,
@@ -304,6 +317,32 @@ Q_CLUSTER = {
     "poll": 0.2,
     "sync": env_bool("Q_SYNC", False),
 }
+
+# The local memory cache for the application (per process; nothing in it must
+# be shared), and a database cache for django-q2's cluster status, created by
+# `manage.py createcachetable` after `migrate`.
+CACHES = {
+    "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+    "django_q": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "django_q_cache"},
+}
+
+# --- Worker health (cleanup_health) ---------------------------------------------
+# A cluster is named on its host; two clusters on one host need two names.
+CLEANUP_CLUSTER_NAME = env.str("CLEANUP_CLUSTER_NAME", default="default").strip()
+if not CLEANUP_CLUSTER_NAME or len(CLEANUP_CLUSTER_NAME) > 100:
+    raise ImproperlyConfigured(f"CLEANUP_CLUSTER_NAME: expected 1 to 100 characters, got {CLEANUP_CLUSTER_NAME!r}")
+# A worker writes its cluster's heartbeat at most this often (one UPSERT).
+CLEANUP_HEARTBEAT_SECONDS = env_float("CLEANUP_HEARTBEAT_SECONDS", 5.0, minimum=0.0)
+# `cleanup_health --liveness` fails when due work the cluster could take has
+# waited this long and the cluster made no progress for this long.
+CLEANUP_LIVENESS_STALE_SECONDS = env_int("CLEANUP_LIVENESS_STALE_SECONDS", 120, minimum=5)
+if CLEANUP_LIVENESS_STALE_SECONDS <= CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_SECONDS:
+    # A busy, healthy cluster reports progress at least once per turn plus
+    # the heartbeat interval; anything shorter would restart healthy clusters.
+    raise ImproperlyConfigured(
+        "CLEANUP_LIVENESS_STALE_SECONDS: must exceed CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_SECONDS "
+        f"({CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_SECONDS:g}), got {CLEANUP_LIVENESS_STALE_SECONDS}"
+    )
 
 LOG_FORMAT = env.str("LOG_FORMAT", default="json")
 if LOG_FORMAT not in {"json", "text"}:

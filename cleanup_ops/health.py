@@ -1,0 +1,260 @@
+"""Worker-cluster heartbeats and the health checks built on them (``cleanup_health``).
+
+A worker killed from outside while it holds one of django-q2's shared
+``multiprocessing`` queue locks can wedge its whole cluster: every process
+stays alive and django-q2's own status still says WORKING, but no worker ever
+gets another task. What tells such a cluster apart from an idle one is whether
+it has work it could take and takes none, so the workers themselves record:
+
+* **on spawn** (django-q2's ``post_spawn`` signal, in each new worker):
+  the cluster's sentinel pid. A new pid is a new run of the cluster, which
+  restarts ``started_at`` and the counters; a spawning worker also wakes the
+  dispatcher, so a restarted cluster gets messages at once rather than at the
+  scheduler's next tick;
+* **after each task** (``tasks.run_job`` and ``tasks.dispatch``):
+  ``last_progress_at``, the turns, jobs leased and rows deleted — at most one
+  UPSERT per ``CLEANUP_HEARTBEAT_SECONDS`` per worker process, never one per
+  batch; what a throttled turn counted is carried into the next write.
+
+``cluster_liveness`` fails when due work the cluster could take (due, not
+paused, its portfolio under the lease cap: the dispatcher's own choice,
+``fair_due_job_ids``) has waited ``stale_seconds`` and the cluster made no
+progress for as long, counting from its last progress or its start,
+whichever is later. ``health_readiness`` checks that the database answers,
+every migration is applied and the cache tables exist.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.migrations.executor import MigrationExecutor
+from django.utils import timezone
+
+from cleanup_ops.dispatch import dispatch_due_jobs, fair_due_job_ids
+from cleanup_ops.models import CleanupJob, WorkerHeartbeat
+
+logger = logging.getLogger(__name__)
+
+_TABLE = WorkerHeartbeat._meta.db_table
+# One statement for both writes. A row whose pid is another sentinel's belongs
+# to an earlier run of the cluster: start it afresh. (PostgreSQL and SQLite
+# both evaluate SET expressions against the row as it was.)
+_UPSERT = f"""
+INSERT INTO {_TABLE} AS hb
+    (host, cluster, pid, started_at, last_progress_at, turns, jobs_leased, rows_deleted, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+ON CONFLICT (host, cluster) DO UPDATE SET
+    started_at = CASE WHEN hb.pid = excluded.pid THEN hb.started_at ELSE excluded.started_at END,
+    last_progress_at = CASE
+        WHEN excluded.last_progress_at IS NOT NULL THEN excluded.last_progress_at
+        WHEN hb.pid = excluded.pid THEN hb.last_progress_at
+    END,
+    turns = excluded.turns + CASE WHEN hb.pid = excluded.pid THEN hb.turns ELSE 0 END,
+    jobs_leased = excluded.jobs_leased + CASE WHEN hb.pid = excluded.pid THEN hb.jobs_leased ELSE 0 END,
+    rows_deleted = excluded.rows_deleted + CASE WHEN hb.pid = excluded.pid THEN hb.rows_deleted ELSE 0 END,
+    pid = excluded.pid,
+    updated_at = excluded.updated_at
+"""
+
+
+def cluster_identity() -> tuple[str, str]:
+    """(host, cluster name) of the cluster this process belongs to, or checks."""
+    return socket.gethostname(), settings.CLEANUP_CLUSTER_NAME
+
+
+@dataclass
+class _Unwritten:
+    """What this worker process counted since its last heartbeat write."""
+
+    turns: int = 0
+    jobs_leased: int = 0
+    rows_deleted: int = 0
+    progress_at: datetime | None = None
+    written_at: float = -math.inf  # time.monotonic() of the last write
+
+    def mark_written(self, *, clock: float) -> None:
+        self.turns = self.jobs_leased = self.rows_deleted = 0
+        self.progress_at = None
+        self.written_at = clock
+
+
+_unwritten = _Unwritten()
+
+
+def _write(*, now: datetime, progress_at: datetime | None, turns: int, jobs_leased: int, rows_deleted: int) -> None:
+    host, cluster = cluster_identity()
+    # In a worker the parent is the cluster's sentinel: one pid per run of the cluster.
+    params = [host, cluster, os.getppid(), now, progress_at, turns, jobs_leased, rows_deleted, now]
+    ops = connection.ops
+    params = [ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p for p in params]
+    with connection.cursor() as cursor:
+        cursor.execute(_UPSERT, params)
+
+
+def heartbeat_record_turn(*, jobs_leased: int = 0, rows_deleted: int = 0, now: datetime | None = None) -> bool:
+    """A worker finished a task: count it, and write the heartbeat unless this
+    process wrote one less than ``CLEANUP_HEARTBEAT_SECONDS`` ago.
+
+    Returns whether it wrote. Never raises: a heartbeat that cannot be written
+    (the database is restarting) is carried into the next one.
+    """
+    if settings.Q_CLUSTER.get("sync"):
+        return False  # tasks run inline in some other process: there is no cluster
+    now = now or timezone.now()
+    pending = _unwritten
+    pending.turns += 1
+    pending.jobs_leased += jobs_leased
+    pending.rows_deleted += rows_deleted
+    pending.progress_at = now
+    clock = time.monotonic()
+    if clock - pending.written_at < settings.CLEANUP_HEARTBEAT_SECONDS:
+        return False
+    try:
+        _write(
+            now=now,
+            progress_at=pending.progress_at,
+            turns=pending.turns,
+            jobs_leased=pending.jobs_leased,
+            rows_deleted=pending.rows_deleted,
+        )
+    except DatabaseError as exc:
+        logger.warning("cluster heartbeat not written: %s", type(exc).__name__)
+        return False
+    pending.mark_written(clock=clock)
+    return True
+
+
+def heartbeat_on_spawn(**kwargs: Any) -> None:
+    """django-q2 ``post_spawn`` receiver, in every new worker process.
+
+    Registers the cluster's run (its sentinel pid) and wakes the dispatcher.
+    Never raises: an exception here would kill the worker before its first
+    task, and the sentinel would spawn it again and again.
+    """
+    if settings.Q_CLUSTER.get("sync"):
+        return
+    try:
+        _write(now=timezone.now(), progress_at=None, turns=0, jobs_leased=0, rows_deleted=0)
+        dispatch_due_jobs()
+    except Exception as exc:
+        logger.warning("worker start: heartbeat or dispatch failed: %s", type(exc).__name__)
+
+
+# --- Checks ----------------------------------------------------------------------
+
+
+@dataclass
+class HealthReport:
+    check: str
+    ok: bool
+    detail: str
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"check": self.check, "ok": self.ok, "detail": self.detail, **self.data}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None
+
+
+def heartbeat_as_dict(heartbeat: WorkerHeartbeat | None, *, now: datetime) -> dict[str, Any] | None:
+    if heartbeat is None:
+        return None
+    return {
+        "host": heartbeat.host,
+        "cluster": heartbeat.cluster,
+        "pid": heartbeat.pid,
+        "started_at": _iso(heartbeat.started_at),
+        "last_progress_at": _iso(heartbeat.last_progress_at),
+        "seconds_since_progress": (
+            round((now - heartbeat.last_progress_at).total_seconds(), 1) if heartbeat.last_progress_at else None
+        ),
+        "turns": heartbeat.turns,
+        "jobs_leased": heartbeat.jobs_leased,
+        "rows_deleted": heartbeat.rows_deleted,
+    }
+
+
+def cluster_liveness(
+    *, host: str, cluster: str, stale_seconds: float | None = None, now: datetime | None = None
+) -> HealthReport:
+    """Is the cluster ``cluster`` on ``host`` wedged? (See the module docstring.)
+
+    Not judged (ok) while the database is unreachable: restarting workers
+    does not bring a database back, and readiness reports that.
+    """
+    now = now or timezone.now()
+    stale = float(stale_seconds if stale_seconds is not None else settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    data: dict[str, Any] = {"host": host, "cluster": cluster, "stale_seconds": stale}
+    try:
+        heartbeat = WorkerHeartbeat.objects.filter(host=host, cluster=cluster).first()
+        takeable = fair_due_job_ids(now=now, limit=1, exclude_enqueued=False)
+        # The fair order starts with every portfolio's oldest due job, oldest first.
+        due_since = (
+            CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first()
+            if takeable
+            else None
+        )
+    except DatabaseError as exc:
+        return HealthReport("liveness", True, f"not judged: the database is unreachable ({type(exc).__name__})", data)
+    data["heartbeat"] = heartbeat_as_dict(heartbeat, now=now)
+    waited = (now - due_since).total_seconds() if due_since else None
+    data["due_work_waiting_seconds"] = round(waited, 1) if waited is not None else None
+    if waited is None:
+        return HealthReport("liveness", True, "idle: no due work it could take", data)
+    if waited < stale:
+        return HealthReport("liveness", True, f"due work has waited {waited:.0f} s (< {stale:g} s)", data)
+    if heartbeat is None:
+        return HealthReport(
+            "liveness", False, f"wedged: due work has waited {waited:.0f} s and this cluster never reported", data
+        )
+    reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
+    quiet = (now - reference).total_seconds()
+    data["seconds_without_progress"] = round(quiet, 1)
+    if quiet < stale:
+        return HealthReport("liveness", True, f"progress {quiet:.0f} s ago", data)
+    return HealthReport(
+        "liveness",
+        False,
+        f"wedged: due work has waited {waited:.0f} s and the cluster made no progress for {quiet:.0f} s",
+        data,
+    )
+
+
+def health_readiness() -> HealthReport:
+    """The database answers, every migration is applied, the cache tables exist."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+        executor = MigrationExecutor(connection)
+        unapplied = [
+            f"{migration.app_label}.{migration.name}"
+            for migration, _backwards in executor.migration_plan(executor.loader.graph.leaf_nodes())
+        ]
+        tables = set(connection.introspection.table_names())
+    except DatabaseError as exc:
+        return HealthReport("readiness", False, f"database unreachable ({type(exc).__name__})", {})
+    missing_caches = [
+        config["LOCATION"]
+        for config in settings.CACHES.values()
+        if config["BACKEND"].endswith("DatabaseCache") and config["LOCATION"] not in tables
+    ]
+    data = {"unapplied_migrations": unapplied, "missing_cache_tables": missing_caches}
+    if unapplied:
+        return HealthReport("readiness", False, f"{len(unapplied)} migrations not applied (run migrate)", data)
+    if missing_caches:
+        return HealthReport(
+            "readiness", False, f"cache tables missing: {', '.join(missing_caches)} (run createcachetable)", data
+        )
+    return HealthReport("readiness", True, "database reachable, migrations applied", data)
