@@ -20,6 +20,7 @@ demo: venv
 	rm -f var/db.sqlite3 var/db.sqlite3-wal var/db.sqlite3-shm
 	rm -f var/docstore.sqlite3 var/docstore.sqlite3-wal var/docstore.sqlite3-shm var/docstore.log
 	DEBUG=true $(PY) manage.py migrate --noinput -v 0
+	DEBUG=true $(PY) manage.py createcachetable
 	DEBUG=true $(PY) manage.py seed_demo $(DEMO_ARGS)
 	@set -e; \
 	$(PY) -m docstore --port 0 --db var/docstore.sqlite3 --rate 400 --burst 100 > var/docstore.log 2>&1 & store=$$!; \
