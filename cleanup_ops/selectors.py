@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.core.cache import cache
 from django.db.models import Count, Min, Q, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
@@ -364,8 +365,6 @@ DEBT_CACHE_SECONDS = 60
 def retention_debt_cached(*, now: datetime) -> list[dict[str, Any]]:
     """``retention_debt`` at most once a minute per process: it reads every
     overdue record, and debt moves on the scale of sweeps, not seconds."""
-    from django.core.cache import cache
-
     return cache.get_or_set("cleanup_ops:retention_debt", lambda: retention_debt(now=now), DEBT_CACHE_SECONDS)
 
 

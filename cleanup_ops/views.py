@@ -8,6 +8,7 @@ confirmation step before anything changes.
 
 from __future__ import annotations
 
+import hmac
 from typing import Any
 
 from django.conf import settings
@@ -20,6 +21,8 @@ from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, JsonRes
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.views.decorators.http import require_http_methods, require_POST
+from prometheus_client import CollectorRegistry, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
@@ -226,8 +229,6 @@ def metrics_allowed(request: HttpRequest) -> bool:
     present; a proxied scrape must send the token. Bytes are compared, so a
     non-ASCII header is a mismatch rather than a ``TypeError``.
     """
-    import hmac
-
     token = settings.METRICS_TOKEN
     if token:
         header = request.headers.get("Authorization", "")
@@ -240,9 +241,6 @@ def metrics_allowed(request: HttpRequest) -> bool:
 
 def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     """``/metrics`` for Prometheus: a bearer token (``METRICS_TOKEN``) or an allowed client address."""
-    from prometheus_client import CollectorRegistry, Gauge, generate_latest
-    from prometheus_client.exposition import CONTENT_TYPE_LATEST
-
     if not metrics_allowed(request):
         return HttpResponse("forbidden\n", status=403, content_type="text/plain")
     f = overview()
