@@ -279,6 +279,13 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
             letter_filter = dead_letter_filter_parse(self.request.query_params, strict=True)
         return qs.filter(letter_filter.q(now=timezone.now()))
 
+    def _decide(self, request: Request, service: Any) -> Any:
+        """Redrive and dismiss alike: the letter (404 if not visible), a reason, the service."""
+        letter = self.get_object()
+        data = ReasonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        return call_service(service, letter_id=letter.pk, actor=request.user, reason=data.validated_data["reason"])
+
     @extend_schema(
         request=ReasonSerializer,
         responses={
@@ -289,12 +296,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
     )
     @action(detail=True, methods=["post"])
     def redrive(self, request: Request, pk: str | None = None) -> Response:
-        letter = self.get_object()
-        data = ReasonSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        job = call_service(
-            dead_letter_redrive, letter_id=letter.pk, actor=request.user, reason=data.validated_data["reason"]
-        )
+        job = self._decide(request, dead_letter_redrive)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
     @extend_schema(
@@ -307,13 +309,7 @@ class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
     )
     @action(detail=True, methods=["post"])
     def dismiss(self, request: Request, pk: str | None = None) -> Response:
-        letter = self.get_object()
-        data = ReasonSerializer(data=request.data)
-        data.is_valid(raise_exception=True)
-        letter = call_service(
-            dead_letter_dismiss, letter_id=letter.pk, actor=request.user, reason=data.validated_data["reason"]
-        )
-        return Response(DeadLetterSerializer(letter).data)
+        return Response(DeadLetterSerializer(self._decide(request, dead_letter_dismiss)).data)
 
 
 class MetricsView(APIView):

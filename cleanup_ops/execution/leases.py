@@ -62,6 +62,19 @@ def token_param(token: uuid.UUID) -> object:
     return CleanupJob._meta.get_field("lease_token").get_db_prep_value(token, connection)
 
 
+def _leased(*, token: uuid.UUID, owner: str, now: datetime) -> dict[str, Any]:
+    """The fields a lease writes (one job or a group)."""
+    return {
+        "state": JobState.LEASED,
+        "lease_token": token,
+        "lease_owner": owner[:100],
+        "lease_expires_at": now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
+        "leases": F("leases") + 1,
+        "enqueued_at": None,
+        "first_leased_at": Coalesce(F("first_leased_at"), Value(now)),
+    }
+
+
 def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease | None:
     """Claim the job if it is due, not validly leased, not paused and its
     portfolio is under its lease cap; None when not."""
@@ -90,19 +103,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
             # Let the dispatcher send it again once a slot frees up.
             CleanupJob.objects.filter(pk=job_id).update(enqueued_at=None)
             return None
-        claimed = (
-            CleanupJob.objects.filter(pk=job_id)
-            .due(now=now)
-            .update(
-                state=JobState.LEASED,
-                lease_token=token,
-                lease_owner=owner[:100],
-                lease_expires_at=now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
-                leases=F("leases") + 1,
-                enqueued_at=None,
-                first_leased_at=Coalesce(F("first_leased_at"), Value(now)),
-            )
-        )
+        claimed = CleanupJob.objects.filter(pk=job_id).due(now=now).update(**_leased(token=token, owner=owner, now=now))
     return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
 
 
@@ -170,15 +171,7 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
                     break
         if not chosen:
             return None
-        CleanupJob.objects.filter(pk__in=chosen).update(
-            state=JobState.LEASED,
-            lease_token=token,
-            lease_owner=owner[:100],
-            lease_expires_at=now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
-            leases=F("leases") + 1,
-            enqueued_at=None,
-            first_leased_at=Coalesce(F("first_leased_at"), Value(now)),
-        )
+        CleanupJob.objects.filter(pk__in=chosen).update(**_leased(token=token, owner=owner, now=now))
     return GroupLease(lease=Lease(job_id=chosen[0], token=token, owner=owner), job_ids=chosen)
 
 
