@@ -180,6 +180,12 @@ USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
 LOGIN_URL = "/accounts/login/"
+# ModelBackend logs users in and answers for groups; MembershipBackend adds the
+# permissions of a user's portfolio memberships (retention.scoping decides where).
+AUTHENTICATION_BACKENDS = [
+    "django.contrib.auth.backends.ModelBackend",
+    "retention.backends.MembershipBackend",
+]
 LOGIN_REDIRECT_URL = "/console/"
 
 # --- REST API and metrics -----------------------------------------------------

@@ -11,17 +11,22 @@ from __future__ import annotations
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
-from django.shortcuts import get_object_or_404
 from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
+from retention import admin_domain  # noqa: F401 - registers the domain models' admin (see there)
+from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
+from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion, RetentionPolicy
+from retention.scoping import may_act_in, scope_audit_events
 from retention.selectors import policy_version_active, policy_version_impact
 from retention.services import (
     legal_hold_place,
     legal_hold_release,
+    membership_grant,
+    membership_revoke,
     policy_version_approve,
     policy_version_reject,
     policy_version_submit,
@@ -52,9 +57,9 @@ class NewVersionForm(forms.Form):
 
 
 @admin.register(RetentionPolicy)
-class RetentionPolicyAdmin(admin.ModelAdmin):
+class RetentionPolicyAdmin(PortfolioScopedAdmin):
     list_display = ["id", "portfolio", "record_kind", "active_version"]
-    list_filter = ["record_kind", "portfolio"]
+    list_filter = ["record_kind", ("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio"]
     inlines = [PolicyVersionInline]
     fields = ["portfolio", "record_kind"]
@@ -80,9 +85,10 @@ class RetentionPolicyAdmin(admin.ModelAdmin):
         ]
 
     def new_version_view(self, request: HttpRequest, policy_id: int) -> HttpResponse:
-        if not request.user.has_perm("retention.add_policyversion"):
+        # Scope first: another customer's policy is a 404 whatever the role.
+        policy = self.get_object_or_404(request, policy_id)
+        if not may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id):
             raise PermissionDenied
-        policy = get_object_or_404(RetentionPolicy, pk=policy_id)
         form = NewVersionForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
@@ -114,9 +120,10 @@ class ReviewForm(forms.Form):
 
 
 @admin.register(PolicyVersion)
-class PolicyVersionAdmin(admin.ModelAdmin):
+class PolicyVersionAdmin(PortfolioScopedAdmin):
+    portfolio_field = "policy__portfolio_id"
     list_display = ["id", "policy", "number", "retention_days", "enabled", "status", "author", "reviewer", "review"]
-    list_filter = ["status", "policy__record_kind", "policy__portfolio"]
+    list_filter = ["status", "policy__record_kind", ("policy__portfolio", PortfolioListFilter)]
     list_select_related = ["policy__portfolio", "author", "reviewer"]
     readonly_fields = [f.name for f in PolicyVersion._meta.fields]
 
@@ -146,9 +153,10 @@ class PolicyVersionAdmin(admin.ModelAdmin):
         ]
 
     def review_view(self, request: HttpRequest, version_id: int) -> HttpResponse:
-        if not request.user.has_perm("retention.approve_policyversion"):
+        # Scope first: another customer's version is a 404 whatever the role.
+        version = self.get_object_or_404(request, version_id)
+        if not may_act_in(request.user, "retention.approve_policyversion", version.policy.portfolio_id):
             raise PermissionDenied
-        version = get_object_or_404(PolicyVersion.objects.select_related("policy__portfolio", "author"), pk=version_id)
         form = ReviewForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             decide = policy_version_approve if form.cleaned_data["decision"] == "approve" else policy_version_reject
@@ -185,12 +193,14 @@ class ReleaseForm(forms.Form):
 
 
 @admin.register(LegalHold)
-class LegalHoldAdmin(admin.ModelAdmin):
+class LegalHoldAdmin(PortfolioScopedAdmin):
     form = PlaceHoldForm
     list_display = ["id", "portfolio", "property", "record_kind", "record_id", "placed_by", "placed_at", "state"]
-    list_filter = [("released_at", admin.EmptyFieldListFilter), "record_kind", "portfolio"]
+    list_filter = [("released_at", admin.EmptyFieldListFilter), "record_kind", ("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio", "property", "placed_by"]
-    raw_id_fields = ["property"]
+    # Autocomplete, not a raw id: its choices come from the (scoped) property
+    # admin, and a raw-id widget would print the name of any id typed into it.
+    autocomplete_fields = ["property"]
 
     @admin.display(description="State")
     def state(self, obj: LegalHold) -> str:
@@ -232,9 +242,10 @@ class LegalHoldAdmin(admin.ModelAdmin):
         ]
 
     def release_view(self, request: HttpRequest, hold_id: int) -> HttpResponse:
-        if not request.user.has_perm("retention.change_legalhold"):
+        # Scope first: another customer's hold is a 404 whatever the role.
+        hold = self.get_object_or_404(request, hold_id)
+        if not may_act_in(request.user, "retention.change_legalhold", hold.portfolio_id):
             raise PermissionDenied
-        hold = get_object_or_404(LegalHold, pk=hold_id)
         form = ReleaseForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
@@ -255,9 +266,10 @@ class LegalHoldAdmin(admin.ModelAdmin):
 
 
 @admin.register(AuditEvent)
-class AuditEventAdmin(admin.ModelAdmin):
+class AuditEventAdmin(PortfolioScopedAdmin):
     list_display = ["created_at", "actor", "action", "object_type", "object_id", "reason"]
-    list_filter = ["action", "object_type", "actor"]
+    # Actors of the events the user may see, never the whole user table.
+    list_filter = ["action", "object_type", ("actor", admin.RelatedOnlyFieldListFilter)]
     list_select_related = ["actor"]
     search_fields = ["object_id"]
     date_hierarchy = "created_at"
@@ -271,3 +283,36 @@ class AuditEventAdmin(admin.ModelAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[AuditEvent]:
+        # Events are scoped by the portfolio their details name (scoping.audit_scope_q).
+        return scope_audit_events(admin.ModelAdmin.get_queryset(self, request), request.user)
+
+
+@admin.register(Membership)
+class MembershipAdmin(PortfolioScopedAdmin):
+    """Who is staff of which portfolio, in which role. Granting and revoking
+    are audit events (through the services); a membership is never edited,
+    only revoked and granted anew."""
+
+    list_display = ["id", "user", "portfolio", "role", "created_at"]
+    list_filter = ["role", ("portfolio", PortfolioListFilter)]
+    list_select_related = ["user", "portfolio"]
+    search_fields = ["user__username", "portfolio__name"]
+    autocomplete_fields = ["user", "portfolio"]
+    fields = ["user", "portfolio", "role"]
+
+    def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> list[str]:
+        return ["user", "portfolio", "role"] if obj else []
+
+    def save_model(self, request: HttpRequest, obj: Membership, form: forms.ModelForm, change: bool) -> None:
+        if change:
+            return
+        obj.pk = membership_grant(user=obj.user, portfolio=obj.portfolio, role=obj.role, granted_by=request.user).pk
+
+    def delete_model(self, request: HttpRequest, obj: Membership) -> None:
+        membership_revoke(membership_id=obj.pk, revoked_by=request.user)
+
+    def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
+        for pk in queryset.values_list("pk", flat=True):
+            membership_revoke(membership_id=pk, revoked_by=request.user)

@@ -1,8 +1,9 @@
 """Retention's REST API under ``/api/v1/``: policies, policy versions, legal holds, audit events.
 
-Views are thin: they check the role (``RolePermission``), validate input with a
-serializer, call a ``retention.services`` function through ``call_service``
-and render the result. The router is wired in ``config/urls.py``.
+Views are thin: they check the role (``RolePermission``), see only the user's
+portfolios (``TenantScoped``: another customer's object is a 404), validate
+input with a serializer, call a ``retention.services`` function through
+``call_service`` and render the result. The router is wired in ``config/urls.py``.
 """
 
 from __future__ import annotations
@@ -13,12 +14,15 @@ from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
+from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from retention.apiutils import ReasonSerializer, RolePermission, call_service, filter_errors_as_400
+from properties.models import Property
+from retention.apiutils import ReasonSerializer, RolePermission, TenantScoped, call_service, filter_errors_as_400
 from retention.filters import audit_filter_parse
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
+from retention.scoping import may_act_in, portfolios_where, scope_audit_events, scope_queryset
 from retention.services import (
     legal_hold_place,
     legal_hold_release,
@@ -98,6 +102,17 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["placed_by", "placed_at", "released_by", "released_at", "release_reason"]
 
+    def get_fields(self) -> dict[str, Any]:
+        # A hold may name only a portfolio where the user may place holds and
+        # a property they can see. Any other id gets the answer an id that
+        # does not exist gets: a 400 naming the field.
+        fields = super().get_fields()
+        request = self.context.get("request")
+        if request is not None:
+            fields["portfolio"].queryset = portfolios_where(request.user, "retention.add_legalhold")
+            fields["property"].queryset = scope_queryset(Property.objects.all(), request.user)
+        return fields
+
 
 class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
@@ -108,7 +123,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
 # --- Views ----------------------------------------------------------------------
 
 
-class PolicyViewSet(viewsets.ReadOnlyModelViewSet):
+class PolicyViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     queryset = RetentionPolicy.objects.prefetch_related("versions").order_by("id")
     serializer_class = PolicySerializer
     permission_classes = [RolePermission]
@@ -125,13 +140,16 @@ class PolicyViewSet(viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def versions(self, request: Request, pk: str | None = None) -> Response:
         policy = self.get_object()
+        if not may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id):
+            raise PermissionDenied("You are not a property manager of this policy's portfolio.")
         data = NewVersionSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         version = call_service(policy_version_submit, policy=policy, author=request.user, **data.validated_data)
         return Response(PolicyVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
-class PolicyVersionViewSet(viewsets.ReadOnlyModelViewSet):
+class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
+    portfolio_field = "policy__portfolio_id"
     queryset = PolicyVersion.objects.order_by("-id")
     serializer_class = PolicyVersionSerializer
     permission_classes = [RolePermission]
@@ -174,7 +192,7 @@ class PolicyVersionViewSet(viewsets.ReadOnlyModelViewSet):
         return self._review(request, policy_version_reject)
 
 
-class LegalHoldViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     queryset = LegalHold.objects.order_by("-id")
     serializer_class = LegalHoldSerializer
     permission_classes = [RolePermission]
@@ -190,7 +208,7 @@ class LegalHoldViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         responses={201: LegalHoldSerializer, 400: OpenApiResponse(description="invalid scope or blank reason")},
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
-        data = LegalHoldSerializer(data=request.data)
+        data = LegalHoldSerializer(data=request.data, context={"request": request})
         data.is_valid(raise_exception=True)
         fields = data.validated_data
         hold = call_service(
@@ -211,6 +229,8 @@ class LegalHoldViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
     @action(detail=True, methods=["post"])
     def release(self, request: Request, pk: str | None = None) -> Response:
         hold = self.get_object()
+        if not may_act_in(request.user, "retention.change_legalhold", hold.portfolio_id):
+            raise PermissionDenied("You are not a compliance reviewer of this hold's portfolio.")
         data = ReasonSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         hold = call_service(
@@ -219,7 +239,7 @@ class LegalHoldViewSet(mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
         return Response(LegalHoldSerializer(hold).data)
 
 
-class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
+class AuditEventViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     serializer_class = AuditEventSerializer
     permission_classes = [RolePermission]
     required_perms = {"list": "retention.view_auditevent", "retrieve": "retention.view_auditevent"}
@@ -233,6 +253,9 @@ class AuditEventViewSet(viewsets.ReadOnlyModelViewSet):
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         return super().list(request, *args, **kwargs)
+
+    def scope(self, queryset: QuerySet[AuditEvent]) -> QuerySet[AuditEvent]:
+        return scope_audit_events(queryset, self.request.user)
 
     def get_queryset(self) -> QuerySet[AuditEvent]:
         qs = AuditEvent.objects.order_by("-id")

@@ -5,7 +5,8 @@
 (``ValidationError`` → 400, ``PermissionDenied`` → 403); ``int_param`` and
 ``choice_param`` validate list filters; ``Conflict`` is the 409 an app's API
 raises for its own state conflicts; ``ReasonSerializer`` is the body of every
-action that only takes a reason. It lives in ``retention`` (the lower layer)
+action that only takes a reason; ``TenantScoped`` narrows a viewset to the
+user's portfolios. It lives in ``retention`` (the lower layer)
 so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 """
 
@@ -22,6 +23,7 @@ from rest_framework.request import Request
 
 from retention.filters import FilterError, id_param
 from retention.filters import choice_param as filters_choice_param
+from retention.scoping import scope_queryset
 
 
 class Conflict(APIException):
@@ -102,3 +104,28 @@ def choice_param(request: Request, name: str, choices: list[str]) -> str | None:
 
 class ReasonSerializer(serializers.Serializer):
     reason = serializers.CharField(required=False, allow_blank=True, default="")
+
+
+class TenantScoped:
+    """Mixin for viewsets over tenant data (``retention.scoping``).
+
+    Lists and object lookups go through ``filter_queryset``, so narrowing it
+    covers every list, detail and detail action, whatever ``get_queryset``
+    a viewset writes. On a detail route the object is looked up *before* the
+    role check: another customer's object is a 404 for every role, exactly
+    like an id that does not exist, never a 403 that would confirm it exists.
+    """
+
+    portfolio_field = "portfolio_id"
+
+    def scope(self, queryset: Any) -> Any:
+        return scope_queryset(queryset, self.request.user, field=self.portfolio_field)  # type: ignore[attr-defined]
+
+    def filter_queryset(self, queryset: Any) -> Any:
+        return self.scope(super().filter_queryset(queryset))  # type: ignore[misc]
+
+    def check_permissions(self, request: Request) -> None:
+        lookup = self.lookup_url_kwarg or self.lookup_field  # type: ignore[attr-defined]
+        if request.user and request.user.is_authenticated and lookup in self.kwargs:  # type: ignore[attr-defined]
+            self.get_object()  # type: ignore[attr-defined]
+        super().check_permissions(request)  # type: ignore[misc]

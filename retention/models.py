@@ -251,3 +251,40 @@ class AuditEvent(models.Model):
 
     def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
         raise AppendOnlyError("audit events are append-only")
+
+
+class MembershipRole(models.TextChoices):
+    """A customer's staff role in one portfolio (permissions: ``roles.MEMBERSHIP_ROLE_PERMISSIONS``)."""
+
+    PROPERTY_MANAGER = "property_manager", "Property manager"
+    COMPLIANCE_REVIEWER = "compliance_reviewer", "Compliance reviewer"
+    AUDITOR = "auditor", "Auditor"
+
+
+class Membership(models.Model):
+    """A user is a member of a portfolio with a role there.
+
+    Customer staff see and act in the portfolios of their memberships only,
+    with the role held *in that portfolio*; the platform's staff (groups in
+    ``roles.PLATFORM_GROUPS``) need none. One user may hold several roles in
+    one portfolio (one row each) and memberships in many portfolios. Granted
+    and revoked through ``services.membership_grant``/``membership_revoke``,
+    each an audit event.
+    """
+
+    Role = MembershipRole
+
+    user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
+    portfolio = models.ForeignKey("properties.Portfolio", on_delete=models.PROTECT, related_name="memberships")
+    role = models.CharField(max_length=30, choices=MembershipRole.choices)
+    created_at = models.DateTimeField(auto_now_add=True)
+
+    class Meta:
+        ordering = ["portfolio_id", "user_id", "role"]
+        constraints = [
+            # Leads with user: "this user's portfolios" is the hot lookup (every request).
+            models.UniqueConstraint(fields=["user", "portfolio", "role"], name="membership_unique_user_portfolio_role"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.user} · {self.get_role_display()} of portfolio {self.portfolio_id}"

@@ -1,8 +1,21 @@
-"""The four roles as Django groups, and the permissions each one implies.
+"""The four roles as Django groups, the customer roles of memberships, and
+the permissions each one implies.
 
 Migrations call ``sync_role_groups`` so that a fresh database has the groups;
 a later app adds its own permissions to ``ROLE_PERMISSIONS`` and calls it again
 from its own migration.
+
+Two kinds of role (see ``retention.scoping`` for the whole model):
+
+- ``ROLE_PERMISSIONS``: Django groups. ``operator``, ``auditor`` and
+  ``compliance_reviewer`` are the platform's own staff and see every
+  portfolio (``PLATFORM_GROUPS``); ``property_manager`` is a customer role,
+  kept as a group for compatibility: it carries permissions but no portfolio.
+- ``MEMBERSHIP_ROLE_PERMISSIONS``: what a ``retention.Membership`` role grants
+  a customer's staff, inside the portfolios of their memberships only
+  (``retention.backends.MembershipBackend``). Kept apart from the groups on
+  purpose: a permission added to a platform group (worker heartbeats,
+  django-q2's pages) must not reach customers by accident.
 """
 
 from __future__ import annotations
@@ -66,6 +79,36 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         "cleanup_ops.change_pipelinepause",
     ],
     "auditor": [*PROPERTY_VIEW, *RETENTION_VIEW, *CLEANUP_VIEW],
+}
+
+
+# Groups whose members see every portfolio.
+PLATFORM_GROUPS = frozenset({"operator", "auditor", "compliance_reviewer"})
+
+# What a customer's auditor may read of the pipeline: their own jobs, ledger,
+# dead letters and sweep figures (the console and proof exports), nothing of
+# the platform itself (pauses, worker heartbeats, django-q2).
+CUSTOMER_CLEANUP_VIEW = [
+    "cleanup_ops.view_sweep",
+    "cleanup_ops.view_cleanupjob",
+    "cleanup_ops.view_ledgerentry",
+    "cleanup_ops.view_deadletter",
+]
+
+MEMBERSHIP_ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
+    "property_manager": frozenset(
+        [*PROPERTY_VIEW, *RETENTION_VIEW, "retention.add_retentionpolicy", "retention.add_policyversion"]
+    ),
+    "compliance_reviewer": frozenset(
+        [
+            *PROPERTY_VIEW,
+            *RETENTION_VIEW,
+            "retention.approve_policyversion",
+            "retention.add_legalhold",
+            "retention.change_legalhold",
+        ]
+    ),
+    "auditor": frozenset([*PROPERTY_VIEW, *RETENTION_VIEW, *CUSTOMER_CLEANUP_VIEW]),
 }
 
 

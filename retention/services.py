@@ -23,10 +23,12 @@ from retention.models import (
     MIN_RETENTION_DAYS,
     AuditEvent,
     LegalHold,
+    Membership,
     PolicyVersion,
     RetentionPolicy,
 )
 from retention.registry import get_spec
+from retention.scoping import may_act_in
 
 
 def require_text(value: str, *, field: str, min_length: int = 1) -> str:
@@ -119,6 +121,11 @@ def policy_version_submit(
 def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool) -> PolicyVersion:
     if not reviewer.has_perm("retention.approve_policyversion"):
         raise PermissionDenied("You do not have permission to review policy versions.")
+    # Four-eyes within a customer: a customer's reviewer reviews only in the
+    # portfolios where they hold the role; a platform reviewer anywhere.
+    portfolio_id = PolicyVersion.objects.filter(pk=version_id).values_list("policy__portfolio_id", flat=True).first()
+    if portfolio_id is not None and not may_act_in(reviewer, "retention.approve_policyversion", portfolio_id):
+        raise PermissionDenied("You are not a compliance reviewer of this policy's portfolio.")
     now = timezone.now()
     with transaction.atomic():
         version = PolicyVersion.objects.select_for_update().select_related("policy").get(pk=version_id)
@@ -234,3 +241,36 @@ def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: s
             details={"portfolio_id": hold.portfolio_id, "property_id": hold.property_id},
         )
     return hold
+
+
+def membership_grant(
+    *, user: AbstractBaseUser, portfolio: Portfolio, role: str, granted_by: AbstractBaseUser | None
+) -> Membership:
+    """Make ``user`` a member of ``portfolio`` with ``role`` (idempotent), as an audit event."""
+    if role not in Membership.Role.values:
+        raise ValidationError({"role": f"role must be one of {', '.join(Membership.Role.values)}."})
+    with transaction.atomic():
+        membership, created = Membership.objects.get_or_create(user=user, portfolio=portfolio, role=role)
+        if created:
+            audit_event_record(
+                actor=granted_by,
+                action="membership.granted",
+                object_type="membership",
+                object_id=membership.pk,
+                details={"portfolio_id": portfolio.pk, "user_id": user.pk, "role": role},
+            )
+    return membership
+
+
+def membership_revoke(*, membership_id: int, revoked_by: AbstractBaseUser | None) -> None:
+    with transaction.atomic():
+        membership = Membership.objects.select_for_update().get(pk=membership_id)
+        details = {"portfolio_id": membership.portfolio_id, "user_id": membership.user_id, "role": membership.role}
+        membership.delete()
+        audit_event_record(
+            actor=revoked_by,
+            action="membership.revoked",
+            object_type="membership",
+            object_id=membership_id,
+            details=details,
+        )

@@ -7,7 +7,7 @@ from django.urls import reverse
 from django.utils import timezone
 
 from properties.models import Lease
-from retention.models import AuditEvent, LegalHold, PolicyVersion
+from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion
 from retention.services import legal_hold_place, policy_version_submit, retention_policy_get_or_create
 
 pytestmark = pytest.mark.django_db
@@ -67,13 +67,15 @@ def test_the_author_is_refused_on_the_review_page(client, in_review, manager, re
     assert in_review.status == PolicyVersion.Status.IN_REVIEW
 
 
-def test_a_property_manager_cannot_open_the_review_page(client, in_review, manager):
+def test_a_property_manager_cannot_open_the_review_page(client, portfolio, in_review, manager):
+    Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")
     client.force_login(manager)
     response = client.get(reverse("admin:retention_policyversion_review", args=[in_review.pk]))
     assert response.status_code == 403
 
 
 def test_a_manager_submits_a_new_version_from_the_policy_page(client, portfolio, manager):
+    Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")
     policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="tenant_activity")
     client.force_login(manager)
     url = reverse("admin:retention_retentionpolicy_new_version", args=[policy.pk])

@@ -9,7 +9,7 @@ from rest_framework.test import APIClient
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, Sweep
 from cleanup_ops.schedule import sweep_trigger
-from retention.models import AuditEvent, LegalHold, PolicyVersion
+from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion
 from retention.services import policy_version_submit, retention_policy_get_or_create
 
 from .conftest import make_records, utc
@@ -172,6 +172,7 @@ class TestDeadLetters:
 
 class TestPoliciesAndHolds:
     def test_a_manager_submits_a_version_and_a_reviewer_approves_it(self, portfolio, manager, reviewer):
+        Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
         created = client_for(manager).post(
             f"/api/v1/policies/{policy.pk}/versions/", {"retention_days": 365, "reason": "baseline"}, format="json"
@@ -194,6 +195,7 @@ class TestPoliciesAndHolds:
         assert version.status == PolicyVersion.Status.IN_REVIEW
 
     def test_bad_retention_days_is_400_naming_the_field(self, portfolio, manager):
+        Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
         response = client_for(manager).post(
             f"/api/v1/policies/{policy.pk}/versions/", {"retention_days": 0, "reason": "x"}, format="json"

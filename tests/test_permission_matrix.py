@@ -9,7 +9,8 @@ from rest_framework.test import APIClient
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import DownstreamError
-from retention.models import LegalHold, PolicyVersion, RetentionPolicy
+from properties.models import Portfolio
+from retention.models import LegalHold, Membership, PolicyVersion, RetentionPolicy
 from retention.services import legal_hold_place, policy_version_submit
 
 from .conftest import make_records, make_user, utc
@@ -114,7 +115,15 @@ CONSOLE_POSTS = [
 
 
 def user_for(role: str):  # type: ignore[no-untyped-def]
-    return None if role == AN else make_user(f"u-{role}", role)
+    if role == AN:
+        return None
+    user = make_user(f"u-{role}", role)
+    if role == PM:
+        # A property manager is a customer's staff member: the group alone
+        # grants no portfolio (retention.scoping), a membership does.
+        for portfolio in Portfolio.objects.all():
+            Membership.objects.create(user=user, portfolio=portfolio, role=PM)
+    return user
 
 
 def fill(template: str, world: dict[str, int]) -> str:

@@ -1,26 +1,36 @@
+"""Admin for the domain models (portfolios, properties and their records).
+
+They live here, not in ``properties/admin.py``, because every page is scoped
+to the user's portfolios and memberships are a ``retention`` concept: the
+domain app imports nothing of ours (import-linter). ``retention.admin``
+imports this module so the admin registers it.
+"""
+
 from __future__ import annotations
 
 from django.contrib import admin
 
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
+from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 
 
 @admin.register(Portfolio)
-class PortfolioAdmin(admin.ModelAdmin):
+class PortfolioAdmin(PortfolioScopedAdmin):
+    portfolio_field = "pk"
     list_display = ["id", "name", "slug", "created_at"]
     search_fields = ["name", "slug"]
 
 
 @admin.register(Property)
-class PropertyAdmin(admin.ModelAdmin):
+class PropertyAdmin(PortfolioScopedAdmin):
     list_display = ["id", "name", "portfolio"]
-    list_filter = ["portfolio"]
+    list_filter = [("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio"]
     search_fields = ["name"]
 
 
-class RecordAdmin(admin.ModelAdmin):
-    list_filter = ["portfolio"]
+class RecordAdmin(PortfolioScopedAdmin):
+    list_filter = [("portfolio", PortfolioListFilter)]
     raw_id_fields = ["portfolio", "property"]
     show_full_result_count = False
 

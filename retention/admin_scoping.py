@@ -1,0 +1,73 @@
+"""Tenant scoping for the Django admin: one base class every tenant admin uses.
+
+``PortfolioScopedAdmin`` narrows the changelist, search, autocomplete, date
+hierarchy and counts (all built on ``get_queryset``) to the user's portfolios
+(``retention.scoping``); answers 404 for the change, history and delete pages
+of an object outside them (Django would redirect to the index with a "does not
+exist" message, which is not the 404 the API gives); and limits the portfolio
+and property choices of a form to the portfolios where the user may add the
+object. ``PortfolioListFilter`` lists only the user's portfolios.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.utils import unquote
+from django.contrib.auth import get_permission_codename
+from django.db.models import Model, QuerySet
+from django.http import Http404, HttpRequest, HttpResponse
+
+from properties.models import Portfolio, Property
+from retention.scoping import portfolios_visible_to, portfolios_where, scope_queryset
+
+
+class PortfolioListFilter(admin.RelatedFieldListFilter):
+    """A portfolio filter whose choices are the portfolios the user may see."""
+
+    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+        return [(p.pk, str(p)) for p in portfolios_visible_to(request.user).order_by("name", "pk")]
+
+
+class PortfolioScopedAdmin(admin.ModelAdmin):
+    #: Lookup path from the model to its portfolio id.
+    portfolio_field = "portfolio_id"
+
+    def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
+        return scope_queryset(super().get_queryset(request), request.user, field=self.portfolio_field)
+
+    def get_object_or_404(self, request: HttpRequest, object_id: Any) -> Any:
+        """The object, if it exists *and* is in the user's portfolios; else 404 (the same answer for both)."""
+        obj = self.get_object(request, unquote(str(object_id)))
+        if obj is None:
+            raise Http404(f"No {self.opts.verbose_name} matches the given query.")
+        return obj
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict[str, Any] | None = None
+    ) -> HttpResponse:
+        self.get_object_or_404(request, object_id)
+        return super().change_view(request, object_id, form_url, extra_context)
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        self.get_object_or_404(request, object_id)
+        return super().history_view(request, object_id, extra_context)
+
+    def delete_view(self, request: HttpRequest, object_id: str, extra_context: dict[str, Any] | None = None) -> Any:
+        self.get_object_or_404(request, object_id)
+        return super().delete_view(request, object_id, extra_context)
+
+    def add_permission_name(self) -> str:
+        return f"{self.opts.app_label}.{get_permission_codename('add', self.opts)}"
+
+    def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
+        # A new object may name only a portfolio where the user may add it, and
+        # a property they can see: anything else is "not one of the available
+        # choices", the same message as for an id that does not exist.
+        related: type[Model] = db_field.related_model
+        if related is Portfolio:
+            kwargs["queryset"] = portfolios_where(request.user, self.add_permission_name())
+        elif related is Property:
+            kwargs["queryset"] = scope_queryset(Property.objects.all(), request.user)
+        return super().formfield_for_foreignkey(db_field, request, **kwargs)

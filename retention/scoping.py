@@ -1,0 +1,142 @@
+"""Tenant scoping: which portfolios a user may see, and act in, defined once.
+
+The model (README, "Memberships and roles"):
+
+- **Platform staff** — superusers and members of the groups in
+  ``roles.PLATFORM_GROUPS`` (``operator``, ``auditor``,
+  ``compliance_reviewer``) — see every portfolio. What they may do comes from
+  their groups' permissions.
+- **Customer staff** see exactly the portfolios they hold a
+  ``Membership`` in. In each portfolio the membership role grants the
+  permissions of ``roles.MEMBERSHIP_ROLE_PERMISSIONS`` — there only: a
+  compliance reviewer of portfolio A who is an auditor of portfolio B
+  approves in A, never in B.
+- The ``property_manager`` group grants no portfolio: a user in it without
+  memberships sees nothing (fail closed: customer staff must be members).
+
+Every read of tenant data goes through ``scope_queryset`` (or
+``visible_portfolio_ids`` where a set is needed) and every tenant write
+checks ``may_act_in``; objects outside the scope answer 404 exactly like
+objects that do not exist. Results are cached on the user object, which lives
+for one request, so a page pays one query for its scope however many
+querysets it filters.
+"""
+
+from __future__ import annotations
+
+from typing import Any, TypeVar
+
+from django.contrib.auth.backends import ModelBackend
+from django.db.models import Model, Q, QuerySet
+
+from properties.models import Portfolio
+from retention.models import Membership
+from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS, PLATFORM_GROUPS
+
+M = TypeVar("M", bound=Model)
+
+_CACHE = "_tenant_scope_cache"
+
+
+def _cache(user: Any) -> dict[str, Any]:
+    cache = getattr(user, _CACHE, None)
+    if cache is None:
+        cache = {}
+        setattr(user, _CACHE, cache)
+    return cache
+
+
+def _known(user: Any) -> bool:
+    return bool(user is not None and user.is_authenticated and user.is_active)
+
+
+def is_platform_staff(user: Any) -> bool:
+    """Superusers and members of a platform group: they see every portfolio."""
+    if not _known(user):
+        return False
+    if user.is_superuser:
+        return True
+    cache = _cache(user)
+    if "platform" not in cache:
+        cache["platform"] = user.groups.filter(name__in=PLATFORM_GROUPS).exists()
+    return bool(cache["platform"])
+
+
+def visible_portfolio_ids(user: Any) -> frozenset[int] | None:
+    """The ids of the portfolios ``user`` may see; ``None`` means every portfolio."""
+    if is_platform_staff(user):
+        return None
+    if not _known(user):
+        return frozenset()
+    cache = _cache(user)
+    if "visible" not in cache:
+        cache["visible"] = frozenset(
+            Membership.objects.filter(user_id=user.pk).values_list("portfolio_id", flat=True).distinct()
+        )
+    return cache["visible"]
+
+
+def portfolios_visible_to(user: Any) -> QuerySet[Portfolio]:
+    return scope_queryset(Portfolio.objects.all(), user, field="pk")
+
+
+def scope_queryset(qs: QuerySet[M], user: Any, *, field: str = "portfolio_id") -> QuerySet[M]:
+    """``qs`` narrowed to rows whose ``field`` (a lookup path to a portfolio
+    id) is a portfolio ``user`` may see. Unchanged for platform staff."""
+    ids = visible_portfolio_ids(user)
+    if ids is None:
+        return qs
+    return qs.filter(**{f"{field}__in": sorted(ids)})
+
+
+def audit_scope_q(portfolio_ids: frozenset[int]) -> Q:
+    """Audit events about these portfolios: the ones whose details name one
+    (policies, versions, holds, memberships) or whose object is one (a
+    portfolio's pause). Events about the platform as a whole match neither."""
+    ids = sorted(portfolio_ids)
+    return Q(details__portfolio_id__in=ids) | Q(object_type="portfolio", object_id__in=[str(i) for i in ids])
+
+
+def scope_audit_events(qs: QuerySet[M], user: Any) -> QuerySet[M]:
+    ids = visible_portfolio_ids(user)
+    return qs if ids is None else qs.filter(audit_scope_q(ids))
+
+
+def _platform_has_perm(user: Any, perm: str) -> bool:
+    # Only the groups' and the user's own permissions count platform-wide;
+    # ``user.has_perm`` would also count membership roles, which hold in their
+    # portfolios only.
+    return bool(user.is_superuser or ModelBackend().has_perm(user, perm))
+
+
+def roles_granting(perm: str) -> list[str]:
+    return sorted(role for role, perms in MEMBERSHIP_ROLE_PERMISSIONS.items() if perm in perms)
+
+
+def portfolio_ids_where(user: Any, perm: str) -> frozenset[int] | None:
+    """Portfolios in which ``user`` holds ``perm``; ``None`` means every portfolio."""
+    if not _known(user):
+        return frozenset()
+    if is_platform_staff(user) and _platform_has_perm(user, perm):
+        return None
+    cache = _cache(user)
+    key = f"where:{perm}"
+    if key not in cache:
+        cache[key] = frozenset(
+            Membership.objects.filter(user_id=user.pk, role__in=roles_granting(perm))
+            .values_list("portfolio_id", flat=True)
+            .distinct()
+        )
+    return cache[key]
+
+
+def portfolios_where(user: Any, perm: str) -> QuerySet[Portfolio]:
+    ids = portfolio_ids_where(user, perm)
+    qs = Portfolio.objects.all()
+    return qs if ids is None else qs.filter(pk__in=sorted(ids))
+
+
+def may_act_in(user: Any, perm: str, portfolio_id: int) -> bool:
+    """Whether ``user`` holds ``perm`` in the portfolio ``portfolio_id``."""
+    ids = portfolio_ids_where(user, perm)
+    return ids is None or portfolio_id in ids
