@@ -23,8 +23,10 @@ from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion, R
 from retention.scoping import may_act_in, scope_audit_events
 from retention.selectors import policy_version_active, policy_version_impact
 from retention.services import (
+    ConcurrentApproval,
     legal_hold_place,
     legal_hold_release,
+    legal_hold_scope_validate,
     membership_grant,
     membership_revoke,
     policy_version_approve,
@@ -164,7 +166,7 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
                 decide(version_id=version.pk, reviewer=request.user, note=form.cleaned_data["note"])
             except ValidationError as exc:
                 _form_errors(form, exc)
-            except PermissionDenied as exc:
+            except (PermissionDenied, ConcurrentApproval) as exc:
                 form.add_error(None, str(exc))
             else:
                 messages.success(request, f"Version {version.number} {form.cleaned_data['decision']}d.")
@@ -186,6 +188,22 @@ class PlaceHoldForm(forms.ModelForm):
     class Meta:
         model = LegalHold
         fields = ["portfolio", "property", "record_kind", "record_id", "reason"]
+
+    def clean(self) -> dict[str, object]:
+        """The service's scope rules, shown on the form's fields (placing checks them again under its lock)."""
+        data = super().clean()
+        portfolio = data.get("portfolio")
+        if portfolio is not None and not self.errors:
+            try:
+                legal_hold_scope_validate(
+                    portfolio=portfolio,
+                    property=data.get("property"),
+                    record_kind=data.get("record_kind") or "",
+                    record_id=data.get("record_id"),
+                )
+            except ValidationError as exc:
+                _form_errors(self, exc)
+        return data
 
 
 class ReleaseForm(forms.Form):
@@ -217,6 +235,15 @@ class LegalHoldAdmin(PortfolioScopedAdmin):
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
+
+    def add_view(self, request: HttpRequest, form_url: str = "", extra_context: dict | None = None) -> HttpResponse:
+        try:
+            return super().add_view(request, form_url, extra_context)
+        except ValidationError:
+            # The scope changed between the form's check and the placement under
+            # the scope lock (the record was deleted meanwhile): nothing was
+            # written; show the form again, whose check now names the field.
+            return super().add_view(request, form_url, extra_context)
 
     def save_model(self, request: HttpRequest, obj: LegalHold, form: forms.ModelForm, change: bool) -> None:
         if change:

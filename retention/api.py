@@ -19,11 +19,19 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from properties.models import Property
-from retention.apiutils import ReasonSerializer, RolePermission, TenantScoped, call_service, filter_errors_as_400
+from retention.apiutils import (
+    Conflict,
+    ReasonSerializer,
+    RolePermission,
+    TenantScoped,
+    call_service,
+    filter_errors_as_400,
+)
 from retention.filters import audit_filter_parse
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
 from retention.scoping import may_act_in, portfolios_where, scope_audit_events, scope_queryset
 from retention.services import (
+    ConcurrentApproval,
     legal_hold_place,
     legal_hold_release,
     policy_version_approve,
@@ -164,7 +172,10 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         version = self.get_object()
         data = ReviewSerializer(data=request.data)
         data.is_valid(raise_exception=True)
-        version = call_service(fn, version_id=version.pk, reviewer=request.user, note=data.validated_data["note"])
+        try:
+            version = call_service(fn, version_id=version.pk, reviewer=request.user, note=data.validated_data["note"])
+        except ConcurrentApproval as exc:
+            raise Conflict(str(exc)) from None
         return Response(PolicyVersionSerializer(version).data)
 
     @extend_schema(
@@ -173,6 +184,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
             200: PolicyVersionSerializer,
             400: OpenApiResponse(description="not in review"),
             403: OpenApiResponse(description="the author, or a role without the permission"),
+            409: OpenApiResponse(description="another version of the policy was approved at the same moment"),
         },
     )
     @action(detail=True, methods=["post"])
@@ -205,7 +217,13 @@ class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyM
 
     @extend_schema(
         request=LegalHoldSerializer,
-        responses={201: LegalHoldSerializer, 400: OpenApiResponse(description="invalid scope or blank reason")},
+        responses={
+            201: LegalHoldSerializer,
+            400: OpenApiResponse(
+                description="invalid scope (a record_id naming no record of that kind in the portfolio and property) "
+                "or blank reason"
+            ),
+        },
     )
     def create(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         data = LegalHoldSerializer(data=request.data, context={"request": request})

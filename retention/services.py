@@ -13,7 +13,7 @@ from typing import Any
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import transaction
+from django.db import IntegrityError, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -118,6 +118,24 @@ def policy_version_submit(
     return version
 
 
+class ConcurrentApproval(Exception):
+    """Another version of the same policy was approved at the same moment.
+
+    The database allows one active version per policy: of two approvals whose
+    transactions overlap, the first to commit wins and the other fails on that
+    constraint. Its reviewer compared against a version that is no longer the
+    active one, so the answer is a conflict (HTTP 409), and the version stays in
+    review for a fresh look.
+    """
+
+    def __init__(self, version_id: int) -> None:
+        super().__init__(
+            f"policy version {version_id} was not approved: another version of the same policy was approved "
+            "at the same moment. Review it again against the version now active."
+        )
+        self.version_id = version_id
+
+
 def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool) -> PolicyVersion:
     if not reviewer.has_perm("retention.approve_policyversion"):
         raise PermissionDenied("You do not have permission to review policy versions.")
@@ -126,8 +144,47 @@ def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: 
     portfolio_id = PolicyVersion.objects.filter(pk=version_id).values_list("policy__portfolio_id", flat=True).first()
     if portfolio_id is not None and not may_act_in(reviewer, "retention.approve_policyversion", portfolio_id):
         raise PermissionDenied("You are not a compliance reviewer of this policy's portfolio.")
+    # The active version as this approval starts: if another approval of the
+    # same policy commits while this one waits for the policy's row lock, the
+    # active version it finds there differs, and this one is the conflict.
+    seen_active = _active_version_id(version_id=version_id) if approve else None
+    try:
+        return _review_once(
+            version_id=version_id, reviewer=reviewer, note=note, approve=approve, seen_active=seen_active
+        )
+    except IntegrityError:
+        # The database's one-active-version rule, should two approvals ever
+        # overlap without meeting on the policy row lock.
+        if approve and _another_version_approved(version_id=version_id):
+            raise ConcurrentApproval(version_id) from None
+        raise
+
+
+def _active_version_id(*, version_id: int) -> int | None:
+    policy_id = PolicyVersion.objects.filter(pk=version_id).values_list("policy_id", flat=True).first()
+    return (
+        PolicyVersion.objects.filter(policy_id=policy_id, status=PolicyVersion.Status.APPROVED)
+        .values_list("pk", flat=True)
+        .first()
+    )
+
+
+def _another_version_approved(*, version_id: int) -> bool:
+    policy_id = PolicyVersion.objects.filter(pk=version_id).values_list("policy_id", flat=True).first()
+    return (
+        PolicyVersion.objects.filter(policy_id=policy_id, status=PolicyVersion.Status.APPROVED)
+        .exclude(pk=version_id)
+        .exists()
+    )
+
+
+def _review_once(
+    *, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool, seen_active: int | None
+) -> PolicyVersion:
     now = timezone.now()
     with transaction.atomic():
+        # Locks the version and (select_related) its policy's row: reviews of
+        # one policy are serialised here.
         version = PolicyVersion.objects.select_for_update().select_related("policy").get(pk=version_id)
         if version.status != PolicyVersion.Status.IN_REVIEW:
             raise ValidationError({"status": f"policy version {version.pk} is {version.status}, not in review."})
@@ -140,6 +197,8 @@ def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: 
                 .filter(policy_id=version.policy_id, status=PolicyVersion.Status.APPROVED)
                 .first()
             )
+            if (previous.pk if previous is not None else None) != seen_active:
+                raise ConcurrentApproval(version.pk)
             if previous is not None:
                 previous.mark_superseded()
                 superseded_id = previous.pk
@@ -173,6 +232,35 @@ def policy_version_reject(*, version_id: int, reviewer: AbstractBaseUser, note: 
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=False)
 
 
+def legal_hold_scope_validate(
+    *, portfolio: Portfolio, property: Property | None = None, record_kind: str = "", record_id: int | None = None
+) -> None:
+    """A record-level hold must name a record that exists, of ``record_kind``,
+    in ``portfolio`` (and in ``property`` when one is given); otherwise a
+    ValidationError naming ``record_id``.
+
+    A hold naming nothing would protect nothing, and a hold naming a record
+    that is already gone would make it look as though that record were kept.
+    One message for "no such record" and "a record of another portfolio", so
+    the answer never tells whether an id exists elsewhere.
+    """
+    if record_id is None:
+        return
+    if not record_kind:
+        raise ValidationError({"record_kind": "record_kind is required when record_id is given."})
+    try:
+        spec = get_spec(record_kind)
+    except ValueError as exc:
+        raise ValidationError({"record_kind": str(exc)}) from None
+    where = {"pk": record_id, "portfolio_id": portfolio.pk}
+    scope = f"portfolio {portfolio.pk}"
+    if property is not None:
+        where["property_id"] = property.pk
+        scope += f", property {property.pk}"
+    if isinstance(record_id, bool) or not isinstance(record_id, int) or not spec.model.objects.filter(**where).exists():
+        raise ValidationError({"record_id": f"there is no {spec.label.lower()} with id {record_id} in {scope}."})
+
+
 def legal_hold_place(
     *,
     portfolio: Portfolio,
@@ -198,6 +286,9 @@ def legal_hold_place(
             Portfolio.objects.select_for_update().filter(pk=portfolio.pk).get()
         else:
             Property.objects.select_for_update().filter(pk=property.pk).get()
+        # Under the scope lock: a batch deleting the record either committed
+        # before (the record is gone: refused) or waits for this hold.
+        legal_hold_scope_validate(portfolio=portfolio, property=property, record_kind=record_kind, record_id=record_id)
         hold = LegalHold.objects.create(
             portfolio=portfolio,
             property=property,

@@ -128,6 +128,40 @@ def is_postgres() -> bool:
     return connection.vendor == "postgresql"
 
 
+# --- Lock waits, observed rather than timed (PostgreSQL) ----------------------
+
+
+def backend_pid() -> int:
+    """This thread's PostgreSQL backend: what another thread looks up in pg_stat_activity."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT pg_backend_pid()")
+        return int(cursor.fetchone()[0])
+
+
+def wait_until_blocked(pid: int, *, by: int, timeout: float = 10.0) -> list[tuple[str, str]]:
+    """Poll until backend ``pid`` waits on a lock held by backend ``by``.
+
+    Returns the locks it waits for (``pg_locks``: lock type, mode, not
+    granted). The proof that a statement queued behind another transaction's
+    lock, where a sleep would only prove that some time passed.
+    """
+    import time
+
+    deadline = time.monotonic() + timeout
+    with connection.cursor() as cursor:
+        while time.monotonic() < deadline:
+            cursor.execute(
+                "SELECT a.wait_event_type, %s = ANY(pg_blocking_pids(a.pid)) FROM pg_stat_activity a WHERE a.pid = %s",
+                [by, pid],
+            )
+            row = cursor.fetchone()
+            if row is not None and row[0] == "Lock" and row[1]:
+                cursor.execute("SELECT locktype, mode FROM pg_locks WHERE pid = %s AND NOT granted", [pid])
+                return [(str(locktype), str(mode)) for locktype, mode in cursor.fetchall()]
+            time.sleep(0.01)
+    raise AssertionError(f"backend {pid} never waited on a lock held by backend {by}")
+
+
 def utc(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 

@@ -35,10 +35,11 @@ def grow(active_policy, reviewer, *, portfolios: int, properties: int) -> None: 
     for i in range(portfolios):
         portfolio = Portfolio.objects.create(name=f"P{i}", slug=f"p-{portfolios}-{i}")
         active_policy(portfolio, "lease", 365)
+        ids = []
         for j in range(properties):
             prop = Property.objects.create(portfolio=portfolio, name=f"B{j}")
-            make_records(prop, "lease", 3, ended=OLD)
-        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=1, placed_by=reviewer, reason="x")
+            ids += make_records(prop, "lease", 3, ended=OLD)
+        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x")
 
 
 def run_everything(sweep_slot: str) -> None:

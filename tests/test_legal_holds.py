@@ -167,3 +167,110 @@ def test_release_needs_a_reason_and_cannot_happen_twice(portfolio, reviewer):
     legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="settled")
     with pytest.raises(ValidationError, match="already released"):
         legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="again")
+
+
+class TestRecordHoldScope:
+    """A record-level hold names a record that exists, of its kind, in its portfolio (and property)."""
+
+    @pytest.fixture
+    def other_scope(self, portfolio):
+        from properties.models import Portfolio
+
+        other = Portfolio.objects.create(name="Other", slug="other")
+        elsewhere = Property.objects.create(portfolio=other, name="Elsewhere")
+        lease = Lease.objects.create(
+            portfolio=other, property=elsewhere, unit="1", tenant_name="T", started_on=OLD.date(), ended_on=OLD
+        )
+        return other, lease
+
+    def test_a_hold_on_an_existing_record_of_its_portfolio_and_property_is_placed(self, world, portfolio, reviewer):
+        props, ids = world
+        target = ids[(props[1].pk, "lease")][0]
+        scope = {"portfolio": portfolio, "property": props[1], "record_kind": "lease", "record_id": target}
+        hold = legal_hold_place(**scope, placed_by=reviewer, reason="dispute")
+        assert (hold.record_kind, hold.record_id) == ("lease", target)
+
+    @pytest.mark.parametrize("case", ["no_such_id", "other_kind", "other_portfolio", "other_property"])
+    def test_a_record_that_is_not_there_is_refused_naming_record_id_and_nothing_is_written(
+        self, world, portfolio, reviewer, other_scope, case
+    ):
+        props, ids = world
+        _, foreign_lease = other_scope
+        activity = ids[(props[0].pk, "tenant_activity")][0]
+        kwargs = {
+            # An id no lease has.
+            "no_such_id": {"record_kind": "lease", "record_id": 10**9},
+            # A tenant activity's id, named as a maintenance record (a kind with no row of that id).
+            "other_kind": {"record_kind": "maintenance_record", "record_id": _id_not_in(MaintenanceRecord, activity)},
+            # A lease that exists, in another customer's portfolio.
+            "other_portfolio": {"record_kind": "lease", "record_id": foreign_lease.pk},
+            # A lease of this portfolio, in the other property than the one named.
+            "other_property": {
+                "property": props[0],
+                "record_kind": "lease",
+                "record_id": ids[(props[1].pk, "lease")][0],
+            },
+        }[case]
+        with pytest.raises(ValidationError) as info:
+            legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="dispute", **kwargs)
+        assert list(info.value.message_dict) == ["record_id"]
+        message = info.value.message_dict["record_id"][0]
+        assert f"id {kwargs['record_id']} in portfolio {portfolio.pk}" in message
+        # The same words whether the id exists elsewhere or not at all.
+        assert "Other" not in message and "another" not in message
+        assert not LegalHold.objects.exists() and not AuditEvent.objects.exists()
+
+    def test_the_api_answers_400_naming_record_id(self, world, portfolio, reviewer, other_scope):
+        from rest_framework.test import APIClient
+
+        _, foreign_lease = other_scope
+        client = APIClient()
+        client.force_authenticate(reviewer)
+        body = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": foreign_lease.pk, "reason": "dispute"}
+        response = client.post("/api/v1/legal-holds/", body, format="json")
+        assert response.status_code == 400 and list(response.json()) == ["record_id"]
+        assert not LegalHold.objects.exists()
+
+    def test_the_admin_shows_the_error_on_the_record_id_field(self, client, world, portfolio, reviewer):
+        from django.urls import reverse
+
+        client.force_login(reviewer)
+        form = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": 10**9, "reason": "dispute"}
+        response = client.post(reverse("admin:retention_legalhold_add"), form)
+        assert response.status_code == 200
+        assert "record_id" in response.context["adminform"].form.errors
+        assert not LegalHold.objects.exists()
+
+    def test_a_record_deleted_between_the_admin_forms_check_and_the_placement_is_shown_not_a_500(
+        self, client, world, portfolio, reviewer, monkeypatch
+    ):
+        from django.urls import reverse
+
+        from retention import admin as retention_admin
+
+        props, ids = world
+        target = ids[(props[0].pk, "lease")][0]
+        Lease.objects.filter(pk=target).delete()  # a batch deleted it after the form's check (below) passed
+        real_check = retention_admin.legal_hold_scope_validate
+        calls: list[int] = []
+
+        def checked_before_the_delete(**kwargs: object) -> None:
+            calls.append(1)
+            if len(calls) > 1:
+                real_check(**kwargs)
+
+        monkeypatch.setattr(retention_admin, "legal_hold_scope_validate", checked_before_the_delete)
+        client.force_login(reviewer)
+        form = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": target, "reason": "dispute"}
+        response = client.post(reverse("admin:retention_legalhold_add"), form)
+        assert response.status_code == 200
+        assert "record_id" in response.context["adminform"].form.errors
+        assert not LegalHold.objects.exists()
+
+
+def _id_not_in(model, start: int) -> int:  # type: ignore[no-untyped-def]
+    """``start``, or the next id after it that ``model`` has no row for."""
+    taken = set(model.objects.values_list("id", flat=True))
+    while start in taken:
+        start += 1
+    return start

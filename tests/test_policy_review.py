@@ -1,9 +1,13 @@
 from __future__ import annotations
 
+import threading
+
 import pytest
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, connections, transaction
+from rest_framework.test import APIClient
 
+from properties.models import Portfolio
 from retention.models import AuditEvent, ImmutableVersion, PolicyVersion
 from retention.selectors import policy_version_active
 from retention.services import (
@@ -12,6 +16,8 @@ from retention.services import (
     policy_version_submit,
     retention_policy_get_or_create,
 )
+
+from .conftest import backend_pid, make_user, wait_until_blocked
 
 pytestmark = pytest.mark.django_db
 
@@ -125,3 +131,95 @@ def test_a_blank_reason_is_refused(policy, manager):
         policy_version_submit(policy=policy, retention_days=30, author=manager, reason=" ")
     assert "reason" in info.value.message_dict
     assert not PolicyVersion.objects.exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("earlier_version", ["active", "none"])
+def test_two_approvals_of_one_policy_at_the_same_moment_one_wins_and_the_other_is_a_409(earlier_version):
+    """Two reviewers approve two versions at once (two connections): the second
+    queues behind the first's transaction and then gets a 409, never a 500."""
+    manager = make_user("m", "property_manager")
+    first_reviewer = make_user("r1", "compliance_reviewer")
+    second_reviewer = make_user("r2", "compliance_reviewer")
+    policy = retention_policy_get_or_create(
+        portfolio=Portfolio.objects.create(name="Race", slug="race"), record_kind="lease"
+    )
+    if earlier_version == "active":
+        v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+        policy_version_approve(version_id=v1.pk, reviewer=first_reviewer)
+    winner = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
+    loser = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer still")
+
+    approved_uncommitted, commit_first = threading.Event(), threading.Event()
+    pids: dict[str, int] = {}
+    second_started = threading.Event()
+    responses: list = []
+    errors: list[BaseException] = []
+
+    def approve_and_hold_the_commit() -> None:
+        try:
+            pids["first"] = backend_pid()
+            with transaction.atomic():
+                policy_version_approve(version_id=winner.pk, reviewer=first_reviewer)
+                approved_uncommitted.set()
+                assert commit_first.wait(10)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def approve_through_the_api() -> None:
+        try:
+            assert approved_uncommitted.wait(10)
+            pids["second"] = backend_pid()
+            second_started.set()
+            client = APIClient()
+            client.force_authenticate(second_reviewer)
+            responses.append(client.post(f"/api/v1/policy-versions/{loser.pk}/approve/", {}, format="json"))
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    threads = [threading.Thread(target=approve_and_hold_the_commit), threading.Thread(target=approve_through_the_api)]
+    for thread in threads:
+        thread.start()
+    try:
+        assert second_started.wait(10)
+        waits = wait_until_blocked(pids["second"], by=pids["first"])
+        assert waits  # pg_locks: the second approval waits for a lock the first one holds
+    finally:
+        commit_first.set()
+        for thread in threads:
+            thread.join(20)
+    assert errors == []
+    (response,) = responses
+    assert response.status_code == 409
+    assert "approved at the same moment" in response.json()["detail"]
+    statuses = dict(PolicyVersion.objects.filter(policy=policy).values_list("pk", "status"))
+    assert statuses[winner.pk] == PolicyVersion.Status.APPROVED
+    assert statuses[loser.pk] == PolicyVersion.Status.IN_REVIEW  # still there for a fresh review
+    assert PolicyVersion.objects.filter(policy=policy, status=PolicyVersion.Status.APPROVED).count() == 1
+    approvals = AuditEvent.objects.filter(action="policy_version.approved").values_list("object_id", flat=True)
+    assert str(loser.pk) not in set(approvals)
+
+
+def test_a_conflicting_approval_on_the_admin_review_page_is_shown_on_the_form(
+    client, policy, manager, reviewer, second_reviewer, monkeypatch
+):
+    from django.urls import reverse
+
+    from retention import services
+
+    version = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
+
+    def conflict(**kwargs: object) -> None:
+        raise services.ConcurrentApproval(version.pk)
+
+    monkeypatch.setattr(services, "_review_once", conflict)
+    client.force_login(second_reviewer)
+    url = reverse("admin:retention_policyversion_review", args=[version.pk])
+    response = client.post(url, {"decision": "approve", "note": "fine"})
+    assert response.status_code == 200
+    assert "approved at the same moment" in response.content.decode()
