@@ -28,14 +28,15 @@ from datetime import datetime
 
 from django.conf import settings
 from django.db import transaction
-from django.db.models import Count, F, Window
-from django.db.models.functions import RowNumber
+from django.db.models import Count
 from django.utils import timezone
 from django_q.models import OrmQ
 from django_q.tasks import async_task
 
 from cleanup_ops.brokers import not_before
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause, not_waiting_in_broker_q
+
+DISPATCH_SCAN = 500  # the least number of oldest due jobs the fair order is taken from
 
 
 def dispatch_window() -> int:
@@ -71,19 +72,20 @@ def fair_due_job_ids(*, now: datetime, limit: int, exclude_enqueued: bool = True
     qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=paused | full)
     if exclude_enqueued:
         qs = qs.not_waiting_in_broker(now=now)
-    ranked = (
-        qs.annotate(turn=Window(RowNumber(), partition_by=[F("portfolio_id")], order_by=[F("available_at"), F("id")]))
-        .filter(turn__lte=cap)
-        .order_by("turn", "available_at", "id")
-        .values_list("id", "portfolio_id", "turn")
-    )
-    chosen = []
-    for job_id, portfolio_id, turn in ranked[: limit + len(busy) * cap]:
-        if turn <= cap - busy.get(portfolio_id, 0):
-            chosen.append(job_id)
-            if len(chosen) == limit:
-                break
-    return chosen
+    # One indexed range scan over the oldest due jobs (the open-and-due
+    # index), ranked here: a job's turn is its place among its portfolio's
+    # jobs in that prefix. Fair within the oldest ``prefix`` due jobs, which
+    # is where the next leases come from anyway; a window function over every
+    # due job cost tens of milliseconds per call at 10,000 open jobs.
+    prefix = max(DISPATCH_SCAN, limit * cap * 4)
+    rows = list(qs.order_by("available_at", "id").values_list("id", "portfolio_id", "available_at")[:prefix])
+    seen: dict[int, int] = {}
+    ranked = []
+    for job_id, portfolio_id, available_at in rows:
+        seen[portfolio_id] = seen.get(portfolio_id, 0) + 1
+        if seen[portfolio_id] <= cap - busy.get(portfolio_id, 0):
+            ranked.append((seen[portfolio_id], available_at, job_id))
+    return [job_id for _, _, job_id in sorted(ranked)[:limit]]
 
 
 def broker_backlog(*, now: datetime) -> int:
