@@ -17,7 +17,7 @@ from properties.models import Portfolio, Property
 from retention.models import LegalHold
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
 
-from .conftest import make_records, make_user, remaining_ids, utc
+from .conftest import backend_pid, make_records, make_user, remaining_ids, utc, wait_until_blocked
 
 SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T02:05:00Z")
@@ -288,34 +288,77 @@ class TestConcurrency:
         assert len({e.operation_id for e in entries}) == len(entries)
         assert remaining_ids(prop, "lease") == set()
 
-    def test_a_hold_placed_while_a_batch_runs_is_seen_by_it_or_placed_after_it(self, job):
-        """The hold transaction holds the property lock; the batch must wait and then see it."""
+    @pytest.mark.parametrize("scope", ["portfolio", "property", "record"])
+    def test_a_hold_placed_while_a_batch_runs_is_seen_by_it_or_placed_after_it(self, job, scope):
+        """The hold's transaction holds its scope's row lock (the portfolio row for a
+        portfolio-wide or a record hold without a property, the property row
+        otherwise); the batch queues behind it and then sees the hold.
+
+        Deterministic: the hold's connection keeps its transaction open on an
+        explicit event, and the test reads the batch's lock wait from
+        pg_stat_activity/pg_locks instead of timing it.
+        """
         job, prop, reviewer = job
-        hold_locked = threading.Event()
+        first_candidate = min(remaining_ids(prop, "lease"))
+        hold_scope = {
+            "portfolio": {},
+            "property": {"property": prop},
+            "record": {"record_kind": "lease", "record_id": first_candidate},
+        }[scope]
+        hold_open, commit_hold, batch_started = threading.Event(), threading.Event(), threading.Event()
+        pids: dict[str, int] = {}
+        results: list[int] = []
         errors: list = []
 
-        def place_hold_slowly() -> None:
+        def place_hold_and_wait() -> None:
             try:
+                pids["hold"] = backend_pid()
                 with transaction.atomic():
-                    legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="urgent")
-                    hold_locked.set()
-                    time.sleep(1.0)  # the batch starts now and must not slip past this hold
+                    legal_hold_place(portfolio=prop.portfolio, placed_by=reviewer, reason="urgent", **hold_scope)
+                    hold_open.set()
+                    assert commit_hold.wait(20)  # the barrier: commit only once the batch is seen waiting
             except BaseException as exc:
                 errors.append(exc)
             finally:
                 connections.close_all()
 
-        thread = threading.Thread(target=place_hold_slowly)
-        thread.start()
-        assert hold_locked.wait(10)
-        loaded = job_load(job.pk)
-        lease = job_lease(job_id=job.pk, owner="w")
-        started = time.monotonic()
-        deleted, _ = run_batch(job=loaded, lease=lease, limit=10)
-        waited = time.monotonic() - started
-        thread.join()
+        def run_one_batch() -> None:
+            try:
+                loaded = job_load(job.pk)
+                lease = job_lease(job_id=job.pk, owner="w")
+                pids["batch"] = backend_pid()
+                batch_started.set()
+                results.append(run_batch(job=loaded, lease=lease, limit=10)[0])
+            except BaseException as exc:
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        holder = threading.Thread(target=place_hold_and_wait)
+        holder.start()
+        batch = None
+        try:
+            assert hold_open.wait(10)
+            batch = threading.Thread(target=run_one_batch)
+            batch.start()
+            assert batch_started.wait(10)
+            # The batch's scope lock (FOR SHARE) waits for the hold's FOR UPDATE.
+            waits = wait_until_blocked(pids["batch"], by=pids["hold"])
+            # A row lock wait: the batch waits for the hold's transaction to end.
+            assert waits == [("transactionid", "ShareLock")]
+            assert not results  # nothing committed while it waits
+        finally:
+            commit_hold.set()
+            holder.join(20)
+            if batch is not None:
+                batch.join(20)
         assert not errors
-        assert waited > 0.5  # it queued behind the hold's lock
-        assert deleted == 0
-        assert len(remaining_ids(prop, "lease")) == 40
+        held = set(remaining_ids(prop, "lease"))
+        if scope == "record":
+            # Of the batch's ten candidates only the held one survives.
+            assert results == [9]
+            assert first_candidate in held and len(held) == 31
+        else:
+            assert results == [0]
+            assert len(held) == 40
         assert LegalHold.objects.count() == 1
