@@ -4,6 +4,11 @@ Every page issues a fixed number of queries whatever the data size (the
 figures come from aggregate selectors; lists are paginated). Writes go through
 services, need a reason, and leave audit events; the dead-letter actions add a
 confirmation step before anything changes.
+
+A customer's staff (a membership whose role reaches a page) see their
+portfolios only: every figure, list and export below is narrowed with
+``retention.scoping``; sweeps themselves are the platform's schedule and
+visible to every role that reaches them, with the customer's own figures.
 """
 
 from __future__ import annotations
@@ -39,8 +44,11 @@ from cleanup_ops.selectors import (
     dead_letter_filter_parse,
     dead_letters,
     overview,
+    sweep_figures_seen,
+    sweeps_seen,
 )
 from retention.filters import audit_events, audit_filter_parse
+from retention.scoping import portfolio_ids_q, scope_audit_events, scope_queryset, visible_portfolio_ids
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
 PAGE_SIZE = 50
@@ -70,7 +78,7 @@ def bar_chart(points: list[tuple[str, int]], *, width: int = 480, height: int = 
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def overview_page(request: HttpRequest) -> HttpResponse:
-    figures = overview()
+    figures = overview(portfolio_ids=visible_portfolio_ids(request.user))
     throughput_chart = bar_chart([(p["hour"][11:13] + "h", p["rows"]) for p in figures["throughput"]])
     retries_chart = bar_chart(list(figures["retries_by_category"].items()), height=120)
     return render(
@@ -88,15 +96,24 @@ def overview_page(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
-    sweep = get_object_or_404(Sweep, pk=sweep_id)
+    scope = visible_portfolio_ids(request.user)
+    sweep = get_object_or_404(sweeps_seen(portfolio_ids=scope), pk=sweep_id)
+    figures = {
+        "status": sweep.status,
+        "jobs_admitted": sweep.jobs_admitted,
+        "carried_over": sweep.carried_over,
+        **sweep_figures_seen(sweep),
+    }
     outcomes = list(
-        CleanupJob.objects.filter(sweep=sweep)
+        CleanupJob.objects.filter(portfolio_ids_q(scope), sweep=sweep)
         .values("kind", "state", "outcome")
         .annotate(n=Count("id"))
         .order_by("kind", "state", "outcome")
     )
-    letters = list(DeadLetter.objects.filter(sweep=sweep).order_by("-id")[:PAGE_SIZE])
-    return render(request, "console/sweep.html", {"sweep": sweep, "outcomes": outcomes, "letters": letters})
+    letters = list(DeadLetter.objects.filter(portfolio_ids_q(scope), sweep=sweep).order_by("-id")[:PAGE_SIZE])
+    return render(
+        request, "console/sweep.html", {"sweep": sweep, "figures": figures, "outcomes": outcomes, "letters": letters}
+    )
 
 
 @login_required
@@ -105,7 +122,7 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
     if fmt not in PROOF_FORMATS:
         # Checked first: the format ends up in the Content-Disposition header.
         return HttpResponse("format must be csv or json\n", status=400, content_type="text/plain")
-    proof = sweep_proof(sweep=get_object_or_404(Sweep, pk=sweep_id))
+    proof = sweep_proof(sweep=get_object_or_404(Sweep, pk=sweep_id), portfolio_ids=visible_portfolio_ids(request.user))
     if fmt == "csv":
         response = HttpResponse(proof_csv(proof), content_type="text/csv")
     else:
@@ -118,7 +135,8 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
 @permission_required("cleanup_ops.view_deadletter", raise_exception=True)
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
     letter_filter = dead_letter_filter_parse(request.GET, strict=False, default_status=DeadLetter.Status.OPEN)
-    page = Paginator(dead_letters(letter_filter), PAGE_SIZE).get_page(request.GET.get("page"))
+    letters = scope_queryset(dead_letters(letter_filter), request.user)
+    page = Paginator(letters, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(
         request,
         "console/dead_letters.html",
@@ -145,7 +163,7 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     ids = [int(i) for i in request.POST.getlist("letter") if i.isdigit()]
     reason = request.POST.get("reason", "")
-    letters = list(DeadLetter.objects.filter(pk__in=ids).order_by("id"))
+    letters = list(scope_queryset(DeadLetter.objects.filter(pk__in=ids), request.user).order_by("id"))
     errors = []
     if not letters:
         errors.append("Select at least one dead letter.")
@@ -168,12 +186,17 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return HttpResponseRedirect(reverse("console:dead_letters"))
+    failed = []
     if operation == "redrive":
         new_ids = ", ".join(str(job.pk) for job in result)
         messages.success(request, f"Redrove {len(result)} dead letter(s): new job(s) {new_ids or 'none'}.")
+        failed = result.failed
+        if failed:
+            listed = ", ".join(f"{failure.letter_id} ({failure.error_class})" for failure in failed)
+            messages.error(request, f"{len(failed)} letter(s) could not be redriven and are still open: {listed}.")
     else:
         messages.success(request, f"Dismissed {result} dead letter(s).")
-    skipped = len(letters) - (len(result) if operation == "redrive" else result)
+    skipped = len(letters) - len(failed) - (len(result) if operation == "redrive" else result)
     if skipped:
         messages.warning(request, f"{skipped} letter(s) were no longer open and were left as they are.")
     return HttpResponseRedirect(reverse("console:dead_letters"))
@@ -183,7 +206,8 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
 @permission_required("retention.view_auditevent", raise_exception=True)
 def audit_log(request: HttpRequest) -> HttpResponse:
     audit_filter = audit_filter_parse(request.GET, strict=False)
-    page = Paginator(audit_events(audit_filter), PAGE_SIZE).get_page(request.GET.get("page"))
+    events = scope_audit_events(audit_events(audit_filter), request.user)
+    page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
     return render(request, "console/audit.html", {"page": page, "filters": audit_filter.as_params()})
 
 

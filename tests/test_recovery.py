@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import random
 from datetime import timedelta
 from email.utils import format_datetime
@@ -325,6 +326,68 @@ class TestRedrive:
         assert len(redriven) == 2
         assert AuditEvent.objects.filter(action="dead_letter.redriven").count() == 2
         assert DeadLetter.objects.get(category="policy_or_input").status == DeadLetter.Status.OPEN
+
+    def test_a_redrive_of_a_redrive_keeps_a_bounded_key_numbered_per_root(self, letter, operator_user, clock):
+        root = letter.job.key
+        keys = []
+        for n in range(1, 5):
+            new = dead_letter_redrive(letter_id=letter.pk, actor=operator_user, reason=REASON)
+            keys.append(new.key)
+            # The redrive fails the same way and becomes the next dead letter.
+            job_run_slice(job_id=new.pk, before_batch=raising(DownstreamError(400)))
+            letter = DeadLetter.objects.get(job=new)
+            previous = CleanupJob.objects.get(key=keys[-2] if n > 1 else root)
+            assert new.redrive_of_id == previous.pk  # the chain is kept; only the key stays short
+        assert keys == [f"{root}:redrive:{n}" for n in range(1, 5)]
+
+    def test_one_letter_that_cannot_be_redriven_does_not_roll_back_the_others_and_is_reported(
+        self, portfolio, active_policy, clock, operator_user, monkeypatch
+    ):
+        from cleanup_ops.recovery import operator
+
+        active_policy(portfolio, "lease", 365)
+        for i in range(3):
+            make_records(Property.objects.create(portfolio=portfolio, name=f"B{i}"), "lease", 2, ended=OLD)
+        sweep_trigger(slot=SLOT, now=NOW)
+        jobs = list(CleanupJob.objects.order_by("id"))
+        for job in jobs:
+            job_run_slice(job_id=job.pk, before_batch=raising(DownstreamError(400)))
+        letters = list(DeadLetter.objects.order_by("id"))
+        broken = letters[1]
+        real_key = operator.redrive_key
+
+        def colliding_key(job: CleanupJob) -> str:
+            # A key that already exists: a real unique violation in the database.
+            return jobs[0].key if job.pk == broken.job_id else real_key(job)
+
+        monkeypatch.setattr(operator, "redrive_key", colliding_key)
+        result = dead_letters_redrive_bulk(actor=operator_user, reason=REASON, letter_filter=DeadLetterFilter())
+        assert [job.redrive_of_id for job in result] == [letters[0].job_id, letters[2].job_id]
+        assert [(f.letter_id, f.error_class) for f in result.failed] == [(broken.pk, "IntegrityError")]
+        statuses = dict(DeadLetter.objects.values_list("pk", "status"))
+        assert statuses == {letters[0].pk: "redriven", broken.pk: "open", letters[2].pk: "redriven"}
+        assert AuditEvent.objects.filter(action="dead_letter.redriven").count() == 2
+        assert CleanupJob.objects.filter(redrive_of__isnull=False).count() == 2
+
+        # The console and the command say which letter stayed open.
+        from django.test import Client
+
+        monkeypatch.setattr(operator, "redrive_key", lambda job: jobs[0].key)
+        client = Client()
+        client.force_login(operator_user)
+        page = client.post(
+            "/console/dead-letters/action/",
+            {"operation": "redrive", "letter": [broken.pk], "reason": REASON, "confirm": "yes"},
+            follow=True,
+        )
+        assert f"could not be redriven and are still open: {broken.pk} (IntegrityError)" in page.content.decode()
+        out, err = StringIO(), StringIO()
+        call_command(
+            "cleanup_redrive", "--category", "downstream_rejected", "--reason", REASON, "--json", stdout=out, stderr=err
+        )
+        reported = json.loads(out.getvalue())
+        assert reported["failed"] == [{"letter_id": broken.pk, "error_class": "IntegrityError"}]
+        assert DeadLetter.objects.get(pk=broken.pk).status == "open"
 
     def test_the_redrive_command_redrives_by_category_and_rejects_bad_flags(self, letter, clock):
         with pytest.raises(CommandError, match="--category: unknown"):

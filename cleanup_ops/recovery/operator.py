@@ -7,11 +7,15 @@ audit event per object it changed, in the same transaction.
 Redrive and dismiss share one helper for the single and the bulk form:
 letters are locked ``FOR UPDATE`` and must still be open (a single letter that
 is not open is a ``DeadLetterNotOpen``; in bulk such letters are skipped). A
-redrive is a *new* job with a new id and the key ``<old key>:redrive:<n>``,
-copying the old job's scope and cursor (the ledger replays anything already
-applied, so the old cursor is a safe start); a purge job's redrive inherits
-its kind and its outbox row. Redriven sweeps are running again, and the
-dispatcher is woken after commit.
+redrive is a *new* job with a new id and the key ``<root key>:redrive:<n>``
+(the root is the job that was first admitted, so a redrive of a redrive keeps
+a bounded key and ``n`` counts the redrives of that root), copying the old
+job's scope and cursor (the ledger replays anything already applied, so the
+old cursor is a safe start); a purge job's redrive inherits its kind and its
+outbox row. In bulk each letter is decided in its own savepoint: one that
+cannot be redriven (a database error) stays open and is reported in the
+result, without rolling back the others. Redriven sweeps are running again,
+and the dispatcher is woken after commit.
 
 A pause stops new leases (everywhere, or in one portfolio); slices in flight
 finish their batch.
@@ -19,11 +23,14 @@ finish their batch.
 
 from __future__ import annotations
 
+import re
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, models, transaction
+from django.db import DatabaseError, IntegrityError, models, transaction
 from django.utils import timezone
 
 from cleanup_ops.dispatch import dispatch_after_commit
@@ -61,12 +68,53 @@ def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:
         raise PermissionDenied(f"You do not have the {perm} permission.")
 
 
+_REDRIVE_SUFFIX = re.compile(r"(?::redrive:[0-9]+)+\Z")
+
+
+def redrive_key(job: CleanupJob) -> str:
+    """``<root key>:redrive:<n>``: the root is the first job of the chain (any
+    ``:redrive:<n>`` suffixes stripped), ``n`` one more than the highest
+    redrive of that root so far, so the key stays bounded however often a
+    job is redriven."""
+    root = _REDRIVE_SUFFIX.sub("", job.key)
+    prefix = f"{root}:redrive:"
+    numbers = [
+        int(key[len(prefix) :])
+        for key in CleanupJob.objects.filter(key__startswith=prefix).values_list("key", flat=True)
+        if key[len(prefix) :].isascii() and key[len(prefix) :].isdigit()
+    ]
+    return f"{prefix}{max(numbers, default=0) + 1}"
+
+
+@dataclass(frozen=True)
+class LetterFailure:
+    """A letter a bulk redrive could not redrive: it stays open."""
+
+    letter_id: int
+    error_class: str
+
+
+@dataclass
+class BulkRedrive:
+    """What a bulk redrive did: the new jobs, and the letters it could not redrive.
+
+    Iterating (and ``len``) goes over the new jobs."""
+
+    jobs: list[CleanupJob] = field(default_factory=list)
+    failed: list[LetterFailure] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[CleanupJob]:
+        return iter(self.jobs)
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
 def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
     old = letter.job
-    n = CleanupJob.objects.filter(redrive_of=old).count() + 1
     return CleanupJob.objects.create(
         sweep_id=old.sweep_id,
-        key=f"{old.key}:redrive:{n}",
+        key=redrive_key(old),
         # A purge job's kind and outbox row belong to its scope too.
         kind=old.kind,
         purge_request_id=old.purge_request_id,
@@ -79,32 +127,59 @@ def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
     )
 
 
+def _decide_one(
+    letter: DeadLetter, *, decision: Decision, actor: AbstractBaseUser | None, reason: str, now: datetime
+) -> CleanupJob | None:
+    """Apply one decision to one locked, open letter; the redrive job, if any."""
+    job = None
+    if decision == Decision.REDRIVE:
+        job = _redrive_job(letter, now=now)
+        letter.mark_resolved(status=DeadLetter.Status.REDRIVEN, by=actor, at=now, reason=reason, redrive_job=job)
+        details = {"old_job_id": letter.job_id, "new_job_id": job.pk}
+    else:
+        letter.mark_resolved(status=DeadLetter.Status.DISMISSED, by=actor, at=now, reason=reason)
+        details = {"job_id": letter.job_id}
+    audit_event_record(
+        actor=actor,
+        action=f"dead_letter.{'redriven' if decision == Decision.REDRIVE else 'dismissed'}",
+        object_type="dead_letter",
+        object_id=letter.pk,
+        reason=reason,
+        details={**details, "category": letter.category, "sweep_id": letter.sweep_id},
+    )
+    return job
+
+
 def _decide(
-    letters: list[DeadLetter], *, decision: Decision, actor: AbstractBaseUser | None, reason: str, now: datetime
-) -> list[CleanupJob]:
-    """Apply one decision to locked, open letters; the redrive jobs it created."""
-    jobs = []
+    letters: list[DeadLetter],
+    *,
+    decision: Decision,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    now: datetime,
+    isolate: bool = False,
+) -> tuple[list[DeadLetter], list[CleanupJob], list[LetterFailure]]:
+    """Apply one decision to locked, open letters: (letters decided, redrive
+    jobs created, letters that failed). With ``isolate`` each letter has its
+    own savepoint and a database error leaves just that letter open."""
+    decided, jobs, failed = [], [], []
     for letter in letters:
-        if decision == Decision.REDRIVE:
-            job = _redrive_job(letter, now=now)
-            jobs.append(job)
-            letter.mark_resolved(status=DeadLetter.Status.REDRIVEN, by=actor, at=now, reason=reason, redrive_job=job)
-            details = {"old_job_id": letter.job_id, "new_job_id": job.pk}
+        if isolate:
+            try:
+                with transaction.atomic():
+                    job = _decide_one(letter, decision=decision, actor=actor, reason=reason, now=now)
+            except DatabaseError as exc:
+                failed.append(LetterFailure(letter.pk, type(exc).__name__))
+                continue
         else:
-            letter.mark_resolved(status=DeadLetter.Status.DISMISSED, by=actor, at=now, reason=reason)
-            details = {"job_id": letter.job_id}
-        audit_event_record(
-            actor=actor,
-            action=f"dead_letter.{'redriven' if decision == Decision.REDRIVE else 'dismissed'}",
-            object_type="dead_letter",
-            object_id=letter.pk,
-            reason=reason,
-            details={**details, "category": letter.category, "sweep_id": letter.sweep_id},
-        )
+            job = _decide_one(letter, decision=decision, actor=actor, reason=reason, now=now)
+        decided.append(letter)
+        if job is not None:
+            jobs.append(job)
     if jobs:
         Sweep.objects.reopen(sweep_ids={job.sweep_id for job in jobs})
         dispatch_after_commit()
-    return jobs
+    return decided, jobs, failed
 
 
 def dead_letters_decide(
@@ -114,10 +189,11 @@ def dead_letters_decide(
     reason: str,
     letter_filter: DeadLetterFilter | None = None,
     letter_id: int | None = None,
-) -> tuple[list[DeadLetter], list[CleanupJob]]:
-    """Redrive or dismiss one letter (``letter_id``: must be open) or every
-    open letter matching ``letter_filter``, in one transaction. Returns the
-    letters decided and the redrive jobs created."""
+) -> tuple[list[DeadLetter], list[CleanupJob], list[LetterFailure]]:
+    """Redrive or dismiss one letter (``letter_id``: must be open; a failure
+    raises) or every open letter matching ``letter_filter``, in one
+    transaction with a savepoint per letter. Returns the letters decided, the
+    redrive jobs created and the letters that could not be decided."""
     _require_perm(actor, _PERMISSION[decision])
     reason = operator_reason(reason)
     now = timezone.now()
@@ -131,34 +207,38 @@ def dead_letters_decide(
         else:
             chosen = letter_filter or DeadLetterFilter()
             letters = list(locked.open().filter(chosen.q(now=now)).order_by("id"))
-        jobs = _decide(letters, decision=decision, actor=actor, reason=reason, now=now)
-    return letters, jobs
+        return _decide(letters, decision=decision, actor=actor, reason=reason, now=now, isolate=letter_id is None)
 
 
 def dead_letter_redrive(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> CleanupJob:
-    """Try a dead letter again as a *new* job (new id, key ``<old key>:redrive:<n>``)."""
-    _, jobs = dead_letters_decide(decision=Decision.REDRIVE, actor=actor, reason=reason, letter_id=letter_id)
+    """Try a dead letter again as a *new* job (new id, key ``<root key>:redrive:<n>``)."""
+    _, jobs, _ = dead_letters_decide(decision=Decision.REDRIVE, actor=actor, reason=reason, letter_id=letter_id)
     return jobs[0]
 
 
 def dead_letter_dismiss(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> DeadLetter:
-    letters, _ = dead_letters_decide(decision=Decision.DISMISS, actor=actor, reason=reason, letter_id=letter_id)
+    letters, _, _ = dead_letters_decide(decision=Decision.DISMISS, actor=actor, reason=reason, letter_id=letter_id)
     return letters[0]
 
 
 def dead_letters_redrive_bulk(
     *, actor: AbstractBaseUser | None, reason: str, letter_filter: DeadLetterFilter | None = None
-) -> list[CleanupJob]:
+) -> BulkRedrive:
     """Redrive every open letter matching the filter, one audit event each.
-    Letters no longer open are skipped: the caller sees which from the jobs."""
-    _, jobs = dead_letters_decide(decision=Decision.REDRIVE, actor=actor, reason=reason, letter_filter=letter_filter)
-    return jobs
+    Letters no longer open are skipped (the caller sees which from the jobs);
+    letters that could not be redriven stay open and are listed in ``failed``."""
+    _, jobs, failed = dead_letters_decide(
+        decision=Decision.REDRIVE, actor=actor, reason=reason, letter_filter=letter_filter
+    )
+    return BulkRedrive(jobs=jobs, failed=failed)
 
 
 def dead_letters_dismiss_bulk(
     *, actor: AbstractBaseUser | None, reason: str, letter_filter: DeadLetterFilter | None = None
 ) -> int:
-    letters, _ = dead_letters_decide(decision=Decision.DISMISS, actor=actor, reason=reason, letter_filter=letter_filter)
+    letters, _, _ = dead_letters_decide(
+        decision=Decision.DISMISS, actor=actor, reason=reason, letter_filter=letter_filter
+    )
     return len(letters)
 
 

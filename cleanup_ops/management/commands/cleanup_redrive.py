@@ -44,6 +44,7 @@ class Command(BaseCommand):
         letter_filter = DeadLetterFilter(
             category=options["category"], portfolio_id=options["portfolio"], sweep_id=sweep_id
         )
+        failed: list[dict[str, object]] = []
         try:
             if options["dismiss"]:
                 count, new_jobs = (
@@ -51,12 +52,9 @@ class Command(BaseCommand):
                     [],
                 )
             else:
-                new_jobs = [
-                    job.pk
-                    for job in dead_letters_redrive_bulk(
-                        actor=actor, reason=options["reason"], letter_filter=letter_filter
-                    )
-                ]
+                result = dead_letters_redrive_bulk(actor=actor, reason=options["reason"], letter_filter=letter_filter)
+                new_jobs = [job.pk for job in result]
+                failed = [{"letter_id": f.letter_id, "error_class": f.error_class} for f in result.failed]
                 count = len(new_jobs)
         except ValidationError as exc:
             raise CommandError(f"--reason: {exc.message_dict['reason'][0]}") from None
@@ -64,6 +62,10 @@ class Command(BaseCommand):
             raise CommandError(f"--user: {exc}") from None
         verb = "dismissed" if options["dismiss"] else "redriven"
         if options["json"]:
-            self.stdout.write(json.dumps({verb: count, "new_job_ids": new_jobs}))
+            self.stdout.write(json.dumps({verb: count, "new_job_ids": new_jobs, "failed": failed}))
             return
         self.stdout.write(f"{count} dead letters {verb}." + (f" New jobs: {new_jobs}" if new_jobs else ""))
+        for failure in failed:
+            self.stderr.write(
+                f"Dead letter {failure['letter_id']} could not be redriven ({failure['error_class']}); still open."
+            )
