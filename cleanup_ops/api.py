@@ -4,8 +4,10 @@ The pipeline's endpoints: sweeps, jobs, dead letters, metrics, pause/resume.
 Retention's (policies, versions, holds, audit events) are in ``retention.api``.
 
 Views are thin: they check the role (``RolePermission`` maps each action to a
-Django permission), validate input with a serializer, call a service and
-render the result. Service errors map to HTTP: ``ValidationError`` → 400,
+Django permission), see only the user's portfolios (``TenantScoped`` for jobs
+and letters; sweeps, proofs and metrics count the user's portfolios only, see
+``cleanup_ops.selectors``), validate input with a serializer, call a service
+and render the result. Service errors map to HTTP: ``ValidationError`` → 400,
 ``PermissionDenied`` → 403, ``DeadLetterNotOpen`` → 409. The shared plumbing
 is in ``retention.apiutils``; the router is wired in ``config/urls.py``.
 """
@@ -36,9 +38,18 @@ from cleanup_ops.recovery.operator import (
     pipeline_resume,
 )
 from cleanup_ops.schedule import SlotError, slot_parse, sweep_trigger
-from cleanup_ops.selectors import dead_letter_filter_parse, overview
+from cleanup_ops.selectors import dead_letter_filter_parse, overview, sweep_figures_seen, sweeps_seen
 from retention import apiutils
-from retention.apiutils import Conflict, ReasonSerializer, RolePermission, choice_param, filter_errors_as_400, int_param
+from retention.apiutils import (
+    Conflict,
+    ReasonSerializer,
+    RolePermission,
+    TenantScoped,
+    choice_param,
+    filter_errors_as_400,
+    int_param,
+)
+from retention.scoping import portfolio_ids_q, visible_portfolio_ids
 
 
 def call_service(fn: Any, **kwargs: Any) -> Any:
@@ -53,6 +64,10 @@ def call_service(fn: Any, **kwargs: Any) -> Any:
 
 
 class SweepSerializer(serializers.ModelSerializer):
+    carried_over = serializers.IntegerField(
+        read_only=True, allow_null=True, help_text="null for a customer's staff: not attributed per portfolio"
+    )
+
     class Meta:
         model = Sweep
         fields = [
@@ -66,6 +81,14 @@ class SweepSerializer(serializers.ModelSerializer):
             "admitted_at",
             "finished_at",
         ]
+
+    def to_representation(self, instance: Sweep) -> dict[str, Any]:
+        # A customer's staff see their own figures (cleanup_ops.selectors.sweeps_seen).
+        data = super().to_representation(instance)
+        seen = sweep_figures_seen(instance)
+        if seen.get("finished_at") is not None:
+            seen["finished_at"] = serializers.DateTimeField().to_representation(seen["finished_at"])
+        return {**data, **seen}
 
 
 class SweepDetailSerializer(SweepSerializer):
@@ -166,12 +189,16 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         "create": "cleanup_ops.add_sweep",
     }
 
+    def get_queryset(self) -> QuerySet[Sweep]:
+        return sweeps_seen(portfolio_ids=visible_portfolio_ids(self.request.user))
+
     def retrieve(self, request: Request, pk: str | None = None) -> Response:
         sweep = self.get_object()
-        by_state = dict(sweep.jobs.values_list("state").annotate(n=Count("id")).order_by())
+        jobs = sweep.jobs.filter(portfolio_ids_q(visible_portfolio_ids(request.user)))
+        by_state = dict(jobs.values_list("state").annotate(n=Count("id")).order_by())
         figures = {
             "jobs_by_state": {s: by_state.get(s, 0) for s in JobState.values},
-            "rows_deleted": sweep.jobs.aggregate(n=Sum("rows_deleted"))["n"] or 0,
+            "rows_deleted": jobs.aggregate(n=Sum("rows_deleted"))["n"] or 0,
         }
         return Response(SweepDetailSerializer(sweep, context={"figures": figures}).data)
 
@@ -213,7 +240,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @action(detail=True, methods=["get"])
     def proof(self, request: Request, pk: str | None = None) -> Response | HttpResponse:
         export = choice_param(request, "export", list(PROOF_FORMATS)) or "json"
-        proof = sweep_proof(sweep=self.get_object())
+        proof = sweep_proof(sweep=self.get_object(), portfolio_ids=visible_portfolio_ids(request.user))
         if export == "csv":
             response = HttpResponse(proof_csv(proof), content_type="text/csv")
             response["Content-Disposition"] = f'attachment; filename="proof-{proof["sweep_id"]}.csv"'
@@ -221,7 +248,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         return Response(proof)
 
 
-class JobViewSet(viewsets.ReadOnlyModelViewSet):
+class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     serializer_class = JobSerializer
     permission_classes = [RolePermission]
     required_perms = {"list": "cleanup_ops.view_cleanupjob", "retrieve": "cleanup_ops.view_cleanupjob"}
@@ -249,7 +276,7 @@ class JobViewSet(viewsets.ReadOnlyModelViewSet):
         return qs
 
 
-class DeadLetterViewSet(viewsets.ReadOnlyModelViewSet):
+class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     serializer_class = DeadLetterSerializer
     permission_classes = [RolePermission]
     required_perms = {
@@ -320,7 +347,7 @@ class MetricsView(APIView):
 
     @extend_schema(responses={200: OpenApiResponse(description="overview figures")})
     def get(self, request: Request) -> Response:
-        return Response(overview())
+        return Response(overview(portfolio_ids=visible_portfolio_ids(request.user)))
 
 
 class _PauseSwitchView(APIView):

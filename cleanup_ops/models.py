@@ -37,6 +37,16 @@ class SweepStatus(models.TextChoices):
     DRAINED_WITH_DEAD_LETTERS = "drained_with_dead_letters", "Drained with dead letters"
 
 
+def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:
+    """A sweep's status as a customer's staff see it: from their own jobs'
+    counts (open, dead), so another customer's jobs never show through."""
+    if status == SweepStatus.ADMITTING:
+        return status
+    if open_jobs:
+        return SweepStatus.RUNNING
+    return SweepStatus.DRAINED_WITH_DEAD_LETTERS if dead_jobs else SweepStatus.DRAINED
+
+
 class SweepQuerySet(models.QuerySet["Sweep"]):
     def mark_drained_if_finished(self, *, sweep_id: int, now: datetime) -> None:
         """Mark a running sweep drained once none of its jobs is open."""

@@ -5,6 +5,10 @@ deleted, and ``digest`` = sha256 over the job's operation ids, sorted and
 joined by newlines. Per sweep: ``digest`` = sha256 over the job digests in job
 id order, joined by newlines. Anyone holding the ledger can recompute both;
 nothing in the export is a record's content.
+
+For a customer's staff (``portfolio_ids``) the proof covers their portfolios'
+jobs only: the sweep digest is then over their job digests, which they can
+recompute from their own rows, and ``portfolio_ids`` says what it covers.
 """
 
 from __future__ import annotations
@@ -14,7 +18,7 @@ import hashlib
 import io
 from typing import Any
 
-from cleanup_ops.models import CleanupJob, LedgerEntry, Sweep
+from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep, sweep_status_seen
 
 # The export formats, checked before a format reaches a file name or a header.
 PROOF_FORMATS = ("json", "csv")
@@ -35,10 +39,12 @@ CSV_FIELDS = [
 ]
 
 
-def sweep_proof(*, sweep: Sweep) -> dict[str, Any]:
-    """Three queries whatever the sweep's size; operation ids are streamed."""
+def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) -> dict[str, Any]:
+    """Three queries whatever the sweep's size; operation ids are streamed.
+    ``portfolio_ids``: only those portfolios' jobs (``None``: all)."""
+    in_scope = {} if portfolio_ids is None else {"portfolio_id__in": sorted(portfolio_ids)}
     jobs = list(
-        CleanupJob.objects.filter(sweep=sweep)
+        CleanupJob.objects.filter(sweep=sweep, **in_scope)
         .order_by("id")
         .values(
             "id",
@@ -56,7 +62,7 @@ def sweep_proof(*, sweep: Sweep) -> dict[str, Any]:
     hashers: dict[int, Any] = {}
     counts: dict[int, int] = {}
     ledger = (
-        LedgerEntry.objects.filter(job__sweep=sweep)
+        LedgerEntry.objects.filter(job__sweep=sweep, **in_scope)
         .order_by("job_id", "operation_id")
         .values_list("job_id", "operation_id")
         .iterator(chunk_size=5000)
@@ -89,10 +95,19 @@ def sweep_proof(*, sweep: Sweep) -> dict[str, Any]:
             }
         )
     sweep_digest = hashlib.sha256("\n".join(r["digest"] for r in rows).encode()).hexdigest()
+    status = sweep.status
+    scope: dict[str, Any] = {}
+    if portfolio_ids is not None:
+        states = [r["state"] for r in rows]
+        status = sweep_status_seen(
+            status, open_jobs=sum(s in OPEN_STATES for s in states), dead_jobs=states.count(JobState.DEAD)
+        )
+        scope = {"portfolio_ids": sorted(portfolio_ids)}
     return {
         "sweep_id": sweep.pk,
         "key": sweep.key,
-        "status": sweep.status,
+        "status": status,
+        **scope,
         "jobs": len(rows),
         "rows_deleted": sum(r["rows_deleted"] for r in rows),
         "digest": sweep_digest,

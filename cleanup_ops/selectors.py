@@ -1,5 +1,12 @@
 """Reads: the figures of ``cleanup_status``, the console and the API, and the
 filters both the console and the API parse from a request (defined once here).
+
+Tenant scope: the figures the console and the API show take ``portfolio_ids``
+— ``None`` for the platform's staff (every portfolio), otherwise the
+portfolios a customer's staff member may see
+(``retention.scoping.visible_portfolio_ids``) — and count only those
+portfolios' jobs, ledger rows, letters and records. Pipeline-wide facts that
+name no portfolio (the current sweep's key, the limits) are shown to all.
 """
 
 from __future__ import annotations
@@ -10,14 +17,16 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Min, Q, Sum
+from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from cleanup_ops import sql
 from cleanup_ops.models import (
+    OPEN_STATES,
     CleanupJob,
     DeadLetter,
+    JobKind,
     JobState,
     LedgerEntry,
     PipelinePause,
@@ -26,6 +35,7 @@ from cleanup_ops.models import (
     live_lease_q,
     open_letter_q,
     open_q,
+    sweep_status_seen,
 )
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
@@ -33,6 +43,10 @@ from retention.eligibility import db_datetime, hold_covers_sql
 from retention.filters import choice_param, id_param
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
+from retention.scoping import portfolio_ids_q
+
+# None: every portfolio (platform staff); a set: a customer's portfolios.
+PortfolioScope = frozenset[int] | None
 
 # --- Filters parsed from a request (console and API) ---------------------------
 
@@ -177,22 +191,66 @@ def current_sweep() -> Sweep | None:
     return Sweep.objects.order_by("-slot").first()
 
 
-def sweep_progress(sweep: Sweep | None, *, total: int, finished: int, rows_deleted: int) -> dict[str, Any] | None:
+def sweeps_seen(*, portfolio_ids: PortfolioScope) -> QuerySet[Sweep]:
+    """Every sweep (the schedule is the platform's, not a customer's). For a
+    customer's staff each sweep carries their own figures (``own_*``, see
+    ``sweep_figures_seen``) in place of the pipeline-wide ones."""
+    qs = Sweep.objects.order_by("-slot")
+    if portfolio_ids is None:
+        return qs
+    mine = portfolio_ids_q(portfolio_ids, field="jobs__portfolio_id")
+    return qs.annotate(
+        own_admitted=Count("jobs", filter=mine & Q(jobs__kind=JobKind.DELETE, jobs__redrive_of__isnull=True)),
+        own_open=Count("jobs", filter=mine & Q(jobs__state__in=OPEN_STATES)),
+        own_dead=Count("jobs", filter=mine & Q(jobs__state=JobState.DEAD)),
+        own_finished_at=Max("jobs__finished_at", filter=mine),
+    )
+
+
+def sweep_figures_seen(sweep: Sweep) -> dict[str, Any]:
+    """The pipeline-wide figures of a sweep from ``sweeps_seen``, replaced by
+    the customer's own. ``carried_over`` is not attributed per portfolio, so a
+    customer sees none rather than everyone's."""
+    if not hasattr(sweep, "own_admitted"):
+        return {}
+    status = sweep_status_seen(sweep.status, open_jobs=sweep.own_open, dead_jobs=sweep.own_dead)
+    drained = status in {Sweep.Status.DRAINED, Sweep.Status.DRAINED_WITH_DEAD_LETTERS}
+    return {
+        "status": status,
+        "jobs_admitted": sweep.own_admitted,
+        "carried_over": None,
+        "finished_at": (sweep.own_finished_at or sweep.admitted_at) if drained else None,
+    }
+
+
+def sweep_progress(
+    sweep: Sweep | None,
+    *,
+    total: int,
+    finished: int,
+    rows_deleted: int,
+    dead: int = 0,
+    portfolio_ids: PortfolioScope = None,
+) -> dict[str, Any] | None:
     if sweep is None:
         return None
+    status = sweep.status
+    if portfolio_ids is not None:
+        # ``finished`` counts done and dead jobs; the rest are still open.
+        status = sweep_status_seen(status, open_jobs=total - finished, dead_jobs=dead)
     return {
         "id": sweep.pk,
         "key": sweep.key,
-        "status": sweep.status,
+        "status": status,
         "jobs": total,
         "finished": finished,
         "percent": round(100 * finished / total, 1) if total else 100.0,
         "rows_deleted": rows_deleted,
-        "carried_over": sweep.carried_over,
+        "carried_over": sweep.carried_over if portfolio_ids is None else None,
     }
 
 
-def jobs_overview(*, now: datetime, sweep: Sweep | None) -> dict[str, Any]:
+def jobs_overview(*, now: datetime, sweep: Sweep | None, portfolio_ids: PortfolioScope = None) -> dict[str, Any]:
     """Jobs of the current sweep plus every open job, whatever its sweep.
 
     Scoped so the cost follows the current sweep and the open work (both
@@ -201,7 +259,7 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None) -> dict[str, Any]:
     scope = open_q()
     if sweep is not None:
         scope |= Q(sweep=sweep)
-    agg = CleanupJob.objects.filter(scope).aggregate(
+    agg = CleanupJob.objects.filter(scope, portfolio_ids_q(portfolio_ids)).aggregate(
         **{f"state_{s}": Count("id", filter=Q(state=s)) for s in JobState.values},
         leased=Count("id", filter=live_lease_q(now=now)),
         oldest_due=Min("available_at", filter=due_q(now=now)),
@@ -210,7 +268,8 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None) -> dict[str, Any]:
         dead=Count("id", filter=Q(sweep=sweep, state=JobState.DEAD)),
         sweep_rows=Sum("rows_deleted", filter=Q(sweep=sweep)),
     )
-    recent = LedgerEntry.objects.filter(applied_at__gte=now - timedelta(hours=24)).aggregate(n=Sum("rows_deleted"))
+    recent = LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - timedelta(hours=24))
+    recent = recent.aggregate(n=Sum("rows_deleted"))
     finished = agg["done"] + agg["dead"]
     return {
         "jobs_by_state": {s: agg[f"state_{s}"] for s in JobState.values},
@@ -219,16 +278,23 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None) -> dict[str, Any]:
         "oldest_due_age_seconds": round((now - agg["oldest_due"]).total_seconds(), 1) if agg["oldest_due"] else None,
         "completion_rate": round(agg["done"] / finished, 4) if finished else None,
         "current_sweep": sweep_progress(
-            sweep, total=agg["in_sweep"], finished=finished, rows_deleted=agg["sweep_rows"] or 0
+            sweep,
+            total=agg["in_sweep"],
+            finished=finished,
+            rows_deleted=agg["sweep_rows"] or 0,
+            dead=agg["dead"],
+            portfolio_ids=portfolio_ids,
         ),
     }
 
 
-def throughput(*, now: datetime, hours: int = THROUGHPUT_HOURS) -> list[dict[str, Any]]:
+def throughput(
+    *, now: datetime, hours: int = THROUGHPUT_HOURS, portfolio_ids: PortfolioScope = None
+) -> list[dict[str, Any]]:
     """Rows deleted per hour over the last ``hours`` hours (oldest first, gaps as 0)."""
     start = (now - timedelta(hours=hours - 1)).replace(minute=0, second=0, microsecond=0)
     rows = dict(
-        LedgerEntry.objects.filter(applied_at__gte=start)
+        LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=start)
         .annotate(hour=TruncHour("applied_at"))
         .values_list("hour")
         .annotate(n=Sum("rows_deleted"))
@@ -240,13 +306,13 @@ def throughput(*, now: datetime, hours: int = THROUGHPUT_HOURS) -> list[dict[str
     ]
 
 
-def retries_by_category(*, sweep: Sweep | None) -> dict[str, int]:
+def retries_by_category(*, sweep: Sweep | None, portfolio_ids: PortfolioScope = None) -> dict[str, int]:
     """Failed attempts by category, for the current sweep's jobs and open ones."""
     scope = open_q()
     if sweep is not None:
         scope |= Q(sweep=sweep)
     return dict(
-        CleanupJob.objects.filter(scope, attempt__gt=0)
+        CleanupJob.objects.filter(scope, portfolio_ids_q(portfolio_ids), attempt__gt=0)
         .exclude(last_error_category="")
         .values_list("last_error_category")
         .annotate(n=Sum("attempt"))
@@ -254,8 +320,8 @@ def retries_by_category(*, sweep: Sweep | None) -> dict[str, int]:
     )
 
 
-def dead_letter_figures(*, now: datetime) -> dict[str, Any]:
-    agg = DeadLetter.objects.aggregate(
+def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) -> dict[str, Any]:
+    agg = DeadLetter.objects.filter(portfolio_ids_q(portfolio_ids)).aggregate(
         open=Count("id", filter=open_letter_q()),
         oldest=Min("last_seen_at", filter=open_letter_q()),
         last_24h=Count("id", filter=Q(last_seen_at__gte=now - timedelta(hours=24))),
@@ -271,13 +337,17 @@ def dead_letter_figures(*, now: datetime) -> dict[str, Any]:
     }
 
 
-def portfolio_fairness(*, now: datetime, sweep: Sweep | None) -> list[dict[str, Any]]:
+def portfolio_fairness(
+    *, now: datetime, sweep: Sweep | None, portfolio_ids: PortfolioScope = None
+) -> list[dict[str, Any]]:
     """Per portfolio in the current sweep: wait from admission to first lease
     (p50, p95), live leases and rows deleted. One query on PostgreSQL."""
     if sweep is None:
         return []
     if sql.is_postgres():
         rows = sql.execute(sql.portfolio_fairness_pg(), [now, sweep.pk])
+        # One row per portfolio: a customer's staff get their own rows only.
+        rows = [r for r in rows if portfolio_ids is None or r[0] in portfolio_ids]
         return [
             {
                 "portfolio_id": r[0],
@@ -292,9 +362,9 @@ def portfolio_fairness(*, now: datetime, sweep: Sweep | None) -> list[dict[str, 
     # SQLite (demo only): no percentile aggregate, so compute it here.
     waits: dict[int, list[float]] = {}
     stats: dict[int, list[int]] = {}
-    for pid, created, first, state, expires, deleted in CleanupJob.objects.filter(sweep=sweep).values_list(
-        "portfolio_id", "created_at", "first_leased_at", "state", "lease_expires_at", "rows_deleted"
-    ):
+    for pid, created, first, state, expires, deleted in CleanupJob.objects.filter(
+        portfolio_ids_q(portfolio_ids), sweep=sweep
+    ).values_list("portfolio_id", "created_at", "first_leased_at", "state", "lease_expires_at", "rows_deleted"):
         entry = stats.setdefault(pid, [0, 0, 0])
         entry[0] += int(CleanupJob(state=state, lease_expires_at=expires).has_live_lease(now=now))
         entry[1] += deleted
@@ -324,7 +394,7 @@ def _percentile(values: list[float], q: float) -> float | None:
     return round(values[low] + (values[high] - values[low]) * (pos - low), 1)
 
 
-def retention_debt(*, now: datetime) -> list[dict[str, Any]]:
+def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> list[dict[str, Any]]:
     """Per record kind: records past their cutoff *now* and not yet deleted.
 
     ``overdue`` excludes held records (they are kept on purpose, shown as
@@ -335,12 +405,14 @@ def retention_debt(*, now: datetime) -> list[dict[str, Any]]:
     compares it with 0.99. One query per record kind.
     """
     versions = list(
-        PolicyVersion.objects.filter(status=PolicyVersion.Status.APPROVED, enabled=True).values_list(
-            "policy__portfolio_id", "policy__record_kind", "retention_days"
-        )
+        PolicyVersion.objects.filter(
+            portfolio_ids_q(portfolio_ids, field="policy__portfolio_id"),
+            status=PolicyVersion.Status.APPROVED,
+            enabled=True,
+        ).values_list("policy__portfolio_id", "policy__record_kind", "retention_days")
     )
     deleted_recently = dict(
-        LedgerEntry.objects.filter(applied_at__gte=now - DEBT_GRACE)
+        LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - DEBT_GRACE)
         .values_list("record_kind")
         .annotate(n=Sum("rows_deleted"))
         .order_by()
@@ -362,10 +434,13 @@ def retention_debt(*, now: datetime) -> list[dict[str, Any]]:
 DEBT_CACHE_SECONDS = 60
 
 
-def retention_debt_cached(*, now: datetime) -> list[dict[str, Any]]:
-    """``retention_debt`` at most once a minute per process: it reads every
-    overdue record, and debt moves on the scale of sweeps, not seconds."""
-    return cache.get_or_set("cleanup_ops:retention_debt", lambda: retention_debt(now=now), DEBT_CACHE_SECONDS)
+def retention_debt_cached(*, now: datetime, portfolio_ids: PortfolioScope = None) -> list[dict[str, Any]]:
+    """``retention_debt`` at most once a minute per process and scope: it reads
+    every overdue record, and debt moves on the scale of sweeps, not seconds."""
+    key = "cleanup_ops:retention_debt"
+    if portfolio_ids is not None:
+        key += ":" + ",".join(str(i) for i in sorted(portfolio_ids))
+    return cache.get_or_set(key, lambda: retention_debt(now=now, portfolio_ids=portfolio_ids), DEBT_CACHE_SECONDS)
 
 
 def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime]]) -> dict[str, Any]:
@@ -396,11 +471,24 @@ def _as_datetime(value: Any) -> datetime:
     return datetime.fromisoformat(str(value)).replace(tzinfo=UTC)
 
 
-def overview(*, now: datetime | None = None) -> dict[str, Any]:
-    """Everything the console overview and ``/api/v1/metrics/`` show."""
+PLATFORM_PAUSE_REASON = "paused by the platform"
+
+
+def overview(*, now: datetime | None = None, portfolio_ids: PortfolioScope = None) -> dict[str, Any]:
+    """Everything the console overview and ``/api/v1/metrics/`` show, for the
+    portfolios in ``portfolio_ids`` (``None``: every portfolio)."""
     now = now or timezone.now()
     sweep = current_sweep()
-    pauses = list(PipelinePause.objects.active().values("portfolio_id", "reason", "paused_at"))
+    pauses = list(
+        PipelinePause.objects.active()
+        .filter(Q(portfolio_id__isnull=True) | portfolio_ids_q(portfolio_ids))
+        .values("portfolio_id", "reason", "paused_at")
+    )
+    if portfolio_ids is not None:
+        # A global pause's reason is the platform's own words; a customer
+        # learns that the pipeline is paused, not why (it may name another).
+        pauses = [{**p, "reason": PLATFORM_PAUSE_REASON} if p["portfolio_id"] is None else p for p in pauses]
+    scope = {"portfolio_ids": portfolio_ids}
     return {
         "generated_at": now.isoformat(),
         "paused": any(p["portfolio_id"] is None for p in pauses),
@@ -408,11 +496,11 @@ def overview(*, now: datetime | None = None) -> dict[str, Any]:
             {"portfolio_id": p["portfolio_id"], "reason": p["reason"], "since": p["paused_at"].isoformat()}
             for p in pauses
         ],
-        **jobs_overview(now=now, sweep=sweep),
-        "throughput": throughput(now=now),
-        "retries_by_category": retries_by_category(sweep=sweep),
-        "dead_letters": dead_letter_figures(now=now),
-        "fairness": portfolio_fairness(now=now, sweep=sweep),
-        "retention_debt": retention_debt_cached(now=now),
+        **jobs_overview(now=now, sweep=sweep, **scope),
+        "throughput": throughput(now=now, **scope),
+        "retries_by_category": retries_by_category(sweep=sweep, **scope),
+        "dead_letters": dead_letter_figures(now=now, **scope),
+        "fairness": portfolio_fairness(now=now, sweep=sweep, **scope),
+        "retention_debt": retention_debt_cached(now=now, **scope),
         "limits": effective_limits(),
     }

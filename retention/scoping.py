@@ -80,13 +80,19 @@ def portfolios_visible_to(user: Any) -> QuerySet[Portfolio]:
     return scope_queryset(Portfolio.objects.all(), user, field="pk")
 
 
+def portfolio_ids_q(portfolio_ids: frozenset[int] | None, *, field: str = "portfolio_id") -> Q:
+    """Rows whose ``field`` (a lookup path to a portfolio id) is one of
+    ``portfolio_ids``; every row when it is ``None``. For selectors that take
+    a scope instead of a user (``visible_portfolio_ids`` gives it)."""
+    if portfolio_ids is None:
+        return Q()
+    return Q(**{f"{field}__in": sorted(portfolio_ids)})
+
+
 def scope_queryset(qs: QuerySet[M], user: Any, *, field: str = "portfolio_id") -> QuerySet[M]:
     """``qs`` narrowed to rows whose ``field`` (a lookup path to a portfolio
     id) is a portfolio ``user`` may see. Unchanged for platform staff."""
-    ids = visible_portfolio_ids(user)
-    if ids is None:
-        return qs
-    return qs.filter(**{f"{field}__in": sorted(ids)})
+    return qs.filter(portfolio_ids_q(visible_portfolio_ids(user), field=field))
 
 
 def audit_scope_q(portfolio_ids: frozenset[int]) -> Q:
