@@ -8,10 +8,22 @@ trigger gets an IntegrityError, reads the winner's sweep and reports
 ``created=False``. Either way the sweep is then handed to admission, which is
 itself idempotent, so a second trigger of a slot whose admission crashed
 completes it without duplicates.
+
+A crash between a sweep's creation and its admission leaves it
+``admitting``. ``sweeps_reconcile`` completes such sweeps whatever their
+slot; every trigger runs it, and so does the dispatcher's periodic tick
+(``cleanup_ops.tasks.dispatch``), which also marks drained a running sweep
+whose last job finished without the sweep's status being recorded (a crash or
+a database error right after the job's outcome).
+
+Slots are bounded below by ``EARLIEST_SLOT``: a slot's cutoffs are the slot
+minus up to ``MAX_RETENTION_DAYS`` (a century), which for an ancient slot
+such as ``0001-01-02T00:00Z`` is not a representable date at all.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -19,16 +31,33 @@ from datetime import UTC, datetime, timedelta
 from croniter import croniter
 from django.conf import settings
 from django.db import IntegrityError, transaction
+from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from cleanup_ops.admission import sweep_admit
-from cleanup_ops.models import Sweep
+from cleanup_ops.models import CleanupJob, Sweep, SweepStatus
 
-SLOT_RE = re.compile(r"^(\d{4})-(\d{2})-(\d{2})T(\d{2}):(\d{2})(?::00)?Z$")
+logger = logging.getLogger(__name__)
+
+SLOT_RE = re.compile(r"^([0-9]{4})-([0-9]{2})-([0-9]{2})T([0-9]{2}):([0-9]{2})(?::00)?Z$")
+
+# No slot before this: the system keeps nothing from before the epoch, and an
+# earlier slot is a typo (its cutoffs, a century before it at most, must stay
+# far inside what Python and the database can represent).
+EARLIEST_SLOT = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 class SlotError(ValueError):
-    """A slot the operator gave is malformed or in the future."""
+    """A slot the operator gave is malformed, in the future or before ``EARLIEST_SLOT``."""
+
+
+def slot_check(slot: datetime, *, now: datetime) -> datetime:
+    """``slot`` if it is neither in the future nor before ``EARLIEST_SLOT``; else a SlotError."""
+    if slot > now:
+        raise SlotError(f"slot: {slot_format(slot)!r} is in the future (now is {slot_format(now)})")
+    if slot < EARLIEST_SLOT:
+        raise SlotError(f"slot: {slot_format(slot)!r} is before the earliest slot {slot_format(EARLIEST_SLOT)}")
+    return slot
 
 
 def slot_parse(text: str, *, now: datetime | None = None) -> datetime:
@@ -40,14 +69,13 @@ def slot_parse(text: str, *, now: datetime | None = None) -> datetime:
         slot = datetime(*(int(part) for part in match.groups()), tzinfo=UTC)
     except ValueError as exc:
         raise SlotError(f"slot: {text!r} is not a valid date and time ({exc})") from None
-    now = now or timezone.now()
-    if slot > now:
-        raise SlotError(f"slot: {text!r} is in the future (now is {slot_format(now)})")
-    return slot
+    return slot_check(slot, now=now or timezone.now())
 
 
 def slot_format(slot: datetime) -> str:
-    return slot.astimezone(UTC).strftime("%Y-%m-%dT%H:%MZ")
+    # Not strftime: its %Y drops the leading zeros of a year before 1000.
+    at = slot.astimezone(UTC)
+    return f"{at.year:04d}-{at.month:02d}-{at.day:02d}T{at.hour:02d}:{at.minute:02d}Z"
 
 
 def slot_current(*, now: datetime | None = None, schedule: str | None = None) -> datetime:
@@ -86,9 +114,7 @@ def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) 
     existing sweep with ``created=False``.
     """
     now = now or timezone.now()
-    slot = slot or slot_current(now=now)
-    if slot > now:
-        raise SlotError(f"slot: {slot_format(slot)} is in the future")
+    slot = slot_check(slot or slot_current(now=now), now=now)
     key = sweep_key(slot)
     created = False
     sweep = Sweep.objects.filter(key=key).first()
@@ -100,6 +126,57 @@ def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) 
         except IntegrityError:
             # Another trigger of the same slot won the race.
             sweep = Sweep.objects.get(key=key)
+    # Any other sweep a crash left admitting is completed first, in slot
+    # order, so partitions go to the oldest sweep and later ones carry them over.
+    sweeps_admit_stranded(now=now, exclude=sweep.pk)
     sweep_admit(sweep_id=sweep.pk, now=now)
     sweep.refresh_from_db()
     return SweepResult(sweep=sweep, created=created)
+
+
+@dataclass
+class Reconciled:
+    """What ``sweeps_reconcile`` repaired."""
+
+    admitted: list[int]  # sweeps whose admission it completed
+    drained: list[int]  # running sweeps it marked drained
+
+
+def sweeps_admit_stranded(*, now: datetime, exclude: int | None = None) -> list[int]:
+    """Complete the admission of every sweep still ``admitting`` (any slot).
+
+    A sweep whose row another trigger holds locked is being admitted right
+    now and is skipped rather than waited for; admission is idempotent, so
+    completing one that was merely slow is harmless.
+    """
+    with transaction.atomic():
+        ids = list(
+            Sweep.objects.select_for_update(skip_locked=True)
+            .filter(status=SweepStatus.ADMITTING)
+            .exclude(pk=exclude)
+            .order_by("slot")
+            .values_list("pk", flat=True)
+        )
+    for sweep_id in ids:
+        sweep_admit(sweep_id=sweep_id, now=now)
+        logger.warning("sweep %s: admission completed after a crash", sweep_id, extra={"sweep_id": sweep_id})
+    return ids
+
+
+def sweeps_reconcile(*, now: datetime | None = None) -> Reconciled:
+    """The dispatcher tick's repairs: stranded admissions, and running sweeps
+    with no open job left (their last job's outcome was recorded but the
+    sweep's status was not) marked drained."""
+    now = now or timezone.now()
+    admitted = sweeps_admit_stranded(now=now)
+    finished = list(
+        Sweep.objects.filter(status=SweepStatus.RUNNING)
+        .exclude(Exists(CleanupJob.objects.open().filter(sweep_id=OuterRef("pk"))))
+        .values_list("pk", flat=True)
+    )
+    for sweep_id in finished:
+        Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=now)
+    drained = list(
+        Sweep.objects.filter(pk__in=finished).exclude(status=SweepStatus.RUNNING).values_list("pk", flat=True)
+    )
+    return Reconciled(admitted=admitted, drained=drained)

@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
+import logging
+
 from cleanup_ops.dispatch import dispatch_due_jobs
 from cleanup_ops.execution.runner import stop_on_sigterm, worker_turn
 from cleanup_ops.health import heartbeat_record_turn
+from cleanup_ops.schedule import sweeps_reconcile
+
+logger = logging.getLogger(__name__)
 
 
 def run_job(job_id: int) -> dict[str, object]:
@@ -18,6 +23,12 @@ def run_job(job_id: int) -> dict[str, object]:
 
 
 def dispatch() -> int:
+    try:
+        # Repairs first (a stranded admission's jobs become due now), and never
+        # at the cost of dispatching: a failure here is logged and retried next tick.
+        sweeps_reconcile()
+    except Exception as exc:
+        logger.warning("sweep reconciliation failed: %s", type(exc).__name__)
     sent = dispatch_due_jobs()
     heartbeat_record_turn()
     return sent

@@ -62,9 +62,14 @@ class TestTrigger:
         assert response.status_code == 201 and response.json()["key"] == "cleanup:2026-08-21T02:00Z"
 
     @pytest.mark.parametrize(
-        ("slot", "message"), [("tomorrow", "expected a UTC minute"), ("2026-08-22T02:00Z", "future")]
+        ("slot", "message"),
+        [
+            ("tomorrow", "expected a UTC minute"),
+            ("2026-08-22T02:00Z", "future"),
+            ("0001-01-02T00:00Z", "before the earliest slot"),
+        ],
     )
-    def test_a_malformed_or_future_slot_is_a_400_with_a_message(self, estate, operator_user, slot, message):
+    def test_a_malformed_future_or_ancient_slot_is_a_400_with_a_message(self, estate, operator_user, slot, message):
         response = client_for(operator_user).post("/api/v1/sweeps/", {"slot": slot}, format="json")
         assert response.status_code == 400 and message in response.json()["slot"]
         assert not Sweep.objects.exists()

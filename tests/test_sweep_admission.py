@@ -60,6 +60,14 @@ class TestSlots:
         with pytest.raises(SlotError, match="in the future"):
             slot_parse("2026-08-21T03:00Z", now=utc(NOW))
 
+    @pytest.mark.parametrize("text", ["0001-01-02T00:00Z", "0001-01-01T00:00Z", "1969-12-31T23:59Z"])
+    def test_an_ancient_slot_is_refused_before_any_arithmetic(self, text):
+        with pytest.raises(SlotError, match=rf"^slot: '{text}' is before the earliest slot 1970-01-01T00:00Z"):
+            slot_parse(text, now=utc(NOW))
+        with pytest.raises(SlotError, match="before the earliest slot"):
+            sweep_trigger(slot=utc(text.replace("Z", ":00Z")), now=utc(NOW))
+        assert not Sweep.objects.exists()
+
 
 @pytest.fixture
 def clock(time_machine):
@@ -113,6 +121,54 @@ class TestAdmission:
         assert result["jobs_admitted"] == 3
         assert CleanupJob.objects.count() == 3
         assert sweep_admit(sweep_id=sweep.pk) == 0  # running now: admission does nothing more
+
+    def test_a_sweep_a_crash_left_admitting_is_completed_by_the_trigger_of_another_slot(self, estate, clock):
+        # The crash: the sweep row committed, its admission never ran.
+        stranded = Sweep.objects.create(key="cleanup:2026-08-20T02:00Z", slot=utc("2026-08-20T02:00:00Z"))
+        result = run("--slot", "2026-08-21T02:00Z")
+        stranded.refresh_from_db()
+        assert (stranded.status, stranded.jobs_admitted) == (Sweep.Status.RUNNING, 3)
+        assert CleanupJob.objects.filter(sweep=stranded).count() == 3
+        # The newer sweep finds those partitions open and carries them over.
+        assert (result["created"], result["jobs_admitted"], result["carried_over"]) == (True, 0, 3)
+        assert CleanupJob.objects.count() == 3
+
+    def test_the_dispatchers_tick_completes_a_stranded_admission_and_drains_a_finished_sweep(self, estate, clock):
+        from cleanup_ops import tasks
+        from retention.models import PolicyVersion
+
+        version = PolicyVersion.objects.filter(status="approved").first()
+
+        def sweep_with_one_job(slot: str, *, state: str) -> Sweep:
+            sweep = Sweep.objects.create(key=f"cleanup:{slot}", slot=utc(slot), status=Sweep.Status.RUNNING)
+            CleanupJob.objects.create(
+                sweep=sweep,
+                key=f"{sweep.key}:job",
+                portfolio_id=estate[0].portfolio_id,
+                property_id=estate[0].pk,
+                record_kind="tenant_activity",
+                policy_version=version,
+                cutoff=OLD,
+                available_at=utc(NOW),
+                state=state,
+                outcome="nothing_eligible" if state == "done" else "",
+            )
+            return sweep
+
+        # Its last job's outcome was recorded, the sweep's status was not (a
+        # crash or a database error right after the job finished).
+        finished = sweep_with_one_job("2026-08-18T02:00Z", state="done")
+        busy = sweep_with_one_job("2026-08-19T02:00Z", state="pending")
+        stranded = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=SLOT)  # admission never ran
+
+        tasks.dispatch()
+
+        statuses = dict(Sweep.objects.values_list("pk", "status"))
+        assert statuses[finished.pk] == Sweep.Status.DRAINED
+        assert Sweep.objects.get(pk=finished.pk).finished_at is not None
+        assert statuses[busy.pk] == Sweep.Status.RUNNING  # an open job: not finished
+        assert statuses[stranded.pk] == Sweep.Status.RUNNING  # admitted: its jobs are waiting
+        assert CleanupJob.objects.filter(sweep=stranded).count() == 3
 
     def test_a_partition_with_an_open_job_from_an_earlier_sweep_is_carried_over(self, estate, clock):
         clock.move_to("2026-08-20T02:05:00Z", tick=False)
@@ -191,6 +247,7 @@ class TestAdmission:
     [
         (["--slot", "21/08/2026"], "--slot: expected a UTC minute"),
         (["--slot", "2026-08-21T09:00Z"], "--slot: '2026-08-21T09:00Z' is in the future"),
+        (["--slot", "0001-01-02T00:00Z"], "--slot: '0001-01-02T00:00Z' is before the earliest slot"),
         (["--dry-run", "--portfolio", "999999"], "--portfolio: no portfolio with id 999999"),
         (["--portfolio", "1"], "--portfolio only narrows a --dry-run"),
     ],
