@@ -188,6 +188,10 @@ class JobKind(models.TextChoices):
 class JobOutcome(models.TextChoices):
     DELETED = "deleted", "Deleted"
     PURGED = "purged", "Attachments purged"
+    # Some attachments were set aside: a legal hold over the deleted records'
+    # scope was placed before they were purged. A later sweep retries them
+    # once the hold is released (``downstream.purge.purge_requeue_released``).
+    PURGE_HELD = "purge_held", "Attachments set aside under a legal hold"
     NOTHING_ELIGIBLE = "nothing_eligible", "Nothing eligible"
     HELD = "held", "Held"
     SCOPE_MISSING = "scope_missing", "Scope missing"
@@ -337,6 +341,18 @@ class PurgeRequest(models.Model):
     invalid_ids = models.PositiveIntegerField(default=0)
     documents_purged = models.PositiveIntegerField(default=0)
     documents_absent = models.PositiveIntegerField(default=0, help_text="404: already gone, counted as done.")
+    documents_referenced = models.PositiveIntegerField(
+        default=0, help_text="Skipped: a remaining record (of any kind) still names the document. Never deleted."
+    )
+    documents_held = models.PositiveIntegerField(
+        default=0, help_text="Set aside: an active legal hold covered the deleted records' scope before the purge."
+    )
+    # The set-aside documents not yet handed to a later purge (emptied when a
+    # sweep finds their hold released and re-queues them as a new request).
+    held_document_ids = models.JSONField(default=list, blank=True)
+    # A re-queued request: the original (its key is the batch's operation id,
+    # whose ledger row gives the deleted records' id range).
+    origin = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="requeues")
     created_at = models.DateTimeField()
 
     class Meta:

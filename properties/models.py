@@ -29,6 +29,15 @@ def document_id_field() -> models.CharField:
     )
 
 
+def document_index(prefix: str) -> models.Index:
+    """``<prefix>_document_idx``: "does any remaining record still name this
+    document?", asked before each attachment is purged (partial: most rows
+    have no attachment)."""
+    return models.Index(
+        fields=["document_id"], condition=models.Q(document_id__isnull=False), name=f"{prefix}_document_idx"
+    )
+
+
 def record_indexes(prefix: str, timestamp: str) -> list[models.Index]:
     """The two indexes every record table has (the FK's own index is redundant).
 
@@ -89,7 +98,7 @@ class Lease(models.Model):
     document_id = document_id_field()
 
     class Meta:
-        indexes = [*record_indexes("lease", "ended_on")]
+        indexes = [*record_indexes("lease", "ended_on"), document_index("lease")]
 
     def __str__(self) -> str:
         return f"Lease {self.pk} ({self.unit})"
@@ -105,7 +114,7 @@ class MaintenanceRecord(models.Model):
     document_id = document_id_field()
 
     class Meta:
-        indexes = [*record_indexes("maintenance", "closed_at")]
+        indexes = [*record_indexes("maintenance", "closed_at"), document_index("maintenance")]
 
     def __str__(self) -> str:
         return f"Maintenance record {self.pk}"
