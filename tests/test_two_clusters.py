@@ -1,0 +1,204 @@
+"""Two ``qcluster`` processes, started as two hosts would start them, drain one sweep.
+
+Each cluster is a real ``manage.py qcluster`` in its own session (process
+group) with its own ``CLEANUP_CLUSTER_NAME``; both take messages from the one
+django-q2 queue. The portfolio lease cap, pauses and the global rate limit
+live in the database, so they hold across the clusters; killing one cluster
+(its whole process group, as a host crash would) leaves the other draining,
+and its leases come back to the survivor when they expire.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from django.utils import timezone
+from django_q.models import Schedule
+from django_q.status import Stat
+
+from cleanup_ops.models import CleanupJob, JobState, LedgerEntry, WorkerHeartbeat
+from cleanup_ops.recovery.operator import pipeline_pause, pipeline_resume
+from cleanup_ops.schedule import sweep_trigger
+from harness.qcluster import QCluster
+from properties.models import Lease, Portfolio, Property
+from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
+
+from .conftest import make_records, make_user, utc
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+ROOT = Path(__file__).resolve().parent.parent
+OLD = utc("2020-01-01T00:00:00Z")
+ROWS_PER_PROPERTY = 40
+RATE, BURST = 12.0, 3.0  # batches per second across every worker of both clusters
+
+
+def cluster_env(name: str, **overrides: str) -> dict[str, str]:
+    db = connection.settings_dict
+    return {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CLEANUP_CLUSTER_NAME": name,
+        "Q_WORKERS": "2",
+        "CLEANUP_BATCH_SIZE": "5",
+        "CLEANUP_SLICE_BATCHES": "2",
+        "CLEANUP_SLICE_SECONDS": "1",
+        "CLEANUP_LEASE_JOBS": "1",  # one partition per lease: the cap counts every worker
+        "CLEANUP_PORTFOLIO_MAX_LEASES": "1",
+        "CLEANUP_LEASE_SECONDS": "10",
+        "CLEANUP_HEARTBEAT_SECONDS": "0",
+        "LOG_LEVEL": "ERROR",
+        **overrides,
+    }
+
+
+@pytest.fixture
+def start_cluster() -> Iterator[Callable[..., QCluster]]:
+    """Start a named cluster; every cluster started is stopped with the unit's procedure
+    (SIGTERM to the main process, the group after a grace) and must leave nothing behind."""
+    # The periodic dispatcher a migrated database has (the flush of the previous
+    # transactional test removed it): a message that found its job's portfolio at
+    # its cap leaves the job marked sent until it is re-sent.
+    Schedule.objects.update_or_create(
+        name="cleanup_dispatch",
+        defaults={"func": "cleanup_ops.tasks.dispatch", "schedule_type": "I", "minutes": 1, "repeats": -1},
+    )
+    started: list[QCluster] = []
+
+    def start(name: str, **overrides: str) -> QCluster:
+        cluster = QCluster(cluster_env(name, **overrides), cwd=ROOT)
+        started.append(cluster)
+        return cluster
+
+    yield start
+    survivors = {cluster.pid: cluster.stop(grace=30) for cluster in started}
+    assert not any(survivors.values()), f"processes of stopped clusters survived: {survivors}"
+
+
+@pytest.fixture
+def estate() -> list[Portfolio]:
+    manager = make_user("m", "property_manager")
+    reviewer = make_user("r", "compliance_reviewer")
+    portfolios = []
+    for p_index in range(3):
+        portfolio = Portfolio.objects.create(name=f"P{p_index}", slug=f"p{p_index}")
+        policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
+        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
+        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        for q in range(2):
+            prop = Property.objects.create(portfolio=portfolio, name=f"B{q}")
+            make_records(prop, "lease", ROWS_PER_PROPERTY, ended=OLD)
+        portfolios.append(portfolio)
+    return portfolios
+
+
+def open_jobs(**filters: object) -> int:
+    return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED], **filters).count()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float, *, every: Callable[[], None] | None = None) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if every:
+            every()
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
+
+
+def assert_exactly_once(*, rows_before: int) -> None:
+    entries = list(LedgerEntry.objects.values_list("operation_id", "rows_deleted"))
+    assert len({op for op, _ in entries}) == len(entries), "an operation id is twice in the ledger"
+    assert sum(n for _, n in entries) == rows_before - Lease.objects.count()
+
+
+def test_two_clusters_drain_one_sweep_together_and_the_lease_cap_holds_across_them(estate, start_cluster):
+    start_cluster("host-a")
+    start_cluster("host-b")
+    assert wait_for(lambda: len(Stat.get_all()) == 2, timeout=30), "django-q2's Stat does not see both clusters"
+    assert len({stat.cluster_id for stat in Stat.get_all()}) == 2
+
+    sweep_trigger()
+    holders_seen: dict[int, int] = {}
+
+    def sample_holders() -> None:
+        for portfolio_id, n in CleanupJob.objects.lease_holders_by_portfolio(now=timezone.now()).items():
+            holders_seen[portfolio_id] = max(holders_seen.get(portfolio_id, 0), n)
+
+    assert wait_for(lambda: open_jobs() == 0, timeout=180, every=sample_holders), "the sweep did not drain"
+
+    assert Lease.objects.count() == 0
+    assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
+    assert holders_seen and max(holders_seen.values()) == 1, f"lease holders per portfolio: {holders_seen}"
+    beats = {hb.cluster: hb for hb in WorkerHeartbeat.objects.all()}
+    assert set(beats) == {"host-a", "host-b"}
+    assert all(hb.jobs_leased > 0 for hb in beats.values()), "one cluster took no work"
+    assert sum(hb.rows_deleted for hb in beats.values()) == 6 * ROWS_PER_PROPERTY
+
+
+def test_the_global_rate_limit_holds_across_two_clusters(estate, start_cluster):
+    # The cap is not binding here: a rate-limit deferral re-sends its job as a
+    # due-at hint, and this test is about the token bucket alone.
+    limits = {"CLEANUP_RATE_GLOBAL": str(RATE), "CLEANUP_BURST_GLOBAL": str(BURST), "CLEANUP_PORTFOLIO_MAX_LEASES": "2"}
+    start_cluster("host-a", **limits)
+    start_cluster("host-b", **limits)
+    sweep_trigger()
+    assert wait_for(lambda: open_jobs() == 0, timeout=180), "the sweep did not drain"
+    assert Lease.objects.count() == 0
+    assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
+    assert all(hb.jobs_leased > 0 for hb in WorkerHeartbeat.objects.all()), "one cluster took no work"
+    # The global token bucket: in any window, at most the burst plus the refill (one
+    # token per transaction; with one partition per lease, one ledger row each).
+    times = sorted(t.timestamp() for t in LedgerEntry.objects.values_list("applied_at", flat=True))
+    worst = max(
+        (j - i + 1) - (BURST + RATE * (times[j] - times[i])) for i in range(len(times)) for j in range(i, len(times))
+    )
+    assert worst <= 1.0, f"the rate limit was exceeded by {worst:.1f} batches"
+
+
+def test_a_pause_holds_for_both_clusters_and_a_resume_lets_either_finish(estate, start_cluster):
+    paused = estate[0]
+    start_cluster("host-a")
+    start_cluster("host-b")
+    sweep_trigger()
+    assert wait_for(lambda: LedgerEntry.objects.filter(portfolio_id=paused.pk).exists(), timeout=60)
+    pipeline_pause(actor=None, reason="legal asked us to wait", portfolio_id=paused.pk)
+    paused_at = timezone.now()
+
+    assert wait_for(lambda: open_jobs() == open_jobs(portfolio_id=paused.pk), timeout=180)
+    # A slice running at the pause finishes (at most CLEANUP_SLICE_SECONDS); no new lease starts.
+    time.sleep(3)
+    assert open_jobs(portfolio_id=paused.pk) > 0
+    late = LedgerEntry.objects.filter(portfolio_id=paused.pk, applied_at__gt=paused_at + timedelta(seconds=2))
+    assert not late.exists(), "a cluster leased a paused portfolio's job"
+
+    pipeline_resume(actor=None, reason="legal cleared it", portfolio_id=paused.pk)
+    assert wait_for(lambda: open_jobs() == 0, timeout=180), "the resumed portfolio did not drain"
+    assert Lease.objects.count() == 0
+    assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
+
+
+def test_killing_one_cluster_leaves_the_other_draining_and_the_survivor_finishes_its_leases(estate, start_cluster):
+    victim = start_cluster("host-a")
+    start_cluster("host-b")
+    sweep_trigger()
+    assert wait_for(lambda: WorkerHeartbeat.objects.filter(cluster="host-a", jobs_leased__gt=0).exists(), timeout=60), (
+        "host-a never took work"
+    )
+    assert open_jobs() > 0
+    victim.kill()  # the whole process group at once: a host that died
+    assert wait_for(lambda: victim.survivors() == [], timeout=10), "processes of the killed cluster survived"
+    killed_at = timezone.now()
+
+    assert wait_for(lambda: open_jobs() == 0, timeout=180), "host-b did not finish the sweep"
+    assert Lease.objects.count() == 0
+    assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
+    survivor = WorkerHeartbeat.objects.get(cluster="host-b")
+    assert survivor.last_progress_at is not None and survivor.last_progress_at > killed_at
