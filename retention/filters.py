@@ -61,6 +61,7 @@ class AuditFilter:
     action: str | None = None
     object_type: str | None = None
     actor_id: int | None = None
+    object_id: str | None = None
 
     def q(self) -> Q:
         q = Q()
@@ -70,10 +71,17 @@ class AuditFilter:
             q &= Q(object_type=self.object_type)
         if self.actor_id is not None:
             q &= Q(actor_id=self.actor_id)
+        if self.object_id:
+            q &= Q(object_id=self.object_id)
         return q
 
     def as_params(self) -> dict[str, str]:
-        pairs = {"action": self.action, "object_type": self.object_type, "actor": self.actor_id}
+        pairs = {
+            "action": self.action,
+            "object_type": self.object_type,
+            "object_id": self.object_id,
+            "actor": self.actor_id,
+        }
         return {name: str(value) for name, value in pairs.items() if value}
 
 
@@ -82,6 +90,7 @@ def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilte
         action=params.get("action") or None,
         object_type=params.get("object_type") or None,
         actor_id=id_param(params, "actor", strict=strict),
+        object_id=(params.get("object_id") or "")[:200] or None,
     )
 
 

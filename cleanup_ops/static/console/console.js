@@ -1,0 +1,65 @@
+/* Live refresh for the retention console (no build step; htmx does the
+   fetching and swapping, see templatetags/console.py `live_attrs`).
+
+   A page's #live fragment is re-fetched every few seconds. It is not while
+   the tab is hidden, while the "Live" box is unticked, or while the operator
+   has ticked a checkbox or is typing inside the fragment: a refresh must
+   never throw away a selection. */
+(function () {
+  "use strict";
+
+  var STORAGE_KEY = "console-live";
+
+  function toggle() {
+    return document.getElementById("live-toggle");
+  }
+
+  window.consoleMayRefresh = function () {
+    if (document.hidden) return false;
+    var box = toggle();
+    if (box && !box.checked) return false;
+    var live = document.getElementById("live");
+    if (!live) return false;
+    if (live.querySelector("input[type=checkbox]:checked")) return false;
+    var active = document.activeElement;
+    if (active && active !== document.body && live.contains(active) && /^(INPUT|SELECT|TEXTAREA)$/.test(active.tagName)) {
+      return false;
+    }
+    return true;
+  };
+
+  function stamp() {
+    var status = document.getElementById("live-status");
+    var live = document.getElementById("live");
+    if (!status || !live) return;
+    var at = live.getAttribute("data-generated") || "";
+    status.textContent = at ? "updated " + at.slice(11, 19) + " UTC" : "";
+  }
+
+  document.addEventListener("DOMContentLoaded", function () {
+    var box = toggle();
+    if (box) {
+      try {
+        box.checked = window.localStorage.getItem(STORAGE_KEY) !== "off";
+      } catch (e) { /* storage unavailable: keep the default */ }
+      box.addEventListener("change", function () {
+        try {
+          window.localStorage.setItem(STORAGE_KEY, box.checked ? "on" : "off");
+        } catch (e) { /* ignore */ }
+      });
+    }
+    stamp();
+  });
+
+  // A session that expired answers with the login page: reload the whole page
+  // (which shows the login form) rather than swapping it into the fragment.
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var xhr = event.detail.xhr;
+    if (xhr && xhr.responseURL && xhr.responseURL.indexOf("/accounts/login/") !== -1) {
+      event.detail.shouldSwap = false;
+      window.location.reload();
+    }
+  });
+
+  document.addEventListener("htmx:afterSwap", stamp);
+})();

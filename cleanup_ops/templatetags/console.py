@@ -1,0 +1,259 @@
+"""Template filters and tags of the operator console: humanized durations and
+times, labels for record kinds, states, outcomes and failure categories,
+portfolio names, and links between the console's pages.
+
+Durations read like "7 h 31 min", "3 min 20 s" or "2 d 4 h" (two units at
+most); times relative to now like "3 min ago" or "in 40 min", inside a
+``<time>`` element whose title is the exact UTC time. Portfolio names come
+from a mapping the view fetched with one query (``portfolio_names``), never
+one query per row.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import urlencode
+
+from django import template
+from django.urls import reverse
+from django.utils import timezone
+from django.utils.html import format_html
+
+from cleanup_ops.models import DeadLetterStatus, JobKind, JobOutcome, JobState, SweepStatus
+from cleanup_ops.recovery.classification import FailureCategory
+from retention.registry import REGISTRY
+
+register = template.Library()
+
+_UNITS = (("d", 86400), ("h", 3600), ("min", 60), ("s", 1))
+DASH = "—"
+
+
+def _seconds(value: Any) -> float | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return None
+
+
+def humanize_seconds(seconds: float, *, parts: int = 2) -> str:
+    """``27100.1`` → ``"7 h 31 min"``; ``200`` → ``"3 min 20 s"``; ``0.4`` → ``"0.4 s"``."""
+    sign = "-" if seconds < 0 else ""
+    seconds = abs(seconds)
+    if seconds < 10 and seconds != int(seconds):
+        return f"{sign}{seconds:.1f} s"
+    whole = round(seconds)
+    if whole == 0:
+        return "0 s"
+    out = []
+    for name, size in _UNITS:
+        n, whole = divmod(whole, size)
+        if n:
+            out.append(f"{n} {name}")
+        elif out:
+            break  # "2 h" rather than "2 h 0 min 12 s": only adjacent units
+        if len(out) == parts:
+            break
+    return sign + " ".join(out)
+
+
+@register.filter
+def duration(value: Any) -> str:
+    """Seconds (a number) or a ``timedelta`` as "7 h 31 min"; ``None`` as a dash."""
+    seconds = _seconds(value)
+    return DASH if seconds is None else humanize_seconds(seconds)
+
+
+def _as_datetime(value: Any) -> datetime | None:
+    if value is None or value == "":
+        return None
+    if isinstance(value, datetime):
+        return value if timezone.is_aware(value) else value.replace(tzinfo=UTC)
+    try:
+        parsed = datetime.fromisoformat(str(value))
+    except ValueError:
+        return None
+    return parsed if timezone.is_aware(parsed) else parsed.replace(tzinfo=UTC)
+
+
+def relative(at: datetime, *, now: datetime) -> str:
+    """Like "3 min ago", "in 40 min", or "just now" (under a second either way)."""
+    delta = (now - at).total_seconds()
+    if abs(delta) < 1:
+        return "just now"
+    # Coarse under an hour ("3 min ago"), two units above ("7 h 31 min ago").
+    text = humanize_seconds(abs(delta), parts=1 if abs(delta) < 3600 else 2)
+    return f"{text} ago" if delta > 0 else f"in {text}"
+
+
+@register.filter
+def ago(value: Any) -> str:
+    at = _as_datetime(value)
+    return DASH if at is None else relative(at, now=timezone.now())
+
+
+@register.simple_tag
+def when(value: Any) -> str:
+    """``<time datetime="…" title="2026-08-21 02:00:00 UTC">3 min ago</time>``."""
+    at = _as_datetime(value)
+    if at is None:
+        return DASH
+    exact = at.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" title="{}">{}</time>',
+        exact.isoformat(),
+        exact.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        relative(at, now=timezone.now()),
+    )
+
+
+@register.filter
+def utc(value: Any) -> str:
+    at = _as_datetime(value)
+    return DASH if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+
+
+_LABELS: dict[str, dict[str, str]] = {
+    "kind": {kind: spec.label for kind, spec in REGISTRY.items()},
+    "job_kind": dict(JobKind.choices),
+    "state": dict(JobState.choices),
+    "outcome": dict(JobOutcome.choices),
+    "category": dict(FailureCategory.choices),
+    "sweep_status": dict(SweepStatus.choices),
+    "letter_status": dict(DeadLetterStatus.choices),
+}
+
+
+@register.filter
+def label(value: Any, vocabulary: str) -> str:
+    """``{{ job.record_kind|label:"kind" }}`` → "Maintenance record"; an
+    unknown value is shown as it is, an empty one as a dash."""
+    if value in (None, ""):
+        return DASH
+    return _LABELS.get(vocabulary, {}).get(str(value), str(value))
+
+
+@register.filter
+def get(mapping: Any, key: Any) -> Any:
+    if not isinstance(mapping, Mapping):
+        return None
+    return mapping.get(key)
+
+
+@register.filter
+def portfolio_name(portfolio_id: Any, names: Any) -> str:
+    if portfolio_id in (None, ""):
+        return "all portfolios"
+    name = names.get(portfolio_id) if isinstance(names, Mapping) else None
+    return name if name is not None else f"portfolio {portfolio_id} (deleted)"
+
+
+@register.simple_tag
+def portfolio_link(portfolio_id: Any, names: Any) -> str:
+    """The portfolio's name, linked to its console page."""
+    if portfolio_id in (None, ""):
+        return "all portfolios"
+    return format_html(
+        '<a href="{}" class="portfolio">{}</a>',
+        reverse("console:portfolio", args=[portfolio_id]),
+        portfolio_name(portfolio_id, names),
+    )
+
+
+@register.simple_tag
+def job_link(job_id: Any) -> str:
+    if job_id in (None, ""):
+        return DASH
+    return format_html('<a href="{}">job {}</a>', reverse("console:job", args=[job_id]), job_id)
+
+
+@register.simple_tag
+def letter_link(letter_id: Any) -> str:
+    if letter_id in (None, ""):
+        return DASH
+    return format_html('<a href="{}">letter {}</a>', reverse("console:dead_letter", args=[letter_id]), letter_id)
+
+
+@register.simple_tag
+def sweep_link(sweep_id: Any, key: Any = "") -> str:
+    if sweep_id in (None, ""):
+        return DASH
+    return format_html('<a href="{}">{}</a>', reverse("console:sweep", args=[sweep_id]), key or f"sweep {sweep_id}")
+
+
+@register.simple_tag(takes_context=True)
+def query(context: Any, **changes: Any) -> str:
+    """The current filters (``filters`` in the context) with ``changes``, as a
+    query string for a link: ``?{% query page=2 %}``."""
+    params = dict(context.get("filters") or {})
+    for name, value in changes.items():
+        if value in (None, ""):
+            params.pop(name, None)
+        else:
+            params[name] = value
+    return urlencode(params)
+
+
+@register.simple_tag(takes_context=True)
+def live_attrs(context: Any) -> str:
+    """The attributes of a page's ``#live`` fragment: htmx re-fetches it every
+    ``refresh_seconds`` and swaps it in place, unless ``consoleMayRefresh()``
+    (``static/console/console.js``) says no: the tab is hidden, live refresh
+    is switched off, or the operator is selecting or typing in the fragment.
+    Coming back to the tab refreshes at once."""
+    request = context["request"]
+    seconds = int(context.get("refresh_seconds") or 10)
+    return format_html(
+        'id="live" hx-get="{}" hx-trigger="every {}s [consoleMayRefresh()], '
+        'visibilitychange[consoleMayRefresh()] from:document" hx-target="this" hx-swap="outerHTML" '
+        'data-generated="{}"',
+        request.get_full_path(),
+        seconds,
+        timezone.now().isoformat(timespec="seconds"),
+    )
+
+
+# The effective limits (``ratelimit.effective_limits``): a label and how to show the value.
+LIMITS: dict[str, tuple[str, str]] = {
+    "global_rate_per_s": ("Delete batches per second, all workers", "rate"),
+    "global_burst": ("Burst of batches, all workers", "count"),
+    "portfolio_rate_per_s": ("Delete batches per second, per portfolio", "rate"),
+    "portfolio_burst": ("Burst of batches, per portfolio", "count"),
+    "portfolio_max_leases": ("Concurrent leases per portfolio", "count"),
+    "batch_size": ("Rows per delete batch", "count"),
+    "max_attempts": ("Failed attempts before a dead letter", "count"),
+    "max_age_seconds": ("Age budget from a job's first attempt", "seconds"),
+    "backoff_base_seconds": ("Retry backoff, base", "seconds"),
+    "backoff_cap_seconds": ("Retry backoff, cap", "seconds"),
+    "docstore_global_rate_per_s": ("Document-store deletes per second, all workers", "rate"),
+    "docstore_portfolio_rate_per_s": ("Document-store deletes per second, per portfolio", "rate"),
+}
+
+
+@register.filter
+def limit_label(key: str) -> str:
+    return LIMITS.get(key, (key.replace("_", " "), ""))[0]
+
+
+@register.filter
+def limit_value(value: Any, key: str) -> str:
+    kind = LIMITS.get(key, ("", ""))[1]
+    if kind == "rate":
+        return "unlimited" if not value else f"{value:g} /s"
+    if kind == "seconds":
+        return duration(value)
+    return str(value)
+
+
+@register.filter
+def absolute(value: Any) -> Any:
+    try:
+        return abs(value)
+    except TypeError:
+        return value
