@@ -93,6 +93,13 @@ def main() -> int:
         clusters.append(qc)
         return qc
 
+    def start_purge_cluster() -> QCluster:
+        # Purge jobs have a queue and a cluster of their own (Q_PURGE_CLUSTER, docs/deploy/brokers.md).
+        purge_env = {**env, "Q_CLUSTER_NAME": env.get("Q_PURGE_CLUSTER", "retention-purge")}
+        qc = QCluster({**purge_env, "CLEANUP_CLUSTER_NAME": "purge"}, cwd=ROOT, python=PY, log=log)
+        clusters.append(qc)
+        return qc
+
     try:
         db_url = pg.start()
         create_database(db_url)
@@ -152,6 +159,7 @@ def main() -> int:
         log(f"sweep {out['key']}: {out['jobs_admitted']} jobs admitted")
 
         cluster = start_cluster()
+        purge_cluster = start_purge_cluster()
         deadline = time.monotonic() + size["timeout"]
         kills, restarted, faults = 0, False, 0
         last_progress: tuple[int, int] = (-1, -1)
@@ -168,6 +176,9 @@ def main() -> int:
                 # A supervisor (systemd, Kubernetes) restarts a dead cluster; so do we.
                 log(f"qcluster exited ({cluster.returncode}); starting it again")
                 cluster = start_cluster()
+            if purge_cluster.poll() is not None:
+                log(f"purge qcluster exited ({purge_cluster.returncode}); starting it again")
+                purge_cluster = start_purge_cluster()
             if kills < size["kills"]:
                 # The sentinel's children: workers, and the pusher and monitor it
                 # reincarnates. The sentinel itself is the cluster's supervisor.

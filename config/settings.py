@@ -8,8 +8,10 @@ back to a default. See the README's configuration table for the full list.
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import environ
 from croniter import croniter
@@ -284,7 +286,7 @@ DOCSTORE_RATE_PORTFOLIO = env_float("DOCSTORE_RATE_PORTFOLIO", 0.0)
 DOCSTORE_BURST_PORTFOLIO = env_float("DOCSTORE_BURST_PORTFOLIO", 5.0, minimum=1.0)
 # --- end DOCSTORE -------------------------------------------------------------
 
-# --- django-q2 (ORM broker) -------------------------------------------------
+# --- django-q2 -----------------------------------------------------------------
 # The ORM broker claims a message with `lock = now + retry` when the cluster
 # *fetches* it and never renews that claim, so `retry` must exceed the time a
 # message can wait in the prefetch queue plus its run time; otherwise a second
@@ -306,17 +308,92 @@ if Q_RETRY <= _q_retry_floor:
 # identity, for its heartbeat and `cleanup_health --liveness`, is
 # CLEANUP_CLUSTER_NAME on its host. django-q2's Q_CLUSTER_NAME would instead
 # move the cluster to a queue of its own that the dispatcher never fills.
-if env.str("Q_CLUSTER_NAME", default="") not in {"", "retention"}:
+#
+# Purge jobs (bound by the document store's HTTP latency) have a queue of their
+# own, Q_PURGE_CLUSTER (django-q2's ALT_CLUSTERS): a second cluster started
+# with Q_CLUSTER_NAME=<that name> works it, so a slow store never occupies the
+# workers that delete. Q_PURGE_CLUSTER=retention puts purges back on the one
+# queue (a single cluster does everything).
+Q_QUEUE = "retention"
+Q_PURGE_CLUSTER = env.str("Q_PURGE_CLUSTER", default="retention-purge").strip()
+if not re.fullmatch(r"[a-z0-9][a-z0-9-]{0,39}", Q_PURGE_CLUSTER):
+    raise ImproperlyConfigured(
+        f"Q_PURGE_CLUSTER: expected 1 to 40 of a-z 0-9 - (a queue name), got {Q_PURGE_CLUSTER!r}"
+    )
+Q_PURGE_WORKERS = env_int("Q_PURGE_WORKERS", 2, minimum=1, maximum=64)
+if env.str("Q_CLUSTER_NAME", default="") not in {"", Q_QUEUE, Q_PURGE_CLUSTER}:
     raise ImproperlyConfigured(
         "Q_CLUSTER_NAME: selects a separate django-q2 queue that nothing dispatches to; "
-        "name a cluster with CLEANUP_CLUSTER_NAME instead"
+        f"use {Q_PURGE_CLUSTER!r} (Q_PURGE_CLUSTER) for the purge cluster, "
+        "and name a cluster with CLEANUP_CLUSTER_NAME"
     )
+
+
+def broker_from_env() -> tuple[str, dict[str, Any]]:
+    """``Q_BROKER`` and the django-q2 options it needs (see cleanup_ops/brokers.py).
+
+    Every broker only carries "job N may be due" hints; the job table decides.
+    URLs are checked here and never echoed back (they may hold a password)."""
+    name = env.str("Q_BROKER", default="orm").strip().lower()
+    if name == "orm":
+        return name, {"orm": "default", "broker_class": "cleanup_ops.brokers.DelayableORM"}
+    if name == "redis":
+        url = _broker_url("Q_REDIS_URL", {"redis", "rediss", "unix"}, "redis://host:6379/0")
+        return name, {"redis": url, "broker_class": "cleanup_ops.brokers.DelayableRedis"}
+    if name == "sqs":
+        region = env.str("Q_SQS_REGION", default="").strip()
+        if not re.fullmatch(r"[a-z]{2}(-[a-z]+)+-\d{1,2}", region):
+            raise ImproperlyConfigured(f"Q_SQS_REGION: expected an AWS region such as eu-west-1, got {region!r}")
+        wait = env_int("Q_SQS_WAIT_SECONDS", 5, minimum=0, maximum=20)
+        # Credentials come from boto3's own chain (AWS_* variables, instance role), never from here.
+        return name, {
+            "sqs": {"aws_region": region, "receive_message_wait_time_seconds": wait},
+            "broker_class": "cleanup_ops.brokers.EndpointSqs",
+        }
+    if name == "rabbitmq":
+        _broker_url("Q_AMQP_URL", {"amqp", "amqps"}, "amqp://user:password@host:5672/vhost")
+        return name, {"broker_class": "cleanup_ops.brokers.RabbitMQ"}
+    raise ImproperlyConfigured(f"Q_BROKER: expected one of orm, redis, sqs, rabbitmq, got {name!r}")
+
+
+def _broker_url(name: str, schemes: set[str], example: str) -> str:
+    raw = env.str(name, default="").strip()
+    if not raw:
+        raise ImproperlyConfigured(f"{name}: required by Q_BROKER={env.str('Q_BROKER')}, e.g. {example}")
+    parts = urlsplit(raw)
+    if parts.scheme not in schemes:
+        expected = " or ".join(sorted(schemes))
+        raise ImproperlyConfigured(f"{name}: expected a {expected} URL, got scheme {parts.scheme or '(none)'!r}")
+    try:
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number 0-65535
+    except ValueError:
+        raise ImproperlyConfigured(f"{name}: the port is not a number from 0 to 65535") from None
+    if parts.scheme != "unix" and not parts.hostname:
+        raise ImproperlyConfigured(f"{name}: the host is missing")
+    return raw
+
+
+Q_BROKER, _broker_options = broker_from_env()
+# SQS: an endpoint other than AWS's (a local SQS-compatible server in tests and
+# CI) and a prefix for the queue names (several environments in one account).
+Q_SQS_ENDPOINT_URL = env.str("Q_SQS_ENDPOINT_URL", default="").strip()
+if Q_SQS_ENDPOINT_URL:
+    _endpoint = urlsplit(Q_SQS_ENDPOINT_URL)
+    if _endpoint.scheme not in {"http", "https"} or not _endpoint.hostname:
+        raise ImproperlyConfigured("Q_SQS_ENDPOINT_URL: expected http(s)://host[:port]")
+Q_SQS_QUEUE_PREFIX = env.str("Q_SQS_QUEUE_PREFIX", default="").strip()
+if not re.fullmatch(r"[A-Za-z0-9_-]{0,30}", Q_SQS_QUEUE_PREFIX):
+    raise ImproperlyConfigured(f"Q_SQS_QUEUE_PREFIX: expected up to 30 of A-Z a-z 0-9 _ -, got {Q_SQS_QUEUE_PREFIX!r}")
+# RabbitMQ: the URL (read by cleanup_ops.brokers.RabbitMQ) and how many
+# rejected messages its dead-letter queue keeps for inspection.
+Q_AMQP_URL = env.str("Q_AMQP_URL", default="").strip() if Q_BROKER == "rabbitmq" else ""
+Q_AMQP_DEAD_LETTER_MAX = env_int("Q_AMQP_DEAD_LETTER_MAX", 10000, minimum=1)
 Q_CLUSTER = {
-    "name": "retention",
+    "name": Q_QUEUE,
     # Cluster status (qinfo, qmonitor, Stat) goes through a cache every
-    # cluster and every command shares: the database cache below.
+    # cluster and every command shares: the database cache below (the Redis
+    # broker keeps it in Redis instead).
     "cache": "django_q",
-    "orm": "default",
     "workers": Q_WORKERS,
     "queue_limit": Q_WORKERS,
     "bulk": 1,
@@ -328,6 +405,14 @@ Q_CLUSTER = {
     "save_limit": 1000,
     "poll": 0.2,
     "sync": env_bool("Q_SYNC", False),
+    # The broker (Q_BROKER): the stock ORM broker able to hold a message back
+    # until the instant a job becomes due, or Redis, SQS, RabbitMQ (see
+    # cleanup_ops/brokers.py).
+    **_broker_options,
+    # The purge queue's cluster: `Q_CLUSTER_NAME=<Q_PURGE_CLUSTER> manage.py qcluster`.
+    "ALT_CLUSTERS": {Q_PURGE_CLUSTER: {"workers": Q_PURGE_WORKERS, "queue_limit": Q_PURGE_WORKERS}}
+    if Q_PURGE_CLUSTER != Q_QUEUE
+    else {},
 }
 
 # The local memory cache for the application (per process; nothing in it must

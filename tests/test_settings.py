@@ -55,3 +55,104 @@ def test_a_valid_environment_starts(tmp_path):
     result = start({"DATABASE_URL": f"sqlite:///{tmp_path}/x.sqlite3", "DEBUG": "false"})
     assert result.returncode == 0, result.stderr
     assert "started" in result.stdout
+
+
+# --- Q_BROKER: the django-q2 broker and its options --------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "overrides"),
+    [
+        ("Q_BROKER", {"Q_BROKER": "kafka"}),
+        ("Q_REDIS_URL", {"Q_BROKER": "redis"}),
+        ("Q_REDIS_URL", {"Q_BROKER": "redis", "Q_REDIS_URL": "http://127.0.0.1:6379/0"}),
+        ("Q_REDIS_URL", {"Q_BROKER": "redis", "Q_REDIS_URL": "redis://127.0.0.1:port/0"}),
+        ("Q_REDIS_URL", {"Q_BROKER": "redis", "Q_REDIS_URL": "redis:///0"}),
+        ("Q_SQS_REGION", {"Q_BROKER": "sqs"}),
+        ("Q_SQS_REGION", {"Q_BROKER": "sqs", "Q_SQS_REGION": "the moon"}),
+        ("Q_SQS_WAIT_SECONDS", {"Q_BROKER": "sqs", "Q_SQS_REGION": "eu-west-1", "Q_SQS_WAIT_SECONDS": "30"}),
+        ("Q_SQS_ENDPOINT_URL", {"Q_SQS_ENDPOINT_URL": "ftp://127.0.0.1:9324"}),
+        ("Q_SQS_QUEUE_PREFIX", {"Q_SQS_QUEUE_PREFIX": "a prefix with spaces"}),
+        ("Q_AMQP_URL", {"Q_BROKER": "rabbitmq"}),
+        ("Q_AMQP_URL", {"Q_BROKER": "rabbitmq", "Q_AMQP_URL": "redis://127.0.0.1:5672/"}),
+        ("Q_PURGE_CLUSTER", {"Q_PURGE_CLUSTER": "Purge Queue"}),
+        ("Q_PURGE_WORKERS", {"Q_PURGE_WORKERS": "0"}),
+        ("Q_CLUSTER_NAME", {"Q_CLUSTER_NAME": "elsewhere"}),
+    ],
+)
+def test_a_bad_broker_setting_stops_start_up_naming_it(name, overrides):
+    result = start(overrides)
+    assert result.returncode != 0
+    assert "ImproperlyConfigured" in result.stderr
+    assert f"{name}:" in result.stderr
+
+
+def test_a_broker_url_with_a_password_is_never_echoed_in_the_error():
+    result = start({"Q_BROKER": "redis", "Q_REDIS_URL": "http://user:s3cret-pass@127.0.0.1:6379/0"})
+    assert result.returncode != 0
+    assert "Q_REDIS_URL:" in result.stderr
+    assert "s3cret-pass" not in result.stderr
+
+
+@pytest.mark.parametrize(
+    ("overrides", "broker_class", "option"),
+    [
+        ({}, "cleanup_ops.brokers.DelayableORM", "orm"),
+        (
+            {"Q_BROKER": "redis", "Q_REDIS_URL": "redis://127.0.0.1:6379/2"},
+            "cleanup_ops.brokers.DelayableRedis",
+            "redis",
+        ),
+        ({"Q_BROKER": "sqs", "Q_SQS_REGION": "eu-west-1"}, "cleanup_ops.brokers.EndpointSqs", "sqs"),
+        ({"Q_BROKER": "rabbitmq", "Q_AMQP_URL": "amqp://u:p@127.0.0.1:5672/%2F"}, "cleanup_ops.brokers.RabbitMQ", None),
+    ],
+)
+def run_settings(code: str, overrides: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """``code`` after ``django.setup()`` with the environment less any broker choice, plus ``overrides``."""
+    env = {k: v for k, v in os.environ.items() if k not in {"DATABASE_URL", "SECRET_KEY", "DEBUG", "Q_BROKER"}}
+    env.update({"DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "x" * 50, **overrides})
+    return subprocess.run(  # noqa: S603 - our own interpreter and code
+        [sys.executable, "-c", f"import django; django.setup(); {code}"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "broker_class", "option"),
+    [
+        ({}, "cleanup_ops.brokers.DelayableORM", "orm"),
+        (
+            {"Q_BROKER": "redis", "Q_REDIS_URL": "redis://127.0.0.1:6379/2"},
+            "cleanup_ops.brokers.DelayableRedis",
+            "redis",
+        ),
+        ({"Q_BROKER": "sqs", "Q_SQS_REGION": "eu-west-1"}, "cleanup_ops.brokers.EndpointSqs", "sqs"),
+        ({"Q_BROKER": "rabbitmq", "Q_AMQP_URL": "amqp://u:p@127.0.0.1:5672/%2F"}, "cleanup_ops.brokers.RabbitMQ", None),
+    ],
+)
+def test_each_broker_configures_django_q2(overrides, broker_class, option):
+    """Settings only: nothing connects at start-up, so no server is needed here."""
+    result = run_settings(
+        "from django.conf import settings; from django_q.conf import Conf;"
+        " print(Conf.BROKER_CLASS, sorted(settings.Q_CLUSTER), sorted(settings.Q_CLUSTER['ALT_CLUSTERS']))",
+        overrides,
+    )
+    assert result.returncode == 0, result.stderr
+    assert broker_class in result.stdout
+    options = result.stdout.split("] [")[0]
+    for name in ("orm", "redis", "sqs"):
+        assert (f"'{name}'" in options) == (name == option)
+    assert "['retention-purge']" in result.stdout  # purges have their own queue by default
+
+
+def test_the_purge_cluster_is_selected_with_q_cluster_name():
+    result = run_settings(
+        "from django_q.conf import Conf; print(Conf.CLUSTER_NAME, Conf.WORKERS, Conf.QUEUE_LIMIT)",
+        {"Q_CLUSTER_NAME": "retention-purge", "Q_PURGE_WORKERS": "3", "Q_WORKERS": "2"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["retention-purge", "3", "3"]
