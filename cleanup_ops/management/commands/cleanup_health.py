@@ -12,6 +12,8 @@ class Command(BaseCommand):
         "Health checks for supervisors: --liveness (this host's worker cluster is not wedged), "
         "--readiness (database reachable, migrations applied). Exits 1 when a check fails."
     )
+    # Run by supervisors every few seconds: the system checks would triple its cost.
+    requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument(
