@@ -6,6 +6,11 @@ joined by newlines. Per sweep: ``digest`` = sha256 over the job digests in job
 id order, joined by newlines. Anyone holding the ledger can recompute both;
 nothing in the export is a record's content.
 
+The deleted records' attachments are summed under ``attachments``: purged,
+already gone, set aside under a legal hold placed after the batch (and how
+many still wait for its release), skipped because a remaining record still
+names them, invalid ids. Counts only, never a document id.
+
 For a customer's staff (``portfolio_ids``) the proof covers their portfolios'
 jobs only: the sweep digest is then over their job digests, which they can
 recompute from their own rows, and ``portfolio_ids`` says what it covers.
@@ -19,6 +24,7 @@ import io
 from typing import Any
 
 from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep, sweep_status_seen
+from cleanup_ops.selectors import sweep_attachments
 
 # The export formats, checked before a format reaches a file name or a header.
 PROOF_FORMATS = ("json", "csv")
@@ -113,6 +119,9 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
         "digest": sweep_digest,
         "digest_method": "sha256 of job digests (job id order, newline-joined); "
         "job digest = sha256 of its sorted operation ids, newline-joined",
+        # The deleted records' attachments: a purge job that set files aside
+        # under a legal hold has the outcome purge_held.
+        "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=portfolio_ids),
         "partitions": rows,
     }
 
@@ -123,4 +132,6 @@ def proof_csv(proof: dict[str, Any]) -> str:
     writer.writeheader()
     writer.writerows(proof["partitions"])
     out.write(f"# sweep {proof['key']} digest {proof['digest']} rows_deleted {proof['rows_deleted']}\n")
+    attachments = " ".join(f"{name} {n}" for name, n in proof["attachments"].items())
+    out.write(f"# attachments {attachments}\n")
     return out.getvalue()

@@ -16,6 +16,10 @@ slot; every trigger runs it, and so does the dispatcher's periodic tick
 whose last job finished without the sweep's status being recorded (a crash or
 a database error right after the job's outcome).
 
+Each trigger also hands attachments that a purge set aside under a legal
+hold, and whose hold has since been released, to a new purge job in the
+triggered sweep (``downstream.purge.purge_requeue_released``).
+
 Slots are bounded below by ``EARLIEST_SLOT``: a slot's cutoffs are the slot
 minus up to ``MAX_RETENTION_DAYS`` (a century), which for an ancient slot
 such as ``0001-01-02T00:00Z`` is not a representable date at all.
@@ -35,6 +39,7 @@ from django.db.models import Exists, OuterRef
 from django.utils import timezone
 
 from cleanup_ops.admission import sweep_admit
+from cleanup_ops.downstream.purge import purge_requeue_released
 from cleanup_ops.models import CleanupJob, Sweep, SweepStatus
 
 logger = logging.getLogger(__name__)
@@ -95,6 +100,7 @@ def sweep_key(slot: datetime) -> str:
 class SweepResult:
     sweep: Sweep
     created: bool
+    purges_requeued: int = 0  # purge jobs for attachments whose hold was released
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -104,6 +110,7 @@ class SweepResult:
             "status": self.sweep.status,
             "jobs_admitted": self.sweep.jobs_admitted,
             "carried_over": self.sweep.carried_over,
+            "purges_requeued": self.purges_requeued,
         }
 
 
@@ -130,8 +137,11 @@ def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) 
     # order, so partitions go to the oldest sweep and later ones carry them over.
     sweeps_admit_stranded(now=now, exclude=sweep.pk)
     sweep_admit(sweep_id=sweep.pk, now=now)
+    # Attachments set aside under a legal hold that has since been released
+    # are purged as part of this sweep.
+    requeued = purge_requeue_released(sweep=sweep, now=now)
     sweep.refresh_from_db()
-    return SweepResult(sweep=sweep, created=created)
+    return SweepResult(sweep=sweep, created=created, purges_requeued=len(requeued))
 
 
 @dataclass

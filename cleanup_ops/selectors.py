@@ -30,6 +30,7 @@ from cleanup_ops.models import (
     JobState,
     LedgerEntry,
     PipelinePause,
+    PurgeRequest,
     Sweep,
     due_q,
     live_lease_q,
@@ -503,4 +504,32 @@ def overview(*, now: datetime | None = None, portfolio_ids: PortfolioScope = Non
         "fairness": portfolio_fairness(now=now, sweep=sweep, **scope),
         "retention_debt": retention_debt_cached(now=now, **scope),
         "limits": effective_limits(),
+    }
+
+
+def sweep_attachments(*, sweep_id: int, portfolio_ids: PortfolioScope = None) -> dict[str, int]:
+    """What a sweep's purge jobs did with the deleted records' attachments
+    (two queries): purged, already gone, set aside under a legal hold (and how
+    many of those still wait for the hold's release), skipped because a
+    remaining record still names them, and ids that were not identifiers."""
+    requests = PurgeRequest.objects.filter(
+        pk__in=CleanupJob.objects.filter(sweep_id=sweep_id, kind=JobKind.PURGE).values("purge_request_id")
+    )
+    if portfolio_ids is not None:
+        requests = requests.filter(portfolio_id__in=sorted(portfolio_ids))
+    totals = requests.aggregate(
+        purged=Sum("documents_purged"),
+        absent=Sum("documents_absent"),
+        held=Sum("documents_held"),
+        referenced=Sum("documents_referenced"),
+        invalid=Sum("invalid_ids"),
+    )
+    waiting = requests.filter(documents_held__gt=0).values_list("held_document_ids", flat=True)
+    return {
+        "documents_purged": totals["purged"] or 0,
+        "documents_already_gone": totals["absent"] or 0,
+        "documents_set_aside_under_hold": totals["held"] or 0,
+        "documents_awaiting_hold_release": sum(len(ids) for ids in waiting if isinstance(ids, list)),
+        "documents_still_referenced": totals["referenced"] or 0,
+        "documents_invalid_ids": totals["invalid"] or 0,
     }

@@ -43,9 +43,9 @@ from cleanup_ops.schedule import sweep_trigger
 from cleanup_ops.selectors import DeadLetterFilter
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.models import AuditEvent
-from retention.services import legal_hold_place
+from retention.services import legal_hold_place, legal_hold_release
 
-from .conftest import make_records, remaining_ids, utc
+from .conftest import backend_pid, make_records, make_user, remaining_ids, utc, wait_until_blocked
 
 SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T02:05:00Z")
@@ -416,6 +416,257 @@ class TestHoldsAndInjection:
         assert [r["status"] for r in docstore.requests()] == [307]
         time.sleep(0.2)
         assert seen == []
+
+
+class TestHoldsAndReferencesAtPurgeTime:
+    """Each document is checked right before its DELETE: holds over the deleted
+    records' scope, and remaining records naming the same document."""
+
+    def test_a_document_a_remaining_record_of_any_kind_still_names_is_skipped_counted_and_never_deleted(
+        self, leases_with_files, docstore, prop, portfolio
+    ):
+        _, documents = leases_with_files
+        docstore.create(*documents)
+        # A lease that is not expired shares one file; an open work order (another kind) another.
+        common = {"portfolio": portfolio, "property": prop}
+        Lease.objects.create(**common, unit="9", tenant_name="T", started_on=NOW.date(), document_id=documents[1])
+        MaintenanceRecord.objects.create(**common, summary="s", opened_at=NOW, document_id=documents[2])
+        assert job_run_slice(job_id=delete_job().pk).outcome == JobOutcome.DELETED
+        (job,) = purge_jobs()
+        result = job_run_slice(job_id=job.pk)
+        assert result.outcome == JobOutcome.PURGED and result.documents_purged == 2
+        assert docstore.documents() == {documents[1], documents[2]}
+        assert [r["path"] for r in docstore.requests()] == [f"/documents/{d}" for d in (documents[0], documents[3])]
+        request = PurgeRequest.objects.get()
+        assert (request.documents_purged, request.documents_referenced, request.documents_held) == (2, 2, 0)
+
+    def test_a_hold_placed_after_the_batch_sets_the_files_aside_until_a_sweep_after_its_release(
+        self, purge_job, docstore, prop, portfolio, reviewer, operator_user, clock
+    ):
+        request = purge_job.purge_request
+        documents = list(request.document_ids)
+        hold = legal_hold_place(portfolio=portfolio, property=prop, placed_by=reviewer, reason="litigation, late")
+        result = job_run_slice(job_id=purge_job.pk)
+        assert result.outcome == JobOutcome.PURGE_HELD and result.documents_purged == 0
+        assert docstore.requests() == [] and docstore.documents() == set(documents)
+        request.refresh_from_db()
+        assert (request.documents_held, request.held_document_ids, request.documents_purged) == (4, documents, 0)
+        purge_job.refresh_from_db()
+        assert (purge_job.state, purge_job.outcome) == (JobState.DONE, JobOutcome.PURGE_HELD)
+        first_sweep = purge_job.sweep
+        first_sweep.refresh_from_db()
+        assert first_sweep.status == first_sweep.Status.DRAINED
+
+        # The sweep report and the proof show the files set aside.
+        from django.test import Client
+
+        client = Client()
+        client.force_login(operator_user)
+        proof = client.get(f"/console/sweeps/{first_sweep.pk}/proof.json").json()
+        assert proof["attachments"]["documents_set_aside_under_hold"] == 4
+        assert proof["attachments"]["documents_awaiting_hold_release"] == 4
+        assert JobOutcome.PURGE_HELD in {row["outcome"] for row in proof["partitions"]}
+        csv = client.get(f"/console/sweeps/{first_sweep.pk}/proof.csv").content.decode()
+        assert "documents_set_aside_under_hold 4 documents_awaiting_hold_release 4" in csv
+        assert not any(d in json.dumps(proof) + csv for d in documents)  # counts only, never a document id
+
+        # A later sweep while the hold is active hands nothing on.
+        clock.move_to(utc("2026-08-22T02:05:00Z"), tick=False)
+        assert sweep_trigger(slot=utc("2026-08-22T02:00:00Z")).purges_requeued == 0
+        assert len(purge_jobs()) == 1
+
+        legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="the case settled")
+        clock.move_to(utc("2026-08-23T02:05:00Z"), tick=False)
+        later = sweep_trigger(slot=utc("2026-08-23T02:00:00Z"))
+        assert later.purges_requeued == 1 and later.sweep.status == later.sweep.Status.RUNNING
+        _, again = purge_jobs()
+        assert again.sweep_id == later.sweep.pk
+        retry = again.purge_request
+        assert (retry.origin_id, retry.document_ids, retry.key != request.key) == (request.pk, documents, True)
+        request.refresh_from_db()
+        assert request.held_document_ids == [] and request.documents_held == 4  # the history stays
+
+        cleanup_drain()
+        assert docstore.documents() == set()
+        assert [r["key"] for r in docstore.requests()] == [f"{retry.key}:{d}" for d in documents]
+        again.refresh_from_db()
+        assert again.outcome == JobOutcome.PURGED
+        later.sweep.refresh_from_db()
+        assert later.sweep.status == later.sweep.Status.DRAINED
+        proof = client.get(f"/console/sweeps/{later.sweep.pk}/proof.json").json()
+        assert proof["attachments"]["documents_purged"] == 4
+        assert proof["attachments"]["documents_set_aside_under_hold"] == 0
+        # Handed on once: a further sweep finds nothing waiting.
+        clock.move_to(utc("2026-08-24T02:05:00Z"), tick=False)
+        assert sweep_trigger(slot=utc("2026-08-24T02:00:00Z")).purges_requeued == 0
+
+    @pytest.mark.parametrize("scope", ["portfolio", "kind"])
+    def test_a_portfolio_or_record_kind_hold_placed_after_the_batch_sets_the_files_aside_too(
+        self, purge_job, docstore, portfolio, reviewer, scope
+    ):
+        narrowing = {"record_kind": "lease"} if scope == "kind" else {}
+        legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="regulator inquiry", **narrowing)
+        assert job_run_slice(job_id=purge_job.pk).outcome == JobOutcome.PURGE_HELD
+        assert docstore.requests() == []
+
+    def test_a_hold_elsewhere_or_on_another_kind_does_not_stop_the_purge(
+        self, purge_job, docstore, portfolio, reviewer, prop
+    ):
+        other = Property.objects.create(portfolio=portfolio, name="Annex")
+        legal_hold_place(portfolio=portfolio, property=other, placed_by=reviewer, reason="another building")
+        legal_hold_place(portfolio=portfolio, record_kind="maintenance_record", placed_by=reviewer, reason="claims")
+        elsewhere = Portfolio.objects.create(name="Elsewhere", slug="elsewhere")
+        legal_hold_place(portfolio=elsewhere, placed_by=reviewer, reason="another customer")
+        assert job_run_slice(job_id=purge_job.pk).outcome == JobOutcome.PURGED
+        assert docstore.documents() == set()
+
+    def test_a_record_hold_cannot_name_a_deleted_record_and_one_written_anyway_keeps_its_batchs_files(
+        self, purge_job, docstore, portfolio, prop, reviewer, leases_with_files
+    ):
+        from django.core.exceptions import ValidationError
+
+        from retention.models import LegalHold
+
+        ids, documents = leases_with_files
+        with pytest.raises(ValidationError) as info:
+            legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x")
+        assert "record_id" in info.value.message_dict
+        # A hold on a record that still exists (elsewhere) does not stop this purge…
+        survivor = make_records(prop, "lease", 1, ended=NOW)[0]
+        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=survivor, placed_by=reviewer, reason="y")
+        # …but one written by other means (before the check existed) on a deleted record does.
+        LegalHold.objects.create(
+            portfolio=portfolio,
+            record_kind="lease",
+            record_id=ids[0],
+            reason="legacy",
+            placed_by=reviewer,
+            placed_at=NOW,
+        )
+        assert job_run_slice(job_id=purge_job.pk).outcome == JobOutcome.PURGE_HELD
+        assert docstore.documents() == set(documents)
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+class TestPurgeAndHoldRace:
+    """The purge's check takes the scope lock a batch takes; on PostgreSQL it holds it across the call."""
+
+    @pytest.fixture
+    def world(self, docstore, active_policy, time_machine):  # type: ignore[no-untyped-def]
+        portfolio = Portfolio.objects.create(name="Race", slug="race")
+        prop = Property.objects.create(portfolio=portfolio, name="Tower")
+        active_policy(portfolio, "lease", 365)
+        documents = attach(Lease, make_records(prop, "lease", 4, ended=OLD))
+        docstore.create(*documents)
+        sweep_trigger(slot=timezone.now().replace(second=0, microsecond=0))
+        assert job_run_slice(job_id=delete_job().pk).outcome == JobOutcome.DELETED
+        (job,) = purge_jobs()
+        reviewer = make_user("race-reviewer", "compliance_reviewer")
+        return job, prop, reviewer, documents
+
+    def test_a_purge_waits_for_a_hold_being_placed_and_then_sets_the_files_aside(self, world, docstore):
+        job, prop, reviewer, documents = world
+        hold_open, commit_hold, purge_started = threading.Event(), threading.Event(), threading.Event()
+        pids: dict[str, int] = {}
+        results: list = []
+        errors: list[BaseException] = []
+
+        def place_hold_and_wait() -> None:
+            try:
+                pids["hold"] = backend_pid()
+                with transaction.atomic():
+                    legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late")
+                    hold_open.set()
+                    assert commit_hold.wait(20)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        def purge() -> None:
+            try:
+                pids["purge"] = backend_pid()
+                purge_started.set()
+                results.append(job_run_slice(job_id=job.pk, owner="purger"))
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        holder = threading.Thread(target=place_hold_and_wait)
+        holder.start()
+        purger = None
+        try:
+            assert hold_open.wait(10)
+            purger = threading.Thread(target=purge)
+            purger.start()
+            assert purge_started.wait(10)
+            assert wait_until_blocked(pids["purge"], by=pids["hold"]) == [("transactionid", "ShareLock")]
+        finally:
+            commit_hold.set()
+            holder.join(20)
+            if purger is not None:
+                purger.join(30)
+        assert errors == []
+        assert results[0].outcome == JobOutcome.PURGE_HELD
+        assert docstore.requests() == [] and docstore.documents() == set(documents)
+
+    def test_a_hold_placed_while_a_delete_is_in_flight_waits_for_it_and_keeps_the_rest(self, world, docstore):
+        job, prop, reviewer, documents = world
+        docstore.set_faults(hang_after_apply=3.0, count=1)  # the first DELETE is applied, then answered late
+        pids: dict[str, int] = {}
+        placed: list = []
+        errors: list[BaseException] = []
+        purge_started = threading.Event()
+
+        def purge_one() -> None:
+            try:
+                pids["purge"] = backend_pid()
+                purge_started.set()
+                job_run_slice(job_id=job.pk, owner="purger", max_batches=1)
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        def place_hold() -> None:
+            try:
+                pids["hold"] = backend_pid()
+                placed.append(
+                    legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late")
+                )
+            except BaseException as exc:  # pragma: no cover - reported below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        purger = threading.Thread(target=purge_one)
+        purger.start()
+        holder = None
+        try:
+            assert purge_started.wait(10)
+            deadline = time.monotonic() + 10
+            while not docstore.requests() and time.monotonic() < deadline:
+                time.sleep(0.01)  # the store logs the DELETE when it applies it, before its late answer
+            assert [r["path"] for r in docstore.requests()] == [f"/documents/{documents[0]}"]
+            holder = threading.Thread(target=place_hold)
+            holder.start()
+            while "hold" not in pids and time.monotonic() < deadline:
+                time.sleep(0.01)
+            # The hold's FOR UPDATE queues behind the purge's share lock, held across the call.
+            assert wait_until_blocked(pids["hold"], by=pids["purge"]) == [("transactionid", "ShareLock")]
+            assert not placed
+        finally:
+            purger.join(30)
+            if holder is not None:
+                holder.join(30)
+        assert errors == [] and len(placed) == 1
+        # The document in flight went before the hold; the rest wait for its release.
+        assert job_run_slice(job_id=job.pk, owner="next").outcome == JobOutcome.PURGE_HELD
+        request = PurgeRequest.objects.get()
+        assert (request.documents_purged, request.documents_held, request.held_document_ids) == (1, 3, documents[1:])
+        assert docstore.documents() == set(documents[1:])
 
 
 @pytest.mark.postgres

@@ -3,8 +3,8 @@
 Protocol of a purge job's slice (the job is already leased by
 ``execution.runner.job_run_slice``, which also classifies any failure):
 
-1. Read the job's ``PurgeRequest`` (document ids, key) and its cursor: the
-   number of documents already done. A redrive starts from the old cursor.
+1. Read the job's ``PurgeRequest`` (document ids, key, scope) and its cursor:
+   the number of documents already done. A redrive starts from the old cursor.
 2. Per document, in order:
    a. if the store answered 429/503 with a ``Retry-After`` that has not
       passed yet (to this worker or any other), give the job back until that
@@ -12,18 +12,43 @@ Protocol of a purge job's slice (the job is already leased by
       store's own buckets (``DOCSTORE_RATE_*``: global and per portfolio,
       apart from the delete buckets); no token soon → give the job back for
       later, again without counting an attempt;
-   b. ``DELETE /documents/<id>`` with ``Idempotency-Key: <request key>:<id>``,
-      **outside any database transaction** (a slow store never holds a row
-      lock). 2xx → deleted; 404 → already gone, also done;
-   c. one short transaction that locks the job row where the lease token is
+   b. **the check**, in one short transaction: take the deleted records'
+      scope lock exactly as a batch does (portfolio and property rows
+      ``FOR SHARE``; placing a hold takes one of them ``FOR UPDATE``), then,
+      in later statements (so a hold that committed while we waited is seen):
+      - an active legal hold over the deleted records' scope
+        (``retention.eligibility.hold_covers_deleted``) → the document and
+        every one after it are **set aside** (``held_document_ids``,
+        ``documents_held``): the hold was placed after the batch deleted the
+        records but before their files went. A later sweep re-queues them once
+        the hold is released (``purge_requeue_released``);
+      - any remaining record of any kind still naming the document id → the
+        document is **skipped as still referenced** (``documents_referenced``)
+        and never deleted: that record's own deletion purges it later;
+   c. otherwise ``DELETE /documents/<id>`` with ``Idempotency-Key: <request
+      key>:<id>``. On PostgreSQL the check's transaction — and so its share
+      lock — stays open across this call, which is bounded by the store's
+      timeouts (``DOCSTORE_CONNECT_TIMEOUT``/``DOCSTORE_READ_TIMEOUT``, and
+      ``idle_in_transaction_session_timeout`` as a backstop): a hold placed
+      meanwhile waits for the call to end, so no hold commits between the
+      check and the store's answer. The job row is never locked during the
+      call. 2xx → deleted; 404 → already gone, also done;
+   d. one short transaction that locks the job row where the lease token is
       still ours (fencing) and moves the cursor past the document, counting it.
       A worker whose lease expired during the call commits nothing; whoever
       holds the job next sends the same key again and the store answers from
       its idempotency record without deleting anything twice.
-3. Cursor at the end → the job is done (``purged``), in the same fenced way.
-   If the outbox counted ids that failed validation, the job instead becomes a
-   ``policy_or_input`` dead letter once the valid ones are done: the files of
-   such records cannot be found safely and an operator has to look.
+3. Cursor at the end → the job is done, in the same fenced way: ``purged``, or
+   ``purge_held`` when documents were set aside. If the outbox counted ids
+   that failed validation, the job instead becomes a ``policy_or_input`` dead
+   letter once the valid ones are done: the files of such records cannot be
+   found safely and an operator has to look.
+
+What remains open: a request the client gave up on (a timeout) that the store
+applies later, after our transaction ended, can still land after a hold
+placed in between; and a record that starts naming a document id after the
+check (record writes do not take the scope lock). SQLite (the demo) has no row
+locks and serialises writers: the check commits before the call there.
 
 Failures are exceptions from the client and are classified by
 ``cleanup_ops.recovery.classification``: 429/503 wait for ``Retry-After``; other 5xx,
@@ -33,21 +58,25 @@ connection errors and timeouts back off and retry with the same key; other
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, F, Sum
 from django.utils import timezone
 
 from cleanup_ops import sql
+from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
-from cleanup_ops.execution.batches import JobRef
+from cleanup_ops.execution.batches import JobRef, attachment_column
 from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
-from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, PurgeRequest
+from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, LedgerEntry, PurgeRequest, Sweep, scope_of
 from cleanup_ops.ratelimit import docstore_buckets_for, docstore_hold_remaining, docstore_hold_until
 from cleanup_ops.recovery.classification import (
     DownstreamError,
@@ -56,8 +85,16 @@ from cleanup_ops.recovery.classification import (
     parse_retry_after,
     retry_after_jitter,
 )
+from retention.eligibility import hold_covers_deleted
+from retention.models import PolicyVersion
+from retention.registry import REGISTRY, get_spec
 
 Hook = Callable[[int], None]
+
+# What the check decides for one document (step 2b).
+CLEAR = "clear"
+HELD = "held"
+REFERENCED = "referenced"
 
 
 @dataclass
@@ -67,6 +104,23 @@ class PurgeProgress:
     requests: int = 0
     outcome: str = ""
     deferred_seconds: float = 0.0
+    set_aside: int = 0  # documents set aside under a legal hold
+    referenced: int = 0  # documents skipped because a remaining record names them
+
+
+@dataclass(frozen=True)
+class _Request:
+    """A purge request as a slice needs it, read once."""
+
+    id: int
+    key: str
+    document_ids: list[str]
+    invalid: int
+    portfolio_id: int
+    property_id: int
+    record_kind: str
+    # (after, last] ids of the batch that deleted the records, from its ledger row.
+    deleted_range: tuple[int, int] | None
 
 
 def idempotency_key(request_key: str, document_id: str) -> str:
@@ -84,22 +138,17 @@ def purge_run(
     after_request: Hook | None = None,
 ) -> None:
     """Run a bounded slice of a leased purge job; raises on failure (the caller classifies)."""
-    row = PurgeRequest.objects.filter(pk=job.purge_request_id).values_list("id", "key", "document_ids", "invalid_ids")
-    if not row:
-        raise InvalidInput("purge job without a purge request")
-    request_id, key, document_ids, invalid = row[0]
-    if not isinstance(document_ids, list):
-        raise InvalidInput("purge request payload is not a list")
+    request = _request_load(job)
     cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
     buckets = docstore_buckets_for(job.portfolio_id)
     started = time.monotonic()
+    steps = 0
     with DocstoreClient() as client:
         while True:
-            if cursor >= len(document_ids):
-                if invalid:
+            if cursor >= len(request.document_ids):
+                if request.invalid:
                     raise InvalidDocumentId("purge request has invalid document ids")
-                _purge_finish(job=job, lease=lease)
-                progress.outcome = JobOutcome.PURGED
+                progress.outcome = _purge_finish(job=job, lease=lease, request_id=request.id)
                 return
             wait = docstore_hold_remaining(now=timezone.now().timestamp())
             if wait > 0:
@@ -112,19 +161,115 @@ def purge_run(
                 return
             if before_request:
                 before_request(job.id)
-            document_id = document_ids[cursor]
+            document_id = request.document_ids[cursor]
             try:
-                effect = client.delete_document(document_id, idempotency_key=idempotency_key(key, str(document_id)))
+                verdict, effect = _check_and_delete(client, request=request, document_id=str(document_id))
             except DownstreamError as exc:
                 _hold_all_purges(exc)
                 raise
-            cursor = _purge_advance(job=job, lease=lease, request_id=request_id, cursor=cursor, effect=effect)
-            progress.requests += 1
-            if after_request:
-                after_request(job.id)
-            if progress.requests >= max_requests or time.monotonic() - started >= max_seconds:
+            if verdict == HELD:
+                # The hold covers the whole request's scope: every remaining
+                # document waits for its release.
+                progress.set_aside += len(request.document_ids) - cursor
+                cursor = _purge_set_aside(job=job, lease=lease, request=request, cursor=cursor)
+                continue
+            effect = effect if verdict == CLEAR else REFERENCED
+            cursor = _purge_advance(job=job, lease=lease, request_id=request.id, cursor=cursor, effect=effect)
+            steps += 1
+            if verdict == REFERENCED:
+                progress.referenced += 1
+            else:
+                progress.requests += 1
+                if after_request:
+                    after_request(job.id)
+            if steps >= max_requests or time.monotonic() - started >= max_seconds:
                 job_release(lease=lease)
                 return
+
+
+def _request_load(job: JobRef) -> _Request:
+    row = (
+        PurgeRequest.objects.filter(pk=job.purge_request_id)
+        .values_list(
+            "id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind", "origin__key"
+        )
+        .first()
+    )
+    if row is None:
+        raise InvalidInput("purge job without a purge request")
+    request_id, key, document_ids, invalid, portfolio_id, property_id, record_kind, origin_key = row
+    if not isinstance(document_ids, list):
+        raise InvalidInput("purge request payload is not a list")
+    # The original request's key is the deleting batch's operation id.
+    deleted = LedgerEntry.objects.filter(operation_id=origin_key or key).values_list("after_id", "last_id").first()
+    return _Request(
+        request_id,
+        key,
+        document_ids,
+        invalid,
+        portfolio_id,
+        property_id,
+        record_kind,
+        (int(deleted[0]), int(deleted[1])) if deleted else None,
+    )
+
+
+def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id: str) -> tuple[str, str]:
+    """Step 2b-c: the verdict, and the store's effect when the document was sent."""
+    key = idempotency_key(request.key, document_id)
+    if not sql.is_postgres():
+        # SQLite serialises writers and has no row locks: check, commit, then call.
+        with transaction.atomic():
+            verdict = _purge_check(request=request, document_id=document_id)
+        return verdict, (client.delete_document(document_id, idempotency_key=key) if verdict == CLEAR else "")
+    outermost = not connection.in_atomic_block
+    with transaction.atomic(), connection.cursor() as cur:
+        if outermost:
+            # Backstop for the share lock held across the call: PostgreSQL ends
+            # the session if the call somehow outlives the store's timeouts.
+            cur.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", [_lock_bound_ms()])
+        verdict = _purge_check(request=request, document_id=document_id, cur=cur)
+        if verdict != CLEAR:
+            return verdict, ""
+        return verdict, client.delete_document(document_id, idempotency_key=key)
+
+
+def _lock_bound_ms() -> str:
+    """The longest one call can take under the client's timeouts (pool, connect,
+    write, two reads), plus a margin: how long the share lock may be held."""
+    connect, read = settings.DOCSTORE_CONNECT_TIMEOUT, settings.DOCSTORE_READ_TIMEOUT
+    return str(math.ceil((2 * connect + 3 * read + 5) * 1000))
+
+
+def _purge_check(*, request: _Request, document_id: str, cur: Any = None) -> str:
+    """Inside the caller's transaction: the scope lock, then the hold and reference checks."""
+    # The very statement a batch locks its scope with (one partition): the
+    # portfolio and property rows FOR SHARE. No row (the scope is gone)
+    # means no hold can name it either.
+    params = [request.id, request.property_id, request.portfolio_id, request.record_kind, PolicyVersion.Status.APPROVED]
+    locked = sql.execute(sql.group_scope_lock_and_policy(1), params, cur=cur)
+    if cur is not None:
+        locked.fetchall()
+    # Later statements: under READ COMMITTED they see a hold whose placement we waited for.
+    if hold_covers_deleted(
+        request.record_kind,
+        portfolio_id=request.portfolio_id,
+        property_id=request.property_id,
+        deleted_range=request.deleted_range,
+    ):
+        return HELD
+    if document_still_referenced(document_id):
+        return REFERENCED
+    return CLEAR
+
+
+def document_still_referenced(document_id: str) -> bool:
+    """Does any remaining record, of any kind with attachments, name ``document_id``?"""
+    return any(
+        get_spec(kind).model.objects.filter(document_id=document_id).exists()
+        for kind in REGISTRY
+        if attachment_column(kind)
+    )
 
 
 def _hold_all_purges(exc: DownstreamError) -> None:
@@ -143,16 +288,101 @@ def _purge_advance(*, job: JobRef, lease: Lease, request_id: int, cursor: int, e
             # Someone else moved it (cannot happen while our lease holds): stop.
             raise LeaseLost(job.id)
         sql.execute(sql.purge_advance(), [cursor + 1, lease_renewal(now), job.id], cur=cur)
-        counter = "documents_purged" if effect == "deleted" else "documents_absent"
+        counter = _COUNTERS[effect]
         PurgeRequest.objects.filter(pk=request_id).update(**{counter: F(counter) + 1})
     return cursor + 1
 
 
-def _purge_finish(*, job: JobRef, lease: Lease) -> None:
+# The request's counter for each way a document is done.
+_COUNTERS = {"deleted": "documents_purged", "absent": "documents_absent", REFERENCED: "documents_referenced"}
+
+
+def _purge_set_aside(*, job: JobRef, lease: Lease, request: _Request, cursor: int) -> int:
+    """Fenced: set the remaining documents aside under the hold; the cursor moves to the end."""
     now = timezone.now()
+    remaining = [str(d) for d in request.document_ids[cursor:]]
+    with transaction.atomic(), connection.cursor() as cur:
+        current = lock_job(cur, job_id=job.id, lease=lease, now=now)
+        if current != cursor:
+            raise LeaseLost(job.id)
+        sql.execute(sql.purge_advance(), [len(request.document_ids), lease_renewal(now), job.id], cur=cur)
+        row = PurgeRequest.objects.select_for_update().get(pk=request.id)
+        row.held_document_ids = [*row.held_document_ids, *(d for d in remaining if d not in row.held_document_ids)]
+        row.documents_held += len(remaining)
+        row.save(update_fields=["held_document_ids", "documents_held"])
+    return len(request.document_ids)
+
+
+def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
+    """Fenced: the job is done; ``purge_held`` when its request set documents aside."""
+    now = timezone.now()
+    held = PurgeRequest.objects.filter(pk=request_id, documents_held__gt=0).exists()
+    outcome = JobOutcome.PURGE_HELD if held else JobOutcome.PURGED
     with transaction.atomic(), connection.cursor() as cur:
         lock_job(cur, job_id=job.id, lease=lease, now=now)
-        job_finish(cur, job_id=job.id, outcome=JobOutcome.PURGED, now=now)
+        job_finish(cur, job_id=job.id, outcome=outcome, now=now)
+    return outcome
+
+
+def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list[CleanupJob]:
+    """Hand documents set aside under a hold that is now released to a new purge in ``sweep``.
+
+    Per request with set-aside documents whose scope no active hold covers
+    any more: a new ``PurgeRequest`` for those documents (``origin``: the
+    original request, whose ledger row still gives the deleted records'
+    range; key derived from the original's), and its ``purge`` job in
+    ``sweep``, in one transaction with the original's row locked. The new
+    job checks holds and references again before each document, under the
+    scope lock, exactly like any purge. Returns the jobs created.
+    """
+    now = now or timezone.now()
+    jobs = []
+    pending = PurgeRequest.objects.filter(documents_held__gt=0).order_by("id").values_list("id", "held_document_ids")
+    for request_id, held in pending:
+        if not held:
+            continue  # already handed on
+        with transaction.atomic():
+            request = PurgeRequest.objects.select_for_update(of=("self",)).select_related("origin").get(pk=request_id)
+            if not request.held_document_ids:
+                continue
+            origin = request.origin or request
+            deleted = LedgerEntry.objects.filter(operation_id=origin.key).values_list("after_id", "last_id").first()
+            if hold_covers_deleted(
+                request.record_kind,
+                portfolio_id=request.portfolio_id,
+                property_id=request.property_id,
+                deleted_range=(int(deleted[0]), int(deleted[1])) if deleted else None,
+            ):
+                continue
+            number = PurgeRequest.objects.filter(origin=origin).count() + 1
+            key = hashlib.sha256(f"{origin.key}:released:{number}".encode()).hexdigest()
+            again = PurgeRequest.objects.create(
+                key=key,
+                delete_job_id=request.delete_job_id,
+                portfolio_id=request.portfolio_id,
+                property_id=request.property_id,
+                record_kind=request.record_kind,
+                document_ids=list(request.held_document_ids),
+                origin=origin,
+                created_at=now,
+            )
+            request.held_document_ids = []
+            request.save(update_fields=["held_document_ids"])
+            delete_job = CleanupJob.objects.get(pk=request.delete_job_id)
+            jobs.append(
+                CleanupJob.objects.create(
+                    sweep=sweep,
+                    key=f"purge:{key}",
+                    kind=JobKind.PURGE,
+                    purge_request=again,
+                    cutoff=delete_job.cutoff,
+                    available_at=now,
+                    **scope_of(delete_job),
+                )
+            )
+            Sweep.objects.reopen(sweep_ids={sweep.pk})
+            dispatch_after_commit()
+    return jobs
 
 
 def purge_summary() -> dict[str, Any]:
@@ -161,7 +391,11 @@ def purge_summary() -> dict[str, Any]:
         CleanupJob.objects.filter(kind=JobKind.PURGE).values_list("state").annotate(n=Count("id")).order_by()
     )
     totals = PurgeRequest.objects.aggregate(
-        purged=Sum("documents_purged"), absent=Sum("documents_absent"), invalid=Sum("invalid_ids")
+        purged=Sum("documents_purged"),
+        absent=Sum("documents_absent"),
+        invalid=Sum("invalid_ids"),
+        held=Sum("documents_held"),
+        referenced=Sum("documents_referenced"),
     )
     return {
         "purge_jobs_by_state": {state: by_state.get(state, 0) for state in JobState.values},
@@ -169,4 +403,6 @@ def purge_summary() -> dict[str, Any]:
         "documents_purged": totals["purged"] or 0,
         "documents_already_gone": totals["absent"] or 0,
         "documents_invalid_ids": totals["invalid"] or 0,
+        "documents_set_aside_under_hold": totals["held"] or 0,
+        "documents_still_referenced": totals["referenced"] or 0,
     }
