@@ -3,9 +3,18 @@
 
 Run from the repository root (see bench/README.md)::
 
-    .venv/bin/python bench/pipeline.py                 # 1,000,000 rows (~4-5 minutes)
+    .venv/bin/python bench/pipeline.py                 # backlog: 1,000,000 leases (~4-5 minutes)
     .venv/bin/python bench/pipeline.py --rows 100000   # quick run (~1.5 minutes)
-    bash bench/run-at-head.sh --rows 100000            # the same against committed HEAD
+    .venv/bin/python bench/pipeline.py --shape nightly # nightly steady state (~10 minutes)
+    bash bench/run-at-head.sh --shape nightly          # the same against committed HEAD
+
+Two dataset shapes (``bench/dataset.py``): ``backlog`` (the first cleanup: leases,
+~96% past the cutoff, ~300 partitions) and ``nightly`` (every night after that: 150
+portfolios x 10 properties x 3 record kinds, 450,000 rows, ~1% just past the cutoff,
+thousands of small partitions). Statements are counted for every run, server-side with
+``pg_stat_statements`` and, for the ``count`` run, in-process per statement class
+(``bench/statements.py``); ``pickup`` and ``idle`` measure a warm, idle 2-worker
+cluster (``bench/latency.py``).
 
 Without ``DATABASE_URL`` it starts a throwaway PostgreSQL (``harness/postgres.py``,
 the launcher behind ``scripts/pg-cluster.sh``) and removes it on every exit path. With
@@ -26,10 +35,12 @@ identical. Runs:
   ``sweep_trigger`` then real ``manage.py qcluster`` processes until no job is
   pending or leased;
 * ``drain``: ``cleanup_drain`` in one process, no broker;
-* ``profile``: ``cleanup_drain`` with per-function and per-statement timings
-  and the dispatcher call that ``run_job`` makes after every slice;
+* ``count``: ``cleanup_drain`` again with an execute wrapper counting statements per
+  class, per-function timers and the client-side time per class;
 * ``rss``: peak RSS of a worker at a second dataset size; ``admission``:
-  ``sweep_trigger`` over 10,000 partitions.
+  ``sweep_trigger`` over 10,000 properties x every kind with policies;
+* ``pickup``/``idle``: pickup latency of a new sweep, a retry and a redrive, and the
+  statements an idle cluster sends (``bench/latency.py``).
 
 Every run is verified: the rows deleted are exactly those the predicate
 admits (count and id sum) and every held row is still there.
@@ -52,6 +63,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 # Run as a script, Python puts bench/ on the path; the packages live at the root.
@@ -59,8 +71,19 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench import report
+from bench import runs as runs_module
 from bench.common import code_version, django_setup, log
-from bench.dataset import SMALL_PORTFOLIOS, build_scope, load_records, pristine_name, restore, snapshot
+from bench.dataset import (
+    NIGHTLY_PORTFOLIOS,
+    NIGHTLY_PROPERTIES,
+    build_nightly_scope,
+    build_scope,
+    load_nightly,
+    load_records,
+    pristine_name,
+    restore,
+    snapshot,
+)
 from bench.runs import (
     RunResult,
     admission_phase,
@@ -71,6 +94,7 @@ from bench.runs import (
     run_qcluster,
     run_single_delete,
 )
+from bench.statements import PgStats
 from harness.cpu import CpuWatch
 from harness.postgres import Cluster, ClusterError, create_database, drop_database
 from harness.procs import renice
@@ -83,24 +107,38 @@ def _raise_exit(signum: int, _frame: object) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--rows", type=int, default=1_000_000)
+    parser.add_argument(
+        "--shape",
+        choices=["backlog", "nightly"],
+        default="backlog",
+        help="backlog: leases, ~96%% past the cutoff, ~300 partitions (default); nightly: 150 portfolios x 10"
+        " properties x 3 kinds, ~1%% past the cutoff",
+    )
+    parser.add_argument("--rows", type=int, help="rows (default: backlog 1,000,000; nightly 450,000 over 3 kinds)")
+    parser.add_argument("--portfolios", type=int, default=NIGHTLY_PORTFOLIOS, help="nightly: portfolios")
+    parser.add_argument("--properties", type=int, default=NIGHTLY_PROPERTIES, help="nightly: properties per portfolio")
     parser.add_argument("--batch-size", type=int, default=1000)
     parser.add_argument(
-        "--rss-rows", type=int, default=100_000, help="second dataset size for the peak-RSS comparison (0: skip)"
+        "--rss-rows",
+        type=int,
+        help="second dataset size for the peak-RSS comparison (0: skip; default backlog 100,000, nightly 150,000)",
     )
     parser.add_argument(
         "--admission-properties",
         type=int,
         default=100,
-        help="admission test: properties per portfolio (x 100 portfolios = partitions; default 100 -> 10,000)",
+        help="admission test: properties per portfolio over 100 portfolios, each with rows of every kind that"
+        " has policies (default 100: 10,000 properties; 30,000 partitions in the nightly shape)",
     )
+    parser.add_argument("--pickup-samples", type=int, default=20, help="pickup: samples per scenario (default 20)")
     parser.add_argument(
         "--only",
-        default="loop,loop2,q1,q2,q1x,drain,profile,rss,admission",
-        help="comma list of phases (default: all). loop2: the loop with run_batch's two data statements;"
-        " q1/q2: qcluster with 1/2 workers; q1x/q2x: the same with"
-        " CLEANUP_DISPATCH_WINDOW = 2 x workers + 1 (one more than the default)",
+        help="comma list of phases. Backlog default: loop,loop2,q1,q2,q1x,drain,count,rss,admission. Nightly"
+        " default: loop,one,drain,count,q2,q1,rss,pickup,idle,admission. loop2: the loop with run_batch's two"
+        " data statements (backlog only); q1/q2/q4: qcluster with 1/2/4 workers; q1x/q2x: the same with"
+        " CLEANUP_DISPATCH_WINDOW = 2 x workers + 1; count: cleanup_drain with statements counted per class",
     )
+    parser.add_argument("--save", type=Path, help="also write every figure as JSON to this file")
     parser.add_argument(
         "--repeat", type=int, default=1, help="run each timed phase this many times and keep the fastest (default 1)"
     )
@@ -120,7 +158,7 @@ def main() -> None:
     )
     parser.add_argument("--write-docs", action="store_true", help="write/update docs/benchmarks.md with the results")
     parser.add_argument("--keep-logs", action="store_true", help="keep the qcluster logs (their directory is printed)")
-    parser.add_argument("--child", choices=["drain", "profile"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", choices=["drain", "count"], help=argparse.SUPPRESS)
     parser.add_argument("--slot", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if not 1 <= args.batch_size <= 1000:
@@ -128,7 +166,20 @@ def main() -> None:
     if args.child:
         child_main(args)
         return
+    nightly = args.shape == "nightly"
+    if args.rows is None:
+        args.rows = 450_000 if nightly else 1_000_000
+    if args.rss_rows is None:
+        args.rss_rows = 150_000 if nightly else 100_000
+    if args.only is None:
+        args.only = (
+            "loop,one,drain,count,q2,q1,rss,pickup,idle,admission"
+            if nightly
+            else "loop,loop2,q1,q2,q1x,drain,count,rss,admission"
+        )
     phases = set(args.only.split(","))
+    if nightly and "loop2" in phases:
+        parser.error("loop2 is for the backlog shape only (leases, per property)")
 
     signal.signal(signal.SIGTERM, _raise_exit)
     signal.signal(signal.SIGHUP, _raise_exit)
@@ -155,6 +206,14 @@ def main() -> None:
         url = os.environ["DATABASE_URL"]
         if url.split("://", 1)[0] not in {"postgres", "postgresql", "pgsql"}:
             raise SystemExit("bench: DATABASE_URL must point at PostgreSQL")
+        stats = PgStats(url)
+        stats.enable(pg, log)
+        if pg is not None and pg.postmaster_pid:  # a new postmaster after the restart
+            watch.own_roots.add(pg.postmaster_pid)
+            if args.nice:
+                pg.renice(args.nice)
+        runs_module.STATS = stats
+        log(f"statements counted with {stats.method}")
         create_database(url)
         django_setup(args.batch_size)
         from django.core.management import call_command
@@ -166,13 +225,23 @@ def main() -> None:
         call_command("migrate", verbosity=0, interactive=False)
         log(f"migrated in {time.perf_counter() - started:.1f} s")
         slot = slot_current()
-        scope = build_scope()
-        ds = load_records(scope, args.rows, slot)
+        started = time.perf_counter()
+        if nightly:
+            scope = build_nightly_scope(args.portfolios, args.properties)
+        else:
+            scope = build_scope()
+        log(f"scope (portfolios, properties, policies) in {time.perf_counter() - started:.1f} s")
+
+        def load(rows: int) -> Any:
+            return load_nightly(scope, rows, slot) if nightly else load_records(scope, rows, slot)
+
+        ds = load(args.rows)
         log(f"snapshot of the database in {snapshot():.1f} s")
         log(
-            f"dataset: {ds.total:,} leases generated in {ds.generate_seconds:.1f} s; eligible {ds.eligible:,},"
+            f"dataset: {ds.total:,} rows generated in {ds.generate_seconds:.1f} s; eligible {ds.eligible:,},"
             f" held past cutoff {ds.held:,} ({100 * ds.held / ds.total:.2f}%), {ds.holds} legal holds,"
-            f" {len(scope.properties)} properties in {1 + SMALL_PORTFOLIOS} portfolios; slot {slot:%Y-%m-%dT%H:%MZ}"
+            f" {len(scope.properties)} properties in {scope.portfolios} portfolios; slot {slot:%Y-%m-%dT%H:%MZ};"
+            f" {ds.describe()}"
         )
         runs: list[RunResult] = []
 
@@ -227,11 +296,11 @@ def main() -> None:
         if "drain" in phases:
             log(f"restored in {restore():.1f} s; running cleanup_drain in a child process")
             record(lambda: run_child("drain", ds, slot, args.batch_size, env))
-        prof_run = None
-        if "profile" in phases:
-            log(f"restored in {restore():.1f} s; running a profiled cleanup_drain")
-            prof_run = measured(lambda: run_child("profile", ds, slot, args.batch_size, env))
-            log(f"profiled drain: {prof_run.seconds:.2f} s ({'ok' if prof_run.ok else 'FAIL'})")
+        count_run = None
+        if "count" in phases:
+            log(f"restored in {restore():.1f} s; running cleanup_drain with statements counted per class")
+            count_run = measured(lambda: run_child("count", ds, slot, args.batch_size, env))
+            log(f"counted drain: {count_run.seconds:.2f} s ({'ok' if count_run.ok else 'FAIL'})")
 
         rss_rows: list[tuple[int, str, float]] = []
         for r in runs:
@@ -239,39 +308,72 @@ def main() -> None:
                 rss_rows.append((ds.total, r.label, r.extra["worker_peak_rss_mb"]))
             if "maxrss_mb" in r.extra:
                 rss_rows.append((ds.total, r.label, r.extra["maxrss_mb"]))
+        rss_checks: list[RunResult] = []
         if "rss" in phases and args.rss_rows and args.rss_rows != args.rows:
-            small = load_records(scope, args.rss_rows, slot)
-            log(f"RSS pass: {small.total:,} leases; snapshot in {snapshot():.1f} s")
+            small = load(args.rss_rows)
+            log(f"RSS pass: {small.total:,} rows; snapshot in {snapshot():.1f} s")
             q1 = run_qcluster(small, 1, slot, env, log_dir, live, nice=args.nice)
             rss_rows.append((small.total, q1.label, q1.extra["worker_peak_rss_mb"]))
             restore()
             drain = run_child("drain", small, slot, args.batch_size, env)
             rss_rows.append((small.total, drain.label, drain.extra["maxrss_mb"]))
+            rss_checks += [q1, drain]
             if not (q1.ok and drain.ok):
                 log("RSS pass: verification failed")
 
+        latency = None
+        if phases & {"pickup", "idle"}:
+            from bench.latency import pickup_and_idle
+
+            log(f"restored in {restore():.1f} s; pickup latency and idle cluster (2 workers)")
+            latency = pickup_and_idle(
+                base_slot=slot,
+                env=env,
+                log_dir=log_dir,
+                live=live,
+                stats=stats,
+                samples=args.pickup_samples,
+                phases=phases,
+                nice=args.nice,
+            )
+
         admission = None
         if "admission" in phases:
-            log(f"admission test: {1 + SMALL_PORTFOLIOS} portfolios x {args.admission_properties} properties")
+            log(f"admission test: 100 portfolios x {args.admission_properties} properties x every kind")
             admission = admission_phase(slot, args.admission_properties)
 
-        report.print_header(ds, batch=args.batch_size, properties=len(scope.properties), code=code_version())
+        code = code_version()
+        report.print_header(ds, batch=args.batch_size, scope=scope, code=code)
         report.print_runs(
             "Throughput (seconds = trigger to drained for the pipeline, admission included"
             + (f"; fastest of {args.repeat} runs each):" if args.repeat > 1 else "):"),
             runs,
         )
-        report.print_details(runs + ([prof_run] if prof_run else []))
-        if args.write_docs:
+        report.print_statements(runs + ([count_run] if count_run else []), method=stats.method)
+        if count_run:
+            report.print_counted(count_run, [r for r in runs if r.label.startswith("DELETE loop")])
+        report.print_details(runs + ([count_run] if count_run else []))
+        if args.write_docs and not nightly:
             report.write_docs(
-                ROOT / "docs" / "benchmarks.md", rows=ds.total, batch=args.batch_size, runs=runs, code=code_version()
+                ROOT / "docs" / "benchmarks.md", rows=ds.total, batch=args.batch_size, runs=runs, code=code
             )
-        if prof_run:
-            report.print_profile(prof_run, [r for r in runs if r.label.startswith("DELETE loop")])
         report.print_rss(rss_rows)
+        report.print_latency(latency)
         report.print_admission(admission)
-        report.print_target(runs)
-        failed = [r.label for r in runs + ([prof_run] if prof_run else []) if not r.ok]
+        report.print_targets(runs + ([count_run] if count_run else []), admission, latency, shape=args.shape)
+        if args.save:
+            report.save_json(
+                args.save,
+                shape=args.shape,
+                code=code,
+                ds=ds,
+                runs=runs + ([count_run] if count_run else []),
+                rss=rss_rows,
+                latency=latency,
+                admission=admission,
+                method=stats.method,
+            )
+        failed = [r.label for r in runs + rss_checks + ([count_run] if count_run else []) if not r.ok]
         if failed:
             print(f"\nVERIFICATION FAILED: {', '.join(failed)}")
             sys.exit(1)

@@ -1,23 +1,33 @@
-"""The benchmark's output: the throughput table, per-run details, the profile table, peak
-RSS, admission and target lines, and ``docs/benchmarks.md`` (``--write-docs``)."""
+"""The benchmark's output: the throughput table, statements per partition by class, per-run
+details, peak RSS, pickup and idle figures, admission and target lines, a JSON dump
+(``--save``) and ``docs/benchmarks.md`` (``--write-docs``, backlog shape)."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
-from bench.dataset import BIG_PROPERTIES, SMALL_PORTFOLIOS, Dataset
+from bench.dataset import BIG_PROPERTIES, Dataset, Scope
 from bench.runs import RunResult
+from bench.statements import CLASSES, sent
 
 
-def print_header(ds: Dataset, *, batch: int, properties: int, code: str) -> None:
-    print(f"\n=== bench/pipeline.py: {ds.total:,} leases, batch size {batch}; code: {code} ===")
+def print_header(ds: Dataset, *, batch: int, scope: Scope, code: str) -> None:
+    what = "leases" if ds.shape == "backlog" else f"rows of {len(ds.kinds)} record kinds ({ds.shape} shape)"
+    print(f"\n=== bench/pipeline.py: {ds.total:,} {what}, batch size {batch}; code: {code} ===")
+    layout = (
+        f"one portfolio holds half the rows over {BIG_PROPERTIES} properties"
+        if ds.shape == "backlog"
+        else "rows spread evenly; document_id NULL, so no purge jobs"
+    )
     print(
         f"eligible {ds.eligible:,}; held past cutoff {ds.held:,} ({100 * ds.held / ds.total:.2f}%);"
-        f" {ds.holds} legal holds; {properties} properties / {1 + SMALL_PORTFOLIOS} portfolios"
-        f" (one portfolio holds half the rows over {BIG_PROPERTIES} properties);"
-        f" generated in {ds.generate_seconds:.1f} s"
+        f" {ds.holds} legal holds; {len(scope.properties)} properties / {scope.portfolios} portfolios"
+        f" ({layout}); generated in {ds.generate_seconds:.1f} s"
     )
+    if len(ds.kinds) > 1:
+        print("per kind: " + ds.describe())
 
 
 def print_runs(title: str, runs: list[RunResult]) -> None:
@@ -119,29 +129,193 @@ def print_details(runs: list[RunResult]) -> None:
         print(f"  {r.label}: " + ", ".join(f"{k}={v}" for k, v in shown.items()))
 
 
-def print_profile(prof_run: RunResult, loops: list[RunResult]) -> None:
-    profile: dict[str, list[float]] = prof_run.extra.get("profile", {})
-    if not profile:
+def _admitted(r: RunResult) -> int:
+    return int(r.extra.get("admitted") or r.extra.get("jobs") or 0)
+
+
+def print_statements(runs: list[RunResult], *, method: str) -> None:
+    """Per run: statements the server received (by class), per admitted partition."""
+    shown = [r for r in runs if r.extra.get("server")]
+    if not shown:
         return
-    batch_keys = [k for k in profile if k.startswith("fn: run_batch")]
-    batches = int(sum(profile[k][0] for k in batch_keys))
-    slices = int(profile.get("fn: job_run_slice", [0, 0])[0])
-    print(f"\nProfile of cleanup_drain ({batches} run_batch calls, {slices} slices; ms per call and total s):")
-    print(f"  {'what':<82} {'calls':>7} {'ms/call':>8} {'total s':>8}")
-    for key, (calls, total) in sorted(profile.items(), key=lambda kv: -kv[1][1]):
-        print(f"  {key:<82} {int(calls):>7} {1000 * total / max(calls, 1):>8.3f} {total:>8.2f}")
-    if batches:
-        batch_total = sum(profile[k][1] for k in batch_keys)
-        sql_in_batch = sum(v[1] for k, v in profile.items() if k.startswith("sql[run_batch]"))
-        stmts = sum(v[0] for k, v in profile.items() if k.startswith("sql[run_batch]"))
+    print(
+        f"\nStatements received by PostgreSQL per run ({method}; the benchmark's polling excluded;"
+        " BEGIN/COMMIT counted apart; FK lookups run by PostgreSQL's own triggers shown, not counted):"
+    )
+    head = (
+        f"  {'run':<38} {'statements':>10} {'BEGIN/COMMIT':>12} {'FK lookups':>10} {'partitions':>10}"
+        f" {'per partition':>13} {'incl. tx':>9}"
+    )
+    print(head)
+    for r in shown:
+        statements, tx, internal = sent(r.extra["server"]["by_class"])
+        parts = _admitted(r)
+        per = f"{statements / parts:.2f}" if parts else "-"
+        per_tx = f"{(statements + tx) / parts:.2f}" if parts else "-"
+        print(f"  {r.label:<38} {statements:>10,} {tx:>12,} {internal:>10,} {parts or '-':>10} {per:>13} {per_tx:>9}")
+    pipeline = [r for r in shown if _admitted(r)]
+    if not pipeline:
+        return
+    print("\n  per admitted partition, by class (server-side calls; ms = server execution time in total):")
+    classes = [c for c in CLASSES if any(c in r.extra["server"]["by_class"] for r in pipeline)]
+    head = f"  {'class':<22}" + "".join(f" {r.label.replace('pipeline: ', '')[:24]:>24}" for r in pipeline)
+    print(head)
+    for c in classes:
+        cells = []
+        for r in pipeline:
+            calls, ms = r.extra["server"]["by_class"].get(c, [0, 0.0])
+            cells.append(f"{calls / _admitted(r):>8.3f} ({ms:>9.1f} ms)")
+        print(f"  {c:<22}" + "".join(f" {cell:>24}" for cell in cells))
+
+
+def print_counted(run: RunResult, loops: list[RunResult]) -> None:
+    """The in-process count (execute wrapper): per class, statements per partition and
+    client-side time; per-function timers; the costliest statements."""
+    counted = run.extra.get("counted")
+    if not counted:
+        return
+    parts = _admitted(run)
+    calls, secs = counted["calls"], counted["seconds"]
+    total = sum(calls.values())
+    print(
+        f"\nIn-process count of cleanup_drain (execute wrapper; {parts:,} partitions admitted,"
+        f" {run.seconds:.2f} s with the wrappers; round-trip time as the client saw it):"
+    )
+    print(f"  {'class':<22} {'statements':>10} {'per partition':>13} {'total s':>8} {'ms/stmt':>8}")
+    for c in [c for c in CLASSES if c in calls] + sorted(set(calls) - set(CLASSES)):
         print(
-            f"  run_batch: {1000 * batch_total / batches:.2f} ms/batch, {stmts / batches:.2f} statements/batch,"
-            f" {1000 * sql_in_batch / batches:.2f} ms in execute(), "
-            f"{1000 * (batch_total - sql_in_batch) / batches:.2f} ms other (COMMIT, Python)"
+            f"  {c:<22} {calls[c]:>10,} {calls[c] / max(parts, 1):>13.3f} {secs[c]:>8.3f}"
+            f" {1000 * secs[c] / max(calls[c], 1):>8.3f}"
         )
-    for run in loops:
-        if run.extra.get("batches"):
-            print(f"  {run.label}: {1000 * run.seconds / run.extra['batches']:.2f} ms/batch (autocommit)")
+    print(
+        f"  {'all':<22} {total:>10,} {total / max(parts, 1):>13.3f} {sum(secs.values()):>8.3f};"
+        f" transactions committed {counted['commits']:,} ({counted['commits'] / max(parts, 1):.3f} per partition),"
+        f" rolled back {counted['rollbacks']}"
+    )
+    timers = run.extra.get("timers", {})
+    if timers:
+        print("  per function (wall time, inclusive):")
+        for name, (n, t) in sorted(timers.items(), key=lambda kv: -kv[1][1]):
+            print(f"    {name:<40} {n:>7,} calls {1000 * t / max(n, 1):>8.3f} ms/call {t:>8.3f} s")
+    print("  costliest statements (class, text, calls, client s):")
+    for cls, text, n, t in counted["top"][:15]:
+        print(f"    {cls:<20} {n:>6,} {t:>7.3f}  {text}")
+    for loop in loops:
+        if loop.extra.get("statements"):
+            print(
+                f"  {loop.label}: {loop.extra['statements']:,} statements, {loop.seconds:.3f} s"
+                f" ({1000 * loop.seconds / loop.extra['statements']:.3f} ms/statement, autocommit)"
+            )
+
+
+def print_latency(latency: dict[str, Any] | None) -> None:
+    if not latency:
+        return
+    scenarios = [k for k in ("sweep", "retry", "redrive") if k in latency]
+    if scenarios:
+        print("\nPickup latency, warm idle qcluster with 2 workers (leased at - available_at, seconds):")
+        print(f"  {'becomes due by':<16} {'samples':>7} {'timed out':>9} {'p50':>7} {'p95':>7} {'max':>7}")
+        for k in scenarios:
+            v = latency[k]
+            print(
+                f"  {k:<16} {v['samples']:>7} {v['timed_out']:>9} {v['p50'] if v['p50'] is not None else '-':>7}"
+                f" {v['p95'] if v['p95'] is not None else '-':>7} {v['max'] if v['max'] is not None else '-':>7}"
+            )
+            print(f"    all: {v['all']}")
+            if "due_to_task_start_p50" in v:
+                print(
+                    f"    due -> task started (qcluster log): p50 {v['due_to_task_start_p50']} s,"
+                    f" max {v['due_to_task_start_max']} s; task started -> leased: p50"
+                    f" {v['task_start_to_lease_p50']} s, max {v['task_start_to_lease_max']} s"
+                )
+    idle = latency.get("idle")
+    if idle:
+        print(
+            f"\nIdle cluster (2 workers, nothing due, {idle['seconds']:.0f} s): {idle['statements_per_s']} statements/s"
+            f" ({idle['method']}), {idle['xact_per_s']} transactions/s (pg_stat_database.xact_commit);"
+            f" open jobs at the end: {idle.get('open_jobs')}"
+        )
+        for cls, text, n, ms in idle["top"][:10]:
+            print(f"    {cls:<20} {n:>6,} calls {ms:>8.1f} ms  {text}")
+    if "worker_peak_rss_mb" in latency:
+        print(f"  worker peak RSS during pickup/idle: {latency['worker_peak_rss_mb']} MB")
+
+
+def print_targets(
+    runs: list[RunResult], admission: dict[str, Any] | None, latency: dict[str, Any] | None, *, shape: str
+) -> None:
+    """Issue 11's goals, met or missed, with the figure."""
+    loop = next((r for r in runs if r.label.startswith("DELETE loop")), None)
+    lines = []
+
+    def ratio(label: str) -> float | None:
+        r = next((r for r in runs if r.label == label), None)
+        return loop.seconds / r.seconds if loop and r and r.seconds else None
+
+    goals = (
+        [("pipeline: cleanup_drain (1 process)", 0.5), ("pipeline: qcluster, 2 workers", 0.5)]
+        if shape == "nightly"
+        else [("pipeline: qcluster, 1 worker", 1.0), ("pipeline: qcluster, 2 workers", 1.8)]
+    )
+    for label, goal in goals:
+        x = ratio(label)
+        if x is not None:
+            lines.append(f"{label} >= {goal}x the loop: {x:.2f}x -> {'met' if x >= goal else 'MISSED'}")
+    if shape == "nightly":
+        for r in runs:
+            server = r.extra.get("server")
+            if server and _admitted(r) and r.label.startswith(("pipeline", "cleanup_drain")):
+                statements, tx, _ = sent(server["by_class"])
+                per = statements / _admitted(r)
+                lines.append(
+                    f"{r.label}: <= 4 statements per admitted partition: {per:.2f}"
+                    f" ({(statements + tx) / _admitted(r):.2f} with BEGIN/COMMIT)"
+                    f" -> {'met' if per <= 4 else 'MISSED'}"
+                )
+    if admission:
+        a = admission["admission_seconds"]
+        goal = 2.0 if admission["partitions"] >= 30_000 else 5.0
+        verdict = "met" if a < goal else "MISSED"
+        lines.append(f"admission of {admission['partitions']:,} partitions < {goal:g} s: {a:.2f} s -> {verdict}")
+    for k in ("sweep", "retry", "redrive"):
+        v = (latency or {}).get(k)
+        if v:
+            p95 = v["p95"]
+            ok = p95 is not None and p95 < 1.0 and not v["timed_out"]
+            late = f" ({v['timed_out']} timed out)" if v["timed_out"] else ""
+            lines.append(f"pickup p95 < 1 s ({k}): {p95} s{late} -> {'met' if ok else 'MISSED'}")
+    if lines:
+        print("\nTargets (issue 11):")
+        for line in lines:
+            print(f"  {line}")
+
+
+def save_json(path: Path, **data: Any) -> None:
+    ds = data.pop("ds")
+    runs = data.pop("runs")
+    out = {
+        **data,
+        "dataset": {
+            "shape": ds.shape,
+            "total": ds.total,
+            "eligible": ds.eligible,
+            "held": ds.held,
+            "holds": ds.holds,
+            "kinds": {k: vars(v) for k, v in ds.kinds.items()},
+        },
+        "runs": [
+            {
+                "label": r.label,
+                "seconds": r.seconds,
+                "deleted": r.deleted,
+                "ok": r.ok,
+                "admission": r.admission_seconds,
+                "extra": r.extra,
+            }
+            for r in runs
+        ],
+    }
+    path.write_text(json.dumps(out, indent=1, default=str))
 
 
 def print_rss(rss_rows: list[tuple[int, str, float]]) -> None:
@@ -156,20 +330,17 @@ def print_rss(rss_rows: list[tuple[int, str, float]]) -> None:
 def print_admission(admission: dict[str, Any] | None) -> None:
     if not admission:
         return
-    verdict = "met" if admission["admission_seconds"] < 5 else "MISSED"
+    due = admission.get("partitions_due_seconds")
+    server = admission.get("server")
+    statements = ""
+    if server:
+        n, tx, internal = sent(server["by_class"])
+        statements = f"; {n} statements + {tx} BEGIN/COMMIT ({internal} FK lookups in triggers)"
     print(
-        f"\nAdmission of {admission['partitions']:,} partitions: {admission['admission_seconds']:.2f} s"
-        f" (target < 5 s: {verdict}); of which partitions_due {admission['partitions_due_seconds']:.2f} s;"
-        f" dispatch after commit {admission['dispatch_seconds']:.3f} s;"
+        f"\nAdmission of {admission['partitions']:,} partitions ({admission['properties']:,} properties x"
+        f" {admission['kinds']} kinds): {admission['admission_seconds']:.2f} s (sweep_trigger, dispatch excluded)"
+        + (f"; of which partitions_due {due:.2f} s" if due is not None else "")
+        + f"; dispatch after commit {admission['dispatch_seconds']:.3f} s{statements};"
         f" one dispatcher call with {admission['partitions']:,} open jobs"
-        f" {1000 * admission['dispatch_10k_open_seconds']:.1f} ms"
+        f" {1000 * admission['dispatch_open_seconds']:.1f} ms"
     )
-
-
-def print_target(runs: list[RunResult]) -> None:
-    """The brief's target: the default-window 1-worker pipeline at >= 0.8x the DELETE loop."""
-    loop = next((r for r in runs if r.label.startswith("DELETE loop")), None)
-    q1 = next((r for r in runs if r.label == "pipeline: qcluster, 1 worker"), None)
-    if loop and q1:
-        ratio = loop.seconds / q1.seconds
-        print(f"\nTarget pipeline (1 worker) >= 0.8x loop: {ratio:.2f}x -> {'met' if ratio >= 0.8 else 'MISSED'}")

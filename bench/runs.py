@@ -5,8 +5,12 @@
 * ``run_qcluster``: ``sweep_trigger`` then real ``manage.py qcluster`` processes
   (supervised by ``harness.qcluster``) until nothing is open;
 * ``run_child``: ``cleanup_drain`` in a child process (``pipeline.py --child``,
-  which runs ``child_main`` here), plain or profiled per function and statement;
-* ``admission_phase``: ``sweep_trigger`` over 10,000 partitions.
+  which runs ``child_main`` here), plain or counted per statement class
+  (``bench/statements.py``);
+* ``admission_phase``: ``sweep_trigger`` over 10,000 partitions per record kind.
+
+Every run's statements are also counted server-side (``pg_stat_statements``) when
+``STATS`` is set (``pipeline.py`` does), from just before its timed part to just after.
 """
 
 # ruff: noqa: S603 - starts this venv's python on pipeline.py by design
@@ -17,7 +21,6 @@ import argparse
 import bisect
 import itertools
 import json
-import re
 import resource
 import statistics
 import subprocess
@@ -32,11 +35,35 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, django_setup, log, sql
-from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, cleanup_tables, verify
+from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, cleanup_tables, record_tables, verify
+from bench.statements import PgStats, StatementCounter
 from harness.qcluster import QCluster
 
 PIPELINE = ROOT / "bench" / "pipeline.py"  # the child runs go through its (hidden) --child flag
-DUMMY_KEY = "bench-dummy"
+STATS: PgStats | None = None  # set by pipeline.py: server-side statement counts of every run
+STALL_SECONDS = 120.0  # a qcluster run with no job finishing for this long has failed
+
+
+class _ServerCount:
+    """Server-side counts of one run: ``begin()`` just before its timed part, ``end()``
+    just after (before verification)."""
+
+    def __init__(self) -> None:
+        self.mark: dict[str, Any] | None = None
+        self.result: dict[str, Any] | None = None
+
+    def begin(self) -> None:
+        if STATS is not None:
+            self.mark = STATS.start()
+
+    def end(self) -> None:
+        if STATS is not None and self.mark is not None:
+            self.result = STATS.stop(self.mark).as_json()
+
+    def into(self, extra: dict[str, Any]) -> dict[str, Any]:
+        if self.result is not None:
+            extra["server"] = self.result
+        return extra
 
 
 @dataclass
@@ -50,7 +77,11 @@ class RunResult:
 
 
 def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
-    """The design the product replaces: one process, a keyset DELETE loop per property."""
+    """The design the product replaces: one process, one transaction per ``DELETE … LIMIT``.
+    Backlog shape: a keyset loop per property (leases). Nightly shape: per portfolio and
+    record kind, ``DELETE … WHERE id IN (SELECT … LIMIT batch)`` until a short batch."""
+    if ds.shape == "nightly":
+        return _run_loop_portfolios(ds, batch, slot)
     from django.db import connection
 
     from retention.eligibility import eligible_sql
@@ -59,6 +90,8 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     batches = 0
     deleted = 0
     finished: dict[int, float] = {}
+    server = _ServerCount()
+    server.begin()
     started = time.perf_counter()
     with connection.cursor() as cur:  # autocommit: every statement is its own transaction
         for prop_id, days in props:
@@ -79,9 +112,48 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                 after = last
             finished[prop_id] = time.perf_counter() - started
     seconds = time.perf_counter() - started
+    server.end()
     check = verify(ds, "loop")
-    extra = {"batches": batches, **small_portfolio_fairness(finished, seconds)}
-    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=extra)
+    extra = {"batches": batches, "statements": batches, **small_portfolio_fairness(finished, seconds)}
+    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=server.into(extra))
+
+
+def _run_loop_portfolios(ds: Dataset, batch: int, slot: datetime) -> RunResult:
+    from django.db import connection
+
+    from retention.eligibility import eligible_sql
+    from retention.registry import get_spec
+
+    units = sql(
+        "SELECT rp.portfolio_id, rp.record_kind, v.retention_days FROM retention_retentionpolicy rp"
+        " JOIN retention_policyversion v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled"
+        " ORDER BY rp.portfolio_id, rp.record_kind"
+    )
+    batches = deleted = 0
+    server = _ServerCount()
+    server.begin()
+    started = time.perf_counter()
+    with connection.cursor() as cur:  # autocommit: every statement is its own transaction
+        for portfolio_id, kind, days in units:
+            table = get_spec(kind).table
+            pred, params = eligible_sql(kind, cutoff=slot - timedelta(days=days), alias="r")
+            while True:
+                cur.execute(
+                    f"WITH d AS (DELETE FROM {table} WHERE id IN (SELECT r.id FROM {table} r"
+                    f" WHERE r.portfolio_id = %s AND {pred} ORDER BY r.id LIMIT %s) RETURNING id)"
+                    " SELECT count(*) FROM d",
+                    [portfolio_id, *params, batch],
+                )
+                (n,) = cur.fetchone()
+                batches += 1
+                deleted += n
+                if n < batch:
+                    break
+    seconds = time.perf_counter() - started
+    server.end()
+    check = verify(ds, "loop")
+    extra = {"batches": batches, "statements": batches, "units": len(units)}
+    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=server.into(extra))
 
 
 def run_single_delete(ds: Dataset, slot: datetime) -> RunResult:
@@ -90,13 +162,19 @@ def run_single_delete(ds: Dataset, slot: datetime) -> RunResult:
 
     from retention.eligibility import eligible_sql
 
-    pred, params = eligible_sql(KIND, cutoff=slot - timedelta(days=RETENTION_DAYS), alias=TABLE)
+    server = _ServerCount()
+    server.begin()
     started = time.perf_counter()
     with connection.cursor() as cur:
-        cur.execute(f"DELETE FROM {TABLE} WHERE {pred}", params)
+        for kind, stats in ds.kinds.items():
+            pred, params = eligible_sql(kind, cutoff=slot - timedelta(days=RETENTION_DAYS), alias=stats.table)
+            cur.execute(f"DELETE FROM {stats.table} WHERE {pred}", params)
     seconds = time.perf_counter() - started
+    server.end()
     check = verify(ds, "one DELETE")
-    return RunResult("one DELETE statement (ceiling)", seconds, check["deleted"], check["ok"])
+    label = "one DELETE statement (ceiling)" if len(ds.kinds) == 1 else "one DELETE per kind (ceiling)"
+    extra = {"statements": len(ds.kinds)}
+    return RunResult(label, seconds, check["deleted"], check["ok"], extra=server.into(extra))
 
 
 def small_portfolio_fairness(finished_at: dict[int, float], total: float) -> dict[str, Any]:
@@ -134,6 +212,8 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     batches = 0
     deleted = 0
     select_seconds = delete_seconds = 0.0
+    server = _ServerCount()
+    server.begin()
     started = time.perf_counter()
     with connection.cursor() as cur:
         for prop_id, days in props:
@@ -164,13 +244,16 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                     break
                 after = last
     seconds = time.perf_counter() - started
+    server.end()
     check = verify(ds, "loop, ranged")
     extra = {
         "batches": batches,
         "candidates_ms_per_batch": round(1000 * select_seconds / max(batches, 1), 2),
         "delete_ms_per_batch": round(1000 * delete_seconds / max(batches, 1), 2),
     }
-    return RunResult("DELETE loop, run_batch's 2 statements", seconds, check["deleted"], check["ok"], extra=extra)
+    return RunResult(
+        "DELETE loop, run_batch's 2 statements", seconds, check["deleted"], check["ok"], extra=server.into(extra)
+    )
 
 
 def _loop_properties() -> list[tuple[int, int]]:
@@ -202,7 +285,6 @@ def run_qcluster(
     from django.utils import timezone
 
     from cleanup_ops import dispatch
-    from cleanup_ops.models import CleanupJob
     from cleanup_ops.schedule import sweep_trigger
 
     # The dispatcher's window (default 2 x workers) is computed in every process
@@ -219,31 +301,46 @@ def run_qcluster(
         log=log,
     )
     live.append(cluster)
+    server = _ServerCount()
     try:
         cluster.wait_ready()
         wake = _Timer()
-        # The dispatcher call admission makes on commit is timed apart from admission.
-        with timing(dispatch, "dispatch_due_jobs", wake):
-            trigger_at = timezone.now()
-            started = time.perf_counter()
-            sweep_trigger(slot=slot)
-            admission = time.perf_counter() - started - wake.total
-        deadline = time.monotonic() + 3600
-        while CleanupJob.objects.open().exists():
-            if cluster.poll() is not None:
-                raise RuntimeError(f"qcluster died:\n{cluster.log_text()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise RuntimeError("pipeline did not drain within an hour")
-            cluster.sample_rss()
-            time.sleep(0.05)
-        seconds = time.perf_counter() - started
+        with _watch() as watch:
+            # The dispatcher call admission makes on commit is timed apart from admission.
+            with timing(dispatch, "dispatch_due_jobs", wake):
+                server.begin()
+                trigger_at = timezone.now()
+                started = time.perf_counter()
+                sweep_trigger(slot=slot)
+                admission = time.perf_counter() - started - wake.total
+            deadline = time.monotonic() + 3600
+            progress, progress_at, polls = -1, time.monotonic(), 0
+            while _open_jobs(watch):
+                if cluster.poll() is not None:
+                    raise RuntimeError(f"qcluster died:\n{cluster.log_text()[-3000:]}")
+                if time.monotonic() > deadline:
+                    raise RuntimeError("pipeline did not drain within an hour")
+                polls += 1
+                if polls % 40 == 0:  # every ~2 s: is anything finishing at all?
+                    done = _done_jobs(watch)
+                    if done != progress:
+                        progress, progress_at = done, time.monotonic()
+                    elif time.monotonic() - progress_at > STALL_SECONDS:
+                        raise RuntimeError(
+                            f"no job finished for {STALL_SECONDS:.0f} s; the cluster's log ends:\n"
+                            f"{cluster.log_text()[-3000:]}"
+                        )
+                cluster.sample_rss()
+                time.sleep(0.05)
+            seconds = time.perf_counter() - started
+            server.end()
         cluster.sample_rss()
     finally:
         cluster.stop()
         live.remove(cluster)
         settings.CLEANUP_DISPATCH_WINDOW = 0
-    check = verify(ds, f"qcluster {workers}w")
-    extra = pipeline_stats(trigger_at, serial=workers == 1)
+    check = verify(ds, f"qcluster {workers}w", pipeline=True)
+    extra = pipeline_stats(trigger_at, serial=workers == 1, fairness=ds.shape == "backlog")
     extra["worker_peak_rss_mb"] = round(max(cluster.peak_kb.values(), default=0) / 1024, 1)
     extra["worker_processes"] = len(cluster.worker_pids)
     extra["dispatch_seconds"] = round(wake.total, 4)
@@ -254,11 +351,43 @@ def run_qcluster(
         check["deleted"],
         check["ok"],
         admission,
-        extra,
+        server.into(extra),
     )
 
 
-def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True) -> dict[str, Any]:
+@contextmanager
+def _watch() -> Iterator[Any]:
+    """The benchmark's polling connection: its own role when ``STATS`` has one, so its
+    queries stay out of the server-side counts; else Django's connection."""
+    if STATS is None:
+        from django.db import connection
+
+        yield connection
+        return
+    conn = STATS.watcher()
+    try:
+        yield conn
+    finally:
+        conn.close()
+
+
+def _watch_one(conn: Any, sql_text: str) -> Any:
+    if hasattr(conn, "execute") and not hasattr(conn, "vendor"):
+        return conn.execute(sql_text).fetchone()[0]
+    return sql(sql_text)[0][0]
+
+
+def _open_jobs(conn: Any) -> bool:
+    return bool(
+        _watch_one(conn, "SELECT EXISTS (SELECT 1 FROM cleanup_ops_cleanupjob WHERE state IN ('pending', 'leased'))")
+    )
+
+
+def _done_jobs(conn: Any) -> int:
+    return int(_watch_one(conn, "SELECT count(*) FROM cleanup_ops_cleanupjob WHERE state NOT IN ('pending', 'leased')"))
+
+
+def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, fairness: bool = True) -> dict[str, Any]:
     """Jobs, slices, batches and broker tasks; for a serial run (one worker or the
     drain) also where the time between batches went, from ledger and task timestamps."""
     from django.conf import settings
@@ -276,7 +405,10 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True) -
     sends: dict[str, list[datetime]] = defaultdict(list)
     for name, sent, _, _ in tasks:
         sends[name].append(sent)
+    from cleanup_ops.models import Sweep
+
     stats: dict[str, Any] = {
+        "admitted": Sweep.objects.aggregate(n=Sum("jobs_admitted"))["n"] or 0,
         "jobs": agg["jobs"],
         "slices": agg["slices"] or 0,
         "ledger_batches": agg["batches"] or 0,
@@ -306,7 +438,8 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True) -
         for prop, _, _, fin in jobs:
             if fin:
                 per_property[prop] = max(per_property.get(prop, 0.0), (fin - start).total_seconds())
-        stats.update(small_portfolio_fairness(per_property, (end - start).total_seconds()))
+        if fairness:
+            stats.update(small_portfolio_fairness(per_property, (end - start).total_seconds()))
         waits = sorted((first - created).total_seconds() for _, created, first, _ in jobs if first)
         if waits:
             stats["first_lease_wait_s_p50"] = round(statistics.median(waits), 2)
@@ -379,10 +512,17 @@ class _Timer:
         return wrapper
 
 
-def run_child(mode: str, ds: Dataset, slot: datetime, batch: int, env: dict[str, str]) -> RunResult:
-    """``cleanup_drain`` in a fresh process (so ru_maxrss is the drain's own peak)."""
-    child_env = {**env, "Q_SYNC": "true" if mode == "drain" else "false"}
+def run_child(
+    mode: str, ds: Dataset, slot: datetime, batch: int, env: dict[str, str], extra_env: dict[str, str] | None = None
+) -> RunResult:
+    """``cleanup_drain`` in a fresh process (so ru_maxrss is the drain's own peak).
+
+    ``mode``: ``drain`` (plain, the timed run) or ``count`` (the same with the execute
+    wrapper counting statements per class and per-function timers; slightly slower)."""
+    child_env = {**env, "Q_SYNC": "true", **(extra_env or {})}
     argv = [sys.executable, str(PIPELINE), "--child", mode, "--slot", slot.isoformat()]
+    server = _ServerCount()
+    server.begin()
     out = subprocess.run(
         [*argv, "--batch-size", str(batch)],
         cwd=ROOT,
@@ -391,42 +531,18 @@ def run_child(mode: str, ds: Dataset, slot: datetime, batch: int, env: dict[str,
         text=True,
         check=True,
     )
+    server.end()
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    check = verify(ds, mode)
-    stats = pipeline_stats()
-    label = "pipeline: cleanup_drain (1 process)" if mode == "drain" else "cleanup_drain, profiled"
+    check = verify(ds, mode, pipeline=True)
+    stats = pipeline_stats(fairness=ds.shape == "backlog")
+    label = "pipeline: cleanup_drain (1 process)" if mode == "drain" else "cleanup_drain, statements counted"
     extra = {**stats, "maxrss_mb": round(data["maxrss_kb"] / 1024, 1), **data.get("extra", {})}
-    return RunResult(label, data["seconds"], check["deleted"], check["ok"], data["admission_seconds"], extra)
+    return RunResult(
+        label, data["seconds"], check["deleted"], check["ok"], data["admission_seconds"], server.into(extra)
+    )
 
 
 # --------------------------------------------------------------------------- child process
-
-
-SQL_CLASSES = [
-    ("lock job (FOR UPDATE, fencing)", "SELECT cursor FROM cleanup_ops_cleanupjob"),
-    ("lock scope + read policy (FOR SHARE)", "FOR SHARE OF p, po"),
-    ("ledger replay check + candidates", "SELECT (SELECT last_id FROM"),
-    ("DELETE", f"DELETE FROM {TABLE}"),
-    ("ledger INSERT", "INSERT INTO cleanup_ops_ledgerentry"),
-    ("job cursor/lease UPDATE", "UPDATE cleanup_ops_cleanupjob SET cursor"),
-    ("job finish UPDATE", "UPDATE cleanup_ops_cleanupjob SET state = %s, outcome"),
-]
-
-
-DISPATCH_SIM = "dispatch_due_jobs (after every slice, as run_job; 1 free slot)"
-# What the profile times per call, as (module, attribute): functions, or a queryset
-# method as "Class.method" (the manager looks it up on the queryset at call time).
-# Those that do not exist (any more) are skipped.
-PROFILED = (
-    ("cleanup_ops.execution.batches", "run_batch"),
-    ("cleanup_ops.execution.leases", "job_lease"),
-    ("cleanup_ops.execution.leases", "job_release"),
-    ("cleanup_ops.execution.batches", "job_load"),
-    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished"),
-    ("cleanup_ops.execution.batches", "outcome_of"),
-    ("cleanup_ops.execution.leases", "wait_for_token"),
-    ("cleanup_ops.recovery.failures", "job_fail"),
-)
 
 
 def patch_everywhere(module: str, attribute: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
@@ -435,7 +551,10 @@ def patch_everywhere(module: str, attribute: str, wrap: Callable[[Callable[..., 
     calls from any module go through the wrapper. False if it does not exist."""
     import importlib
 
-    owner: Any = importlib.import_module(module)
+    try:
+        owner: Any = importlib.import_module(module)
+    except ImportError:
+        return False
     *path, name = attribute.split(".")
     for part in path:
         owner = getattr(owner, part, None)
@@ -451,120 +570,64 @@ def patch_everywhere(module: str, attribute: str, wrap: Callable[[Callable[..., 
     return True
 
 
-def _batch_kind(result: Any) -> str:
-    """run_batch returns (rows deleted, outcome if the job ended)."""
-    return "ends the job" if isinstance(result, tuple) and len(result) > 1 and result[1] else "deletes"
-
-
-def classify(statement: str) -> str:
-    for name, needle in SQL_CLASSES:
-        if needle in statement:
-            return name
-    verb = statement.split(None, 1)[0].upper() if statement.strip() else "?"
-    match = re.search(r'(?:FROM|INTO|UPDATE)\s+"?(\w+)"?', statement)
-    return f"other: {verb} {match.group(1) if match else ''}".strip()
-
-
-class Profile:
-    def __init__(self) -> None:
-        self.stats: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-        self.section = ""
-
-    def add(self, key: str, seconds: float) -> None:
-        entry = self.stats[key]
-        entry[0] += 1
-        entry[1] += seconds
-
-    def timed(
-        self, name: str, fn: Callable[..., Any], split: Callable[[Any], str] | None = None, by_caller: bool = False
-    ) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            outer, self.section = self.section, name
-            started = time.perf_counter()
-            key = f"{name} [in {(outer or 'cleanup_drain').split(' ')[0]}]" if by_caller else name
-            try:
-                result = fn(*args, **kwargs)
-                if split:
-                    key = f"{name} ({split(result)})"
-                return result
-            finally:
-                self.add(f"fn: {key}", time.perf_counter() - started)
-                self.section = outer
-
-        return wrapper
-
-    def execute_wrapper(self, execute, statement, params, many, context):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
-        try:
-            return execute(statement, params, many, context)
-        finally:
-            self.add(f"sql[{self.section or '-'}]: {classify(statement)}", time.perf_counter() - started)
+# Functions timed per call in the counted run (wall time, inclusive), to tell SQL time
+# from Python and COMMIT time. Missing ones are skipped.
+TIMED = (
+    ("cleanup_ops.schedule", "sweep_trigger"),
+    ("cleanup_ops.execution.runner", "group_run_slice"),
+    ("cleanup_ops.execution.runner", "job_run_slice"),
+    ("cleanup_ops.execution.batches", "run_group_batch"),
+    ("cleanup_ops.execution.leases", "jobs_lease_group"),
+    ("cleanup_ops.execution.batches", "jobs_load"),
+    ("cleanup_ops.execution.leases", "jobs_release"),
+    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished"),
+    ("cleanup_ops.dispatch", "fair_due_job_ids"),
+)
 
 
 def child_main(args: argparse.Namespace) -> None:
     django_setup(args.batch_size)
-    from django.conf import settings
     from django.db import connection
 
     from cleanup_ops import dispatch
     from cleanup_ops.execution import runner
-    from cleanup_ops.models import CleanupJob
     from cleanup_ops.schedule import sweep_trigger
 
     slot = datetime.fromisoformat(args.slot)
     wake = _Timer()
     extra: dict[str, Any] = {}
-    prof = Profile() if args.child == "profile" else None
-    if prof:
-        from django_q.models import OrmQ
-
-        # runner (imported above) has loaded every module that imports these names, so
-        # patch_everywhere leaves no unpatched copy behind.
-        for module, attribute in PROFILED:
-            name = attribute.rsplit(".", 1)[-1]
-            split = _batch_kind if name == "run_batch" else None
-            patch_everywhere(module, attribute, lambda fn, name=name, split=split: prof.timed(name, fn, split))
-        # In the dispatcher and in the drain (which picks its jobs with it), told apart by caller.
-        patch_everywhere(
-            "cleanup_ops.dispatch", "fair_due_job_ids", lambda fn: prof.timed("fair_due_job_ids", fn, by_caller=True)
-        )
-        patch_everywhere("cleanup_ops.dispatch", "_send", lambda fn: prof.timed("_send (async_task after commit)", fn))
-        real_dispatch = dispatch.dispatch_due_jobs
-        timed_dispatch = prof.timed(DISPATCH_SIM, real_dispatch)
-        real_slice = runner.job_run_slice
-        timed_slice = prof.timed("job_run_slice", real_slice)
-
-        def slice_then_dispatch(*a: Any, **kw: Any) -> Any:
-            result = timed_slice(*a, **kw)
-            # What run_job does after every slice. One worker's steady state: a
-            # window of 2, one message (the dummy) already waiting, so it sends one.
-            timed_dispatch()
-            OrmQ.objects.exclude(key=DUMMY_KEY).delete()
-            CleanupJob.objects.filter(enqueued_at__isnull=False).update(enqueued_at=None)
-            return result
-
-        runner.job_run_slice = slice_then_dispatch  # cleanup_drain looks it up in runner at call time
-        settings.Q_CLUSTER["workers"] = 1
-        settings.Q_CLUSTER["sync"] = True  # the trigger's own dispatch: off
+    counter = StatementCounter() if args.child == "count" else None
+    timers: dict[str, _Timer] = {}
+    if counter:
+        # runner (imported above) has loaded every module that imports these names.
+        for module, attribute in TIMED:
+            timer = timers.setdefault(attribute.rsplit(".", 1)[-1], _Timer())
+            patch_everywhere(module, attribute, timer.wrap)
+        counter.install_sections()
+        commit_timer = _Timer()
+        connection.ensure_connection()
+        connection._commit = commit_timer.wrap(connection._commit)
+        timers["COMMIT (connection.commit)"] = commit_timer
     started = time.perf_counter()
-    # The dispatcher call admission makes on commit is timed apart from admission.
-    with timing(dispatch, "dispatch_due_jobs", wake):
-        sweep_trigger(slot=slot)
-    admission = time.perf_counter() - started - wake.total
-    if prof:
-        from django.utils import timezone
-        from django_q.models import OrmQ
-
-        settings.Q_CLUSTER["sync"] = False
-        OrmQ.objects.create(key=DUMMY_KEY, payload="-", lock=timezone.now())
-        with connection.execute_wrapper(prof.execute_wrapper):
+    if counter:
+        with counter.active():
+            with timing(dispatch, "dispatch_due_jobs", wake):
+                result_trigger = sweep_trigger(slot=slot)
+            admission = time.perf_counter() - started - wake.total
             result = runner.cleanup_drain()
-        OrmQ.objects.filter(key=DUMMY_KEY).delete()
-        extra["profile"] = {k: [int(v[0]), round(v[1], 4)] for k, v in sorted(prof.stats.items())}
     else:
+        # The dispatcher call admission makes on commit is timed apart from admission.
+        with timing(dispatch, "dispatch_due_jobs", wake):
+            result_trigger = sweep_trigger(slot=slot)
+        admission = time.perf_counter() - started - wake.total
         result = runner.cleanup_drain()
     seconds = time.perf_counter() - started
     extra["slices_run"] = result.slices
+    extra["admitted_by_trigger"] = result_trigger.sweep.jobs_admitted
+    if counter:
+        extra["counted"] = counter.counts.as_json()
+        extra["counted"]["sections"] = counter.installed
+        extra["timers"] = {name: [t.calls, round(t.total, 4)] for name, t in timers.items() if t.calls}
     print(
         json.dumps(
             {
@@ -581,52 +644,76 @@ def child_main(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- admission
 
 
-def admission_phase(slot: datetime, properties_per_portfolio: int = 100) -> dict[str, Any]:
-    """100 portfolios x 100 new properties x 1 kind = 10,000 partitions with expired rows; time sweep_trigger."""
+def admission_phase(slot: datetime, properties_per_portfolio: int = 100, portfolios: int = 100) -> dict[str, Any]:
+    """``portfolios`` x ``properties_per_portfolio`` new properties, each with expired rows
+    of every record kind that has policies (partitions = properties x kinds); time
+    ``sweep_trigger``, which creates the sweep and admits the jobs."""
     from django.conf import settings
 
     from cleanup_ops import admission, dispatch
     from cleanup_ops.schedule import sweep_trigger
+    from retention.registry import get_spec
 
-    sql(f"TRUNCATE {cleanup_tables()}, {TABLE}, retention_legalhold RESTART IDENTITY CASCADE")
+    kinds = [k for (k,) in sql("SELECT DISTINCT record_kind FROM retention_retentionpolicy ORDER BY 1")]
+    sql(f"TRUNCATE {cleanup_tables()}, {record_tables()}, retention_legalhold RESTART IDENTITY CASCADE")
     sql(
         "INSERT INTO properties_property (portfolio_id, name)"
-        " SELECT po.id, 'Admission ' || po.id || '/' || g FROM properties_portfolio po"
+        " SELECT po.id, 'Admission ' || po.id || '/' || g"
+        " FROM (SELECT id FROM properties_portfolio ORDER BY id LIMIT %s) po"
         " CROSS JOIN generate_series(1, %s) g ORDER BY po.id, g",
-        [properties_per_portfolio],
+        [portfolios, properties_per_portfolio],
     )
-    # Three rows per new property: two past the cutoff, one running lease.
-    sql(
-        f"INSERT INTO {TABLE} (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
-        " SELECT p.portfolio_id, p.id, 'U', 'T', (%s - interval '900 days')::date,"
-        " CASE WHEN k = 3 THEN NULL ELSE %s - interval '400 days' - k * interval '1 day' END"
-        " FROM properties_property p CROSS JOIN generate_series(1, 3) k WHERE p.name LIKE 'Admission %%'"
-        " ORDER BY p.id, k",
-        [slot, slot],
-    )
-    sql(f"VACUUM ANALYZE {TABLE}")
+    # Three rows per new property and kind: two past the cutoff, one recent.
+    columns = {
+        "lease": ("unit, tenant_name, started_on, ended_on", "'U', 'T', (%(slot)s - interval '900 days')::date, {ts}"),
+        "maintenance_record": ("summary, opened_at, closed_at", "'W', %(slot)s - interval '900 days', {ts}"),
+        "tenant_activity": ("activity_type, details, occurred_at", "'payment', '', {ts}"),
+    }
+    for kind in kinds:
+        spec = get_spec(kind)
+        cols, values = columns[kind]
+        ts = (
+            "CASE WHEN k = 3 THEN %(slot)s - interval '1 day'"
+            " ELSE %(slot)s - interval '400 days' - k * interval '1 day' END"
+        )
+        sql(
+            f"INSERT INTO {spec.table} (portfolio_id, property_id, {cols})"
+            f" SELECT p.portfolio_id, p.id, {values.format(ts=ts)}"
+            " FROM properties_property p CROSS JOIN generate_series(1, 3) k WHERE p.name LIKE 'Admission %%'"
+            " ORDER BY p.id, k",
+            {"slot": slot},
+        )
+        sql(f"VACUUM ANALYZE {spec.table}")
     sql("VACUUM ANALYZE properties_property")
     for table in cleanup_tables().split(", "):
         sql(f"VACUUM ANALYZE {table}")
     settings.Q_CLUSTER["workers"] = 2
     wake, parts = _Timer(), _Timer()
+    server = _ServerCount()
     with timing(dispatch, "dispatch_due_jobs", wake), timing(admission, "partitions_due", parts):
+        server.begin()
         started = time.perf_counter()
         result = sweep_trigger(slot=slot)
         total = time.perf_counter() - started
-    # One more dispatcher call with 10,000 due jobs and an empty broker (what a worker
-    # pays after a slice early in such a sweep).
+        server.end()
+    # One more dispatcher call with every job due and an empty broker (what a worker
+    # pays after a turn early in such a sweep).
     sql("DELETE FROM django_q_ormq")
     sql("UPDATE cleanup_ops_cleanupjob SET enqueued_at = NULL")
     started = time.perf_counter()
     dispatch.dispatch_due_jobs()
     dispatch_again = time.perf_counter() - started
     sql("DELETE FROM django_q_ormq")
-    return {
+    out = {
         "partitions": result.sweep.jobs_admitted,
+        "kinds": len(kinds),
+        "properties": portfolios * properties_per_portfolio,
         "trigger_seconds": total,
         "admission_seconds": total - wake.total,
-        "partitions_due_seconds": parts.total,
+        "partitions_due_seconds": parts.total if parts.calls else None,
         "dispatch_seconds": wake.total,
-        "dispatch_10k_open_seconds": dispatch_again,
+        "dispatch_open_seconds": dispatch_again,
     }
+    if server.result:
+        out["server"] = server.result
+    return out

@@ -1,0 +1,390 @@
+"""Counting the statements the pipeline sends to PostgreSQL, by class.
+
+Two sources, printed side by side:
+
+* **in-process** (``cleanup_drain`` in a child process): a Django execute wrapper
+  (``connection.execute_wrapper``) counts every statement and its client-side time
+  (the round trip). Each statement is put in the class of the innermost pipeline
+  function running when it was sent (``SECTIONS``: the wrappers are installed in the
+  defining module and in every ``cleanup_ops`` module that imported the name), and by
+  its text where no such function is running (``classify_text``). Transactions are
+  counted by wrapping the connection's commit and rollback: psycopg sends ``BEGIN`` and
+  ``COMMIT`` itself, so the execute wrapper does not see them.
+* **server-side** (every run, including the ``qcluster`` ones): ``pg_stat_statements``,
+  loaded with ``shared_preload_libraries`` on the throwaway cluster (``ALTER SYSTEM``
+  and a restart, so ``harness/`` stays as it is). Its calls per normalised statement
+  are classified by text (``classify_text``) and include ``BEGIN``/``COMMIT`` and the
+  django-q2 broker's own queries. The benchmark's own polling runs under a separate
+  role (``bench_watch``) and is left out. Without ``pg_stat_statements`` (a
+  ``DATABASE_URL`` server that does not load it) the fallback is
+  ``pg_stat_database.xact_commit`` and ``tup_*`` deltas, which PostgreSQL flushes
+  lazily (up to 10 s late for an idle backend) and which include the polling.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+# Display order of the classes.
+CLASSES = (
+    "lease/pick",
+    "job load",
+    "fence",
+    "scope lock + policy",
+    "ledger lookup",
+    "candidates",
+    "DELETE",
+    "ledger insert",
+    "job update",
+    "job release",
+    "sweep status",
+    "dispatcher",
+    "admission",
+    "rate tokens",
+    "failure/redrive",
+    "broker (django-q)",
+    "health check (SELECT 1)",
+    "other",
+    "transaction control",
+    "FK check (trigger)",
+)
+# Not statements the client sent: PostgreSQL's foreign-key triggers run one lookup per
+# inserted row, and pg_stat_statements lists them; they are shown, never counted.
+SERVER_INTERNAL = ("FK check (trigger)",)
+DATA_CLASSES = ("ledger lookup", "candidates", "DELETE", "ledger insert")
+
+# (module, attribute, class): the innermost of these running when a statement is sent
+# names its class. Missing ones (renamed by a later commit) are skipped.
+SECTIONS = (
+    ("cleanup_ops.schedule", "sweep_trigger", "admission"),
+    ("cleanup_ops.admission", "sweep_admit", "admission"),
+    ("cleanup_ops.execution.leases", "jobs_lease_group", "lease/pick"),
+    ("cleanup_ops.execution.leases", "job_lease", "lease/pick"),
+    ("cleanup_ops.execution.batches", "jobs_load", "job load"),
+    ("cleanup_ops.execution.batches", "job_load", "job load"),
+    ("cleanup_ops.execution.batches", "_lock_group", "fence"),
+    ("cleanup_ops.execution.leases", "lock_job", "fence"),
+    ("cleanup_ops.execution.batches", "_lock_scopes_and_policies", "scope lock + policy"),
+    ("cleanup_ops.execution.batches", "_replayed", "ledger lookup"),
+    ("cleanup_ops.execution.batches", "_count_candidates", "candidates"),
+    ("cleanup_ops.execution.batches", "_delete", "DELETE"),
+    ("cleanup_ops.execution.leases", "jobs_release", "job release"),
+    ("cleanup_ops.execution.leases", "job_release", "job release"),
+    ("cleanup_ops.execution.leases", "group_tokens", "rate tokens"),
+    ("cleanup_ops.execution.leases", "wait_for_token", "rate tokens"),
+    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished", "sweep status"),
+    ("cleanup_ops.dispatch", "fair_due_job_ids", "dispatcher"),
+    ("cleanup_ops.dispatch", "dispatch_due_jobs", "dispatcher"),
+    ("cleanup_ops.recovery.failures", "job_fail", "failure/redrive"),
+)
+
+# Text rules, first match wins, on the statement with double quotes removed and
+# whitespace collapsed, lower case. Written against the SQL in cleanup_ops/sql.py and
+# the ORM queries of leases.py, dispatch.py, admission.py and models.py.
+_TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
+    (name, re.compile(pattern))
+    for name, pattern in (
+        ("transaction control", r"^(begin|commit|rollback|savepoint|release savepoint|start transaction)\b"),
+        ("FK check (trigger)", r"^select (\$\d+|1) from only public\.\w+ x where .* for (key )?share of x"),
+        ("health check (SELECT 1)", r"^select (\$\d+|1)$"),
+        ("broker (django-q)", r"django_q_"),
+        ("fence", r"^select (id, )?cursor from cleanup_ops_cleanupjob"),
+        ("scope lock + policy", r"for share of p, po"),
+        ("ledger lookup", r"^select operation_id, last_id from cleanup_ops_ledgerentry"),
+        ("candidates", r"left join lateral \(select r\.id from|^select count\(\*\), max\(c\.id\) from \(select r\.id"),
+        ("DELETE", r"^(with g\(.*\) )?delete from properties_"),
+        ("ledger insert", r"^insert into cleanup_ops_ledgerentry"),
+        ("job update", r"set cursor = g\.new_cursor|^update cleanup_ops_cleanupjob set cursor ="),
+        ("lease/pick", r"pg_advisory_xact_lock|count\(distinct cleanup_ops_cleanupjob\.lease_token\)"),
+        (
+            "lease/pick",
+            r"for update skip locked.*order by .*available_at|order by .*available_at.*for update skip locked",
+        ),
+        ("lease/pick", r"^update cleanup_ops_cleanupjob set state = \$\d+, lease_token = \$\d+"),
+        ("job release", r"^update cleanup_ops_cleanupjob set state = \$\d+, lease_token = null.*available_at"),
+        (
+            "job load",
+            r"^select cleanup_ops_cleanupjob\.id, cleanup_ops_cleanupjob\.portfolio_id, .*cleanup_ops_sweep\.slot",
+        ),
+        ("dispatcher", r"row_number\(\) over|set enqueued_at = |^select count\(cleanup_ops_cleanupjob\.id\)"),
+        ("dispatcher", r"for update skip locked"),
+        ("sweep status", r"^update cleanup_ops_sweep set status|cleanup_ops_cleanupjob\.sweep_id = \$\d+ and"),
+        ("admission", r"^insert into cleanup_ops_cleanupjob|^insert into cleanup_ops_sweep|from properties_property p"),
+        ("admission", r"from retention_policyversion|^update cleanup_ops_sweep set|from cleanup_ops_sweep"),
+        ("rate tokens", r"cleanup_ops_ratebucket"),
+        ("failure/redrive", r"cleanup_ops_deadletter|retention_auditevent"),
+        ("lease/pick", r"cleanup_ops_pipelinepause"),
+    )
+)
+
+
+def normalise(statement: str) -> str:
+    return " ".join(statement.replace('"', "").split()).lower()
+
+
+def classify_text(statement: str) -> str:
+    text = normalise(statement)
+    for name, pattern in _TEXT_RULES:
+        if pattern.search(text):
+            return name
+    return "other"
+
+
+def short(statement: str, width: int = 110) -> str:
+    text = " ".join(statement.replace('"', "").split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+# --------------------------------------------------------------------------- in-process
+
+
+@dataclass
+class Counts:
+    """Statements and seconds per class (and per statement text, for the listing)."""
+
+    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    texts: dict[tuple[str, str], list[float]] = field(default_factory=dict)
+    commits: int = 0
+    rollbacks: int = 0
+
+    def as_json(self) -> dict[str, Any]:
+        top = sorted(self.texts.items(), key=lambda kv: -kv[1][1])[:40]
+        return {
+            "calls": dict(self.calls),
+            "seconds": {k: round(v, 5) for k, v in self.seconds.items()},
+            "top": [[cls, short(text), int(n), round(s, 5)] for (cls, text), (n, s) in top],
+            "commits": self.commits,
+            "rollbacks": self.rollbacks,
+        }
+
+
+class StatementCounter:
+    """The execute wrapper and the section wrappers of one process (see the module doc)."""
+
+    def __init__(self) -> None:
+        self.counts = Counts()
+        self.stack: list[str] = []
+        self.installed: list[str] = []
+
+    def section(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            self.stack.append(name)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.stack.pop()
+
+        return wrapper
+
+    def install_sections(self) -> None:
+        from bench.runs import patch_everywhere
+
+        for module, attribute, name in SECTIONS:
+            if patch_everywhere(module, attribute, lambda fn, name=name: self.section(name, fn)):
+                self.installed.append(f"{module}.{attribute}")
+
+    def execute_wrapper(self, execute, statement, params, many, context):  # type: ignore[no-untyped-def]
+        started = time.perf_counter()
+        try:
+            return execute(statement, params, many, context)
+        finally:
+            elapsed = time.perf_counter() - started
+            text_class = classify_text(statement)
+            if text_class == "transaction control" or not self.stack:
+                cls = text_class
+            else:
+                cls = self.stack[-1]
+                # The ledger insert and the job update run in run_group_batch itself.
+                if text_class in ("ledger insert", "job update") and cls not in DATA_CLASSES:
+                    cls = text_class
+            c = self.counts
+            c.calls[cls] += 1
+            c.seconds[cls] += elapsed
+            key = (cls, statement)
+            entry = c.texts.get(key)
+            if entry is None:
+                c.texts[key] = [1, elapsed]
+            else:
+                entry[0] += 1
+                entry[1] += elapsed
+
+    @contextmanager
+    def active(self) -> Iterator[None]:
+        """Count on the default connection (commits and rollbacks too) while inside."""
+        from django.db import connection
+
+        connection.ensure_connection()
+        real_commit, real_rollback = connection._commit, connection._rollback
+
+        def commit() -> Any:
+            self.counts.commits += 1
+            return real_commit()
+
+        def rollback() -> Any:
+            self.counts.rollbacks += 1
+            return real_rollback()
+
+        connection._commit, connection._rollback = commit, rollback
+        try:
+            with connection.execute_wrapper(self.execute_wrapper):
+                yield
+        finally:
+            connection._commit, connection._rollback = real_commit, real_rollback
+
+
+# --------------------------------------------------------------------------- server-side
+
+WATCH_ROLE = "bench_watch"
+
+
+def _with_user(url: str, user: str) -> str:
+    parts = urlsplit(url)
+    host = parts.netloc.rsplit("@", 1)[-1]
+    return urlunsplit(parts._replace(netloc=f"{user}@{host}"))
+
+
+@dataclass
+class ServerCounts:
+    """What the server saw between ``start`` and ``stop`` of one measurement."""
+
+    method: str
+    seconds: float
+    statements: dict[str, list[Any]] = field(default_factory=dict)  # query text -> [calls, ms, rows]
+    xact: dict[str, int] = field(default_factory=dict)  # pg_stat_database deltas
+
+    def by_class(self) -> dict[str, list[float]]:
+        out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
+        for text, (calls, ms, _rows) in self.statements.items():
+            entry = out[classify_text(text)]
+            entry[0] += calls
+            entry[1] += ms
+        return dict(out)
+
+    def total(self, *, exclude: tuple[str, ...] = SERVER_INTERNAL) -> int:
+        return int(sum(v[0] for k, v in self.by_class().items() if k not in exclude))
+
+    def as_json(self) -> dict[str, Any]:
+        top = sorted(self.statements.items(), key=lambda kv: -kv[1][0])[:40]
+        return {
+            "method": self.method,
+            "seconds": round(self.seconds, 3),
+            "by_class": {k: [int(v[0]), round(v[1], 2)] for k, v in self.by_class().items()},
+            "top": [[classify_text(t), short(t), int(c), round(ms, 2)] for t, (c, ms, _r) in top],
+            "xact": self.xact,
+        }
+
+
+class PgStats:
+    """``pg_stat_statements`` (or ``pg_stat_database``) for the benchmark's database."""
+
+    def __init__(self, url: str) -> None:
+        from harness.postgres import admin_url
+
+        self.url = url
+        self.admin, self.db = admin_url(url)
+        self.method = "pg_stat_database"
+        self.watch_url = url
+        self.watch_separate = False
+
+    def enable(self, cluster: Any | None, log: Callable[[str], None]) -> None:
+        """Load pg_stat_statements (our throwaway cluster: ALTER SYSTEM and a restart)."""
+        import psycopg
+
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            loaded = "pg_stat_statements" in conn.execute("SHOW shared_preload_libraries").fetchone()[0]
+            if not loaded and cluster is not None:
+                conn.execute("ALTER SYSTEM SET shared_preload_libraries = 'pg_stat_statements'")
+        if not loaded and cluster is not None:
+            cluster.restart()  # before Django has connected: nothing to close
+            # Its own settings exist only once it is loaded; max needs one more restart.
+            with psycopg.connect(self.admin, autocommit=True) as conn:
+                conn.execute("ALTER SYSTEM SET pg_stat_statements.max = 20000")
+                conn.execute("ALTER SYSTEM SET pg_stat_statements.track_utility = on")
+            cluster.restart()
+            loaded = True
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            if loaded:
+                try:
+                    conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+                    conn.execute("SELECT count(*) FROM pg_stat_statements").fetchone()
+                    self.method = "pg_stat_statements"
+                except psycopg.Error as exc:
+                    log(f"pg_stat_statements not usable ({type(exc).__name__}); counting with pg_stat_database")
+            try:
+                if not conn.execute("SELECT 1 FROM pg_roles WHERE rolname = %s", [WATCH_ROLE]).fetchone():
+                    conn.execute(f"CREATE ROLE {WATCH_ROLE} LOGIN SUPERUSER")
+                self.watch_url = _with_user(self.url, WATCH_ROLE)
+                self.watch_separate = True
+            except psycopg.Error:
+                log("no separate role for the benchmark's polling: its queries are counted too")
+
+    def watcher(self) -> Any:
+        """An autocommit connection to the benchmark database for polling (its own role)."""
+        import psycopg
+
+        return psycopg.connect(self.watch_url, autocommit=True)
+
+    def _xact(self) -> dict[str, int]:
+        import psycopg
+
+        with psycopg.connect(self.admin, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                "SELECT xact_commit, xact_rollback, tup_returned, tup_fetched, tup_inserted, tup_updated, tup_deleted"
+                " FROM pg_stat_database WHERE datname = %s",
+                [self.db],
+            ).fetchone()
+        names = (
+            "xact_commit",
+            "xact_rollback",
+            "tup_returned",
+            "tup_fetched",
+            "tup_inserted",
+            "tup_updated",
+            "tup_deleted",
+        )
+        return dict(zip(names, map(int, row or [0] * 7), strict=True))
+
+    def start(self) -> dict[str, Any]:
+        import psycopg
+
+        if self.method == "pg_stat_statements":
+            with psycopg.connect(self.admin, autocommit=True) as conn:
+                conn.execute("SELECT pg_stat_statements_reset()")
+        return {"t": time.monotonic(), "xact": self._xact()}
+
+    def stop(self, mark: dict[str, Any]) -> ServerCounts:
+        import psycopg
+
+        seconds = time.monotonic() - mark["t"]
+        result = ServerCounts(self.method, seconds)
+        if self.method == "pg_stat_statements":
+            with psycopg.connect(self.admin, autocommit=True) as conn:
+                rows = conn.execute(
+                    "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows) FROM pg_stat_statements s"
+                    " JOIN pg_database d ON d.oid = s.dbid"
+                    " WHERE d.datname = %s AND s.userid <> COALESCE((SELECT oid FROM pg_roles WHERE rolname = %s), 0)"
+                    " GROUP BY s.query",
+                    [self.db, WATCH_ROLE if self.watch_separate else ""],
+                ).fetchall()
+            result.statements = {q: [int(c), float(ms), int(r)] for q, c, ms, r in rows}
+        after = self._xact()
+        result.xact = {k: after[k] - mark["xact"].get(k, 0) for k in after}
+        return result
+
+
+def sent(by_class: dict[str, list[float]]) -> tuple[int, int, int]:
+    """(statements the client sent without BEGIN/COMMIT, BEGIN/COMMIT and other
+    transaction control, server-internal FK lookups) from a ``by_class`` mapping."""
+    tx = int(by_class.get("transaction control", [0, 0])[0])
+    internal = int(sum(by_class.get(c, [0, 0])[0] for c in SERVER_INTERNAL))
+    total = int(sum(v[0] for v in by_class.values()))
+    return total - tx - internal, tx, internal
