@@ -16,9 +16,9 @@ it has work it could take and takes none, so the workers themselves record:
   UPSERT per ``CLEANUP_HEARTBEAT_SECONDS`` per worker process, never one per
   batch; what a throttled turn counted is carried into the next write.
 
-``cluster_liveness`` fails when due work the cluster could take (due, not
-paused, its portfolio under the lease cap: the dispatcher's own choice,
-``fair_due_job_ids``) has waited ``stale_seconds`` and the cluster made no
+``cluster_liveness`` fails when due work the cluster could take (of the job
+kinds its queue carries, due, not paused, its portfolio under the lease cap:
+the dispatcher's own choice, ``fair_due_job_ids``) has waited ``stale_seconds`` and the cluster made no
 progress for as long, counting from its last progress or its start,
 whichever is later. ``health_readiness`` checks that the database answers,
 every migration is applied and the cache tables exist.
@@ -40,7 +40,7 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
-from cleanup_ops.dispatch import dispatch_due_jobs, fair_due_job_ids
+from cleanup_ops.dispatch import cluster_job_kinds, dispatch_due_jobs, fair_due_job_ids
 from cleanup_ops.models import CleanupJob, WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
@@ -196,10 +196,12 @@ def cluster_liveness(
     """
     now = now or timezone.now()
     stale = float(stale_seconds if stale_seconds is not None else settings.CLEANUP_LIVENESS_STALE_SECONDS)
-    data: dict[str, Any] = {"host": host, "cluster": cluster, "stale_seconds": stale}
+    # The job kinds this cluster's queue carries (Q_CLUSTER_NAME: the main or the purge queue).
+    kinds = cluster_job_kinds()
+    data: dict[str, Any] = {"host": host, "cluster": cluster, "job_kinds": kinds, "stale_seconds": stale}
     try:
         heartbeat = WorkerHeartbeat.objects.filter(host=host, cluster=cluster).first()
-        takeable = fair_due_job_ids(now=now, limit=1, exclude_enqueued=False)
+        takeable = fair_due_job_ids(now=now, limit=1, exclude_enqueued=False, kinds=kinds) if kinds else []
         # The fair order starts with every portfolio's oldest due job, oldest first.
         due_since = (
             CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first()

@@ -10,6 +10,7 @@ import pytest
 from django.core.management import call_command
 from django.core.management.base import CommandError
 from django.db import OperationalError, connection
+from django.db.migrations.loader import MigrationLoader
 from django.db.migrations.recorder import MigrationRecorder
 from django.test.utils import CaptureQueriesContext
 
@@ -227,13 +228,14 @@ def test_readiness_passes_on_a_migrated_database_with_its_cache_table():
 
 
 def test_readiness_fails_while_a_migration_is_not_applied():
-    MigrationRecorder(connection).migration_qs.filter(app="cleanup_ops", name="0007_worker_heartbeat").delete()
+    (latest,) = MigrationLoader(connection).graph.leaf_nodes("cleanup_ops")
+    MigrationRecorder(connection).migration_qs.filter(app="cleanup_ops", name=latest[1]).delete()
     out = StringIO()
     with pytest.raises(SystemExit) as exit_info:
         call_command("cleanup_health", "--readiness", "--json", stdout=out)
     assert exit_info.value.code == 1
     report = json.loads(out.getvalue())["checks"][0]
-    assert report["unapplied_migrations"] == ["cleanup_ops.0007_worker_heartbeat"]
+    assert report["unapplied_migrations"] == [f"cleanup_ops.{latest[1]}"]
     assert report["detail"] == "1 migrations not applied (run migrate)"
 
 
@@ -263,3 +265,12 @@ def test_both_checks_at_once_fail_if_either_fails(due_work, clock):
     result = json.loads(out.getvalue())
     assert result["ok"] is False
     assert [(c["check"], c["ok"]) for c in result["checks"]] == [("readiness", True), ("liveness", False)]
+
+
+def test_the_purge_clusters_liveness_judges_only_the_purge_jobs_its_queue_carries(due_work, clock, monkeypatch):
+    monkeypatch.setenv("Q_CLUSTER_NAME", "retention-purge")
+    clock.shift(600)
+    code, report = liveness()
+    assert code == 0
+    assert report["job_kinds"] == ["purge"]
+    assert report["detail"] == "idle: no due work it could take"
