@@ -66,6 +66,7 @@ from cleanup_ops.selectors import (
     dead_letter_filter_parse,
     dead_letters,
     overview,
+    sweep_attachments,
     sweep_figures_seen,
     sweeps_seen,
     throughput,
@@ -204,6 +205,7 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
             "letters": letters,
             "forecast": forecast,
             "names": portfolio_names(letter.portfolio_id for letter in letters),
+            "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=scope),
         },
     )
 

@@ -462,6 +462,11 @@ class TestHoldsAndReferencesAtPurgeTime:
 
         client = Client()
         client.force_login(operator_user)
+        page = client.get(f"/console/sweeps/{first_sweep.pk}/").content.decode()
+        table = page[page.index('data-testid="attachments"') :]
+        cells = [cell.split("</td>")[0] for cell in table.split('<td class="num">')[1:7]]
+        assert cells == ["0", "0", "4", "4", "0", "0"]  # purged, gone, set aside, awaiting release, referenced, invalid
+        assert "Attachments set aside under a legal hold" in page  # the purge job's outcome
         proof = client.get(f"/console/sweeps/{first_sweep.pk}/proof.json").json()
         assert proof["attachments"]["documents_set_aside_under_hold"] == 4
         assert proof["attachments"]["documents_awaiting_hold_release"] == 4
