@@ -1,7 +1,7 @@
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
-DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42
+DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42 --customers 2
 
 .PHONY: demo test lint format venv clean
 
@@ -36,7 +36,7 @@ demo: venv
 	$(PY) manage.py cleanup_drain --max-seconds 60; \
 	$(PY) -c "import sqlite3; rows = sqlite3.connect('var/docstore.sqlite3').execute('select method, status, count(*) from requests group by 1, 2 order by 1, 2').fetchall(); print('Document store request log:', ', '.join(f'{m} {s}: {n}' for m, s, n in rows))"
 	@echo
-	@echo "Console and admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/console/ (operator) or /admin/ (manager, reviewer)"
+	@echo "Console and admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/console/ (operator; auditor-a sees customer a only) or /admin/ (reviewer; manager-a and reviewer-a see customer a only)"
 
 test: venv
 	PYTHON=$(PY) bash scripts/test.sh

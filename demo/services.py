@@ -5,6 +5,15 @@ runs with the same seed on the same day produce identical rows. The first
 portfolio is as large as all the others together (skew), every portfolio gets
 an approved policy per record kind, and a few legal holds at different scopes
 keep part of the expired rows.
+
+Users (password ``DEMO_PASSWORD``): ``reviewer``, ``operator`` and ``auditor``
+are the platform's staff (groups; they see every portfolio). With one
+customer (``customers=1``, the default) its property manager is ``manager``,
+a member of every portfolio. With more, the portfolios are dealt round-robin
+to customers ``a``, ``b``, …, each with its own staff — ``manager-a``,
+``reviewer-a``, ``auditor-a`` — members of that customer's portfolios only;
+each customer's baseline policies are authored by its manager and approved by
+its reviewer (four-eyes within the customer).
 """
 
 from __future__ import annotations
@@ -21,21 +30,29 @@ from django.db.models.functions import Cast, Concat
 from django.utils import timezone
 
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
+from retention.models import Membership
 from retention.registry import REGISTRY
 from retention.services import (
     legal_hold_place,
+    membership_grant,
     policy_version_approve,
     policy_version_submit,
     retention_policy_get_or_create,
 )
 
 DEMO_PASSWORD = "demo-password-change-me"  # noqa: S105 - printed for the demo, never used in production
-DEMO_USERS = {
-    "property_manager": "manager",
-    "compliance_reviewer": "reviewer",
-    "operator": "operator",
-    "auditor": "auditor",
+# Platform staff: a Django group each (see retention.roles.PLATFORM_GROUPS).
+PLATFORM_USERS = {"compliance_reviewer": "reviewer", "operator": "operator", "auditor": "auditor"}
+# The single customer's property manager (customers=1): a member, not a group.
+SINGLE_CUSTOMER_MANAGER = "manager"
+DEMO_USERS = {"property_manager": SINGLE_CUSTOMER_MANAGER, **PLATFORM_USERS}
+# Each customer's staff when there are several: <role prefix>-<customer letter>.
+CUSTOMER_STAFF = {
+    Membership.Role.PROPERTY_MANAGER: "manager",
+    Membership.Role.COMPLIANCE_REVIEWER: "reviewer",
+    Membership.Role.AUDITOR: "auditor",
 }
+MAX_CUSTOMERS = 26
 DEFAULT_RETENTION_DAYS = {"lease": 730, "maintenance_record": 365, "tenant_activity": 90}
 BULK_SIZE = 5000
 
@@ -49,19 +66,37 @@ class SeedResult:
     records: dict[str, int] = field(default_factory=dict)
     holds: int = 0
     users: list[str] = field(default_factory=list)
+    # Customer letter → slugs of its portfolios (one customer: "a").
+    customers: dict[str, list[str]] = field(default_factory=dict)
 
 
 class SeedError(Exception):
     pass
 
 
-def _demo_users() -> dict[str, User]:
-    users = {}
-    for group_name, username in DEMO_USERS.items():
-        user = User.objects.create_user(username=username, password=DEMO_PASSWORD, is_staff=True)
+def _demo_user(username: str, *groups: str) -> User:
+    user = User.objects.create_user(username=username, password=DEMO_PASSWORD, is_staff=True)
+    for group_name in groups:
         user.groups.add(Group.objects.get(name=group_name))
-        users[group_name] = user
-    return users
+    return user
+
+
+def _platform_users() -> dict[str, User]:
+    return {group_name: _demo_user(username, group_name) for group_name, username in PLATFORM_USERS.items()}
+
+
+def _customer_staff(customers: int) -> list[dict[str, User]]:
+    """Per customer, its staff by membership role (memberships come with the portfolios)."""
+    if customers == 1:
+        return [{Membership.Role.PROPERTY_MANAGER: _demo_user(SINGLE_CUSTOMER_MANAGER)}]
+    return [
+        {role: _demo_user(f"{prefix}-{_letter(c)}") for role, prefix in CUSTOMER_STAFF.items()}
+        for c in range(customers)
+    ]
+
+
+def _letter(customer: int) -> str:
+    return "abcdefghijklmnopqrstuvwxyz"[customer]
 
 
 def demo_data_seed(
@@ -70,15 +105,21 @@ def demo_data_seed(
     properties_per_portfolio: int,
     records_per_property: int,
     seed: int,
+    customers: int = 1,
     progress: ProgressFn | None = None,
 ) -> SeedResult:
     if portfolios < 1:
         raise SeedError("--portfolios must be at least 1")
+    if not 1 <= customers <= min(portfolios, MAX_CUSTOMERS):
+        raise SeedError(f"--customers must be between 1 and --portfolios (at most {MAX_CUSTOMERS})")
     if properties_per_portfolio < 1:
         raise SeedError("--properties-per-portfolio must be at least 1")
     if records_per_property < 0:
         raise SeedError("--records-per-property must be 0 or more")
-    if Portfolio.objects.exists() or User.objects.filter(username__in=DEMO_USERS.values()).exists():
+    usernames = [*DEMO_USERS.values()] + [
+        f"{p}-{_letter(c)}" for c in range(customers) for p in CUSTOMER_STAFF.values()
+    ]
+    if Portfolio.objects.exists() or User.objects.filter(username__in=usernames).exists():
         raise SeedError("the database already holds portfolios or demo users; seed_demo only fills an empty database")
 
     rng = random.Random(seed)
@@ -89,18 +130,29 @@ def demo_data_seed(
     done = 0
 
     with transaction.atomic():
-        users = _demo_users()
-        result.users = list(DEMO_USERS.values())
+        users = _platform_users()
+        staff = _customer_staff(customers)
+        result.users = [user.username for user in [*users.values(), *(u for s in staff for u in s.values())]]
         for p_index in range(portfolios):
             portfolio = Portfolio.objects.create(name=f"Portfolio {p_index + 1}", slug=f"portfolio-{p_index + 1}")
             result.portfolios += 1
+            # Round-robin, so the large first portfolio is one customer's among others.
+            own_staff = staff[p_index % customers]
+            result.customers.setdefault(_letter(p_index % customers), []).append(portfolio.slug)
+            for role, member in own_staff.items():
+                membership_grant(user=member, portfolio=portfolio, role=role, granted_by=None)
+            # Four-eyes within the customer where it has a reviewer; else the platform's.
+            reviewer = own_staff.get(Membership.Role.COMPLIANCE_REVIEWER, users["compliance_reviewer"])
             per_property = records_per_property * (skew if p_index == 0 else 1)
             for kind, days in DEFAULT_RETENTION_DAYS.items():
                 policy = retention_policy_get_or_create(portfolio=portfolio, record_kind=kind)
                 version = policy_version_submit(
-                    policy=policy, retention_days=days, author=users["property_manager"], reason="Demo baseline policy"
+                    policy=policy,
+                    retention_days=days,
+                    author=own_staff[Membership.Role.PROPERTY_MANAGER],
+                    reason="Demo baseline policy",
                 )
-                policy_version_approve(version_id=version.pk, reviewer=users["compliance_reviewer"], note="Demo")
+                policy_version_approve(version_id=version.pk, reviewer=reviewer, note="Demo")
             for q_index in range(properties_per_portfolio):
                 prop = Property.objects.create(portfolio=portfolio, name=f"P{p_index + 1}-Building {q_index + 1}")
                 result.properties += 1

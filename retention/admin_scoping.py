@@ -29,6 +29,12 @@ class PortfolioListFilter(admin.RelatedFieldListFilter):
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         return [(p.pk, str(p)) for p in portfolios_visible_to(request.user).order_by("name", "pk")]
 
+    def has_output(self) -> bool:
+        # Django applies only the filters it shows and shows a related filter
+        # from two choices on: a member of one portfolio asking for another's
+        # would silently get the unfiltered (their own) list. Shown from one.
+        return bool(self.lookup_choices)
+
 
 class PortfolioScopedAdmin(admin.ModelAdmin):
     #: Lookup path from the model to its portfolio id.

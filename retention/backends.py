@@ -18,18 +18,18 @@ from django.contrib.auth.backends import BaseBackend
 from retention.models import Membership
 from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS
 
-_CACHE = "_membership_perm_cache"
+MEMBERSHIP_PERM_CACHE = "_membership_perm_cache"
 
 
 class MembershipBackend(BaseBackend):
     def get_all_permissions(self, user_obj: Any, obj: Any = None) -> set[str]:
         if obj is not None or not user_obj.is_active or user_obj.is_anonymous:
             return set()
-        cached = getattr(user_obj, _CACHE, None)
+        cached = getattr(user_obj, MEMBERSHIP_PERM_CACHE, None)
         if cached is None:
             roles = set(Membership.objects.filter(user_id=user_obj.pk).values_list("role", flat=True))
             cached = set().union(*(MEMBERSHIP_ROLE_PERMISSIONS.get(role, frozenset()) for role in roles))
-            setattr(user_obj, _CACHE, cached)
+            setattr(user_obj, MEMBERSHIP_PERM_CACHE, cached)
         return cached
 
     def has_module_perms(self, user_obj: Any, app_label: str) -> bool:

@@ -30,6 +30,7 @@ from django.contrib.auth.backends import ModelBackend
 from django.db.models import Model, Q, QuerySet
 
 from properties.models import Portfolio
+from retention.backends import MEMBERSHIP_PERM_CACHE
 from retention.models import Membership
 from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS, PLATFORM_GROUPS
 
@@ -44,6 +45,14 @@ def _cache(user: Any) -> dict[str, Any]:
         cache = {}
         setattr(user, _CACHE, cache)
     return cache
+
+
+def forget_cached_scope(user: Any) -> None:
+    """Drop the scope and membership permissions cached on ``user`` (after
+    its memberships changed, for a user object that outlives the change)."""
+    for name in (_CACHE, MEMBERSHIP_PERM_CACHE):
+        if hasattr(user, name):
+            delattr(user, name)
 
 
 def _known(user: Any) -> bool:

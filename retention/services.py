@@ -28,7 +28,7 @@ from retention.models import (
     RetentionPolicy,
 )
 from retention.registry import get_spec
-from retention.scoping import may_act_in
+from retention.scoping import forget_cached_scope, may_act_in
 
 
 def require_text(value: str, *, field: str, min_length: int = 1) -> str:
@@ -350,6 +350,7 @@ def membership_grant(
                 object_id=membership.pk,
                 details={"portfolio_id": portfolio.pk, "user_id": user.pk, "role": role},
             )
+    forget_cached_scope(user)
     return membership
 
 

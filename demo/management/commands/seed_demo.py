@@ -11,13 +11,22 @@ from demo.services import DEMO_PASSWORD, SeedError, demo_data_seed
 
 
 class Command(BaseCommand):
-    help = "Fill an empty database with deterministic demo data, policies, holds and one user per role."
+    help = (
+        "Fill an empty database with deterministic demo data, policies, holds, the platform's staff and, "
+        "per customer (--customers), its own staff as members of its portfolios."
+    )
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--portfolios", type=int, default=6)
         parser.add_argument("--properties-per-portfolio", type=int, default=4)
         parser.add_argument("--records-per-property", type=int, default=400)
         parser.add_argument("--seed", type=int, default=42)
+        parser.add_argument(
+            "--customers",
+            type=int,
+            default=1,
+            help="customers the portfolios are dealt to (round-robin), each with its own staff; 1: user 'manager'",
+        )
 
     def handle(self, *args: object, **options: object) -> None:
         started = time.monotonic()
@@ -27,6 +36,7 @@ class Command(BaseCommand):
                 properties_per_portfolio=options["properties_per_portfolio"],
                 records_per_property=options["records_per_property"],
                 seed=options["seed"],
+                customers=options["customers"],
                 progress=progress_bar(),
             )
         except SeedError as exc:
@@ -39,3 +49,8 @@ class Command(BaseCommand):
             f"in {elapsed:.1f} s."
         )
         self.stdout.write(f"Demo users (password {DEMO_PASSWORD!r}, demo only): {', '.join(result.users)}")
+        if len(result.customers) > 1:
+            for letter, slugs in result.customers.items():
+                self.stdout.write(
+                    f"Customer {letter}: {', '.join(slugs)} (manager-{letter}, reviewer-{letter}, auditor-{letter})"
+                )
