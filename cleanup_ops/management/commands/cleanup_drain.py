@@ -47,6 +47,8 @@ class Command(BaseCommand):
         purge_states = ", ".join(f"{k}: {v}" for k, v in purges["purge_jobs_by_state"].items() if v) or "none"
         self.stdout.write(
             f"Attachments purged from the document store: {purges['documents_purged']}"
-            f" (already gone: {purges['documents_already_gone']}, invalid ids: {purges['documents_invalid_ids']})"
+            f" (already gone: {purges['documents_already_gone']}, invalid ids: {purges['documents_invalid_ids']},"
+            f" set aside under a legal hold: {purges['documents_set_aside_under_hold']},"
+            f" kept as still referenced: {purges['documents_still_referenced']})"
             f" from {purges['purge_requests']} purge requests; purge jobs by state: {purge_states}"
         )
