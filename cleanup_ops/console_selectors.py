@@ -521,7 +521,8 @@ def workers_overview(*, now: datetime) -> dict[str, Any]:
 def pauses_overview(*, portfolio_ids: PortfolioScope, recent: int = 20) -> dict[str, Any]:
     """Active pauses (the global one first) and the most recent resumed ones,
     with who paused and resumed them. Two queries."""
-    scope = Q(portfolio_id__isnull=True) | portfolio_ids_q(portfolio_ids)
+    # (Not ``Q(global) | portfolio_ids_q(None)``: OR with an empty Q drops it.)
+    scope = Q() if portfolio_ids is None else Q(portfolio_id__isnull=True) | portfolio_ids_q(portfolio_ids)
     base = PipelinePause.objects.filter(scope).select_related("paused_by", "resumed_by")
     active = sorted(base.active(), key=lambda p: (p.portfolio_id is not None, p.paused_at))
     history = list(base.filter(resumed_at__isnull=False).order_by("-resumed_at")[:recent])

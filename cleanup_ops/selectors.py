@@ -482,7 +482,8 @@ def overview(*, now: datetime | None = None, portfolio_ids: PortfolioScope = Non
     sweep = current_sweep()
     pauses = list(
         PipelinePause.objects.active()
-        .filter(Q(portfolio_id__isnull=True) | portfolio_ids_q(portfolio_ids))
+        # OR with an empty Q (every portfolio) would drop it: filter only a customer's view.
+        .filter(Q() if portfolio_ids is None else Q(portfolio_id__isnull=True) | portfolio_ids_q(portfolio_ids))
         .values("portfolio_id", "reason", "paused_at")
     )
     if portfolio_ids is not None:
