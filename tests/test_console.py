@@ -50,7 +50,29 @@ def run_everything(sweep_slot: str) -> None:
         job_run_slice(job_id=job.pk, batch_size=2, before_batch=reject if n % 3 == 0 else None)
 
 
-PAGES = ["/console/", "/console/sweeps/{sweep}/", "/console/dead-letters/", "/console/audit/"]
+PAGES = [
+    "/console/",
+    "/console/?hours=168",
+    "/console/sweeps/",
+    "/console/sweeps/{sweep}/",
+    "/console/jobs/",
+    "/console/jobs/?state=dead",
+    "/console/jobs/?sweep={sweep}&portfolio={portfolio}&kind=lease",
+    "/console/jobs/{job}/",
+    "/console/dead-letters/",
+    "/console/dead-letters/{letter}/",
+    "/console/dead-letters/all-matching/?operation=redrive",
+    "/console/workers/",
+    "/console/pauses/",
+    "/console/portfolios/{portfolio}/",
+    "/console/audit/",
+]
+
+
+def page_ids() -> dict[str, int]:
+    """The newest sweep, dead letter (and its job and portfolio) to put in ``PAGES``."""
+    letter = DeadLetter.objects.latest("id")
+    return {"sweep": letter.sweep_id, "job": letter.job_id, "letter": letter.pk, "portfolio": letter.portfolio_id}
 
 
 def count_queries(client: Client, path: str) -> int:
@@ -69,14 +91,12 @@ def test_every_console_page_issues_a_constant_number_of_queries(active_policy, r
     client.force_login(operator_user)
     grow(active_policy, reviewer, portfolios=1, properties=1)
     run_everything("2026-08-21T02:00Z")
-    sweep = CleanupJob.objects.latest("id").sweep_id
-    small = {p: count_queries(client, p.format(sweep=sweep)) for p in PAGES}
+    small = {p: count_queries(client, p.format(**page_ids())) for p in PAGES}
     grow(active_policy, reviewer, portfolios=4, properties=5)
     time_machine.move_to("2026-08-22T02:05:00Z", tick=False)
     run_everything("2026-08-22T02:00Z")
-    sweep = CleanupJob.objects.latest("id").sweep_id
     assert CleanupJob.objects.count() > 15 and DeadLetter.objects.count() > 5
-    large = {p: count_queries(client, p.format(sweep=sweep)) for p in PAGES}
+    large = {p: count_queries(client, p.format(**page_ids())) for p in PAGES}
     assert all(n > 3 for n in small.values()), small  # the pages really were measured
     assert large == small
 
