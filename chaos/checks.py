@@ -10,7 +10,7 @@ from django.db import connection
 from django.db.models import Count, Sum
 from django.utils import timezone
 
-from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, open_q
+from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry
 from cleanup_ops.schedule import slot_current
 from retention.eligibility import db_datetime, hold_covers_sql
 from retention.models import PolicyVersion
@@ -73,11 +73,20 @@ def open_jobs() -> int:
     return CleanupJob.objects.open().count()
 
 
-def work_done() -> tuple[int, int]:
-    """(finished jobs, purge/ledger progress): changes whenever the cluster gets anything done."""
-    finished = CleanupJob.objects.exclude(open_q()).count()
-    cursor_sum = CleanupJob.objects.aggregate(n=Sum("cursor"))["n"] or 0
-    return finished, cursor_sum
+def drain_figures(before: Before) -> dict[str, int]:
+    """Rows in the tables before, eligible, deleted, left in open dead letters, held (and kept)."""
+    open_letters = set(DeadLetter.objects.filter(status="open").values_list("property_id", "record_kind"))
+    figures = {"rows": sum(before.totals.values()), "eligible": 0, "deleted": 0, "in_dead_letters": 0, "held": 0}
+    for kind, spec in REGISTRY.items():
+        remaining = set(spec.model.objects.values_list("id", flat=True))
+        figures["eligible"] += len(before.eligible[kind])
+        figures["held"] += len(before.held[kind])
+        for record_id, property_id in before.eligible[kind]:
+            if record_id not in remaining:
+                figures["deleted"] += 1
+            elif (property_id, kind) in open_letters:
+                figures["in_dead_letters"] += 1
+    return figures
 
 
 def checks(before: Before, *, store_requests: list[dict[str, object]]) -> list[Result]:

@@ -4,8 +4,9 @@ The chaos run supervises its cluster the way those units do, with the values
 they ship: the liveness command and its interval (``retention-liveness@``),
 the stop procedure (``KillMode=mixed``: SIGTERM to the main process, SIGKILL
 to the rest after ``TimeoutStopSec``) and ``Restart=always`` with its
-``RestartSec`` (``retention-qcluster@``). Change a unit and the chaos run
-follows it.
+``RestartSec`` (``retention-qcluster@``). An instance's own environment
+comes from ``qcluster-<instance>.env.example`` (the purge cluster's queue).
+Change a unit and the chaos run follows it.
 """
 
 from __future__ import annotations
@@ -46,6 +47,14 @@ def seconds(value: str) -> float:
     return number * 60 if match.group(2) in {"min", "m"} else number
 
 
+def env_file_read(path: Path) -> dict[str, str]:
+    """``KEY=value`` lines of an environment file (empty when there is none)."""
+    if not path.exists():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if line.strip() and line[0] != "#")
+    return {key.strip(): value.strip() for key, value in pairs}
+
+
 def _one(unit: dict[str, dict[str, list[str]]], section: str, key: str, name: str) -> str:
     values = unit.get(section, {}).get(key)
     if not values:
@@ -60,7 +69,7 @@ class Supervision:
     liveness_interval: float  # OnUnitActiveSec of the timer
     stop_grace: float  # TimeoutStopSec of the qcluster unit
     restart_delay: float  # RestartSec of the qcluster unit
-    environment: dict[str, str]  # Environment= of the qcluster unit, instance substituted
+    environment: dict[str, str]  # the instance's env file (example) and Environment=, instance substituted
 
 
 def supervision(instance: str) -> Supervision:
@@ -77,7 +86,7 @@ def supervision(instance: str) -> Supervision:
     argv = shlex.split(_one(service, "Service", "ExecStart", "retention-liveness@.service"))
     if argv[1:4] != ["manage.py", "cleanup_health", "--liveness"]:
         raise ValueError(f"retention-liveness@.service: ExecStart is not cleanup_health --liveness: {argv}")
-    environment = {}
+    environment = env_file_read(DEPLOY / f"qcluster-{instance}.env.example")
     for assignment in qcluster["Service"].get("Environment", []):
         key, value = assignment.split("=", 1)
         environment[key] = value.replace("%i", instance)
