@@ -29,7 +29,7 @@ from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
 from cleanup_ops.execution.runner import job_run_slice
-from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, Sweep
+from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, PipelinePause, Sweep
 from cleanup_ops.proof import sweep_proof
 from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.recovery.operator import pipeline_pause
@@ -346,10 +346,18 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
     sweep = Sweep.objects.get().pk
     pages = [
         "/console/",
+        "/console/sweeps/",
         f"/console/sweeps/{sweep}/",
         f"/console/sweeps/{sweep}/proof.csv",
         f"/console/sweeps/{sweep}/proof.json",
+        "/console/jobs/",
+        f"/console/jobs/{own.ids['job'][0]}/",
         "/console/dead-letters/?status=",
+        f"/console/dead-letters/{own.ids['letter'][0]}/",
+        "/console/dead-letters/all-matching/?operation=dismiss",
+        "/console/workers/",
+        "/console/pauses/",
+        f"/console/portfolios/{own.pid}/",
         "/console/audit/",
         f"/console/audit/?actor={other.staff['compliance_reviewer'].pk}",
     ]
@@ -357,12 +365,22 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         response = client.get(path)
         assert response.status_code in {200, 403}, path
         assert_no_trace(response.content, other, path)
+    reaches_console = role == "auditor"
+    # The other customer's objects: 404 for a role that reaches the console,
+    # and the same 403 as every console page for one that does not.
+    for path in (
+        f"/console/jobs/{other.ids['job'][0]}/",
+        f"/console/dead-letters/{other.ids['letter'][0]}/",
+        f"/console/portfolios/{other.pid}/",
+    ):
+        response = client.get(path)
+        assert response.status_code == (404 if reaches_console else 403), path
+        assert_no_trace(response.content, other, path)
     # Filtering by the other customer's portfolio shows nothing but the filter typed in.
     response = client.get(f"/console/dead-letters/?portfolio={other.pid}&status=")
     assert_no_trace(response.content, other, "inbox", echo=(f'value="{other.pid}"', f"portfolio={other.pid}"))
     if response.status_code == 200:
         assert not list(response.context["page"])
-    reaches_console = role == "auditor"
     assert client.get("/console/").status_code == (200 if reaches_console else 403)
     assert client.get("/console/audit/").status_code == 200  # every role reads its audit trail
 
@@ -381,7 +399,26 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         {"operation": "dismiss", "letter": other.ids["letter"][0], "reason": "not needed any more", "confirm": "yes"},
     )
     assert response.status_code == 403
+    response = client.post(
+        "/console/dead-letters/all-matching/",
+        {"operation": "dismiss", "portfolio": other.pid, "reason": "not needed any more", "confirm": "yes"},
+    )
+    assert response.status_code in {302, 403}
+    response = client.post(
+        "/console/pause/", {"operation": "resume", "portfolio": other.pid, "reason": "incident is over now"}
+    )
     assert DeadLetter.objects.get(pk=other.ids["letter"][0]).status == "open"
+    assert PipelinePause.objects.active().filter(portfolio_id=other.pid).exists()
+
+
+def test_every_console_route_is_covered_by_the_isolation_test():
+    from cleanup_ops import urls
+
+    covered = {
+        "overview", "sweeps", "sweep", "sweep_proof", "jobs", "job", "dead_letters", "dead_letter",
+        "dead_letter_action", "dead_letters_bulk", "workers", "pauses", "portfolio", "audit", "pause",
+    }  # fmt: skip
+    assert {p.name for p in urls.urlpatterns} == covered
 
 
 def test_a_global_pause_shows_to_a_customer_without_the_operators_reason(world, operator_user):
