@@ -109,6 +109,11 @@ def log_in(page, username: str) -> None:  # type: ignore[no-untyped-def]
     assert page.locator("header").get_by_text(username).is_visible()
 
 
+def nav(page, name: str) -> None:  # type: ignore[no-untyped-def]
+    """Follow a link of the console's header."""
+    page.locator("header").get_by_role("link", name=name, exact=True).click()
+
+
 def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_audit_log(
     page, dead_letter, tmp_path: Path
 ) -> None:
@@ -116,7 +121,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     old_job = dead_letter.job
     log_in(page, "op")
 
-    page.get_by_role("link", name="Dead letters").click()
+    nav(page, "Dead letters")
     page.wait_for_url("**/console/dead-letters/")
     row = page.get_by_test_id(f"letter-{dead_letter.pk}")
     assert "downstream_rejected" in row.inner_text()
@@ -160,7 +165,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     assert (event.reason, event.actor.username) == (REASON, "op")
     assert page.get_by_test_id(f"letter-{dead_letter.pk}").count() == 0  # no longer in the open inbox
 
-    page.get_by_role("link", name="Audit log").click()
+    nav(page, "Audit log")
     page.wait_for_url("**/console/audit/")
     audit_row = page.get_by_test_id(f"audit-{event.pk}")
     assert "dead_letter.redriven" in audit_row.inner_text()
@@ -184,7 +189,7 @@ def test_an_auditor_sees_the_overview_and_charts_but_no_redrive_controls(page, d
     assert page.get_by_role("heading", name="Retention debt").is_visible()
     assert page.get_by_role("button", name="Apply").count() == 0  # no pause form either
 
-    page.get_by_role("link", name="Dead letters").click()
+    nav(page, "Dead letters")
     page.wait_for_url("**/console/dead-letters/")
     assert page.get_by_test_id(f"letter-{dead_letter.pk}").is_visible()
     assert page.get_by_label("operation").count() == 0
@@ -192,3 +197,171 @@ def test_an_auditor_sees_the_overview_and_charts_but_no_redrive_controls(page, d
     assert page.get_by_role("button", name="Review…").count() == 0
     dead_letter.refresh_from_db()
     assert dead_letter.status == DeadLetter.Status.OPEN
+
+
+# --- The console's flows (issue 14) ----------------------------------------------------
+
+
+def rejected(job_id: int) -> None:
+    raise DownstreamError(400)
+
+
+def dead_letters_in(portfolio, active_policy, n: int) -> list[DeadLetter]:  # type: ignore[no-untyped-def]
+    """``n`` partitions of ``portfolio`` whose jobs dead-letter (downstream 400)."""
+    from properties.models import Property
+
+    active_policy(portfolio, "lease", 365)
+    for j in range(n):
+        make_records(Property.objects.create(portfolio=portfolio, name=f"{portfolio.slug}-{j}"), "lease", 2, ended=OLD)
+    return []
+
+
+def test_an_operator_redrives_all_letters_matching_a_filter_after_seeing_their_number(
+    page, portfolio, active_policy
+) -> None:
+    from properties.models import Portfolio
+
+    birch = Portfolio.objects.create(name="Birch Estates", slug="birch")
+    dead_letters_in(portfolio, active_policy, 2)
+    dead_letters_in(birch, active_policy, 1)
+    sweep_trigger()
+    for job in CleanupJob.objects.order_by("id"):
+        job_run_slice(job_id=job.pk, before_batch=rejected)
+    acme_letters = set(DeadLetter.objects.filter(portfolio_id=portfolio.pk).values_list("id", flat=True))
+    assert len(acme_letters) == 2 and DeadLetter.objects.count() == 3
+    make_user("op", "operator")
+    log_in(page, "op")
+
+    nav(page, "Dead letters")
+    page.wait_for_url("**/console/dead-letters/")
+    assert page.get_by_test_id("bulk-redrive").inner_text() == "Redrive all 3 matching this filter…"
+    page.get_by_label("portfolio", exact=True).select_option(label="Acme Lettings")
+    page.get_by_role("button", name="Filter").click()
+    page.wait_for_url(f"**portfolio={portfolio.pk}**")
+    page.get_by_test_id("bulk-redrive").click()
+
+    heading = "Redrive all 2 open dead letter(s) matching this filter?"
+    assert page.get_by_role("heading", name=heading).is_visible()
+    assert "portfolio Acme Lettings" in page.get_by_test_id("bulk-filter").inner_text()
+    # Too short a reason: refused on the confirmation page, nothing changes.
+    page.get_by_label("reason").fill("retry")
+    page.get_by_role("button", name="Redrive all 2").click()
+    assert "at least 10 characters" in page.get_by_test_id("errors").inner_text()
+    assert DeadLetter.objects.filter(status="open").count() == 3
+
+    page.get_by_label("reason").fill(REASON)
+    page.get_by_role("button", name="Redrive all 2").click()
+    page.wait_for_url("**/console/dead-letters/?**")
+    assert page.get_by_test_id("message").inner_text() == "Redrove 2 dead letter(s) matching the filter."
+    assert set(DeadLetter.objects.filter(status="redriven").values_list("id", flat=True)) == acme_letters
+    assert DeadLetter.objects.get(portfolio_id=birch.pk).status == "open"  # outside the filter
+    events = AuditEvent.objects.filter(action="dead_letter.redriven")
+    assert {(e.reason, e.actor.username) for e in events} == {(REASON, "op")} and events.count() == 2
+
+
+def test_an_operator_pauses_a_portfolio_by_its_name_and_resumes_it_with_a_reason(page, portfolio) -> None:
+    from cleanup_ops.models import PipelinePause
+
+    make_user("op", "operator")
+    log_in(page, "op")
+    nav(page, "Pauses")
+    page.wait_for_url("**/console/pauses/")
+    page.get_by_label("portfolio to pause").select_option(label="Acme Lettings (acme)")
+    page.get_by_label("reason to pause the portfolio").fill("customer asked for a freeze")
+    page.get_by_role("button", name="Pause portfolio").click()
+    page.wait_for_url("**/console/pauses/")
+    assert page.get_by_test_id("message").inner_text() == "Paused Acme Lettings."
+    row = page.get_by_test_id(f"paused-{portfolio.pk}")
+    assert "Acme Lettings" in row.inner_text() and "customer asked for a freeze" in row.inner_text()
+    assert PipelinePause.objects.active().get().portfolio_id == portfolio.pk
+
+    # The overview names the paused portfolio and links to its page.
+    nav(page, "Overview")
+    page.wait_for_url("**/console/")
+    page.get_by_test_id(f"portfolio-pause-{portfolio.pk}").get_by_role("link", name="Acme Lettings").click()
+    page.wait_for_url(f"**/console/portfolios/{portfolio.pk}/")
+    assert page.get_by_test_id("portfolio-state").inner_text().startswith("Paused since")
+
+    # Resume needs a reason: the browser will not submit an empty one.
+    page.goto("/console/pauses/")
+    resume = page.get_by_role("button", name="Resume Acme Lettings")
+    resume.click()
+    assert page.get_by_label("reason to resume Acme Lettings").evaluate("el => el.validity.valueMissing")
+    assert PipelinePause.objects.active().exists()
+    page.get_by_label("reason to resume Acme Lettings").fill("the freeze is over, go ahead")
+    resume.click()
+    page.wait_for_url("**/console/pauses/")
+    assert page.get_by_test_id("message").inner_text() == "Resumed Acme Lettings."
+    assert not PipelinePause.objects.active().exists()
+    assert page.get_by_test_id(f"paused-{portfolio.pk}").count() == 0
+    actions = list(AuditEvent.objects.order_by("id").values_list("action", "object_id", "actor__username"))
+    assert actions == [("pipeline.paused", str(portfolio.pk), "op"), ("pipeline.resumed", str(portfolio.pk), "op")]
+
+
+def test_the_job_page_is_reached_from_a_dead_letter(page, dead_letter) -> None:
+    make_user("op", "operator")
+    log_in(page, "op")
+    job = dead_letter.job
+    nav(page, "Dead letters")
+    page.get_by_test_id(f"letter-{dead_letter.pk}").get_by_role("link", name=f"letter {dead_letter.pk}").click()
+    page.wait_for_url(f"**/console/dead-letters/{dead_letter.pk}/")
+    assert page.get_by_role("heading", name=f"Dead letter {dead_letter.pk}").is_visible()
+    assert "Open" in page.get_by_test_id("letter-status").inner_text()
+
+    page.get_by_test_id("letter-job").get_by_role("link", name=f"job {job.pk}").click()
+    page.wait_for_url(f"**/console/jobs/{job.pk}/")
+    assert page.get_by_role("heading", name=f"Job {job.pk}").is_visible()
+    assert page.get_by_test_id("job-state").inner_text() == "Dead"
+    assert f"letter {dead_letter.pk}" in page.get_by_test_id("job-letter").inner_text()
+    assert "Downstream rejected (4xx)" in page.locator("main").inner_text()
+    assert "Acme Lettings" in page.locator("main").inner_text()  # the portfolio's name, not its id
+    page.get_by_test_id("job-letter").get_by_role("link", name=f"letter {dead_letter.pk}").click()
+    page.wait_for_url(f"**/console/dead-letters/{dead_letter.pk}/")
+
+
+def test_the_forecast_warns_when_the_sweep_will_not_finish_and_the_page_refreshes_itself(
+    page, portfolio, active_policy, settings
+) -> None:
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from cleanup_ops.models import Sweep
+
+    settings.CLEANUP_SCHEDULE = "*/10 * * * *"  # the next slot is less than 10 minutes away
+    settings.CONSOLE_REFRESH_SECONDS = 1
+    dead_letters_in(portfolio, active_policy, 3)
+    sweep = sweep_trigger().sweep
+    now = timezone.now()
+    # Half an hour in, one job finished five minutes ago: 1 job per 15 min, 2 left, 30 min to go.
+    Sweep.objects.filter(pk=sweep.pk).update(admitted_at=now - timedelta(minutes=30))
+    first = CleanupJob.objects.order_by("id").first()
+    CleanupJob.objects.filter(pk=first.pk).update(
+        state="done", outcome="deleted", finished_at=now - timedelta(minutes=5)
+    )
+    make_user("op", "operator")
+    log_in(page, "op")
+
+    warning = page.get_by_test_id("forecast")
+    assert warning.get_attribute("data-status") == "late"
+    assert "Will not finish before the next slot" in warning.inner_text()
+    assert "2 open jobs" in warning.inner_text()
+    nav(page, "Sweeps")
+    page.wait_for_url("**/console/sweeps/")
+    assert page.get_by_test_id("forecast").get_attribute("data-status") == "late"
+    page.get_by_role("link", name=sweep.key).first.click()
+    page.wait_for_url(f"**/console/sweeps/{sweep.pk}/")
+    assert page.get_by_test_id("forecast").get_attribute("data-status") == "late"
+
+    # While the tab is hidden the page does not poll ...
+    polls: list[str] = []
+    page.on("request", lambda r: polls.append(r.url) if r.headers.get("hx-request") else None)
+    page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => true})")
+    page.wait_for_timeout(2500)
+    assert polls == []
+    # ... and once visible again it refreshes: the remaining jobs finished, the warning is gone.
+    CleanupJob.objects.filter(state="pending").update(state="done", outcome="deleted", finished_at=timezone.now())
+    page.evaluate("Object.defineProperty(document, 'hidden', {configurable: true, get: () => false})")
+    page.wait_for_selector('[data-testid="forecast"][data-status="done"]', timeout=10_000)
+    assert polls
+    assert page.get_by_text("Will not finish before the next slot").count() == 0
