@@ -258,6 +258,11 @@ def test_a_member_sees_only_their_customer_through_every_api_route(world, key, r
             assert body["count"] == len(body["results"]) <= len(own.ids[kind]), path
             assert portfolio_refs(body) <= {own.pid}, path
 
+    # The browsable API's forms offer only the member's portfolios and properties.
+    response = api.get("/api/v1/legal-holds/", HTTP_ACCEPT="text/html")
+    assert response.status_code in {200, 403}
+    assert_no_trace(response.content, other, "browsable /api/v1/legal-holds/")
+
     # Filtering by the other customer's portfolio finds nothing, not a 403 that confirms it.
     for path in ("/api/v1/jobs/?portfolio={}", "/api/v1/dead-letters/?portfolio={}"):
         response = api.get(path.format(other.pid))
