@@ -132,6 +132,13 @@ def main() -> None:
     )
     parser.add_argument("--pickup-samples", type=int, default=20, help="pickup: samples per scenario (default 20)")
     parser.add_argument(
+        "--lease-jobs",
+        type=int,
+        default=400,
+        help="phase drainL: cleanup_drain with CLEANUP_LEASE_JOBS set to this (default 400; the setting's"
+        " default is 100)",
+    )
+    parser.add_argument(
         "--only",
         help="comma list of phases. Backlog default: loop,loop2,q1,q2,q1x,drain,count,rss,admission. Nightly"
         " default: loop,one,drain,count,q2,q1,rss,pickup,idle,admission. loop2: the loop with run_batch's two"
@@ -223,6 +230,8 @@ def main() -> None:
         env = dict(os.environ)
         started = time.perf_counter()
         call_command("migrate", verbosity=0, interactive=False)
+        # As a deployment does after migrate (django-q2's cluster status cache, where it is configured).
+        call_command("createcachetable", verbosity=0)
         log(f"migrated in {time.perf_counter() - started:.1f} s")
         slot = slot_current()
         started = time.perf_counter()
@@ -254,6 +263,8 @@ def main() -> None:
             result = run()
             result.extra["other_cpu_cores"] = round((watch.foreign_seconds - before) / (time.monotonic() - started), 2)
             return result
+
+        runs_module.CPU_ROOTS = set(watch.own_roots)
 
         def record(run: Callable[[], RunResult]) -> None:
             samples = [measured(run)]
@@ -296,6 +307,13 @@ def main() -> None:
         if "drain" in phases:
             log(f"restored in {restore():.1f} s; running cleanup_drain in a child process")
             record(lambda: run_child("drain", ds, slot, args.batch_size, env))
+        if "drainL" in phases:
+            log(f"restored in {restore():.1f} s; running cleanup_drain with CLEANUP_LEASE_JOBS={args.lease_jobs}")
+            record(
+                lambda: run_child(
+                    "drain", ds, slot, args.batch_size, env, extra_env={"CLEANUP_LEASE_JOBS": str(args.lease_jobs)}
+                )
+            )
         count_run = None
         if "count" in phases:
             log(f"restored in {restore():.1f} s; running cleanup_drain with statements counted per class")

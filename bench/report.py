@@ -34,8 +34,8 @@ def print_runs(title: str, runs: list[RunResult]) -> None:
     loop = next((r for r in runs if r.label.startswith("DELETE loop")), None)
     print(f"\n{title}")
     head = (
-        f"{'run':<38} {'rows deleted':>12} {'seconds':>8} {'rows/s':>9} {'vs loop':>8} {'admit s':>8} {'check':>6}"
-        f" {'other cpu':>9}"
+        f"{'run':<38} {'rows deleted':>12} {'seconds':>8} {'rows/s':>9} {'vs loop':>8} {'admit s':>8} {'CPU s':>6}"
+        f" {'stmts':>6} {'check':>6} {'other cpu':>9}"
     )
     print(head)
     print("-" * len(head))
@@ -44,12 +44,18 @@ def print_runs(title: str, runs: list[RunResult]) -> None:
         admit = f"{r.admission_seconds:.3f}" if r.admission_seconds is not None else "-"
         rate = r.deleted / r.seconds if r.seconds else 0
         other = r.extra.get("other_cpu_cores")
+        cpu = r.extra.get("cpu_seconds")
+        server = r.extra.get("server")
+        stmts = sent(server["by_class"])[0] if server else None
         print(
             f"{r.label:<38} {r.deleted:>12,} {r.seconds:>8.2f} {rate:>9,.0f} {ratio:>8} {admit:>8}"
+            f" {'-' if cpu is None else f'{cpu:.2f}':>6} {'-' if stmts is None else stmts:>6}"
             f" {'ok' if r.ok else 'FAIL':>6} {'-' if other is None else f'{other:.2f}':>9}"
         )
     print(
         "(vs loop: loop seconds / run seconds; admit s: sweep creation + admission, inside 'seconds';"
+        " CPU s: CPU seconds of this benchmark's processes (workers, drain, loop) and its PostgreSQL during the run;"
+        " stmts: statements PostgreSQL received, BEGIN/COMMIT and FK trigger lookups not counted;"
         " other cpu: cores that processes outside this benchmark used meanwhile, of 2)"
     )
 
@@ -163,8 +169,8 @@ def print_statements(runs: list[RunResult], *, method: str) -> None:
     for c in classes:
         cells = []
         for r in pipeline:
-            calls, ms = r.extra["server"]["by_class"].get(c, [0, 0.0])
-            cells.append(f"{calls / _admitted(r):>8.3f} ({ms:>9.1f} ms)")
+            v = r.extra["server"]["by_class"].get(c, [0, 0.0, 0.0])
+            cells.append(f"{v[0] / _admitted(r):>8.3f} ({v[1]:>9.1f} ms)")
         print(f"  {c:<22}" + "".join(f" {cell:>24}" for cell in cells))
 
 
@@ -181,16 +187,29 @@ def print_counted(run: RunResult, loops: list[RunResult]) -> None:
         f"\nIn-process count of cleanup_drain (execute wrapper; {parts:,} partitions admitted,"
         f" {run.seconds:.2f} s with the wrappers; round-trip time as the client saw it):"
     )
-    print(f"  {'class':<22} {'statements':>10} {'per partition':>13} {'total s':>8} {'ms/stmt':>8}")
+    server = (run.extra.get("server") or {}).get("by_class", {})
+    print(
+        f"  {'class':<22} {'statements':>10} {'per partition':>13} {'client s':>9} {'ms/stmt':>8}"
+        f" {'server exec s':>13} {'plan s':>7} {'client - server s':>17}"
+    )
     for c in [c for c in CLASSES if c in calls] + sorted(set(calls) - set(CLASSES)):
+        v = server.get(c, [0, 0.0, 0.0])
         print(
-            f"  {c:<22} {calls[c]:>10,} {calls[c] / max(parts, 1):>13.3f} {secs[c]:>8.3f}"
-            f" {1000 * secs[c] / max(calls[c], 1):>8.3f}"
+            f"  {c:<22} {calls[c]:>10,} {calls[c] / max(parts, 1):>13.3f} {secs[c]:>9.3f}"
+            f" {1000 * secs[c] / max(calls[c], 1):>8.3f} {v[1] / 1000:>13.3f} {v[2] / 1000:>7.3f}"
+            f" {secs[c] - (v[1] + v[2]) / 1000:>17.3f}"
+        )
+    internal = {c: v for c, v in server.items() if c not in calls}
+    for c, v in internal.items():
+        print(
+            f"  {c:<22} {int(v[0]):>10,} {v[0] / max(parts, 1):>13.3f} {'-':>9} {'-':>8}"
+            f" {v[1] / 1000:>13.3f} {v[2] / 1000:>7.3f}"
         )
     print(
-        f"  {'all':<22} {total:>10,} {total / max(parts, 1):>13.3f} {sum(secs.values()):>8.3f};"
+        f"  {'all':<22} {total:>10,} {total / max(parts, 1):>13.3f} {sum(secs.values()):>9.3f};"
         f" transactions committed {counted['commits']:,} ({counted['commits'] / max(parts, 1):.3f} per partition),"
-        f" rolled back {counted['rollbacks']}"
+        f" rolled back {counted['rollbacks']}; server exec {sum(v[1] for v in server.values()) / 1000:.3f} s,"
+        f" plan {sum(v[2] for v in server.values()) / 1000:.3f} s"
     )
     timers = run.extra.get("timers", {})
     if timers:
@@ -235,7 +254,7 @@ def print_latency(latency: dict[str, Any] | None) -> None:
             f" ({idle['method']}), {idle['xact_per_s']} transactions/s (pg_stat_database.xact_commit);"
             f" open jobs at the end: {idle.get('open_jobs')}"
         )
-        for cls, text, n, ms in idle["top"][:10]:
+        for cls, text, n, ms, *_ in idle["top"][:12]:
             print(f"    {cls:<20} {n:>6,} calls {ms:>8.1f} ms  {text}")
     if "worker_peak_rss_mb" in latency:
         print(f"  worker peak RSS during pickup/idle: {latency['worker_peak_rss_mb']} MB")

@@ -35,34 +35,43 @@ from pathlib import Path
 from typing import Any
 
 from bench.common import ROOT, django_setup, log, sql
+from bench.cputime import cpu_seconds
 from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, cleanup_tables, record_tables, verify
 from bench.statements import PgStats, StatementCounter
 from harness.qcluster import QCluster
 
 PIPELINE = ROOT / "bench" / "pipeline.py"  # the child runs go through its (hidden) --child flag
 STATS: PgStats | None = None  # set by pipeline.py: server-side statement counts of every run
+CPU_ROOTS: set[int] = set()  # set by pipeline.py: this process and our postmaster (CPU seconds of a run)
 STALL_SECONDS = 120.0  # a qcluster run with no job finishing for this long has failed
 
 
 class _ServerCount:
-    """Server-side counts of one run: ``begin()`` just before its timed part, ``end()``
-    just after (before verification)."""
+    """Server-side counts and CPU seconds of one run: ``begin()`` just before its timed
+    part, ``end()`` just after (before verification)."""
 
     def __init__(self) -> None:
         self.mark: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
+        self.cpu: float | None = None
 
     def begin(self) -> None:
         if STATS is not None:
             self.mark = STATS.start()
+        if CPU_ROOTS:
+            self.cpu = cpu_seconds(CPU_ROOTS)
 
     def end(self) -> None:
+        if CPU_ROOTS and self.cpu is not None:
+            self.cpu = cpu_seconds(CPU_ROOTS) - self.cpu
         if STATS is not None and self.mark is not None:
             self.result = STATS.stop(self.mark).as_json()
 
     def into(self, extra: dict[str, Any]) -> dict[str, Any]:
         if self.result is not None:
             extra["server"] = self.result
+        if CPU_ROOTS and self.cpu is not None:
+            extra["cpu_seconds"] = round(self.cpu, 2)
         return extra
 
 
@@ -340,7 +349,7 @@ def run_qcluster(
         live.remove(cluster)
         settings.CLEANUP_DISPATCH_WINDOW = 0
     check = verify(ds, f"qcluster {workers}w", pipeline=True)
-    extra = pipeline_stats(trigger_at, serial=workers == 1, fairness=ds.shape == "backlog")
+    extra = pipeline_stats(trigger_at, serial=workers == 1 and ds.shape == "backlog", fairness=ds.shape == "backlog")
     extra["worker_peak_rss_mb"] = round(max(cluster.peak_kb.values(), default=0) / 1024, 1)
     extra["worker_processes"] = len(cluster.worker_pids)
     extra["dispatch_seconds"] = round(wake.total, 4)
@@ -401,7 +410,12 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, f
     tasks = list(
         Task.objects.filter(func="cleanup_ops.tasks.run_job").values_list("name", "started", "stopped", "result")
     )
-    noops = [(name, sent) for name, sent, _, result in tasks if isinstance(result, dict) and not result.get("batches")]
+    noops = [
+        (name, sent)
+        for name, sent, _, result in tasks
+        if isinstance(result, dict)
+        and not (result.get("batches") or result.get("slices") or result.get("rows_deleted"))
+    ]
     sends: dict[str, list[datetime]] = defaultdict(list)
     for name, sent, _, _ in tasks:
         sends[name].append(sent)
@@ -426,6 +440,14 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, f
     entries = list(LedgerEntry.objects.order_by("applied_at", "id").values_list("job_id", "applied_at"))
     if trigger_at and entries:
         stats["first_batch_after_trigger_ms"] = round((entries[0][1] - trigger_at).total_seconds() * 1000, 1)
+    # A batch transaction stamps all its ledger rows with one applied_at.
+    stamps = sorted({at for _, at in entries})
+    if stamps:
+        stats["transactions"] = len(stamps)
+        stats["batches_span_s"] = round((stamps[-1] - stamps[0]).total_seconds(), 3)
+        if len(stamps) > 1:
+            gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
+            stats["tx_gap_ms_median"] = round(statistics.median(gaps) * 1000, 2)
     jobs = list(
         CleanupJob.objects.filter(kind="delete").values_list(
             "property_id", "created_at", "first_leased_at", "finished_at"
@@ -522,6 +544,7 @@ def run_child(
     child_env = {**env, "Q_SYNC": "true", **(extra_env or {})}
     argv = [sys.executable, str(PIPELINE), "--child", mode, "--slot", slot.isoformat()]
     server = _ServerCount()
+    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server.begin()
     out = subprocess.run(
         [*argv, "--batch-size", str(batch)],
@@ -533,9 +556,16 @@ def run_child(
     )
     server.end()
     data = json.loads(out.stdout.strip().splitlines()[-1])
+    if server.cpu is not None:
+        # Only the child's timed part: not its start-up (imports, Django set-up) or exit.
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
+        child_total = (after.ru_utime - children_before.ru_utime) + (after.ru_stime - children_before.ru_stime)
+        server.cpu += data["cpu_timed"] - child_total
     check = verify(ds, mode, pipeline=True)
-    stats = pipeline_stats(fairness=ds.shape == "backlog")
+    stats = pipeline_stats(serial=ds.shape == "backlog", fairness=ds.shape == "backlog")
     label = "pipeline: cleanup_drain (1 process)" if mode == "drain" else "cleanup_drain, statements counted"
+    if extra_env:
+        label = "cleanup_drain, " + ", ".join(f"{k}={v}" for k, v in extra_env.items())
     extra = {**stats, "maxrss_mb": round(data["maxrss_kb"] / 1024, 1), **data.get("extra", {})}
     return RunResult(
         label, data["seconds"], check["deleted"], check["ok"], data["admission_seconds"], server.into(extra)
@@ -597,6 +627,7 @@ def child_main(args: argparse.Namespace) -> None:
     wake = _Timer()
     extra: dict[str, Any] = {}
     counter = StatementCounter() if args.child == "count" else None
+    connection.ensure_connection()  # its start-up is not the drain's
     timers: dict[str, _Timer] = {}
     if counter:
         # runner (imported above) has loaded every module that imports these names.
@@ -608,6 +639,7 @@ def child_main(args: argparse.Namespace) -> None:
         connection.ensure_connection()
         connection._commit = commit_timer.wrap(connection._commit)
         timers["COMMIT (connection.commit)"] = commit_timer
+    cpu_started = time.process_time()
     started = time.perf_counter()
     if counter:
         with counter.active():
@@ -622,6 +654,7 @@ def child_main(args: argparse.Namespace) -> None:
         admission = time.perf_counter() - started - wake.total
         result = runner.cleanup_drain()
     seconds = time.perf_counter() - started
+    cpu_timed = time.process_time() - cpu_started
     extra["slices_run"] = result.slices
     extra["admitted_by_trigger"] = result_trigger.sweep.jobs_admitted
     if counter:
@@ -635,6 +668,7 @@ def child_main(args: argparse.Namespace) -> None:
                 "admission_seconds": admission,
                 "rows_deleted": result.rows_deleted,
                 "maxrss_kb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                "cpu_timed": cpu_timed,
                 "extra": extra,
             }
         )

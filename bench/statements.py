@@ -50,6 +50,7 @@ CLASSES = (
     "rate tokens",
     "failure/redrive",
     "broker (django-q)",
+    "django-q status cache",
     "health check (SELECT 1)",
     "other",
     "transaction control",
@@ -94,6 +95,7 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("transaction control", r"^(begin|commit|rollback|savepoint|release savepoint|start transaction)\b"),
         ("FK check (trigger)", r"^select (\$\d+|1) from only public\.\w+ x where .* for (key )?share of x"),
         ("health check (SELECT 1)", r"^select (\$\d+|1)$"),
+        ("django-q status cache", r"django_q_cache"),
         ("broker (django-q)", r"django_q_"),
         ("fence", r"^select (id, )?cursor from cleanup_ops_cleanupjob"),
         ("scope lock + policy", r"for share of p, po"),
@@ -257,15 +259,17 @@ class ServerCounts:
 
     method: str
     seconds: float
-    statements: dict[str, list[Any]] = field(default_factory=dict)  # query text -> [calls, ms, rows]
+    statements: dict[str, list[Any]] = field(default_factory=dict)  # query text -> [calls, exec ms, rows, plan ms]
     xact: dict[str, int] = field(default_factory=dict)  # pg_stat_database deltas
 
     def by_class(self) -> dict[str, list[float]]:
-        out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0])
-        for text, (calls, ms, _rows) in self.statements.items():
+        """class -> [calls, execution ms, planning ms]."""
+        out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
+        for text, (calls, ms, _rows, plan_ms) in self.statements.items():
             entry = out[classify_text(text)]
             entry[0] += calls
             entry[1] += ms
+            entry[2] += plan_ms
         return dict(out)
 
     def total(self, *, exclude: tuple[str, ...] = SERVER_INTERNAL) -> int:
@@ -276,8 +280,8 @@ class ServerCounts:
         return {
             "method": self.method,
             "seconds": round(self.seconds, 3),
-            "by_class": {k: [int(v[0]), round(v[1], 2)] for k, v in self.by_class().items()},
-            "top": [[classify_text(t), short(t), int(c), round(ms, 2)] for t, (c, ms, _r) in top],
+            "by_class": {k: [int(v[0]), round(v[1], 2), round(v[2], 2)] for k, v in self.by_class().items()},
+            "top": [[classify_text(t), short(t), int(c), round(ms, 2), round(pl, 2)] for t, (c, ms, _r, pl) in top],
             "xact": self.xact,
         }
 
@@ -308,6 +312,7 @@ class PgStats:
             with psycopg.connect(self.admin, autocommit=True) as conn:
                 conn.execute("ALTER SYSTEM SET pg_stat_statements.max = 20000")
                 conn.execute("ALTER SYSTEM SET pg_stat_statements.track_utility = on")
+                conn.execute("ALTER SYSTEM SET pg_stat_statements.track_planning = on")
             cluster.restart()
             loaded = True
         with psycopg.connect(self.admin, autocommit=True) as conn:
@@ -369,13 +374,14 @@ class PgStats:
         if self.method == "pg_stat_statements":
             with psycopg.connect(self.admin, autocommit=True) as conn:
                 rows = conn.execute(
-                    "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows) FROM pg_stat_statements s"
+                    "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows), sum(s.total_plan_time)"
+                    " FROM pg_stat_statements s"
                     " JOIN pg_database d ON d.oid = s.dbid"
                     " WHERE d.datname = %s AND s.userid <> COALESCE((SELECT oid FROM pg_roles WHERE rolname = %s), 0)"
                     " GROUP BY s.query",
                     [self.db, WATCH_ROLE if self.watch_separate else ""],
                 ).fetchall()
-            result.statements = {q: [int(c), float(ms), int(r)] for q, c, ms, r in rows}
+            result.statements = {q: [int(c), float(ms), int(r), float(pl or 0)] for q, c, ms, r, pl in rows}
         after = self._xact()
         result.xact = {k: after[k] - mark["xact"].get(k, 0) for k in after}
         return result
