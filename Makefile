@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42 --customers 2
 
-.PHONY: demo test lint format venv clean
+.PHONY: demo test test-redis test-sqs test-rabbitmq lint format venv clean
 
 venv: $(VENV)/.installed
 
@@ -40,6 +40,14 @@ demo: venv
 
 test: venv
 	PYTHON=$(PY) bash scripts/test.sh
+
+# The worker tests and the chaos CI variant with Q_BROKER=<kind>, its server started
+# on loopback (harness/brokers.py). `make test` runs tests/test_brokers.py on every
+# broker whose server is installed; .ci/run runs test-redis as well.
+WORKER_TESTS := tests/test_workers.py tests/test_two_clusters.py
+test-redis test-sqs test-rabbitmq: venv
+	Q_BROKER=$(@:test-%=%) TEST_BROKERS=$(@:test-%=%) PYTHON=$(PY) bash scripts/test.sh $(WORKER_TESTS)
+	$(PY) -m harness.brokers run $(@:test-%=%) -- $(PY) chaos/run.py --ci
 
 lint: venv
 	$(VENV)/bin/ruff check .

@@ -130,6 +130,14 @@ class DelayableRedis(_RedisBroker):
 
     max_delay_seconds: float | None = None
 
+    @staticmethod
+    def get_connection(list_key: str | None = None) -> Any:
+        import redis
+
+        # Bounded waits: a dispatcher call (a worker's turn, a web request) must not
+        # hang on an unreachable server. The read timeout outlasts BLPOP's 1 s.
+        return redis.from_url(Conf.REDIS, socket_connect_timeout=5, socket_timeout=15, health_check_interval=30)
+
     @property
     def delayed_key(self) -> str:
         return f"{self.list_key}:delayed"
@@ -197,7 +205,12 @@ class EndpointSqs(_SqsBroker):
         return Session(**config)
 
     def get_queue(self) -> Any:
-        self.sqs = self.connection.resource("sqs", endpoint_url=settings.Q_SQS_ENDPOINT_URL or None)
+        from botocore.config import Config
+
+        # Bounded waits (the read timeout outlasts a 20 s long poll) and few retries:
+        # a dispatcher call must not hang on an unreachable endpoint.
+        config = Config(connect_timeout=5, read_timeout=30, retries={"max_attempts": 2, "mode": "standard"})
+        self.sqs = self.connection.resource("sqs", endpoint_url=settings.Q_SQS_ENDPOINT_URL or None, config=config)
         name = f"{settings.Q_SQS_QUEUE_PREFIX}{self.list_key}"
         try:
             return self.sqs.get_queue_by_name(QueueName=name)
@@ -293,7 +306,12 @@ class RabbitMQ(Broker):
         import pika
 
         queue = list_key or self.list_key
-        connection = pika.BlockingConnection(pika.URLParameters(settings.Q_AMQP_URL))
+        parameters = pika.URLParameters(settings.Q_AMQP_URL)
+        if "socket_timeout" not in settings.Q_AMQP_URL:
+            parameters.socket_timeout = 5  # bounded waits: a dispatcher call must not hang
+        if "blocked_connection_timeout" not in settings.Q_AMQP_URL:
+            parameters.blocked_connection_timeout = 30
+        connection = pika.BlockingConnection(parameters)
         channel = connection.channel()
         channel.confirm_delivery()
         dead = f"{queue}.dead"

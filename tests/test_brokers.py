@@ -12,6 +12,7 @@ while a worker holding a lease is SIGKILLed mid-drain.
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -337,3 +338,25 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
     ran = {(task.cluster, kinds.get(task.args[0])) for task in Task.objects.filter(func="cleanup_ops.tasks.run_job")}
     assert ran <= {("retention", JobKind.DELETE), ("retention-purge", JobKind.PURGE)}, ran
     assert ("retention-purge", JobKind.PURGE) in ran
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_cleanup_status_counts_the_waiting_messages_through_the_broker_interface(broker_of, broker_env):
+    kind, env = broker_env
+    queue = broker_of("retention")
+    for job_id in (1, 2, 3):
+        queue.enqueue(signed(job_id))
+    result = subprocess.run(
+        [sys.executable, "manage.py", "cleanup_status", "--json"],
+        cwd=ROOT,
+        env=cluster_env(env, docstore_url=""),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout.strip().splitlines()[-1])["broker"]
+    assert status["broker"] == kind
+    assert status["queues"]["retention"] == {"kinds": ["delete"], "window": 4, "waiting": 3}
+    assert status["queues"]["retention-purge"]["kinds"] == ["purge"]

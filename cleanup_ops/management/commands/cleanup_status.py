@@ -4,6 +4,7 @@ import json
 
 from django.core.management.base import BaseCommand, CommandParser
 
+from cleanup_ops.dispatch import broker_status
 from cleanup_ops.selectors import pipeline_status
 
 
@@ -15,6 +16,8 @@ class Command(BaseCommand):
 
     def handle(self, *args: object, **options: object) -> None:
         status = pipeline_status()
+        # Through django-q2's broker interface (queue_size), whichever Q_BROKER is configured.
+        status["broker"] = broker_status()
         if options["json"]:
             self.stdout.write(json.dumps(status))
             return
@@ -25,6 +28,16 @@ class Command(BaseCommand):
         self.stdout.write(f"Leases: {status['leased']} active, {status['expired_leases']} expired")
         self.stdout.write(f"Rows deleted: {status['rows_deleted_total']} in {status['ledger_rows']} ledger rows")
         self.stdout.write(f"Open dead letters: {status['dead_letters_open']}")
+        queues = [
+            f"{name} ({'/'.join(q['kinds'])}): "
+            + (
+                f"unreachable ({q['error']})"
+                if q.get("error")
+                else f"{q['waiting']} waiting of a window of {q['window']}"
+            )
+            for name, q in status["broker"]["queues"].items()
+        ]
+        self.stdout.write(f"Broker {status['broker']['broker']}: " + "; ".join(queues))
         for pause in status["paused"]:
             scope = f"portfolio {pause['portfolio_id']}" if pause["portfolio_id"] else "whole pipeline"
             self.stdout.write(f"PAUSED: {scope} ({pause['reason']})")
