@@ -44,6 +44,12 @@ class Migration(migrations.Migration):
                 to="cleanup_ops.purgerequest",
             ),
         ),
+        migrations.AddIndex(
+            model_name="purgerequest",
+            index=models.Index(
+                condition=models.Q(("documents_held__gt", 0)), fields=["id"], name="purge_request_held_idx"
+            ),
+        ),
         migrations.AlterField(
             model_name="cleanupjob",
             name="outcome",
