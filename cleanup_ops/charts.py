@@ -48,6 +48,8 @@ def bar_chart(
     round-numbered gridlines, an x axis whose labels are thinned to at most
     ``max_x_labels``. ``points`` are (label, value) in drawing order."""
     top = nice_ceiling(max((v for _, v in points), default=0))
+    if top >= 1:
+        ticks = max(1, min(ticks, int(top)))  # no fractional gridlines for small counts
     plot_w = width - LEFT - RIGHT
     plot_h = height - TOP - BOTTOM
     base = TOP + plot_h
