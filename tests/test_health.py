@@ -274,3 +274,32 @@ def test_the_purge_clusters_liveness_judges_only_the_purge_jobs_its_queue_carrie
     assert code == 0
     assert report["job_kinds"] == ["purge"]
     assert report["detail"] == "idle: no due work it could take"
+
+
+@pytest.mark.parametrize(
+    "path",
+    [
+        "/admin/django_q/success/",
+        "/admin/django_q/failure/",
+        "/admin/django_q/schedule/",
+        "/admin/django_q/ormq/",
+        "/admin/cleanup_ops/workerheartbeat/",
+    ],
+)
+def test_operators_may_view_django_q2s_admin_pages_and_the_heartbeats(client, operator_user, path):
+    heartbeat_record_turn()
+    client.force_login(operator_user)
+    assert client.get(path).status_code == 200
+
+
+def test_the_heartbeats_are_read_only_in_the_admin(client, operator_user):
+    heartbeat_record_turn()
+    client.force_login(operator_user)
+    row = WorkerHeartbeat.objects.get()
+    assert client.post(f"/admin/cleanup_ops/workerheartbeat/{row.pk}/delete/", {"post": "yes"}).status_code == 403
+    assert WorkerHeartbeat.objects.filter(pk=row.pk).exists()
+
+
+def test_a_property_manager_may_not_view_django_q2s_admin_pages(client, manager):
+    client.force_login(manager)
+    assert client.get("/admin/django_q/success/").status_code == 403
