@@ -163,6 +163,13 @@ def main() -> None:
         help="scheduling priority for this benchmark's processes and its own PostgreSQL (e.g. -10 as root on a"
         " shared machine, so other work disturbs the figures less; default 0)",
     )
+    parser.add_argument(
+        "--broker",
+        choices=["orm", "redis", "sqs", "rabbitmq"],
+        default="orm",
+        help="Q_BROKER for this process and the qclusters; redis/sqs/rabbitmq start a throwaway server on loopback"
+        " (harness/brokers.py) unless its URL is in the environment (default orm)",
+    )
     parser.add_argument("--write-docs", action="store_true", help="write/update docs/benchmarks.md with the results")
     parser.add_argument("--keep-logs", action="store_true", help="keep the qcluster logs (their directory is printed)")
     parser.add_argument("--child", choices=["drain", "count"], help=argparse.SUPPRESS)
@@ -194,7 +201,17 @@ def main() -> None:
     live: list[QCluster] = []
     log_dir = Path(tempfile.mkdtemp(prefix="bench-pipeline-"))
     watch = CpuWatch()
+    broker_server = None
     try:
+        if args.broker != "orm":  # before Django starts: this process dispatches, the qclusters inherit env
+            from harness.brokers import BrokerServer, broker_env
+
+            needed = {"redis": "Q_REDIS_URL", "sqs": "Q_SQS_ENDPOINT_URL", "rabbitmq": "Q_AMQP_URL"}[args.broker]
+            if not os.environ.get(needed):
+                broker_server = BrokerServer(args.broker)
+                os.environ.update(broker_server.start())
+                log(f"throwaway {args.broker} server on 127.0.0.1:{broker_server.port}")
+            os.environ.update(broker_env(args.broker, {}))
         if args.nice:
             # Our processes only: this one (children inherit it) and our own PostgreSQL.
             renice(os.getpid(), args.nice)
@@ -413,6 +430,8 @@ def main() -> None:
         if pg is not None and pg.running:
             pg.stop()
             log("PostgreSQL stopped and removed")
+        if broker_server is not None:
+            broker_server.stop()
         if args.keep_logs:
             log(f"qcluster logs kept in {log_dir}")
         else:
