@@ -44,7 +44,7 @@ test: venv
 # The worker tests and the chaos CI variant with Q_BROKER=<kind>, its server started
 # on loopback (harness/brokers.py). `make test` runs tests/test_brokers.py on every
 # broker whose server is installed; .ci/run runs test-redis as well.
-WORKER_TESTS := tests/test_workers.py tests/test_two_clusters.py
+WORKER_TESTS := tests/test_workers.py
 test-redis test-sqs test-rabbitmq: venv
 	Q_BROKER=$(@:test-%=%) TEST_BROKERS=$(@:test-%=%) PYTHON=$(PY) bash scripts/test.sh $(WORKER_TESTS)
 	$(PY) -m harness.brokers run $(@:test-%=%) -- $(PY) chaos/run.py --ci

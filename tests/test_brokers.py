@@ -206,6 +206,7 @@ def cluster_env(broker: dict[str, str], docstore_url: str) -> dict[str, str]:
         "CLEANUP_RATE_GLOBAL": "15",  # ~90 delete batches: a drain of several seconds to kill a worker in
         "CLEANUP_BURST_GLOBAL": "3",
         "CLEANUP_HEARTBEAT_SECONDS": "0",
+        "Q_SQS_WAIT_SECONDS": "1",  # SQS long poll: a cluster stops within a poll
         "LOG_LEVEL": "INFO",
     }
 
@@ -360,3 +361,123 @@ def test_cleanup_status_counts_the_waiting_messages_through_the_broker_interface
     assert status["broker"] == kind
     assert status["queues"]["retention"] == {"kinds": ["delete"], "window": 4, "waiting": 3}
     assert status["queues"]["retention-purge"]["kinds"] == ["purge"]
+
+
+# --------------------------------------------------------------------------- dispatch over queues (ORM)
+
+
+@pytest.fixture
+def jobs(portfolio, active_policy, settings):  # type: ignore[no-untyped-def]
+    """``jobs(kind, n)``: n due jobs of ``kind`` in one portfolio; the dispatcher not in sync mode."""
+    from cleanup_ops.models import Sweep
+
+    settings.Q_CLUSTER = {**settings.Q_CLUSTER, "sync": False, "workers": 2}
+    settings.CLEANUP_DISPATCH_WINDOW = 0
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 50
+    version = active_policy(portfolio, "lease", 365)
+    now = timezone.now()
+    sweep = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=utc("2026-08-21T02:00:00Z"))
+    counter = iter(range(1, 10_000))
+
+    def make(kind: str, count: int) -> list[int]:
+        made = []
+        for _ in range(count):
+            n = next(counter)
+            made.append(
+                CleanupJob.objects.create(
+                    sweep=sweep,
+                    key=f"{sweep.key}:{n}:{kind}",
+                    kind=kind,
+                    portfolio_id=portfolio.pk,
+                    property_id=n,
+                    record_kind="lease",
+                    policy_version=version,
+                    cutoff=now - timedelta(days=365),
+                    available_at=now - timedelta(seconds=60 - n),
+                ).pk
+            )
+        return made
+
+    return make
+
+
+@pytest.fixture
+def commit(django_capture_on_commit_callbacks):  # type: ignore[no-untyped-def]
+    """``commit(f)``: call ``f`` and run the on-commit callbacks it registered (the sends), as a commit would."""
+
+    def run(function: Callable[[], object]) -> object:
+        with django_capture_on_commit_callbacks(execute=True):
+            return function()
+
+    return run
+
+
+def queued() -> dict[str, list[int]]:
+    from django_q.models import OrmQ
+
+    found: dict[str, list[int]] = {}
+    for message in OrmQ.objects.order_by("id"):
+        found.setdefault(message.key, []).append(SignedPackage.loads(message.payload)["args"][0])
+    return found
+
+
+@pytest.mark.django_db
+def test_purge_jobs_go_to_the_purge_queue_and_each_queue_has_its_own_window(jobs, settings, commit):
+    from cleanup_ops.dispatch import dispatch_due_jobs
+
+    settings.Q_PURGE_WORKERS = 1
+    deletes, purges = jobs(JobKind.DELETE, 6), jobs(JobKind.PURGE, 5)
+    assert commit(dispatch_due_jobs) == 4 + 2
+    sent = queued()
+    assert sent == {"retention": deletes[:4], "retention-purge": purges[:2]}
+    # A full delete window does not hold the purge queue back, nor the other way round.
+    assert commit(dispatch_due_jobs) == 0
+
+
+@pytest.mark.django_db
+def test_one_queue_when_purges_share_the_main_queue(jobs, settings, commit):
+    from cleanup_ops.dispatch import dispatch_due_jobs
+
+    settings.Q_PURGE_CLUSTER = "retention"
+    deletes, purges = jobs(JobKind.DELETE, 1), jobs(JobKind.PURGE, 1)
+    assert commit(dispatch_due_jobs) == 2
+    assert sorted(queued()["retention"]) == sorted(deletes + purges)
+
+
+@pytest.mark.django_db
+def test_a_broker_that_cannot_be_reached_loses_nothing_the_next_call_sends_again(jobs, monkeypatch, commit):
+    from cleanup_ops import dispatch
+
+    deletes = jobs(JobKind.DELETE, 3)
+    real_enqueue = dispatch._enqueue
+    calls = {"n": 0}
+
+    def flaky(queue: str, job_id: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise ConnectionError("broker down")
+        real_enqueue(queue, job_id)
+
+    monkeypatch.setattr(dispatch, "_enqueue", flaky)
+    assert commit(dispatch.dispatch_due_jobs) == 3  # claimed; the second send fails after commit
+    assert queued() == {"retention": [deletes[0]]}
+    marked = dict(CleanupJob.objects.values_list("id", "enqueued_at"))
+    assert marked[deletes[0]] is not None and marked[deletes[1]] is None and marked[deletes[2]] is None
+    monkeypatch.setattr(dispatch, "_enqueue", real_enqueue)
+    assert commit(dispatch.dispatch_due_jobs) == 2  # no lease-long wait for messages that never left
+    assert sorted(queued()["retention"]) == sorted(deletes)
+
+
+@pytest.mark.django_db
+def test_no_hint_beyond_what_the_broker_can_hold_back_the_dispatcher_sends_it_when_due(jobs, monkeypatch, commit):
+    from cleanup_ops import dispatch
+
+    job_id = jobs(JobKind.DELETE, 1)[0]
+    monkeypatch.setattr(dispatch, "broker_max_delay_seconds", lambda: 900.0)  # SQS's DelaySeconds limit
+    commit(lambda: dispatch.hint_due_at(job_ids=[job_id], at=timezone.now() + timedelta(seconds=901)))
+    assert queued() == {}
+    assert CleanupJob.objects.get(pk=job_id).enqueued_at is None  # free for the dispatcher once due
+    soon = timezone.now() + timedelta(seconds=899)
+    commit(lambda: dispatch.hint_due_at(job_ids=[job_id], at=soon))
+    assert queued() == {"retention": [job_id]}
+    assert CleanupJob.objects.get(pk=job_id).enqueued_at == soon
