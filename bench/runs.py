@@ -731,13 +731,16 @@ def admission_phase(slot: datetime, properties_per_portfolio: int = 100, portfol
         total = time.perf_counter() - started
         server.end()
     # One more dispatcher call with every job due and an empty broker (what a worker
-    # pays after a turn early in such a sweep).
-    sql("DELETE FROM django_q_ormq")
+    # pays after a turn early in such a sweep). Emptied through django-q2's broker
+    # interface, whichever Q_BROKER runs.
+    for queue in dispatch.queues():
+        dispatch.broker(queue).purge_queue()
     sql("UPDATE cleanup_ops_cleanupjob SET enqueued_at = NULL")
     started = time.perf_counter()
     dispatch.dispatch_due_jobs()
     dispatch_again = time.perf_counter() - started
-    sql("DELETE FROM django_q_ormq")
+    for queue in dispatch.queues():
+        dispatch.broker(queue).purge_queue()
     out = {
         "partitions": result.sweep.jobs_admitted,
         "kinds": len(kinds),
