@@ -141,8 +141,9 @@ def main() -> None:
     parser.add_argument(
         "--only",
         help="comma list of phases. Backlog default: loop,loop2,q1,q2,q1x,drain,count,rss,admission. Nightly"
-        " default: loop,one,drain,count,q2,q1,rss,pickup,idle,admission. loop2: the loop with run_batch's two"
-        " data statements (backlog only); q1/q2/q4: qcluster with 1/2/4 workers; q1x/q2x: the same with"
+        " default: loop,one,drain,drainL,count,q2,q1,rss,plans,pickup,idle,admission. loop2: the loop with"
+        " run_batch's two data statements (backlog only); drainL: cleanup_drain with --lease-jobs; plans: one"
+        " group's statements timed in isolation; q1/q2/q4: qcluster with 1/2/4 workers; q1x/q2x: the same with"
         " CLEANUP_DISPATCH_WINDOW = 2 x workers + 1; count: cleanup_drain with statements counted per class",
     )
     parser.add_argument("--save", type=Path, help="also write every figure as JSON to this file")
@@ -187,7 +188,7 @@ def main() -> None:
         args.rss_rows = 150_000 if nightly else 100_000
     if args.only is None:
         args.only = (
-            "loop,one,drain,count,q2,q1,rss,pickup,idle,admission"
+            "loop,one,drain,drainL,count,q2,q1,rss,plans,pickup,idle,admission"
             if nightly
             else "loop,loop2,q1,q2,q1x,drain,count,rss,admission"
         )
@@ -356,6 +357,13 @@ def main() -> None:
             if not (q1.ok and drain.ok):
                 log("RSS pass: verification failed")
 
+        plans = None
+        if "plans" in phases:
+            from bench.plans import plans_phase
+
+            log(f"restored in {restore():.1f} s; timing one group's statements in isolation")
+            plans = plans_phase(slot)
+
         latency = None
         if phases & {"pickup", "idle"}:
             from bench.latency import pickup_and_idle
@@ -393,6 +401,7 @@ def main() -> None:
                 ROOT / "docs" / "benchmarks.md", rows=ds.total, batch=args.batch_size, runs=runs, code=code
             )
         report.print_rss(rss_rows)
+        report.print_plans(plans)
         report.print_latency(latency)
         report.print_admission(admission)
         report.print_targets(runs + ([count_run] if count_run else []), admission, latency, shape=args.shape)
@@ -405,6 +414,7 @@ def main() -> None:
                 runs=runs + ([count_run] if count_run else []),
                 rss=rss_rows,
                 latency=latency,
+                plans=plans,
                 admission=admission,
                 method=stats.method,
             )

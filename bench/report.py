@@ -227,6 +227,44 @@ def print_counted(run: RunResult, loops: list[RunResult]) -> None:
             )
 
 
+def print_plans(plans: dict[str, Any] | None) -> None:
+    if not plans:
+        return
+    print(
+        f"\nOne group's statements in isolation ({plans['group']} partitions, rolled back, median; server ="
+        f" EXPLAIN ANALYZE (planning ms, execution ms)); round trip SELECT 1: {plans['round_trip_ms']} ms"
+    )
+    c = plans.get("candidates")
+    if isinstance(c, dict):
+        print(
+            f"  candidates ({c['partitions']} {c['kind']} partitions): keyset index (property, id): client"
+            f" {c['keyset_client_ms']} ms, server {c['keyset_index']}; due index (property, timestamp, id):"
+            f" client {c['due_client_ms']} ms, server {c['due_index']}; same result: {c['same_result']}"
+        )
+        for line in c.get("keyset_plan", []):
+            print(f"      {line}")
+    elif c:
+        print(f"  candidates: {c}")
+    li = plans.get("ledger_insert")
+    if isinstance(li, dict):
+        print(
+            f"  ledger insert of {li['rows']} rows: VALUES with {li['scalar_params']} parameters: client"
+            f" {li['scalar_client_ms']} ms, server {li['scalar_server_ms']}; 13 arrays through unnest: client"
+            f" {li['arrays_client_ms']} ms, server {li['arrays_server_ms']}"
+        )
+    elif li:
+        print(f"  ledger insert: {li}")
+    ju = plans.get("job_update")
+    if isinstance(ju, dict):
+        print(
+            f"  job update of {ju['rows']} rows ({ju['indexes']} indexes on the job table): the finishing UPDATE"
+            f" (state changes): client {ju['finish_client_ms']} ms, server {ju['finish_server_ms']}; an UPDATE of"
+            f" unindexed counters only: client {ju['hot_client_ms']} ms, server {ju['hot_server_ms']}"
+        )
+    elif ju:
+        print(f"  job update: {ju}")
+
+
 def print_latency(latency: dict[str, Any] | None) -> None:
     if not latency:
         return
