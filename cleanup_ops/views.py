@@ -50,6 +50,7 @@ from cleanup_ops.console_selectors import (
     workers_overview,
 )
 from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, Sweep
+from cleanup_ops.dispatch import broker_status
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
@@ -544,8 +545,11 @@ def _bulk_apply(request: HttpRequest, operation: str, letter_filter: DeadLetterF
 @permission_required("cleanup_ops.view_workerheartbeat", raise_exception=True)
 def workers_page(request: HttpRequest) -> HttpResponse:
     """Worker clusters (heartbeats, last progress, liveness), the leases each
-    worker holds and expired leases waiting to be recovered."""
-    return render_live(request, "console/workers.html", {"w": workers_overview(now=timezone.now())})
+    worker holds and expired leases waiting to be recovered; the broker's
+    queues (messages waiting, through django-q2's broker interface)."""
+    return render_live(
+        request, "console/workers.html", {"w": workers_overview(now=timezone.now()), "broker": broker_status()}
+    )
 
 
 @login_required

@@ -481,3 +481,17 @@ def test_no_hint_beyond_what_the_broker_can_hold_back_the_dispatcher_sends_it_wh
     commit(lambda: dispatch.hint_due_at(job_ids=[job_id], at=soon))
     assert queued() == {"retention": [job_id]}
     assert CleanupJob.objects.get(pk=job_id).enqueued_at == soon
+
+
+@pytest.mark.django_db
+def test_the_console_workers_page_shows_each_queue_through_the_broker_interface(jobs, client, commit):
+    from cleanup_ops.dispatch import dispatch_due_jobs
+
+    jobs(JobKind.DELETE, 3)
+    commit(dispatch_due_jobs)
+    client.force_login(make_user("op", "operator"))
+    page = client.get("/console/workers/")
+    assert page.status_code == 200
+    assert page.context["broker"]["queues"]["retention"] == {"kinds": ["delete"], "window": 4, "waiting": 3}
+    html = page.content.decode()
+    assert 'data-testid="queue-retention"' in html and 'data-testid="queue-retention-purge"' in html
