@@ -531,26 +531,20 @@ def pauses_overview(*, portfolio_ids: PortfolioScope, recent: int = 20) -> dict[
 
 def portfolio_summary(portfolio_id: int, *, now: datetime) -> dict[str, Any]:
     """A portfolio's pipeline at a glance: its open jobs by state and its jobs
-    in the current sweep, open dead letters, rows deleted in 24 h, its pause
-    and the audit events whose object is the portfolio. Five queries."""
+    in the current sweep (with their rows deleted), open dead letters, its
+    pause and the audit events whose object is the portfolio. Five queries,
+    each on an index (open jobs by portfolio, the current sweep's jobs)."""
     current = Sweep.objects.order_by("-slot").first()
-    in_scope = Q(state__in=OPEN_STATES)
-    if current is not None:
-        in_scope |= Q(sweep_id=current.pk)
-    jobs = CleanupJob.objects.filter(in_scope, portfolio_id=portfolio_id).aggregate(
+    in_current = Q(sweep_id=current.pk) if current is not None else Q(pk__in=[])
+    jobs = CleanupJob.objects.filter(Q(state__in=OPEN_STATES) | in_current, portfolio_id=portfolio_id).aggregate(
         **{f"state_{s}": Count("id", filter=Q(state=s)) for s in JobState.values},
         leased_live=Count("id", filter=live_lease_q(now=now)),
-        current=Count("id", filter=Q(sweep_id=current.pk) if current else Q(pk__in=[])),
-        current_open=Count("id", filter=(Q(sweep_id=current.pk) if current else Q(pk__in=[])) & open_q()),
+        current=Count("id", filter=in_current),
+        current_open=Count("id", filter=in_current & open_q()),
+        current_rows=Sum("rows_deleted", filter=in_current),
     )
     letters = DeadLetter.objects.filter(portfolio_id=portfolio_id).aggregate(
         open=Count("id", filter=open_letter_q()), oldest=Min("last_seen_at", filter=open_letter_q())
-    )
-    rows_24h = (
-        LedgerEntry.objects.filter(portfolio_id=portfolio_id, applied_at__gte=now - timedelta(hours=24)).aggregate(
-            n=Sum("rows_deleted")
-        )["n"]
-        or 0
     )
     pause = PipelinePause.objects.active().filter(portfolio_id=portfolio_id).select_related("paused_by").first()
     events = list(
@@ -566,7 +560,7 @@ def portfolio_summary(portfolio_id: int, *, now: datetime) -> dict[str, Any]:
         "current_open": jobs["current_open"],
         "letters_open": letters["open"],
         "letters_oldest": letters["oldest"],
-        "rows_24h": rows_24h,
+        "current_rows": jobs["current_rows"] or 0,
         "pause": pause,
         "events": events,
     }

@@ -22,6 +22,7 @@ from urllib.parse import urlencode
 from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
+from django.core.cache import cache
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
 from django.db.models import Count
@@ -49,8 +50,8 @@ from cleanup_ops.console_selectors import (
     sweeps_history,
     workers_overview,
 )
-from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, Sweep
 from cleanup_ops.dispatch import broker_status
+from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
@@ -121,6 +122,19 @@ def chart_hours(raw: str | None) -> int:
     return hours if hours in CHART_HOURS else THROUGHPUT_HOURS
 
 
+LONG_RANGE_CACHE_SECONDS = 60
+
+
+def throughput_cached(*, now: datetime, hours: int, scope: frozenset[int] | None) -> list[dict[str, Any]]:
+    """A long range (days of ledger rows) at most once a minute per process,
+    scope and hour: hourly buckets move on the scale of hours, not seconds."""
+    scope_key = "all" if scope is None else ",".join(map(str, sorted(scope)))
+    key = f"console:throughput:{hours}:{now:%Y%m%dT%H}:{scope_key}"
+    return cache.get_or_set(
+        key, lambda: throughput(now=now, hours=hours, portfolio_ids=scope), LONG_RANGE_CACHE_SECONDS
+    )
+
+
 def throughput_chart(points: list[dict[str, Any]], *, hours: int) -> dict[str, Any]:
     """Rows deleted per hour (or per 6 hours above two days), labelled in UTC."""
     bucket = 1 if hours <= 48 else 6
@@ -142,7 +156,7 @@ def overview_page(request: HttpRequest) -> HttpResponse:
     hours = chart_hours(request.GET.get("hours"))
     figures = overview(now=now, portfolio_ids=scope)
     points = (
-        figures["throughput"] if hours == THROUGHPUT_HOURS else throughput(now=now, hours=hours, portfolio_ids=scope)
+        figures["throughput"] if hours == THROUGHPUT_HOURS else throughput_cached(now=now, hours=hours, scope=scope)
     )
     sweep = figures["current_sweep"]
     forecast = None

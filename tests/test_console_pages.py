@@ -390,7 +390,7 @@ def test_pausing_picks_a_portfolio_by_name_and_resuming_needs_a_reason(world, op
 def test_the_portfolio_page_sums_up_its_pipeline(world, op):
     page = op.get(f"/console/portfolios/{world['acme'].pk}/")
     s = page.context["s"]
-    assert s["letters_open"] == 2 and s["current_jobs"] == 3 and s["rows_24h"] == 2
+    assert s["letters_open"] == 2 and s["current_jobs"] == 3 and s["current_rows"] == 2
     assert "Not paused" in page.content.decode()
     assert op.get("/console/portfolios/999999/").status_code == 404
 
