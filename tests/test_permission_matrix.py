@@ -102,6 +102,15 @@ CONSOLE_GETS = {
     "/console/sweeps/{sweep}/proof.csv": ok(OP, AU, anon=302),
     "/console/dead-letters/": ok(OP, AU, anon=302),
     "/console/audit/": ok(PM, CR, OP, AU, anon=302),
+    "/console/sweeps/": ok(OP, AU, anon=302),
+    "/console/jobs/": ok(OP, AU, anon=302),
+    "/console/jobs/{job}/": ok(OP, AU, anon=302),
+    "/console/dead-letters/{letter}/": ok(OP, AU, anon=302),
+    "/console/dead-letters/all-matching/?operation=redrive": ok(OP, anon=302),
+    "/console/dead-letters/all-matching/?operation=dismiss": ok(OP, anon=302),
+    "/console/workers/": ok(OP, AU, anon=302),
+    "/console/pauses/": ok(OP, AU, anon=302),
+    "/console/portfolios/{portfolio}/": ok(OP, AU, anon=302),
 }
 
 CONSOLE_POSTS = [
