@@ -45,6 +45,7 @@ import random
 import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from datetime import datetime
@@ -62,7 +63,7 @@ from harness.postgres import Cluster, ClusterError, create_database  # noqa: E40
 PY = sys.executable
 RECOVERY_GOAL_SECONDS = 60.0
 # The liveness threshold for this short-turn workload (production default: 120 s).
-STALE_SECONDS = 20
+STALE_SECONDS = 15
 
 SIZES: dict[str, dict[str, object]] = {
     # records: --records-per-property of seed_demo (the first portfolio gets more)
@@ -88,11 +89,11 @@ SIZES: dict[str, dict[str, object]] = {
         "batch": 40,
         "slice_batches": 3,
     },
-    # ~1.5M rows of which ~1M are past their cutoff (about two thirds of every kind).
+    # ~1.82M rows of which ~1.03M are eligible (past the cutoff, not running or open, not held).
     "full": {
         "portfolios": 20,
         "properties": 5,
-        "records": 7900,
+        "records": 9600,
         "attachments": 0.002,
         "kills": 20,
         "timeout": 3000,
@@ -175,6 +176,8 @@ def main() -> int:
         raise SystemExit(f"chaos: {exc} (apt-get install postgresql)") from exc
     store = None
     supervised: list[Supervised] = []
+    stop_supervising = threading.Event()
+    supervisors: list[threading.Thread] = []
 
     try:
         db_url = pg.start()
@@ -258,6 +261,7 @@ def main() -> int:
             f"(stale after {STALE_SECONDS} s), stop grace {units.stop_grace:g} s, "
             f"restart delay {units.restart_delay:g} s"
         )
+        supervisors = [unit.run(stop_supervising) for unit in supervised]
         deadline = time.monotonic() + float(size["timeout"])
         kills_during_drain, pg_restarted, faults = 0, False, 0
         next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
@@ -266,8 +270,6 @@ def main() -> int:
         while time.monotonic() < deadline:
             time.sleep(0.25)
             elapsed = time.monotonic() - started
-            for unit in supervised:
-                unit.tick()
             if kills_during_drain < int(size["kills"]) and time.monotonic() >= next_kill and remaining != 0:
                 # The sentinel's children: workers, and the pusher and monitor it
                 # reincarnates. The sentinel itself is the cluster's supervisor.
@@ -306,6 +308,9 @@ def main() -> int:
             log("timed out waiting for the drain")
         drain_seconds = time.monotonic() - started
         log(f"drained in {drain_seconds:.1f} s")
+        stop_supervising.set()
+        for thread in supervisors:
+            thread.join()
         for unit in supervised:  # systemctl stop: the unit's procedure; nothing may survive it
             left = unit.shutdown()
             log(f"stopped qcluster@{unit.instance}: {len(left)} processes survived")
@@ -355,10 +360,12 @@ def main() -> int:
         for n, wedge in enumerate(wedges, 1):
             total = f"{wedge.total_seconds:.1f} s" if wedge.total_seconds is not None else "never"
             recovery = f"{wedge.recovery_seconds:.1f} s" if wedge.recovery_seconds is not None else "never"
+            stopped = f"{wedge.restarted_at - wedge.detected_at:.1f} s" if wedge.restarted_at else "never"
             print(
                 f"  wedge {n} (qcluster@{wedge.instance}): detected after {wedge.quiet_seconds:.1f} s without "
-                f"progress ({wedge.waiting_messages} messages waiting unfetched), progress again {recovery} "
-                f"after detection; last progress to progress again: {total}; {len(wedge.survivors)} survivors",
+                f"progress ({wedge.waiting_messages} messages waiting unfetched), stopped and started again in "
+                f"{stopped}, progress again {recovery} after detection; last progress to progress again: {total}; "
+                f"{len(wedge.survivors)} survivors",
                 flush=True,
             )
         print("  manual actions: none (no dispatch, no restart but the liveness unit's)", flush=True)
@@ -378,6 +385,9 @@ def main() -> int:
         print(f"chaos: {len(results) - len(failed)} passed, {len(failed)} failed", flush=True)
         return 1 if failed else 0
     finally:
+        stop_supervising.set()
+        for thread in supervisors:
+            thread.join(timeout=60)
         for unit in supervised:
             unit.kill_everything()
         if store is not None:

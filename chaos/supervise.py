@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import socket
 import subprocess
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -86,8 +87,26 @@ class Supervised:
     def queue(self) -> str:
         return self.env.get("Q_CLUSTER_NAME", "")
 
+    def run(self, stop: threading.Event) -> threading.Thread:
+        """Supervise in a thread of its own until ``stop`` is set: each unit's timer is
+        independent, as systemd runs them (one cluster's restart never delays
+        another's check)."""
+
+        def loop() -> None:
+            from django.db import connections
+
+            try:
+                while not stop.wait(0.25):
+                    self.tick()
+            finally:
+                connections.close_all()
+
+        thread = threading.Thread(target=loop, name=f"supervise-{self.instance}", daemon=True)
+        thread.start()
+        return thread
+
     def tick(self) -> None:
-        """Restart=always, the liveness timer and the recovery figures; call often."""
+        """Restart=always, the liveness timer and the recovery figures."""
         now = time.monotonic()
         if self.cluster.poll() is not None:
             self.exits += 1
