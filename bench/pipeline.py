@@ -58,6 +58,7 @@ import argparse
 import os
 import shutil
 import signal
+import statistics
 import sys
 import tempfile
 import time
@@ -170,6 +171,12 @@ def main() -> None:
         default="orm",
         help="Q_BROKER for this process and the qclusters; redis/sqs/rabbitmq start a throwaway server on loopback"
         " (harness/brokers.py) unless its URL is in the environment (default orm)",
+    )
+    parser.add_argument(
+        "--interleave",
+        action="store_true",
+        help="with --repeat: run the timed phases round by round (loop, drain, qcluster, …, then again) instead of"
+        " each phase N times in a row, and report each run's median ratio to the loop of the same round",
     )
     parser.add_argument("--write-docs", action="store_true", help="write/update docs/benchmarks.md with the results")
     parser.add_argument("--keep-logs", action="store_true", help="keep the qcluster logs (their directory is printed)")
@@ -284,11 +291,7 @@ def main() -> None:
 
         runs_module.CPU_ROOTS = set(watch.own_roots)
 
-        def record(run: Callable[[], RunResult]) -> None:
-            samples = [measured(run)]
-            for _ in range(args.repeat - 1):
-                log(f"restored in {restore():.1f} s; repeating: {samples[0].label}")
-                samples.append(measured(run))
+        def keep(samples: list[RunResult]) -> None:
             result = min(samples, key=lambda r: r.seconds)  # the table shows the fastest
             result.ok = all(r.ok for r in samples)
             if len(samples) > 1:
@@ -296,42 +299,87 @@ def main() -> None:
                 if all("handoff_seconds_total" in r.extra for r in samples):
                     result.extra["all_handoff_seconds"] = [r.extra["handoff_seconds_total"] for r in samples]
                 result.extra["all_other_cpu_cores"] = [r.extra["other_cpu_cores"] for r in samples]
+                if all("cpu_seconds" in r.extra for r in samples):
+                    result.extra["all_cpu_seconds"] = [r.extra["cpu_seconds"] for r in samples]
             runs.append(result)
+
+        def sample(message: str, run: Callable[[], RunResult]) -> RunResult:
+            log(f"restored in {restore():.1f} s; {message}")
+            result = measured(run)
             log(
                 f"{result.label}: {result.deleted:,} rows in {result.seconds:.2f} s ({'ok' if result.ok else 'FAIL'};"
                 f" other processes used {result.extra['other_cpu_cores']:.2f} cores meanwhile)"
             )
+            return result
 
+        timed: list[tuple[str, Callable[[], RunResult]]] = []
         if "loop" in phases:
-            log(f"restored in {restore():.1f} s; running the DELETE loop")
-            record(lambda: run_loop(ds, args.batch_size, slot))
+            timed.append(("running the DELETE loop", lambda: run_loop(ds, args.batch_size, slot)))
         if "one" in phases:
-            log(f"restored in {restore():.1f} s; running one DELETE statement")
-            record(lambda: run_single_delete(ds, slot))
+            timed.append(("running one DELETE statement", lambda: run_single_delete(ds, slot)))
         if "loop2" in phases:
-            log(f"restored in {restore():.1f} s; running the DELETE loop with run_batch's statements")
-            record(lambda: run_loop_ranged(ds, args.batch_size, slot))
+            timed.append(
+                (
+                    "running the DELETE loop with run_batch's statements",
+                    lambda: run_loop_ranged(ds, args.batch_size, slot),
+                )
+            )
         for workers in (1, 2, 4):
             if f"q{workers}" in phases:
-                log(f"restored in {restore():.1f} s; running qcluster with {workers} worker(s)")
-                record(lambda w=workers: run_qcluster(ds, w, slot, env, log_dir, live, nice=args.nice))
+                timed.append(
+                    (
+                        f"running qcluster with {workers} worker(s)",
+                        lambda w=workers: run_qcluster(ds, w, slot, env, log_dir, live, nice=args.nice),
+                    )
+                )
         for workers in (1, 2):
             if f"q{workers}x" in phases:
                 window = 2 * workers + 1
-                log(f"restored in {restore():.1f} s; running qcluster with {workers} worker(s), window {window}")
-                record(
-                    lambda w=workers, n=window: run_qcluster(ds, w, slot, env, log_dir, live, window=n, nice=args.nice)
+                timed.append(
+                    (
+                        f"running qcluster with {workers} worker(s), window {window}",
+                        lambda w=workers, n=window: run_qcluster(
+                            ds, w, slot, env, log_dir, live, window=n, nice=args.nice
+                        ),
+                    )
                 )
         if "drain" in phases:
-            log(f"restored in {restore():.1f} s; running cleanup_drain in a child process")
-            record(lambda: run_child("drain", ds, slot, args.batch_size, env))
+            timed.append(
+                ("running cleanup_drain in a child process", lambda: run_child("drain", ds, slot, args.batch_size, env))
+            )
         if "drainL" in phases:
-            log(f"restored in {restore():.1f} s; running cleanup_drain with CLEANUP_LEASE_JOBS={args.lease_jobs}")
-            record(
-                lambda: run_child(
-                    "drain", ds, slot, args.batch_size, env, extra_env={"CLEANUP_LEASE_JOBS": str(args.lease_jobs)}
+            timed.append(
+                (
+                    f"running cleanup_drain with CLEANUP_LEASE_JOBS={args.lease_jobs}",
+                    lambda: run_child(
+                        "drain", ds, slot, args.batch_size, env, extra_env={"CLEANUP_LEASE_JOBS": str(args.lease_jobs)}
+                    ),
                 )
             )
+        if args.interleave:
+            # Round by round (every run once per round), so each round's runs meet
+            # about the same load from the rest of the machine.
+            rounds = [[sample(message, run) for message, run in timed] for _ in range(args.repeat)]
+            for i in range(len(timed)):
+                keep([r[i] for r in rounds])
+            if "loop" in phases:
+                for i, result in enumerate(runs):
+                    ratios = [r[0].seconds / r[i].seconds for r in rounds if r[i].seconds]
+                    result.extra["round_ratios_vs_loop"] = [round(x, 2) for x in ratios]
+                    result.extra["median_ratio_vs_loop"] = round(statistics.median(ratios), 2)
+                    cpu = [
+                        r[0].extra.get("cpu_seconds", 0) / r[i].extra["cpu_seconds"]
+                        for r in rounds
+                        if r[i].extra.get("cpu_seconds")
+                    ]
+                    if cpu:
+                        result.extra["median_cpu_ratio_vs_loop"] = round(statistics.median(cpu), 2)
+        else:
+            for message, run in timed:
+                samples = [sample(message, run)]
+                for _ in range(args.repeat - 1):
+                    samples.append(sample(f"repeating: {samples[0].label}", run))
+                keep(samples)
         count_run = None
         if "count" in phases:
             log(f"restored in {restore():.1f} s; running cleanup_drain with statements counted per class")
