@@ -92,26 +92,28 @@ def fair_due_job_ids(
     portfolio gets more jobs than its free lease slots
     (``CLEANUP_PORTFOLIO_MAX_LEASES`` minus its live leases).
     """
+    picked = _fair_pick(now=now, limit=limit, exclude_enqueued=exclude_enqueued, kinds=kinds)
+    return [job_id for job_id, _ in picked]
+
+
+def _fair_pick(
+    *,
+    now: datetime,
+    limit: int,
+    exclude_enqueued: bool = True,
+    kinds: Collection[str] | None = None,
+    slots: tuple[set[int | None], dict[int, int]] | None = None,
+) -> list[tuple[int, int]]:
+    """``fair_due_job_ids`` as (job id, portfolio id) pairs; ``slots`` as read by
+    ``_portfolio_slots`` (read here when not given)."""
     if limit <= 0:
         return []
-    paused = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
+    paused, busy = slots if slots is not None else _portfolio_slots(now=now, exclude_enqueued=exclude_enqueued)
     if None in paused:
         return []
     cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
-    busy = CleanupJob.objects.lease_holders_by_portfolio(now=now)
-    if exclude_enqueued:
-        # Messages already sent for a portfolio that no worker has leased yet
-        # take its slots too, or a burst of sends would overshoot its cap.
-        for portfolio_id, n in (
-            CleanupJob.objects.filter(state=JobState.PENDING)
-            .exclude(not_waiting_in_broker_q(now=now))
-            .values_list("portfolio_id")
-            .annotate(n=Count("id"))
-            .order_by()
-        ):
-            busy[portfolio_id] = busy.get(portfolio_id, 0) + n
     full = {portfolio for portfolio, n in busy.items() if n >= cap}
-    qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=paused | full)
+    qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=(paused - {None}) | full)
     if kinds is not None:
         qs = qs.filter(kind__in=list(kinds))
     if exclude_enqueued:
@@ -128,8 +130,28 @@ def fair_due_job_ids(
     for job_id, portfolio_id, available_at in rows:
         seen[portfolio_id] = seen.get(portfolio_id, 0) + 1
         if seen[portfolio_id] <= cap - busy.get(portfolio_id, 0):
-            ranked.append((seen[portfolio_id], available_at, job_id))
-    return [job_id for _, _, job_id in sorted(ranked)[:limit]]
+            ranked.append((seen[portfolio_id], available_at, job_id, portfolio_id))
+    return [(job_id, portfolio_id) for _, _, job_id, portfolio_id in sorted(ranked)[:limit]]
+
+
+def _portfolio_slots(*, now: datetime, exclude_enqueued: bool) -> tuple[set[int | None], dict[int, int]]:
+    """(paused portfolio ids — None for a global pause —, lease slots taken per portfolio)."""
+    paused: set[int | None] = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
+    if None in paused:
+        return paused, {}
+    busy = CleanupJob.objects.lease_holders_by_portfolio(now=now)
+    if exclude_enqueued:
+        # Messages already sent for a portfolio that no worker has leased yet
+        # take its slots too, or a burst of sends would overshoot its cap.
+        for portfolio_id, n in (
+            CleanupJob.objects.filter(state=JobState.PENDING)
+            .exclude(not_waiting_in_broker_q(now=now))
+            .values_list("portfolio_id")
+            .annotate(n=Count("id"))
+            .order_by()
+        ):
+            busy[portfolio_id] = busy.get(portfolio_id, 0) + n
+    return paused, busy
 
 
 # --------------------------------------------------------------------------- brokers
@@ -206,6 +228,7 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
         return 0  # sync mode runs tasks inline; dispatching from inside one would recurse
     now = now or timezone.now()
     picked: dict[str, list[int]] = {}
+    slots = None  # paused portfolios and taken lease slots, read once for every queue
     for queue, kinds in queues().items():
         try:
             free = dispatch_window(queue) - broker_backlog(now=now, queue=queue)
@@ -217,9 +240,15 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
                 extra={"category": "broker_unavailable"},
             )
             continue
-        ids = fair_due_job_ids(now=now, limit=free, kinds=kinds)
-        if ids:
-            picked[queue] = ids
+        if free <= 0:
+            continue
+        slots = slots or _portfolio_slots(now=now, exclude_enqueued=True)
+        pairs = _fair_pick(now=now, limit=free, kinds=kinds, slots=slots)
+        if pairs:
+            picked[queue] = [job_id for job_id, _ in pairs]
+            # The next queue's jobs must not overshoot a portfolio's cap either.
+            for _, portfolio_id in pairs:
+                slots[1][portfolio_id] = slots[1].get(portfolio_id, 0) + 1
     if not picked:
         return 0
     with transaction.atomic():
