@@ -8,9 +8,11 @@ class CleanupOpsConfig(AppConfig):
     verbose_name = "Cleanup operations"
 
     def ready(self) -> None:
-        from django_q.signals import post_spawn
+        from django_q.signals import post_spawn, pre_execute
 
-        from cleanup_ops.health import heartbeat_on_spawn
+        from cleanup_ops.health import heartbeat_on_spawn, heartbeat_on_task_start
 
-        # Each new qcluster worker registers its cluster's run and wakes the dispatcher.
+        # Each new qcluster worker registers its cluster's run and wakes the
+        # dispatcher; each task it starts is progress (cleanup_ops.health).
         post_spawn.connect(heartbeat_on_spawn, dispatch_uid="cleanup_ops.heartbeat_on_spawn")
+        pre_execute.connect(heartbeat_on_task_start, dispatch_uid="cleanup_ops.heartbeat_on_task_start")

@@ -11,10 +11,11 @@ it has work it could take and takes none, so the workers themselves record:
   restarts ``started_at`` and the counters; a spawning worker also wakes the
   dispatcher, so a restarted cluster gets messages at once rather than at the
   scheduler's next tick;
-* **after each task** (``tasks.run_job`` and ``tasks.dispatch``):
-  ``last_progress_at``, the turns, jobs leased and rows deleted — at most one
-  UPSERT per ``CLEANUP_HEARTBEAT_SECONDS`` per worker process, never one per
-  batch; what a throttled turn counted is carried into the next write.
+* **as each task starts** (django-q2's ``pre_execute``) and **after it**
+  (``tasks.run_job`` and ``tasks.dispatch``): ``last_progress_at``, the
+  turns, jobs leased and rows deleted — at most one UPSERT per
+  ``CLEANUP_HEARTBEAT_SECONDS`` per worker process, never one per batch; what
+  a throttled write held is carried into the next one.
 
 ``cluster_liveness`` fails when due work the cluster could take (of the job
 kinds its queue carries, due, not paused, its portfolio under the lease cap:
@@ -101,21 +102,11 @@ def _write(*, now: datetime, progress_at: datetime | None, turns: int, jobs_leas
         cursor.execute(_UPSERT, params)
 
 
-def heartbeat_record_turn(*, jobs_leased: int = 0, rows_deleted: int = 0, now: datetime | None = None) -> bool:
-    """A worker finished a task: count it, and write the heartbeat unless this
-    process wrote one less than ``CLEANUP_HEARTBEAT_SECONDS`` ago.
-
-    Returns whether it wrote. Never raises: a heartbeat that cannot be written
-    (the database is restarting) is carried into the next one.
-    """
-    if settings.Q_CLUSTER.get("sync"):
-        return False  # tasks run inline in some other process: there is no cluster
-    now = now or timezone.now()
+def _write_if_due(*, now: datetime) -> bool:
+    """Write what this process counted unless it wrote less than
+    ``CLEANUP_HEARTBEAT_SECONDS`` ago; what a skipped or failed write held is
+    carried into the next one."""
     pending = _unwritten
-    pending.turns += 1
-    pending.jobs_leased += jobs_leased
-    pending.rows_deleted += rows_deleted
-    pending.progress_at = now
     clock = time.monotonic()
     if clock - pending.written_at < settings.CLEANUP_HEARTBEAT_SECONDS:
         return False
@@ -132,6 +123,39 @@ def heartbeat_record_turn(*, jobs_leased: int = 0, rows_deleted: int = 0, now: d
         return False
     pending.mark_written(clock=clock)
     return True
+
+
+def heartbeat_record_turn(*, jobs_leased: int = 0, rows_deleted: int = 0, now: datetime | None = None) -> bool:
+    """A worker finished a task: count it, and write the heartbeat unless this
+    process wrote one less than ``CLEANUP_HEARTBEAT_SECONDS`` ago.
+
+    Returns whether it wrote. Never raises: a heartbeat that cannot be written
+    (the database is restarting) is carried into the next one.
+    """
+    if settings.Q_CLUSTER.get("sync"):
+        return False  # tasks run inline in some other process: there is no cluster
+    now = now or timezone.now()
+    pending = _unwritten
+    pending.turns += 1
+    pending.jobs_leased += jobs_leased
+    pending.rows_deleted += rows_deleted
+    pending.progress_at = now
+    return _write_if_due(now=now)
+
+
+def heartbeat_on_task_start(**kwargs: Any) -> None:
+    """django-q2 ``pre_execute`` receiver: a worker got a task from its queue,
+    which a wedged cluster's workers never do. Progress, under the same
+    throttle (so a restarted cluster shows it with its first task, not at the
+    end of its first turn). Never raises: the worker would die with it."""
+    if settings.Q_CLUSTER.get("sync"):
+        return
+    try:
+        now = timezone.now()
+        _unwritten.progress_at = now
+        _write_if_due(now=now)
+    except Exception as exc:
+        logger.warning("cluster heartbeat not written: %s", type(exc).__name__)
 
 
 def heartbeat_on_spawn(**kwargs: Any) -> None:

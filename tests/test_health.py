@@ -15,7 +15,13 @@ from django.db.migrations.recorder import MigrationRecorder
 from django.test.utils import CaptureQueriesContext
 
 from cleanup_ops import health
-from cleanup_ops.health import cluster_identity, cluster_liveness, heartbeat_on_spawn, heartbeat_record_turn
+from cleanup_ops.health import (
+    cluster_identity,
+    cluster_liveness,
+    heartbeat_on_spawn,
+    heartbeat_on_task_start,
+    heartbeat_record_turn,
+)
 from cleanup_ops.models import CleanupJob, WorkerHeartbeat
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
@@ -303,3 +309,31 @@ def test_the_heartbeats_are_read_only_in_the_admin(client, operator_user):
 def test_a_property_manager_may_not_view_django_q2s_admin_pages(client, manager):
     client.force_login(manager)
     assert client.get("/admin/django_q/success/").status_code == 403
+
+
+def test_a_task_starting_is_progress_under_the_same_throttle(clock, monkeypatch, settings):
+    settings.CLEANUP_HEARTBEAT_SECONDS = 5
+    monotonic = [1000.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: monotonic[0])
+    heartbeat_on_task_start(sender="django_q", func=None, task={})
+    row = WorkerHeartbeat.objects.get()
+    assert (row.last_progress_at, row.turns) == (NOW, 0)
+    clock.shift(2)
+    monotonic[0] += 2
+    with CaptureQueriesContext(connection) as queries:
+        heartbeat_on_task_start(sender="django_q", func=None, task={})
+        heartbeat_record_turn(jobs_leased=1)
+    assert len(queries) == 0
+    clock.shift(4)
+    monotonic[0] += 4
+    heartbeat_on_task_start(sender="django_q", func=None, task={})
+    row.refresh_from_db()
+    assert (row.last_progress_at, row.turns, row.jobs_leased) == (NOW + timedelta(seconds=6), 1, 1)
+
+
+def test_a_failing_task_start_heartbeat_never_reaches_the_worker(monkeypatch):
+    def broken(**kwargs: object) -> bool:
+        raise RuntimeError("anything at all")
+
+    monkeypatch.setattr(health, "_write_if_due", broken)
+    heartbeat_on_task_start(sender="django_q", func=None, task={})  # does not raise
