@@ -82,6 +82,30 @@ def _delay_seconds() -> float:
     return max(0.0, (at - timezone.now()).total_seconds())
 
 
+# --------------------------------------------------------------------------- cluster status
+
+STATUS_WRITE_SECONDS = 2.0  # a cluster's status (django-q2's Stat) is written at most this often
+STATUS_TTL_SECONDS = 5  # and lives this long (django-q2 asks for 3 s and writes every guard cycle, 0.5 s)
+
+
+class ThrottledStatus:
+    """django-q2's sentinel saves its cluster's status (``Stat``, read by ``qinfo``,
+    ``qmonitor``, ``Stat.get_all``) every guard cycle, 0.5 s. Brokers with no store
+    of their own (SQS, RabbitMQ) keep it in the database cache, four statements a
+    save: written at most every ``STATUS_WRITE_SECONDS`` per cluster instead, kept
+    ``STATUS_TTL_SECONDS``, so an idle cluster's status costs PostgreSQL a fifth."""
+
+    _status_written: dict[str, float]
+
+    def set_stat(self, key: str, value: str, timeout: int) -> Any:
+        written = self.__dict__.setdefault("_status_written", {})
+        now = time.monotonic()
+        if now - written.get(key, -math.inf) < STATUS_WRITE_SECONDS:
+            return None
+        written[key] = now
+        return super().set_stat(key, value, max(timeout, STATUS_TTL_SECONDS))  # type: ignore[misc]
+
+
 # --------------------------------------------------------------------------- ORM
 
 
@@ -184,7 +208,7 @@ SQS_MAX_DELAY = 900  # DelaySeconds' upper bound
 SQS_MAX_RECEIVES = 5  # receives without a delete before SQS moves a message to the DLQ
 
 
-class EndpointSqs(_SqsBroker):
+class EndpointSqs(ThrottledStatus, _SqsBroker):
     """django-q2's SQS broker, pointed at ``Q_SQS_ENDPOINT_URL`` when set (a local
     SQS-compatible server in tests and CI; unset on AWS), with queue names
     prefixed by ``Q_SQS_QUEUE_PREFIX``, a dead-letter queue per queue, due-at
@@ -264,7 +288,7 @@ def amqp_delay_bucket_ms(delay_seconds: float) -> int:
     return int(math.ceil(delay_seconds / step) * step * 1000)
 
 
-class RabbitMQ(Broker):
+class RabbitMQ(ThrottledStatus, Broker):
     """A django-q2 broker on RabbitMQ (pika's blocking client, one connection per
     process and queue).
 

@@ -162,9 +162,10 @@ def test_a_message_a_cluster_rejects_is_dead_lettered_for_inspection(broker_of, 
     if kind not in {"rabbitmq", "sqs"}:
         pytest.skip(f"{kind} has no dead-letter queue of its own (a rejected message is dropped)")
     broker = broker_of("retention-test")
+    before = broker.dead_letter_queue_size()  # the dead-letter queue outlives a test
     broker.enqueue("not a signed django-q2 package")
     deadline = time.monotonic() + 20
-    while time.monotonic() < deadline and broker.dead_letter_queue_size() == 0:
+    while time.monotonic() < deadline and broker.dead_letter_queue_size() == before:
         # What django-q2's pusher does with a message it cannot read.
         for ack_id, body in broker.dequeue() or []:
             try:
@@ -172,7 +173,7 @@ def test_a_message_a_cluster_rejects_is_dead_lettered_for_inspection(broker_of, 
             except Exception:
                 broker.fail(ack_id)
         time.sleep(0.05)
-    assert broker.dead_letter_queue_size() == 1
+    assert broker.dead_letter_queue_size() == before + 1
     assert broker.queue_size() == 0
 
 
@@ -495,3 +496,24 @@ def test_the_console_workers_page_shows_each_queue_through_the_broker_interface(
     assert page.context["broker"]["queues"]["retention"] == {"kinds": ["delete"], "window": 4, "waiting": 3}
     html = page.content.decode()
     assert 'data-testid="queue-retention"' in html and 'data-testid="queue-retention-purge"' in html
+
+
+def test_the_cluster_status_is_written_at_most_every_two_seconds_on_sqs_and_rabbitmq(monkeypatch):
+    written: list[tuple[str, int]] = []
+
+    class Store:
+        def set_stat(self, key: str, value: str, timeout: int) -> None:
+            written.append((key, timeout))
+
+    class Throttled(brokers.ThrottledStatus, Store):
+        pass
+
+    clock = iter([100.0, 100.5, 101.0, 102.1, 102.2])
+    monkeypatch.setattr(brokers.time, "monotonic", lambda: next(clock))
+    store = Throttled()
+    for _ in range(4):
+        store.set_stat("django_q:stat:a", "…", 3)  # every guard cycle, 0.5 s
+    store.set_stat("django_q:stat:b", "…", 3)  # another cluster is not held back
+    assert written == [("django_q:stat:a", 5), ("django_q:stat:a", 5), ("django_q:stat:b", 5)]
+    assert issubclass(brokers.EndpointSqs, brokers.ThrottledStatus)
+    assert issubclass(brokers.RabbitMQ, brokers.ThrottledStatus)
