@@ -158,6 +158,10 @@ def waiting_messages(queue: str) -> int | None:
         return None
 
 
+def _exit_on_signal(signum: int, frame: object) -> None:
+    raise SystemExit(128 + signum)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     mode = parser.add_mutually_exclusive_group()
@@ -167,6 +171,9 @@ def main() -> int:
     )
     parser.add_argument("--seed", type=int, default=int(time.time()) % 10000)
     args = parser.parse_args()
+    # Stopped from outside (TERM, or INT even where a shell ignores it): clean up all the same.
+    for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(signum, _exit_on_signal)
     rng = random.Random(args.seed)
     size = SIZES["ci" if args.ci else "full" if args.full else "default"]
     log(f"seed {args.seed}, size {size}")
@@ -257,7 +264,7 @@ def main() -> int:
         supervised = [supervise("default"), supervise("purge")]
         units = supervised[0].units
         log(
-            f"supervision from docs/deploy: liveness every {units.liveness_interval:g} s "
+            f"supervision from docs/deploy: liveness {units.liveness_interval:g} s after the previous check "
             f"(stale after {STALE_SECONDS} s), stop grace {units.stop_grace:g} s, "
             f"restart delay {units.restart_delay:g} s"
         )
@@ -362,9 +369,10 @@ def main() -> int:
             recovery = f"{wedge.recovery_seconds:.1f} s" if wedge.recovery_seconds is not None else "never"
             stopped = f"{wedge.restarted_at - wedge.detected_at:.1f} s" if wedge.restarted_at else "never"
             print(
-                f"  wedge {n} (qcluster@{wedge.instance}): detected after {wedge.quiet_seconds:.1f} s without "
-                f"progress ({wedge.waiting_messages} messages waiting unfetched), stopped and started again in "
-                f"{stopped}, progress again {recovery} after detection; last progress to progress again: {total}; "
+                f"  wedge {n} (qcluster@{wedge.instance}): detected {wedge.stuck_seconds:.1f} s into it (no progress "
+                f"for {wedge.quiet_seconds:.1f} s, work it could take waiting {wedge.due_waiting_seconds:.1f} s; "
+                f"{wedge.waiting_messages} messages waiting unfetched), stopped and started again in {stopped}, "
+                f"progress again {recovery} after detection; from the start of the wedge to progress again: {total}; "
                 f"{len(wedge.survivors)} survivors",
                 flush=True,
             )

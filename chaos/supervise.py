@@ -2,9 +2,9 @@
 
 ``Supervised`` runs ``retention-qcluster@<instance>`` the way the units in
 ``docs/deploy/`` do (read by ``chaos.units``): ``Restart=always`` after
-``RestartSec``; every ``OnUnitActiveSec`` the liveness unit's own command
-(``manage.py cleanup_health --liveness``, plus ``--json`` for the figures)
-with the unit's environment; on its failure a restart with the unit's stop
+``RestartSec``; the liveness unit's own command (``manage.py cleanup_health
+--liveness``, plus ``--json`` for the figures) with the unit's environment,
+``OnUnitInactiveSec`` after the previous check finished; on its failure a restart with the unit's stop
 procedure (``harness.qcluster``: SIGTERM to the main process, SIGKILL to the
 process group after ``TimeoutStopSec``, then the survivor check). Nothing
 here decides that a cluster is wedged or asks for work: the check and the
@@ -34,7 +34,7 @@ class Wedge:
     instance: str
     detected_at: float  # time.monotonic()
     quiet_seconds: float  # no progress for this long when the check failed
-    due_waiting_seconds: float | None
+    due_waiting_seconds: float  # the work it could take had waited this long
     detail: str
     waiting_messages: int | None = None  # in the cluster's queue, unfetched, at detection
     restarted_at: float | None = None
@@ -47,10 +47,16 @@ class Wedge:
         return None if self.recovered_at is None else self.recovered_at - self.detected_at
 
     @property
+    def stuck_seconds(self) -> float:
+        """How long the cluster had work it could take and made no progress when detected."""
+        return min(self.quiet_seconds, self.due_waiting_seconds)
+
+    @property
     def total_seconds(self) -> float | None:
-        """From the cluster's last progress to the restarted cluster's first."""
+        """From the start of the wedge (the later of its last progress and the work
+        becoming due) to the restarted cluster's first progress."""
         recovery = self.recovery_seconds
-        return None if recovery is None else self.quiet_seconds + recovery
+        return None if recovery is None else self.stuck_seconds + recovery
 
 
 class Supervised:
@@ -115,8 +121,9 @@ class Supervised:
             time.sleep(self.units.restart_delay)
             self.cluster = self._start()
         if now >= self.next_check:
-            self.next_check = now + self.units.liveness_interval  # OnUnitActiveSec: from activation
             self._liveness()
+            # OnUnitInactiveSec: from the end of the check and of any restart it did.
+            self.next_check = time.monotonic() + self.units.liveness_interval
         for wedge in self.wedges:
             if wedge.recovered_at is None and wedge.restarted_wall is not None:
                 progress = self._last_progress(self.instance)
@@ -137,11 +144,12 @@ class Supervised:
             report = json.loads(result.stdout.strip().splitlines()[-1])["checks"][-1]
         except (ValueError, IndexError, KeyError):
             report = {"detail": (result.stdout + result.stderr).strip()[-300:]}
+        waited = float(report.get("due_work_waiting_seconds") or 0)
         wedge = Wedge(
             instance=self.instance,
             detected_at=detected,
-            quiet_seconds=float(report.get("seconds_without_progress") or report.get("due_work_waiting_seconds") or 0),
-            due_waiting_seconds=report.get("due_work_waiting_seconds"),
+            quiet_seconds=float(report.get("seconds_without_progress") or waited),
+            due_waiting_seconds=waited,
             detail=str(report.get("detail")),
             waiting_messages=self._waiting_messages(self.queue),
         )

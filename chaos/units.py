@@ -1,7 +1,7 @@
 """The shipped supervision, read from the systemd units in ``docs/deploy/``.
 
 The chaos run supervises its cluster the way those units do, with the values
-they ship: the liveness command and its interval (``retention-liveness@``),
+they ship: the liveness command and its interval (``retention-liveness@``, ``OnUnitInactiveSec``),
 the stop procedure (``KillMode=mixed``: SIGTERM to the main process, SIGKILL
 to the rest after ``TimeoutStopSec``) and ``Restart=always`` with its
 ``RestartSec`` (``retention-qcluster@``). An instance's own environment
@@ -66,7 +66,7 @@ def _one(unit: dict[str, dict[str, list[str]]], section: str, key: str, name: st
 class Supervision:
     instance: str
     liveness_argv: list[str]  # manage.py and its arguments, as ExecStart runs them
-    liveness_interval: float  # OnUnitActiveSec of the timer
+    liveness_interval: float  # OnUnitInactiveSec of the timer: from the end of the previous check
     stop_grace: float  # TimeoutStopSec of the qcluster unit
     restart_delay: float  # RestartSec of the qcluster unit
     environment: dict[str, str]  # the instance's env file (example) and Environment=, instance substituted
@@ -93,7 +93,7 @@ def supervision(instance: str) -> Supervision:
     return Supervision(
         instance=instance,
         liveness_argv=argv[1:],
-        liveness_interval=seconds(_one(timer, "Timer", "OnUnitActiveSec", "retention-liveness@.timer")),
+        liveness_interval=seconds(_one(timer, "Timer", "OnUnitInactiveSec", "retention-liveness@.timer")),
         stop_grace=seconds(_one(qcluster, "Service", "TimeoutStopSec", name)),
         restart_delay=seconds(_one(qcluster, "Service", "RestartSec", name)),
         environment=environment,
