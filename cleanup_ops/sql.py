@@ -97,6 +97,13 @@ def job_finish() -> str:
 # --- Purge ----------------------------------------------------------------------
 
 
+def transaction_idle_timeout() -> str:
+    """PostgreSQL: end this transaction's session if it sits idle longer than
+    the parameter (milliseconds) — the backstop for a lock held across a
+    bounded HTTP call."""
+    return "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+
+
 def purge_advance() -> str:
     """One document done: cursor + 1, counted as a request, lease renewed."""
     return f"UPDATE {JOB} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s"

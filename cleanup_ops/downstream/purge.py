@@ -227,7 +227,7 @@ def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id:
         if outermost:
             # Backstop for the share lock held across the call: PostgreSQL ends
             # the session if the call somehow outlives the store's timeouts.
-            cur.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, true)", [_lock_bound_ms()])
+            sql.execute(sql.transaction_idle_timeout(), [_lock_bound_ms()], cur=cur)
         verdict = _purge_check(request=request, document_id=document_id, cur=cur)
         if verdict != CLEAR:
             return verdict, ""
