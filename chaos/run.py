@@ -59,6 +59,7 @@ if str(ROOT) not in sys.path:
 from chaos.supervise import Supervised, heartbeat_host  # noqa: E402
 from harness.ports import free_port  # noqa: E402
 from harness.postgres import Cluster, ClusterError, create_database  # noqa: E402
+from harness.procs import stat_fields  # noqa: E402
 
 PY = sys.executable
 RECOVERY_GOAL_SECONDS = 60.0
@@ -271,6 +272,7 @@ def main() -> int:
         supervisors = [unit.run(stop_supervising) for unit in supervised]
         deadline = time.monotonic() + float(size["timeout"])
         kills_during_drain, pg_restarted, faults = 0, False, 0
+        killed: set[int] = set()
         next_kill = time.monotonic() + rng.uniform(1.0, 3.0)
         started = time.monotonic()
         remaining = -1
@@ -280,11 +282,19 @@ def main() -> int:
             if kills_during_drain < int(size["kills"]) and time.monotonic() >= next_kill and remaining != 0:
                 # The sentinel's children: workers, and the pusher and monitor it
                 # reincarnates. The sentinel itself is the cluster's supervisor.
-                victims = [pid for unit in supervised for pid in unit.cluster.worker_side_pids()]
+                # Live ones only: a killed process stays a zombie until its parent reaps it,
+                # and a signal to a zombie succeeds without killing anything.
+                victims = [
+                    pid
+                    for unit in supervised
+                    for pid in unit.cluster.worker_side_pids()
+                    if pid not in killed and (stat_fields(pid) or ["Z"])[0] != "Z"
+                ]
                 if victims:
                     victim = rng.choice(victims)
                     try:
                         os.kill(victim, signal.SIGKILL)
+                        killed.add(victim)
                         kills_during_drain += 1
                         log(f"SIGKILL worker-side process {victim} ({kills_during_drain}/{size['kills']})")
                     except ProcessLookupError:
