@@ -381,7 +381,9 @@ def main() -> int:
             print(
                 f"  wedge {n} (qcluster@{wedge.instance}): detected {wedge.stuck_seconds:.1f} s into it (no progress "
                 f"for {wedge.quiet_seconds:.1f} s, work it could take waiting {wedge.due_waiting_seconds:.1f} s; "
-                f"{wedge.waiting_messages} messages waiting unfetched), stopped and started again in {stopped}, "
+                f"{wedge.waiting_messages} messages waiting unfetched: "
+                f"{'its queue was not consumed' if wedge.waiting_messages else 'nothing was sent to it'}), "
+                f"stopped and started again in {stopped}, "
                 f"progress again {recovery} after detection; from the start of the wedge to progress again: {total}; "
                 f"{len(wedge.survivors)} survivors",
                 flush=True,
