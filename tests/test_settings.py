@@ -60,6 +60,9 @@ def test_a_valid_environment_starts(tmp_path):
 # --- Q_BROKER: the django-q2 broker and its options --------------------------------
 
 
+NO_BROKER_SERVERS = {"Q_REDIS_URL": "", "Q_AMQP_URL": "", "Q_SQS_REGION": "", "Q_SQS_ENDPOINT_URL": ""}
+
+
 @pytest.mark.parametrize(
     ("name", "overrides"),
     [
@@ -81,7 +84,8 @@ def test_a_valid_environment_starts(tmp_path):
     ],
 )
 def test_a_bad_broker_setting_stops_start_up_naming_it(name, overrides):
-    result = start(overrides)
+    # `make test` exports the throwaway servers' variables; a missing one must be missing here.
+    result = start({**NO_BROKER_SERVERS, **overrides})
     assert result.returncode != 0
     assert "ImproperlyConfigured" in result.stderr
     assert f"{name}:" in result.stderr
