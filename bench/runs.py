@@ -34,8 +34,8 @@ from datetime import datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+from bench import cputime
 from bench.common import ROOT, django_setup, log, sql
-from bench.cputime import cpu_seconds
 from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, cleanup_tables, record_tables, verify
 from bench.statements import PgStats, StatementCounter
 from harness.qcluster import QCluster
@@ -54,16 +54,17 @@ class _ServerCount:
         self.mark: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
         self.cpu: float | None = None
+        self.cpu_mark: cputime.Snapshot | None = None
 
     def begin(self) -> None:
         if STATS is not None:
             self.mark = STATS.start()
         if CPU_ROOTS:
-            self.cpu = cpu_seconds(CPU_ROOTS)
+            self.cpu_mark = cputime.snapshot(CPU_ROOTS)
 
     def end(self) -> None:
-        if CPU_ROOTS and self.cpu is not None:
-            self.cpu = cpu_seconds(CPU_ROOTS) - self.cpu
+        if CPU_ROOTS and self.cpu_mark is not None:
+            self.cpu = cputime.delta(self.cpu_mark, cputime.snapshot(CPU_ROOTS))
         if STATS is not None and self.mark is not None:
             self.result = STATS.stop(self.mark).as_json()
 
