@@ -196,16 +196,17 @@ def print_counted(run: RunResult, loops: list[RunResult]) -> None:
         f" {run.seconds:.2f} s with the wrappers; round-trip time as the client saw it):"
     )
     server = (run.extra.get("server") or {}).get("by_class", {})
+    params = counted.get("params", {})
     print(
         f"  {'class':<22} {'statements':>10} {'per partition':>13} {'client s':>9} {'ms/stmt':>8}"
-        f" {'server exec s':>13} {'plan s':>7} {'client - server s':>17}"
+        f" {'server exec s':>13} {'plan s':>7} {'client - server s':>17} {'params/stmt':>11}"
     )
     for c in [c for c in CLASSES if c in calls] + sorted(set(calls) - set(CLASSES)):
         v = server.get(c, [0, 0.0, 0.0])
         print(
             f"  {c:<22} {calls[c]:>10,} {calls[c] / max(parts, 1):>13.3f} {secs[c]:>9.3f}"
             f" {1000 * secs[c] / max(calls[c], 1):>8.3f} {v[1] / 1000:>13.3f} {v[2] / 1000:>7.3f}"
-            f" {secs[c] - (v[1] + v[2]) / 1000:>17.3f}"
+            f" {secs[c] - (v[1] + v[2]) / 1000:>17.3f} {params.get(c, 0) / max(calls[c], 1):>11.1f}"
         )
     internal = {c: v for c, v in server.items() if c not in calls}
     for c, v in internal.items():

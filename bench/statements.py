@@ -153,6 +153,7 @@ class Counts:
 
     calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
+    params: dict[str, int] = field(default_factory=lambda: defaultdict(int))
     texts: dict[tuple[str, str], list[float]] = field(default_factory=dict)
     commits: int = 0
     rollbacks: int = 0
@@ -162,6 +163,7 @@ class Counts:
         return {
             "calls": dict(self.calls),
             "seconds": {k: round(v, 5) for k, v in self.seconds.items()},
+            "params": dict(self.params),
             "top": [[cls, short(text), int(n), round(s, 5)] for (cls, text), (n, s) in top],
             "commits": self.commits,
             "rollbacks": self.rollbacks,
@@ -210,6 +212,8 @@ class StatementCounter:
             c = self.counts
             c.calls[cls] += 1
             c.seconds[cls] += elapsed
+            if params and not many:
+                c.params[cls] += len(params)
             key = (cls, statement)
             entry = c.texts.get(key)
             if entry is None:
