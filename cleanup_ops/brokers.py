@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -228,8 +229,17 @@ class EndpointSqs(ThrottledStatus, _SqsBroker):
             config["region_name"] = region
         return Session(**config)
 
+    def _own(self) -> None:
+        """django-q2 forks its pusher and monitor with the sentinel's broker; boto3's
+        sessions and connection pools are not to be shared across processes."""
+        if getattr(self, "_pid", None) != os.getpid():
+            self.connection = self.get_connection(self.list_key)
+            self.queue = self.get_queue()
+
     def get_queue(self) -> Any:
         from botocore.config import Config
+
+        self._pid = os.getpid()
 
         # Bounded waits (the read timeout outlasts a 20 s long poll) and few retries:
         # a dispatcher call must not hang on an unreachable endpoint.
@@ -246,13 +256,23 @@ class EndpointSqs(ThrottledStatus, _SqsBroker):
         return self.sqs.create_queue(QueueName=name, Attributes={"RedrivePolicy": redrive})
 
     def enqueue(self, task: str) -> str | None:
+        self._own()
         delay = min(SQS_MAX_DELAY, math.ceil(_delay_seconds()))
         params: dict[str, Any] = {"MessageBody": task}
         if delay > 0:
             params["DelaySeconds"] = delay
         return self.queue.send_message(**params).get("MessageId")
 
+    def dequeue(self) -> Any:
+        self._own()
+        return super().dequeue()
+
+    def acknowledge(self, task_id: str) -> Any:
+        self._own()
+        return super().acknowledge(task_id)
+
     def _attribute(self, name: str) -> int:
+        self._own()
         self.queue.load()
         return int(self.queue.attributes[name])
 
@@ -264,6 +284,7 @@ class EndpointSqs(ThrottledStatus, _SqsBroker):
 
     def fail(self, task_id: str) -> None:
         # Visible again at once: after SQS_MAX_RECEIVES receives it is in the DLQ.
+        self._own()
         self.sqs.Message(self.queue.url, task_id).change_visibility(VisibilityTimeout=0)
 
     def dead_letter_queue_size(self) -> int:
@@ -349,6 +370,7 @@ class RabbitMQ(ThrottledStatus, Broker):
         channel.queue_declare(queue=queue, durable=True, arguments={"x-dead-letter-exchange": dead})
         self.channel = channel
         self._delay_queues = set()
+        self._pid = os.getpid()
         return connection
 
     def _reconnect(self) -> None:
@@ -360,9 +382,15 @@ class RabbitMQ(ThrottledStatus, Broker):
         self.connection = self.get_connection(self.list_key)
 
     def _call(self, operation: str, *args: Any, **kwargs: Any) -> Any:
-        """``self.<operation>``, reconnecting once if the connection or channel was lost."""
+        """``self.<operation>``, reconnecting once if the connection or channel was lost.
+
+        django-q2 forks its pusher and monitor with the sentinel's broker: a child
+        never uses (nor closes) the connection it inherited, whose socket the
+        parent still uses; it opens its own."""
         import pika.exceptions
 
+        if getattr(self, "_pid", None) != os.getpid():
+            self.connection = self.get_connection(self.list_key)
         try:
             return getattr(self, operation)(*args, **kwargs)
         except (pika.exceptions.AMQPConnectionError, pika.exceptions.AMQPChannelError, OSError):

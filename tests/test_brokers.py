@@ -515,3 +515,29 @@ def test_the_cluster_status_is_written_at_most_every_two_seconds_on_sqs_and_rabb
     assert written == [("django_q:stat:a", 5), ("django_q:stat:a", 5), ("django_q:stat:b", 5)]
     assert issubclass(brokers.EndpointSqs, brokers.ThrottledStatus)
     assert issubclass(brokers.RabbitMQ, brokers.ThrottledStatus)
+
+
+def _child_uses_its_own_connection(broker: object, parent_connection_id: int, out: object) -> None:
+    broker.enqueue(signed(11))  # type: ignore[attr-defined]
+    out.put((id(broker.connection) != parent_connection_id, broker.queue_size()))  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("broker_env", ["rabbitmq", "sqs"], indirect=True)  # Redis's client is fork-safe itself
+@pytest.mark.django_db(transaction=True)
+def test_a_forked_process_opens_its_own_connection_and_the_parents_keeps_working(broker_of, broker_env):
+    """django-q2 forks its pusher and monitor with the sentinel's broker object."""
+    import multiprocessing
+
+    broker = broker_of("retention-test")
+    broker.queue_size()
+    context = multiprocessing.get_context("fork")
+    out = context.Queue()
+    child = context.Process(target=_child_uses_its_own_connection, args=(broker, id(broker.connection), out))
+    child.start()
+    own, size = out.get(timeout=30)
+    child.join(timeout=30)
+    assert child.exitcode == 0
+    assert own, "the child used the connection it inherited"
+    assert size == 1
+    broker.enqueue(signed(12))  # the parent's connection was neither used nor closed by the child
+    assert broker.queue_size() == 2
