@@ -22,7 +22,8 @@ from harness.procs import pids, stat_fields
 
 _TICK = os.sysconf("SC_CLK_TCK")
 
-Snapshot = dict[tuple[int, int], int]  # (pid, start time) -> clock ticks
+Key = tuple[int, int]  # (pid, start time): a reused pid is another process
+Snapshot = dict[Key, tuple[int, Key | None]]  # -> (clock ticks, parent's key)
 
 
 def snapshot(roots: set[int], settle: float = 1.0) -> Snapshot:
@@ -54,11 +55,19 @@ def snapshot(roots: set[int], settle: float = 1.0) -> Snapshot:
                 if pid in zombies:
                     ours_zombie = True
                 else:
-                    out[(pid, ticks[pid][0])] = ticks[pid][1]
+                    pp = parent.get(pid, 0)
+                    parent_key = (pp, ticks[pp][0]) if pp in ticks else None
+                    out[(pid, ticks[pid][0])] = (ticks[pid][1], parent_key)
         if not ours_zombie or time.monotonic() >= deadline:
             return out
         time.sleep(0.02)
 
 
 def delta(before: Snapshot, after: Snapshot) -> float:
-    return sum(t - before.get(key, 0) for key, t in after.items()) / _TICK
+    """CPU used between the snapshots by the processes alive at ``after``. A process that
+    was alive at ``before`` and has been reaped since by a parent that is still ours
+    (PostgreSQL backends of an earlier run's connections, say) shows its whole life in
+    that parent's ``cutime``: what it had used by ``before`` is taken off again."""
+    used = sum(t - before.get(key, (0, None))[0] for key, (t, _parent) in after.items())
+    gone = sum(t for key, (t, parent) in before.items() if key not in after and parent in after)
+    return (used - gone) / _TICK

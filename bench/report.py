@@ -35,7 +35,7 @@ def print_runs(title: str, runs: list[RunResult]) -> None:
     print(f"\n{title}")
     head = (
         f"{'run':<38} {'rows deleted':>12} {'seconds':>8} {'rows/s':>9} {'vs loop':>8} {'admit s':>8} {'CPU s':>6}"
-        f" {'stmts':>6} {'check':>6} {'other cpu':>9}"
+        f" {'(DB)':>6} {'stmts':>6} {'check':>6} {'other cpu':>9}"
     )
     print(head)
     print("-" * len(head))
@@ -45,16 +45,19 @@ def print_runs(title: str, runs: list[RunResult]) -> None:
         rate = r.deleted / r.seconds if r.seconds else 0
         other = r.extra.get("other_cpu_cores")
         cpu = r.extra.get("cpu_seconds")
+        cpu_db = r.extra.get("cpu_db_seconds")
         server = r.extra.get("server")
         stmts = sent(server["by_class"])[0] if server else None
         print(
             f"{r.label:<38} {r.deleted:>12,} {r.seconds:>8.2f} {rate:>9,.0f} {ratio:>8} {admit:>8}"
-            f" {'-' if cpu is None else f'{cpu:.2f}':>6} {'-' if stmts is None else stmts:>6}"
+            f" {'-' if cpu is None else f'{cpu:.2f}':>6} {'-' if cpu_db is None else f'{cpu_db:.2f}':>6}"
+            f" {'-' if stmts is None else stmts:>6}"
             f" {'ok' if r.ok else 'FAIL':>6} {'-' if other is None else f'{other:.2f}':>9}"
         )
     print(
         "(vs loop: loop seconds / run seconds; admit s: sweep creation + admission, inside 'seconds';"
-        " CPU s: CPU seconds of this benchmark's processes (workers, drain, loop) and its PostgreSQL during the run;"
+        " CPU s: CPU seconds of this benchmark's processes (workers, drain, loop) and its PostgreSQL during the run,"
+        " (DB): PostgreSQL's part;"
         " stmts: statements PostgreSQL received, BEGIN/COMMIT and FK trigger lookups not counted;"
         " other cpu: cores that processes outside this benchmark used meanwhile, of 2)"
     )
@@ -130,6 +133,7 @@ def print_details(runs: list[RunResult]) -> None:
         "batches_span_s",
         "tx_gap_ms_median",
         "cpu_seconds",
+        "cpu_db_seconds",
         "all_seconds",
         "all_cpu_seconds",
         "all_handoff_seconds",

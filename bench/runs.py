@@ -21,6 +21,7 @@ import argparse
 import bisect
 import itertools
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -54,17 +55,31 @@ class _ServerCount:
         self.mark: dict[str, Any] | None = None
         self.result: dict[str, Any] | None = None
         self.cpu: float | None = None
-        self.cpu_mark: cputime.Snapshot | None = None
+        self.cpu_db: float | None = None
+        self.app_mark: cputime.Snapshot | None = None
+        self.db_mark: cputime.Snapshot | None = None
+
+    @staticmethod
+    def _roots() -> tuple[set[int], set[int]]:
+        app = {os.getpid()} & CPU_ROOTS
+        return app, CPU_ROOTS - app
 
     def begin(self) -> None:
         if STATS is not None:
             self.mark = STATS.start()
         if CPU_ROOTS:
-            self.cpu_mark = cputime.snapshot(CPU_ROOTS)
+            app, db = self._roots()
+            self.app_mark, self.db_mark = cputime.snapshot(app), cputime.snapshot(db)
 
-    def end(self) -> None:
-        if CPU_ROOTS and self.cpu_mark is not None:
-            self.cpu = cputime.delta(self.cpu_mark, cputime.snapshot(CPU_ROOTS))
+    def end(self, *, app_cpu: float | None = None) -> None:
+        """``app_cpu``: the client side's CPU when the caller knows it better (the drain
+        child reports its timed part's own CPU, without its start-up)."""
+        if CPU_ROOTS and self.app_mark is not None and self.db_mark is not None:
+            app, db = self._roots()
+            self.cpu_db = cputime.delta(self.db_mark, cputime.snapshot(db))
+            if app_cpu is None:
+                app_cpu = cputime.delta(self.app_mark, cputime.snapshot(app))
+            self.cpu = app_cpu + self.cpu_db
         if STATS is not None and self.mark is not None:
             self.result = STATS.stop(self.mark).as_json()
 
@@ -73,6 +88,7 @@ class _ServerCount:
             extra["server"] = self.result
         if CPU_ROOTS and self.cpu is not None:
             extra["cpu_seconds"] = round(self.cpu, 2)
+            extra["cpu_db_seconds"] = round(self.cpu_db or 0.0, 2)
         return extra
 
 
@@ -545,7 +561,6 @@ def run_child(
     child_env = {**env, "Q_SYNC": "true", **(extra_env or {})}
     argv = [sys.executable, str(PIPELINE), "--child", mode, "--slot", slot.isoformat()]
     server = _ServerCount()
-    children_before = resource.getrusage(resource.RUSAGE_CHILDREN)
     server.begin()
     out = subprocess.run(
         [*argv, "--batch-size", str(batch)],
@@ -555,13 +570,9 @@ def run_child(
         text=True,
         check=True,
     )
-    server.end()
     data = json.loads(out.stdout.strip().splitlines()[-1])
-    if server.cpu is not None:
-        # Only the child's timed part: not its start-up (imports, Django set-up) or exit.
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        child_total = (after.ru_utime - children_before.ru_utime) + (after.ru_stime - children_before.ru_stime)
-        server.cpu += data["cpu_timed"] - child_total
+    # The client side: the child's own CPU in its timed part (not its start-up or exit).
+    server.end(app_cpu=data["cpu_timed"])
     check = verify(ds, mode, pipeline=True)
     stats = pipeline_stats(serial=ds.shape == "backlog", fairness=ds.shape == "backlog")
     label = "pipeline: cleanup_drain (1 process)" if mode == "drain" else "cleanup_drain, statements counted"
