@@ -299,14 +299,26 @@ def partition_candidates(*, table: str, timestamp_column: str) -> str:
 
 
 def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
-    """(job id, candidates, last candidate id) for every partition of one kind
-    in one statement (PostgreSQL: LATERAL; each side an index range scan)."""
-    rows = values_list(jobs, ["bigint", "bigint", "bigint", "timestamptz"])
+    """Candidates of several partitions of one kind, in one statement, reading
+    no more than one batch of rows in all.
+
+    Per partition (in the listed order ``ord``): the next candidate ids after
+    its cursor (an index range scan, ``LIMIT`` per partition), and over all of
+    them a global ``LIMIT``: a lateral join is a nested loop over the list in
+    its order, so the scan stops once one batch (plus one row) is found
+    instead of counting a full batch for every partition leased. Returns
+    (ord, job id, rows returned, candidates, last candidate id); when the
+    global limit was reached the partition with the highest ``ord`` may be
+    cut short and is not counted this time. Parameters: the list, the
+    per-partition limit, the global limit."""
+    rows = values_list(jobs, ["integer", "bigint", "bigint", "bigint", "timestamptz"])
     return (
-        f"WITH g(job_id, property_id, after_id, cutoff) AS (VALUES {rows})"
-        f" SELECT g.job_id, COUNT(c.id), MAX(c.id) FROM g LEFT JOIN LATERAL ("
+        f"WITH g(ord, job_id, property_id, after_id, cutoff) AS (VALUES {rows})"
+        f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
+        f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
         f"SELECT r.id FROM {table} r WHERE r.property_id = g.property_id AND r.id > g.after_id"
-        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT %s) c ON true GROUP BY g.job_id"
+        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT %s) c ON true LIMIT %s) x"
+        f" GROUP BY x.ord, x.job_id"
     )
 
 

@@ -128,6 +128,7 @@ class _Work:
     operation: str = ""
     candidates: int = 0
     last_id: int | None = None
+    counted: bool = False
 
 
 def run_batch(*, job: JobRef, lease: Lease, limit: int, now: datetime | None = None) -> tuple[int, str]:
@@ -195,7 +196,7 @@ def run_group_batch(
         _count_candidates(cur, fresh, limit=limit)
         chosen, budget = [], 0
         for item in fresh:
-            if item.candidates and chosen and budget + item.candidates > limit:
+            if not item.counted or (item.candidates and chosen and budget + item.candidates > limit):
                 continue  # next transaction: this one is full
             budget += item.candidates
             chosen.append(item)
@@ -285,7 +286,9 @@ def _replayed(cur: Any, work: list[_Work]) -> dict[str, int]:
 
 
 def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
-    """Fill each partition's candidates (up to ``limit``) and last candidate id."""
+    """Fill in candidates (up to ``limit`` per partition) and the last candidate
+    id of as many partitions, in order, as one batch of rows covers; the
+    others stay uncounted (``counted`` False) for the next transaction."""
     by_kind: dict[str, list[_Work]] = {}
     for item in work:
         by_kind.setdefault(item.job.record_kind, []).append(item)
@@ -293,23 +296,29 @@ def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
         spec = get_spec(kind)
         if sql.is_postgres():
             params: list[object] = []
-            for item in items:
-                params += [item.job.id, item.job.property_id, item.after_id, db_datetime(item.cutoff)]
+            for ord_, item in enumerate(items):
+                params += [ord_, item.job.id, item.job.property_id, item.after_id, db_datetime(item.cutoff)]
             statement = sql.group_candidates(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
-            found = {
-                int(job_id): (int(n), last)
-                for job_id, n, last in sql.execute(statement, [*params, limit], cur=cur).fetchall()
-            }
-            for item in items:
-                item.candidates, item.last_id = found.get(item.job.id, (0, None))
+            found = sql.execute(statement, [*params, limit, limit + 1], cur=cur).fetchall()
+            returned = sum(int(rows) for _, _, rows, _, _ in found)
+            reached = max((int(ord_) for ord_, *_ in found), default=-1)
+            cut = reached if returned > limit else None
+            for ord_, _job_id, _rows, n, last in found:
+                if ord_ != cut:
+                    items[ord_].candidates, items[ord_].last_id, items[ord_].counted = int(n), last, True
         else:
-            # SQLite (the demo) has no LATERAL: one small query per partition.
+            # SQLite (the demo) has no LATERAL: one small query per partition,
+            # until a batch of rows is found.
             statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
+            seen = 0
             for item in items:
+                if seen > limit:
+                    break
                 n, last = sql.execute(
                     statement, [item.job.property_id, item.after_id, db_datetime(item.cutoff), limit], cur=cur
                 ).fetchone()
-                item.candidates, item.last_id = int(n), last
+                item.candidates, item.last_id, item.counted = int(n), last, True
+                seen += int(n)
 
 
 def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[str]]]:
