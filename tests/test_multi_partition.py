@@ -343,3 +343,22 @@ def test_after_sigterm_a_worker_finishes_the_batch_in_flight_and_takes_no_new_le
     finally:
         runner._stopping.clear()
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_delivered_job_the_turn_could_not_lease_can_be_sent_again_at_once(active_policy, settings):
+    from cleanup_ops.execution.runner import worker_turn
+
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
+    props = estate(active_policy, ["A"], rows=1)
+    make_records(Property.objects.create(portfolio=props["A"].portfolio, name="A2"), "lease", 1, ended=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    other = jobs_lease_group(owner="another-worker", limit=1)  # the portfolio's one slot is taken
+    assert other is not None
+    delivered = CleanupJob.objects.exclude(pk__in=other.job_ids).get()
+    CleanupJob.objects.filter(pk=delivered.pk).update(enqueued_at=NOW)  # its message was sent and fetched
+    turn = worker_turn(job_id=delivered.pk)
+    assert turn.jobs_leased == 0
+    delivered.refresh_from_db()
+    assert (delivered.state, delivered.enqueued_at) == (JobState.PENDING, None)  # sendable again at once

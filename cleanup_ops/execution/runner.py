@@ -41,7 +41,7 @@ from cleanup_ops.execution.leases import (
     wait_for_token,
     worker_name,
 )
-from cleanup_ops.models import CleanupJob, JobKind, Sweep
+from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 
@@ -334,6 +334,13 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
         batches_left -= max(1, group.transactions)
         if group.deferred_seconds and not group.transactions:
             break
+    # The message for ``job_id`` is consumed. If this turn did not lease that
+    # job (another worker's group took it, or its portfolio was at its cap),
+    # un-mark it, so the dispatcher may send it again at once rather than
+    # after a lease's length.
+    CleanupJob.objects.filter(pk=job_id, state=JobState.PENDING, enqueued_at__lte=timezone.now()).update(
+        enqueued_at=None
+    )
     return turn
 
 
