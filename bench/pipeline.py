@@ -133,6 +133,9 @@ def main() -> None:
     )
     parser.add_argument("--pickup-samples", type=int, default=20, help="pickup: samples per scenario (default 20)")
     parser.add_argument(
+        "--plans-group", type=int, default=100, help="plans: partitions in the group timed (default 100)"
+    )
+    parser.add_argument(
         "--lease-jobs",
         type=int,
         default=400,
@@ -410,7 +413,7 @@ def main() -> None:
             from bench.plans import plans_phase
 
             log(f"restored in {restore():.1f} s; timing one group's statements in isolation")
-            plans = plans_phase(slot)
+            plans = plans_phase(slot, args.plans_group)
 
         latency = None
         if phases & {"pickup", "idle"}:

@@ -76,7 +76,7 @@ def _explain_text(statement: str, params: list[Any]) -> list[str]:
     return [r[0] for r in rows]
 
 
-def plans_phase(slot: datetime) -> dict[str, Any]:
+def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     from django.conf import settings
 
     from cleanup_ops import sql as pipeline_sql
@@ -91,7 +91,7 @@ def plans_phase(slot: datetime) -> dict[str, Any]:
     jobs = list(
         CleanupJob.objects.filter(kind="delete")
         .order_by("available_at", "id")
-        .values_list("id", "portfolio_id", "property_id", "record_kind", "cutoff")[:GROUP]
+        .values_list("id", "portfolio_id", "property_id", "record_kind", "cutoff")[:group]
     )
     out: dict[str, Any] = {"group": len(jobs)}
     out["round_trip_ms"] = _median_ms(lambda: sql("SELECT 1"))
@@ -100,9 +100,6 @@ def plans_phase(slot: datetime) -> dict[str, Any]:
     kind = max({j[3] for j in jobs}, key=lambda k: sum(1 for j in jobs if j[3] == k))
     items = [j for j in jobs if j[3] == kind]
     spec = get_spec(kind)
-    params: list[Any] = []
-    for job_id, _po, prop, _k, cutoff in items:
-        params += [job_id, prop, 0, db_datetime(cutoff)]
     try:
         keyset = pipeline_sql.group_candidates(
             table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items)
@@ -111,6 +108,14 @@ def plans_phase(slot: datetime) -> dict[str, Any]:
         keyset = None
         out["candidates"] = f"skipped ({type(exc).__name__})"
     if keyset:
+        # The statement's own parameter layout: (job, property, after, cutoff) per partition
+        # and the limit, or (ord, job, property, after, cutoff) and the per-partition and
+        # global limits (3a3464e).
+        per_row = 5 if keyset.count("%s") == 5 * len(items) + 2 else 4
+        full: list[Any] = []
+        for ord_, (job_id, _po, prop, _k, cutoff) in enumerate(items):
+            full += ([ord_] if per_row == 5 else []) + [job_id, prop, 0, db_datetime(cutoff)]
+        full += [1000, 1001] if per_row == 5 else [1000]
         rows = pipeline_sql.values_list(len(items), ["bigint", "bigint", "bigint", "timestamptz"])
         ts = spec.timestamp_column
         due = (
@@ -120,18 +125,47 @@ def plans_phase(slot: datetime) -> dict[str, Any]:
             f" AND r.{ts} < g.cutoff AND r.id > g.after_id OFFSET 0) d ORDER BY d.id LIMIT %s) c ON true"
             " GROUP BY g.job_id"
         )
-        full = [*params, 1000]
-        same = sorted(_rolled_back(keyset, full)) == sorted(_rolled_back(due, full))
+        due_params: list[Any] = []
+        for job_id, _po, prop, _k, cutoff in items:
+            due_params += [job_id, prop, 0, db_datetime(cutoff)]
+        due_params.append(1000)
+
+        def by_job(result: list[Any]) -> dict[int, tuple[int, Any]]:
+            # (…, job id, [rows,] candidates, last id): the job id is 3rd or 4th from the end.
+            return {int(r[-4] if len(r) >= 5 else r[-3]): (int(r[-2]), r[-1]) for r in result}
+
+        found_rows = by_job(_rolled_back(keyset, full))
+        same = found_rows == by_job(_rolled_back(due, due_params))
         out["candidates"] = {
             "kind": kind,
             "partitions": len(items),
             "keyset_index": _explain_ms(keyset, full),
-            "due_index": _explain_ms(due, full),
+            "due_index": _explain_ms(due, due_params),
             "keyset_client_ms": _median_ms(lambda: _rolled_back(keyset, full)),
-            "due_client_ms": _median_ms(lambda: _rolled_back(due, full)),
+            "due_client_ms": _median_ms(lambda: _rolled_back(due, due_params)),
             "same_result": same,
             "keyset_plan": _explain_text(keyset, full)[:14],
         }
+        # The group DELETE over the same partitions' candidate ranges.
+        try:
+            from retention.eligibility import eligible_sql_for
+
+            found = {job_id: last for job_id, (_n, last) in found_rows.items()}
+            live = [(job_id, prop, cutoff) for job_id, _po, prop, _k, cutoff in items if found.get(job_id)]
+            predicate, predicate_params = eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table)
+            statement = pipeline_sql.group_delete(table=spec.table, predicate=predicate, jobs=len(live), returning=None)
+            delete_params: list[Any] = []
+            for job_id, prop, cutoff in live:
+                delete_params += [prop, 0, found[job_id], db_datetime(cutoff)]
+            delete_params += predicate_params
+            out["delete"] = {
+                "partitions": len(live),
+                "server": _explain_ms(statement, delete_params),
+                "client_ms": _median_ms(lambda: _rolled_back(statement, delete_params), repeat=5),
+                "plan": _explain_text(statement, delete_params)[:16],
+            }
+        except (AttributeError, TypeError, ImportError) as exc:
+            out["delete"] = f"skipped ({type(exc).__name__})"
 
     # Ledger insert: 1,300 scalar parameters against 13 arrays.
     now = datetime.now(UTC)

@@ -258,6 +258,16 @@ def print_plans(plans: dict[str, Any] | None) -> None:
             print(f"      {line}")
     elif c:
         print(f"  candidates: {c}")
+    d = plans.get("delete")
+    if isinstance(d, dict):
+        print(
+            f"  group DELETE over {d['partitions']} partitions' candidate ranges: client {d['client_ms']} ms,"
+            f" server {d['server']}"
+        )
+        for line in d.get("plan", []):
+            print(f"      {line}")
+    elif d:
+        print(f"  group DELETE: {d}")
     li = plans.get("ledger_insert")
     if isinstance(li, dict):
         print(
