@@ -144,7 +144,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             "keyset_client_ms": _median_ms(lambda: _rolled_back(keyset, full)),
             "due_client_ms": _median_ms(lambda: _rolled_back(due, due_params)),
             "same_result": same,
-            "keyset_plan": _explain_text(keyset, full)[:14],
+            "keyset_plan": _explain_text(keyset, full)[:26],
         }
         # The group DELETE over the same partitions' candidate ranges.
         try:
@@ -162,7 +162,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
                 "partitions": len(live),
                 "server": _explain_ms(statement, delete_params),
                 "client_ms": _median_ms(lambda: _rolled_back(statement, delete_params), repeat=5),
-                "plan": _explain_text(statement, delete_params)[:16],
+                "plan": _explain_text(statement, delete_params)[:26],
             }
         except (AttributeError, TypeError, ImportError) as exc:
             out["delete"] = f"skipped ({type(exc).__name__})"
