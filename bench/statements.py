@@ -113,9 +113,10 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("job release", r"^update cleanup_ops_cleanupjob set state = \$\d+, lease_token = null.*available_at"),
         (
             "job load",
-            r"^select cleanup_ops_cleanupjob\.id, cleanup_ops_cleanupjob\.portfolio_id, .*cleanup_ops_sweep\.slot",
+            r"^select cleanup_ops_cleanupjob\.id( as id)?, cleanup_ops_cleanupjob\.portfolio_id"
+            r".*cleanup_ops_sweep\.slot",
         ),
-        ("dispatcher", r"row_number\(\) over|set enqueued_at = |^select count\(cleanup_ops_cleanupjob\.id\)"),
+        ("dispatcher", r"row_number\(\) over|set enqueued_at = |count\(cleanup_ops_cleanupjob\.id\) as n from"),
         ("dispatcher", r"for update skip locked"),
         ("sweep status", r"^update cleanup_ops_sweep set status|cleanup_ops_cleanupjob\.sweep_id = \$\d+ and"),
         ("admission", r"^insert into cleanup_ops_cleanupjob|^insert into cleanup_ops_sweep|from properties_property p"),
