@@ -117,6 +117,7 @@ class PartitionStep:
     outcome: str = ""  # set when the job finished in this transaction
     applied: bool = False  # a ledger row was written or replayed, or the job finished
     lost: bool = False  # our lease on it is gone: nothing was written for it
+    full: bool = False  # a full batch of candidates: a large partition, more to come
 
 
 @dataclass
@@ -210,6 +211,7 @@ def run_group_batch(
                 continue
             deleted = deleted_by_job.get(job.id, 0)
             steps[job.id].deleted = deleted
+            steps[job.id].full = item.candidates >= limit
             ledger.append(
                 [
                     item.operation,
@@ -294,7 +296,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
         by_kind.setdefault(item.job.record_kind, []).append(item)
     for kind, items in by_kind.items():
         spec = get_spec(kind)
-        if sql.is_postgres():
+        if sql.is_postgres() and len(items) > 1:
             params: list[object] = []
             for ord_, item in enumerate(items):
                 params += [ord_, item.job.id, item.job.property_id, item.after_id, db_datetime(item.cutoff)]
@@ -307,8 +309,11 @@ def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
                 if ord_ != cut:
                     items[ord_].candidates, items[ord_].last_id, items[ord_].counted = int(n), last, True
         else:
-            # SQLite (the demo) has no LATERAL: one small query per partition,
-            # until a batch of rows is found.
+            # One partition (a large one runs alone), or SQLite (the demo, no
+            # LATERAL): one query per partition, until a batch of rows is
+            # found. For one partition its values are known when PostgreSQL
+            # plans it, so it walks the keyset index instead of sorting every
+            # expired row of the property (as the lateral's generic plan does).
             statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
             seen = 0
             for item in items:

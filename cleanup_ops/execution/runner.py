@@ -241,6 +241,7 @@ def group_run_slice(
     limit = min(batch_size or settings.CLEANUP_BATCH_SIZE, 1000)
     jobs = jobs_load(pending)
     sweeps: set[int] = set()
+    large: set[int] = set()
     started = time.monotonic()
     while pending:
         allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in pending})
@@ -252,8 +253,12 @@ def group_run_slice(
             pending = [job_id for job_id in pending if job_id not in set(deferred)]
             if not pending:
                 break
+        # A partition that filled its last batch takes the next one alone:
+        # fencing, locking and replay-checking the whole group for it again
+        # would cost more than its batch.
+        working = pending[:1] if pending[0] in large else pending
         try:
-            steps = run_group_batch(jobs=[jobs[job_id] for job_id in pending], lease=lease, limit=limit)
+            steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
         except LeaseLost:
             logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(pending))
             pending = []
@@ -279,7 +284,11 @@ def group_run_slice(
             if step.outcome:
                 result.finished += 1
                 sweeps.add(jobs[job_id].sweep_id)
-        pending = [job_id for job_id in pending if not steps[job_id].outcome and not steps[job_id].lost]
+        large = {job_id for job_id, step in steps.items() if step.full} | (large - set(steps))
+        done = {job_id for job_id, step in steps.items() if step.outcome or step.lost}
+        # Partitions not yet reached first (they share the next transaction),
+        # then the large ones, which the transactions after that work alone.
+        pending = sorted((job_id for job_id in pending if job_id not in done), key=lambda j: j in large)
         if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
             break
     if pending:
