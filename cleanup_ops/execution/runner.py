@@ -286,9 +286,12 @@ def group_run_slice(
                 sweeps.add(jobs[job_id].sweep_id)
         large = {job_id for job_id, step in steps.items() if step.full} | (large - set(steps))
         done = {job_id for job_id, step in steps.items() if step.outcome or step.lost}
-        # Partitions not yet reached first (they share the next transaction),
-        # then the large ones, which the transactions after that work alone.
-        pending = sorted((job_id for job_id in pending if job_id not in done), key=lambda j: j in large)
+        # Large partitions first: the next transactions work them alone, one
+        # batch each, until the slice's budget is spent; the partitions not
+        # reached yet share a transaction once no large one is left (or in
+        # the next slice: a slice is short, and released jobs are due again
+        # at once).
+        pending = sorted((job_id for job_id in pending if job_id not in done), key=lambda j: j not in large)
         if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
             break
     if pending:
