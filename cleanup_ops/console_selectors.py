@@ -27,6 +27,7 @@ from croniter import croniter
 from django.conf import settings
 from django.db.models import Count, Max, Min, Q, Sum
 
+from cleanup_ops.health import liveness_verdict
 from cleanup_ops.models import (
     OPEN_STATES,
     CleanupJob,
@@ -488,14 +489,10 @@ def workers_overview(*, now: datetime) -> dict[str, Any]:
         totals["expired"] += row["expired"]
     clusters = []
     for hb in WorkerHeartbeat.objects.order_by("host", "cluster"):
-        reference = max(hb.started_at, hb.last_progress_at or hb.started_at)
-        quiet = (now - reference).total_seconds()
-        if waited is None:
-            state, detail = "idle", "no due work"
-        elif waited < stale or quiet < stale:
-            state, detail = "working", ""
-        else:
-            state, detail = "wedged", f"no progress while due work waited {int(waited)} s"
+        state, quiet = liveness_verdict(waited=waited, heartbeat=hb, now=now, stale=stale)
+        detail = {"idle": "no due work", "working": ""}.get(
+            state, f"no progress while due work waited {int(waited or 0)} s"
+        )
         clusters.append(
             {
                 "hb": hb,

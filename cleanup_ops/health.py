@@ -237,25 +237,44 @@ def cluster_liveness(
     data["heartbeat"] = heartbeat_as_dict(heartbeat, now=now)
     waited = (now - due_since).total_seconds() if due_since else None
     data["due_work_waiting_seconds"] = round(waited, 1) if waited is not None else None
-    if waited is None:
+    state, quiet = liveness_verdict(waited=waited, heartbeat=heartbeat, now=now, stale=stale)
+    if quiet is not None:
+        data["seconds_without_progress"] = round(quiet, 1)
+    if state == "idle":
         return HealthReport("liveness", True, "idle: no due work it could take", data)
-    if waited < stale:
-        return HealthReport("liveness", True, f"due work has waited {waited:.0f} s (< {stale:g} s)", data)
+    if state == "working":
+        if waited is not None and waited < stale:
+            return HealthReport("liveness", True, f"due work has waited {waited:.0f} s (< {stale:g} s)", data)
+        return HealthReport("liveness", True, f"progress {quiet:.0f} s ago", data)
     if heartbeat is None:
         return HealthReport(
             "liveness", False, f"wedged: due work has waited {waited:.0f} s and this cluster never reported", data
         )
-    reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
-    quiet = (now - reference).total_seconds()
-    data["seconds_without_progress"] = round(quiet, 1)
-    if quiet < stale:
-        return HealthReport("liveness", True, f"progress {quiet:.0f} s ago", data)
     return HealthReport(
         "liveness",
         False,
         f"wedged: due work has waited {waited:.0f} s and the cluster made no progress for {quiet:.0f} s",
         data,
     )
+
+
+def liveness_verdict(
+    *, waited: float | None, heartbeat: WorkerHeartbeat | None, now: datetime, stale: float
+) -> tuple[str, float | None]:
+    """The one rule for "wedged", used by ``cleanup_health --liveness`` and the
+    console's workers page: ("idle" | "working" | "wedged", seconds since the
+    cluster's last progress or start). Idle: no due work it could take.
+    Working: that work has waited less than ``stale``, or the cluster made
+    progress (or started) less than ``stale`` ago. Otherwise wedged."""
+    quiet = None
+    if heartbeat is not None:
+        reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
+        quiet = (now - reference).total_seconds()
+    if waited is None:
+        return "idle", quiet
+    if waited < stale or (quiet is not None and quiet < stale):
+        return "working", quiet
+    return "wedged", quiet
 
 
 def health_readiness() -> HealthReport:
