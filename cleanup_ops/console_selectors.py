@@ -27,7 +27,6 @@ from croniter import croniter
 from django.conf import settings
 from django.db.models import Count, Max, Min, Q, Sum
 
-from cleanup_ops.health import liveness_verdict
 from cleanup_ops.models import (
     OPEN_STATES,
     CleanupJob,
@@ -42,6 +41,7 @@ from cleanup_ops.models import (
     due_q,
     expired_lease_q,
     live_lease_q,
+    liveness_verdict,
     open_letter_q,
     open_q,
     sweep_status_seen,

@@ -42,7 +42,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from cleanup_ops.dispatch import cluster_job_kinds, dispatch_due_jobs, fair_due_job_ids
-from cleanup_ops.models import CleanupJob, WorkerHeartbeat
+from cleanup_ops.models import CleanupJob, WorkerHeartbeat, liveness_verdict
 
 logger = logging.getLogger(__name__)
 
@@ -256,25 +256,6 @@ def cluster_liveness(
         f"wedged: due work has waited {waited:.0f} s and the cluster made no progress for {quiet:.0f} s",
         data,
     )
-
-
-def liveness_verdict(
-    *, waited: float | None, heartbeat: WorkerHeartbeat | None, now: datetime, stale: float
-) -> tuple[str, float | None]:
-    """The one rule for "wedged", used by ``cleanup_health --liveness`` and the
-    console's workers page: ("idle" | "working" | "wedged", seconds since the
-    cluster's last progress or start). Idle: no due work it could take.
-    Working: that work has waited less than ``stale``, or the cluster made
-    progress (or started) less than ``stale`` ago. Otherwise wedged."""
-    quiet = None
-    if heartbeat is not None:
-        reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
-        quiet = (now - reference).total_seconds()
-    if waited is None:
-        return "idle", quiet
-    if waited < stale or (quiet is not None and quiet < stale):
-        return "working", quiet
-    return "wedged", quiet
 
 
 def health_readiness() -> HealthReport:

@@ -519,3 +519,22 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}@{self.host}"
+
+
+def liveness_verdict(
+    *, waited: float | None, heartbeat: WorkerHeartbeat | None, now: datetime, stale: float
+) -> tuple[str, float | None]:
+    """The one rule for "wedged", used by ``cleanup_health --liveness`` and the
+    console's workers page: ("idle" | "working" | "wedged", seconds since the
+    cluster's last progress or start). Idle: no due work it could take.
+    Working: that work has waited less than ``stale``, or the cluster made
+    progress (or started) less than ``stale`` ago. Otherwise wedged."""
+    quiet = None
+    if heartbeat is not None:
+        reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
+        quiet = (now - reference).total_seconds()
+    if waited is None:
+        return "idle", quiet
+    if waited < stale or (quiet is not None and quiet < stale):
+        return "working", quiet
+    return "wedged", quiet
