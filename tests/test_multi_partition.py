@@ -362,3 +362,19 @@ def test_a_delivered_job_the_turn_could_not_lease_can_be_sent_again_at_once(acti
     assert turn.jobs_leased == 0
     delivered.refresh_from_db()
     assert (delivered.state, delivered.enqueued_at) == (JobState.PENDING, None)  # sendable again at once
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_deferral_hints_only_the_jobs_the_lease_still_holds(active_policy):
+    props = estate(active_policy, ["A", "B"], rows=1)
+    sweep_trigger(slot=SLOT, now=NOW)
+    group = jobs_lease_group(owner="w", limit=10)
+    assert group is not None
+    taken = job_of(props["B"])
+    CleanupJob.objects.filter(pk=taken.pk).update(lease_token=uuid.uuid4(), enqueued_at=None)  # another worker's now
+    later = NOW + timedelta(seconds=30)
+    assert jobs_release(lease=group.lease, job_ids=group.job_ids, available_at=later) == 1
+    mine, theirs = job_of(props["A"]), job_of(props["B"])
+    assert (mine.state, mine.available_at, mine.enqueued_at) == (JobState.PENDING, later, later)
+    assert (theirs.state, theirs.enqueued_at) == (JobState.LEASED, None)

@@ -181,16 +181,22 @@ def jobs_release(*, lease: Lease, job_ids: list[int], available_at: datetime | N
     A release for later (a rate-limit deferral) also tells the broker when
     the jobs become due, so an idle cluster takes them up then.
     """
+    held = CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token)
+    back = {
+        "state": JobState.PENDING,
+        "lease_token": None,
+        "lease_owner": "",
+        "lease_expires_at": None,
+        "available_at": available_at or timezone.now(),
+    }
+    if available_at is None:
+        return held.update(**back)
     with transaction.atomic():
-        released = CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token).update(
-            state=JobState.PENDING,
-            lease_token=None,
-            lease_owner="",
-            lease_expires_at=None,
-            available_at=available_at or timezone.now(),
-        )
-        if available_at is not None and released:
-            hint_due_at(job_ids=job_ids, at=available_at)
+        # Only the jobs this lease still holds get the hint (a lost one is
+        # another worker's now).
+        ids = list(held.select_for_update().values_list("id", flat=True))
+        released = CleanupJob.objects.filter(pk__in=ids).update(**back)
+        hint_due_at(job_ids=ids, at=available_at)
     return released
 
 
