@@ -184,6 +184,24 @@ def make_records(prop: Property, kind: str, count: int, *, ended: datetime) -> l
     return list(model.objects.filter(property_id=prop.pk).order_by("-id").values_list("id", flat=True)[:count])[::-1]
 
 
+def make_lease_estate(*, portfolios: int = 3, properties: int = 2, rows: int = 40) -> list[Property]:
+    """Portfolios P0.. with an approved 365-day lease policy, properties B0..
+    each, ``rows`` long-expired leases per property (the worker tests' data)."""
+    manager = make_user("m", "property_manager")
+    reviewer = make_user("r", "compliance_reviewer")
+    props = []
+    for p_index in range(portfolios):
+        portfolio = Portfolio.objects.create(name=f"P{p_index}", slug=f"p{p_index}")
+        policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
+        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
+        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        for q in range(properties):
+            prop = Property.objects.create(portfolio=portfolio, name=f"B{q}")
+            make_records(prop, "lease", rows, ended=utc("2020-01-01T00:00:00Z"))
+            props.append(prop)
+    return props
+
+
 def remaining_ids(prop: Property, kind: str) -> set[int]:
     from retention.registry import get_spec
 

@@ -24,6 +24,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 from django.db.models import Sum
 from django.utils import timezone
@@ -35,18 +36,14 @@ from cleanup_ops import brokers
 from cleanup_ops.models import CleanupJob, JobKind, JobState, LedgerEntry
 from harness.brokers import reset
 from harness.qcluster import QCluster
-from properties.models import Lease, Portfolio, Property
+from properties.models import Lease
 from retention.services import (
     legal_hold_place,
-    policy_version_approve,
-    policy_version_submit,
-    retention_policy_get_or_create,
 )
 
-from .conftest import make_records, make_user, utc
+from .conftest import make_lease_estate, make_user, utc
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD = utc("2020-01-01T00:00:00Z")
 PORTFOLIOS, PROPERTIES, ROWS = 3, 2, 60
 HELD = 3
 DOCUMENT_EVERY = 4  # every 4th lease has an attachment in the document store
@@ -212,18 +209,8 @@ def cluster_env(broker: dict[str, str], docstore_url: str) -> dict[str, str]:
 
 @pytest.fixture
 def estate(docstore) -> dict[str, object]:  # type: ignore[no-untyped-def]
-    manager = make_user("m", "property_manager")
-    reviewer = make_user("r", "compliance_reviewer")
-    props = []
-    for p_index in range(PORTFOLIOS):
-        portfolio = Portfolio.objects.create(name=f"P{p_index}", slug=f"p{p_index}")
-        policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
-        for q in range(PROPERTIES):
-            prop = Property.objects.create(portfolio=portfolio, name=f"B{q}")
-            make_records(prop, "lease", ROWS, ended=OLD)
-            props.append(prop)
+    props = make_lease_estate(portfolios=PORTFOLIOS, properties=PROPERTIES, rows=ROWS)
+    reviewer = User.objects.get(username="r")
     documents = []
     for index, lease in enumerate(Lease.objects.order_by("id")):
         if index % DOCUMENT_EVERY == 0:
@@ -257,7 +244,7 @@ def wait_for(predicate: Callable[[], bool], timeout: float, step: float = 0.05) 
 
 
 def open_jobs(**filters: object) -> int:
-    return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED], **filters).count()
+    return CleanupJob.objects.open().filter(**filters).count()
 
 
 @pytest.mark.postgres

@@ -22,19 +22,17 @@ from django.utils import timezone
 from django_q.models import Schedule
 from django_q.status import Stat
 
-from cleanup_ops.models import CleanupJob, JobState, LedgerEntry, WorkerHeartbeat
+from cleanup_ops.models import CleanupJob, LedgerEntry, WorkerHeartbeat
 from cleanup_ops.recovery.operator import pipeline_pause, pipeline_resume
 from cleanup_ops.schedule import sweep_trigger
 from harness.qcluster import QCluster
-from properties.models import Lease, Portfolio, Property
-from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
+from properties.models import Lease, Portfolio
 
-from .conftest import make_records, make_user, utc
+from .conftest import make_lease_estate
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD = utc("2020-01-01T00:00:00Z")
 ROWS_PER_PROPERTY = 40
 RATE, BURST = 12.0, 3.0  # batches per second across every worker of both clusters
 
@@ -83,23 +81,12 @@ def start_cluster() -> Iterator[Callable[..., QCluster]]:
 
 @pytest.fixture
 def estate() -> list[Portfolio]:
-    manager = make_user("m", "property_manager")
-    reviewer = make_user("r", "compliance_reviewer")
-    portfolios = []
-    for p_index in range(3):
-        portfolio = Portfolio.objects.create(name=f"P{p_index}", slug=f"p{p_index}")
-        policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
-        for q in range(2):
-            prop = Property.objects.create(portfolio=portfolio, name=f"B{q}")
-            make_records(prop, "lease", ROWS_PER_PROPERTY, ended=OLD)
-        portfolios.append(portfolio)
-    return portfolios
+    props = make_lease_estate(rows=ROWS_PER_PROPERTY)
+    return list(dict.fromkeys(prop.portfolio for prop in props))
 
 
 def open_jobs(**filters: object) -> int:
-    return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED], **filters).count()
+    return CleanupJob.objects.open().filter(**filters).count()
 
 
 def wait_for(predicate: Callable[[], bool], timeout: float, *, every: Callable[[], None] | None = None) -> bool:

@@ -10,24 +10,21 @@ import time
 from pathlib import Path
 
 import pytest
+from django.contrib.auth.models import User
 from django.db import connection
 
 from cleanup_ops.models import CleanupJob, JobState, LedgerEntry
 from cleanup_ops.schedule import sweep_trigger
-from properties.models import Lease, Portfolio, Property
+from properties.models import Lease
 from retention.services import (
     legal_hold_place,
-    policy_version_approve,
-    policy_version_submit,
-    retention_policy_get_or_create,
 )
 
-from .conftest import make_records, make_user, utc
+from .conftest import make_lease_estate
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 ROOT = Path(__file__).resolve().parent.parent
-OLD = utc("2020-01-01T00:00:00Z")
 
 
 def start_cluster(**env_overrides: str) -> subprocess.Popen:
@@ -70,18 +67,8 @@ def wait_for(predicate, timeout: float) -> bool:  # type: ignore[no-untyped-def]
 
 @pytest.fixture
 def estate():
-    manager = make_user("m", "property_manager")
-    reviewer = make_user("r", "compliance_reviewer")
-    props = []
-    for p_index in range(3):
-        portfolio = Portfolio.objects.create(name=f"P{p_index}", slug=f"p{p_index}")
-        policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
-        for q in range(2):
-            prop = Property.objects.create(portfolio=portfolio, name=f"B{q}")
-            make_records(prop, "lease", 40, ended=OLD)
-            props.append(prop)
+    props = make_lease_estate(rows=40)
+    reviewer = User.objects.get(username="r")
     held = Lease.objects.filter(property=props[0]).order_by("id").values_list("id", flat=True)[:3]
     for record_id in held:
         legal_hold_place(
@@ -91,7 +78,7 @@ def estate():
 
 
 def open_jobs() -> int:
-    return CleanupJob.objects.filter(state__in=[JobState.PENDING, JobState.LEASED]).count()
+    return CleanupJob.objects.open().count()
 
 
 def test_two_qcluster_workers_drain_a_sweep_exactly_once(estate):
