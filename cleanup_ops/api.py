@@ -8,7 +8,7 @@ Django permission), see only the user's portfolios (``TenantScoped`` for jobs
 and letters; sweeps, proofs and metrics count the user's portfolios only, see
 ``cleanup_ops.selectors``), validate input with a serializer, call a service
 and render the result. Service errors map to HTTP: ``ValidationError`` → 400,
-``PermissionDenied`` → 403, ``DeadLetterNotOpen`` → 409. The shared plumbing
+``PermissionDenied`` → 403, ``DeadLetterNotOpen`` and ``PartitionBusy`` → 409. The shared plumbing
 is in ``retention.apiutils``; the router is wired in ``config/urls.py``.
 """
 
@@ -32,6 +32,7 @@ from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
     DeadLetterNotOpen,
+    PartitionBusy,
     dead_letter_dismiss,
     dead_letter_redrive,
     pipeline_pause,
@@ -53,10 +54,10 @@ from retention.scoping import portfolio_ids_q, visible_portfolio_ids
 
 
 def call_service(fn: Any, **kwargs: Any) -> Any:
-    """``retention.apiutils.call_service``, plus ``DeadLetterNotOpen`` → 409."""
+    """``retention.apiutils.call_service``, plus ``DeadLetterNotOpen`` and ``PartitionBusy`` → 409."""
     try:
         return apiutils.call_service(fn, **kwargs)
-    except DeadLetterNotOpen as exc:
+    except (DeadLetterNotOpen, PartitionBusy) as exc:
         raise Conflict(str(exc)) from None
 
 

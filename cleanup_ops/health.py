@@ -41,6 +41,7 @@ from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
+from cleanup_ops import sql
 from cleanup_ops.dispatch import cluster_job_kinds, dispatch_due_jobs, fair_due_job_ids
 from cleanup_ops.models import CleanupJob, WorkerHeartbeat, liveness_verdict
 
@@ -258,11 +259,26 @@ def cluster_liveness(
     )
 
 
+# Locks of a lease transaction besides its stripe locks: the relations it
+# reads and writes, with their indexes.
+LEASE_LOCK_HEADROOM = 32
+
+
+def lease_locks_needed() -> int:
+    """The ``max_locks_per_transaction`` a lease transaction needs at most."""
+    return settings.CLEANUP_LEASE_LOCK_STRIPES + LEASE_LOCK_HEADROOM
+
+
 def health_readiness() -> HealthReport:
-    """The database answers, every migration is applied, the cache tables exist."""
+    """The database answers, every migration is applied, the cache tables
+    exist, and (PostgreSQL) its lock table fits a lease transaction's locks."""
+    max_locks = None
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
+            if sql.is_postgres():
+                cursor.execute(sql.max_locks_per_transaction())
+                max_locks = int(cursor.fetchone()[0])
         executor = MigrationExecutor(connection)
         unapplied = [
             f"{migration.app_label}.{migration.name}"
@@ -276,7 +292,20 @@ def health_readiness() -> HealthReport:
         for config in settings.CACHES.values()
         if config["BACKEND"].endswith("DatabaseCache") and config["LOCATION"] not in tables
     ]
-    data = {"unapplied_migrations": unapplied, "missing_cache_tables": missing_caches}
+    data = {
+        "unapplied_migrations": unapplied,
+        "missing_cache_tables": missing_caches,
+        "max_locks_per_transaction": max_locks,
+        "lease_locks_needed": lease_locks_needed(),
+    }
+    if max_locks is not None and max_locks < lease_locks_needed():
+        return HealthReport(
+            "readiness",
+            False,
+            f"max_locks_per_transaction is {max_locks}; a lease transaction needs {lease_locks_needed()}"
+            " (CLEANUP_LEASE_LOCK_STRIPES + 32): raise it or lower CLEANUP_LEASE_LOCK_STRIPES",
+            data,
+        )
     if unapplied:
         return HealthReport("readiness", False, f"{len(unapplied)} migrations not applied (run migrate)", data)
     if missing_caches:

@@ -24,7 +24,7 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models
+from django.db import models, transaction
 from django.db.models import Q
 
 from retention.registry import RECORD_KIND_CHOICES
@@ -48,18 +48,33 @@ def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:
 
 
 class SweepQuerySet(models.QuerySet["Sweep"]):
-    def mark_drained_if_finished(self, *, sweep_id: int, now: datetime) -> None:
-        """Mark a running sweep drained once none of its jobs is open."""
-        jobs = CleanupJob.objects.filter(sweep_id=sweep_id)
-        if jobs.open().exists():
-            return
-        has_dead = jobs.filter(state=JobState.DEAD).exists()
-        self.filter(pk=sweep_id, status=SweepStatus.RUNNING).update(
-            status=SweepStatus.DRAINED_WITH_DEAD_LETTERS if has_dead else SweepStatus.DRAINED, finished_at=now
-        )
+    def mark_drained_if_finished(self, *, sweep_id: int, now: datetime) -> bool:
+        """Mark a running sweep drained once none of its jobs is open; True if it was.
+
+        The sweep row is locked before the open jobs are counted. Whatever
+        gives a sweep new work (a redrive, a re-queued purge) updates that
+        row in the same transaction as the new job (``reopen``), so either
+        this check waits for that commit and then sees the job, or it commits
+        first and the reopen turns the sweep back to running: a sweep is
+        never left drained beside an open job.
+        """
+        with transaction.atomic():
+            locked = self.select_for_update().filter(pk=sweep_id, status=SweepStatus.RUNNING).exists()
+            if not locked:
+                return False
+            jobs = CleanupJob.objects.filter(sweep_id=sweep_id)
+            if jobs.open().exists():
+                return False
+            has_dead = jobs.filter(state=JobState.DEAD).exists()
+            self.filter(pk=sweep_id).update(
+                status=SweepStatus.DRAINED_WITH_DEAD_LETTERS if has_dead else SweepStatus.DRAINED, finished_at=now
+            )
+        return True
 
     def reopen(self, *, sweep_ids: set[int]) -> None:
-        """A redrive gives finished sweeps open work again."""
+        """New work (a redrive, a re-queued purge) makes finished sweeps running
+        again. Called in the transaction that creates the work: its row
+        update is what ``mark_drained_if_finished`` serialises against."""
         self.filter(pk__in=sweep_ids).exclude(status=SweepStatus.ADMITTING).update(
             status=SweepStatus.RUNNING, finished_at=None
         )
@@ -251,12 +266,19 @@ class CleanupJob(models.Model):
             models.Index(
                 fields=["available_at", "id"], condition=Q(state__in=["pending", "leased"]), name="job_open_due_idx"
             ),
-            models.Index(
-                fields=["portfolio_id", "property_id", "record_kind"],
-                condition=Q(state__in=["pending", "leased"]),
-                name="job_open_partition_idx",
-            ),
             models.Index(fields=["sweep", "state"], name="job_sweep_state_idx"),
+        ]
+        constraints = [
+            # At most one open delete job per partition, whoever creates it
+            # (admission, a concurrent admission of another sweep, a redrive):
+            # two would run the same rows at once, and the one whose DELETE
+            # finds them gone would report them as held. Purge jobs are not
+            # partitions (several may be open for one scope).
+            models.UniqueConstraint(
+                fields=["portfolio_id", "property_id", "record_kind"],
+                condition=Q(state__in=["pending", "leased"], kind="delete"),
+                name="job_one_open_per_partition",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -364,6 +386,67 @@ class PurgeRequest(models.Model):
 
     def __str__(self) -> str:
         return f"Purge request {self.key[:12]}"
+
+
+class DeletedAttachment(models.Model):
+    """A deleted record named this document: written in the deleting batch's
+    transaction, one row per record (never two: a record is deleted once).
+
+    What the purge of a document asks about (``downstream.purge``): an
+    active hold over *any* record that named the document — of any kind,
+    property or portfolio, deleted by any batch — keeps the file. Record ids
+    are kept so that a record-level hold is matched exactly; rows written
+    before record ids were kept have none and match any record-level hold of
+    their scope (keep a file too many, never one too few).
+    """
+
+    document_id = models.CharField(max_length=64)
+    portfolio_id = models.BigIntegerField()
+    property_id = models.BigIntegerField()
+    record_kind = models.CharField(max_length=40)
+    record_id = models.BigIntegerField(null=True, blank=True)
+    purge_request = models.ForeignKey(PurgeRequest, on_delete=models.PROTECT, related_name="attachments")
+    deleted_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["id"]
+        indexes = [models.Index(fields=["document_id"], name="deleted_attachment_doc_idx")]
+        constraints = [
+            models.UniqueConstraint(fields=["record_kind", "record_id"], name="deleted_attachment_one_per_record"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.record_kind} {self.record_id} named {self.document_id}"
+
+
+class DispositionState(models.TextChoices):
+    PENDING = "pending", "Pending"  # no decision yet (or only "still referenced")
+    SET_ASIDE = "set_aside", "Set aside under a legal hold"
+    PURGED = "purged", "Purged"  # final: the store deleted it (or had no such document)
+
+
+class DocumentDisposition(models.Model):
+    """The one purge decision per document id: its row is the lock every
+    purge of that document takes (``FOR UPDATE``), whichever request, scope
+    or portfolio it comes from, and ``purged`` is final, so no document is
+    deleted twice and none through another record's request while a hold
+    keeps it."""
+
+    State = DispositionState
+
+    document_id = models.CharField(max_length=64, unique=True)
+    state = models.CharField(max_length=12, choices=DispositionState.choices, default=DispositionState.PENDING)
+    # The request whose purge decided last (set aside or purged).
+    decided_by = models.ForeignKey(
+        PurgeRequest, null=True, blank=True, on_delete=models.PROTECT, related_name="decisions"
+    )
+    decided_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        ordering = ["id"]
+
+    def __str__(self) -> str:
+        return f"{self.document_id}: {self.state}"
 
 
 class DeadLetterStatus(models.TextChoices):

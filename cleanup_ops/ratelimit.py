@@ -115,6 +115,18 @@ def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig]
     return 0.0
 
 
+def tokens_give_back(*, portfolio_ids: set[int]) -> None:
+    """Return the portfolio tokens a transaction took but did not use (the
+    portfolios of partitions it left for the next one): a token pays for the
+    batches of its own portfolio only."""
+    buckets = [bucket for portfolio_id in sorted(portfolio_ids) for bucket in portfolio_buckets(portfolio_id)]
+    if not buckets:
+        return
+    with transaction.atomic(), connection.cursor() as cur:
+        for bucket in buckets:
+            sql.execute(sql.bucket_give_back(), [bucket.burst, bucket.name], cur=cur)
+
+
 # The store's own Retry-After, shared by every worker: one 429 or 503 holds
 # all purges until the instant it names, so the other workers defer their jobs
 # (no attempt burned) instead of each collecting a 429 of its own. Kept as a

@@ -24,7 +24,16 @@ from typing import Any
 
 from django.db import connection
 
-from cleanup_ops.models import OPEN_STATES, CleanupJob, JobKind, JobOutcome, JobState, LedgerEntry, RateBucket
+from cleanup_ops.models import (
+    OPEN_STATES,
+    CleanupJob,
+    DeletedAttachment,
+    JobKind,
+    JobOutcome,
+    JobState,
+    LedgerEntry,
+    RateBucket,
+)
 from properties.models import Portfolio, Property
 from retention.models import PolicyVersion, RetentionPolicy
 
@@ -36,7 +45,7 @@ PORTFOLIO = Portfolio._meta.db_table
 POLICY = RetentionPolicy._meta.db_table
 VERSION = PolicyVersion._meta.db_table
 
-# pg_advisory_xact_lock(namespace, portfolio) around a lease's cap check.
+# pg_advisory_xact_lock(namespace, stripe) around a lease's cap check.
 LEASE_LOCK_NAMESPACE = 7401
 
 
@@ -74,8 +83,12 @@ def execute(sql: str, params: Sequence[Any] = (), *, cur: Any = None) -> Any:
 
 
 def lease_cap_lock() -> str:
-    """Serialises the cap check and the claim of one portfolio (PostgreSQL only)."""
+    """Serialises the cap check and the claim of one portfolio's stripe (PostgreSQL only)."""
     return "SELECT pg_advisory_xact_lock(%s, %s)"
+
+
+def max_locks_per_transaction() -> str:
+    return "SELECT current_setting('max_locks_per_transaction')::integer"
 
 
 def job_lock_fenced() -> str:
@@ -95,6 +108,20 @@ def job_finish() -> str:
 
 
 # --- Purge ----------------------------------------------------------------------
+
+
+def document_scopes_lock() -> str:
+    """The property and portfolio rows of every deleted record that named a
+    document, ``FOR SHARE`` in property id order: the lock a batch takes on
+    its scope, taken by a purge over every scope the document was named in
+    (placing a hold takes one of these rows ``FOR UPDATE``). Parameter: the
+    document id."""
+    refs = DeletedAttachment._meta.db_table
+    return (
+        f"SELECT p.id FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.id = p.portfolio_id"
+        f" WHERE p.id IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)"
+        f" ORDER BY p.id{for_share_of('p', 'po')}"
+    )
 
 
 def transaction_idle_timeout() -> str:
@@ -169,7 +196,10 @@ def admit_partitions(*, table: str, timestamp_column: str) -> str:
         f" d.version_id, d.cutoff,"
         f" '{JobState.PENDING}', '', {typed('timestamptz')}, '', 0, 0, '', '', 0, 0, 0, 0, {typed('timestamptz')}"
         f" FROM due d WHERE {where} AND NOT {_open_elsewhere()} ORDER BY d.portfolio_id, d.property_id"
-        f" ON CONFLICT (key) DO NOTHING"
+        # No conflict target: an existing key (a crashed admission being
+        # completed) and an open job of the partition admitted concurrently
+        # by another sweep (the partial unique index) are both skipped.
+        f" ON CONFLICT DO NOTHING"
     )
 
 
@@ -189,6 +219,12 @@ def bucket_take() -> str:
     refill = f"{least}(%s, tokens + {greatest}(0, %s - updated_at) * %s)"
     # 1e-9: a whole token accrued in float steps must not miss by rounding.
     return f"UPDATE {BUCKET} SET tokens = {refill} - 1, updated_at = %s WHERE name = %s AND {refill} >= 0.999999999"
+
+
+def bucket_give_back() -> str:
+    """Return one token taken for a transaction that did not use it (capped at the burst)."""
+    least, _ = least_greatest()
+    return f"UPDATE {BUCKET} SET tokens = {least}(%s, tokens + 1) WHERE name = %s"
 
 
 def bucket_read() -> str:
@@ -325,12 +361,13 @@ def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
 def group_delete(*, table: str, predicate: str, jobs: int, returning: str | None) -> str:
     """Delete the eligible rows of every partition's candidate range; returns
     one row per deleted record: its property id (a group holds one job per
-    property and kind) and, for kinds with attachments, the document id.
+    property and kind) and, for kinds with attachments, the document id and
+    the record's id (the outbox keeps which record named which document).
     ``predicate`` is the eligibility predicate over ``table`` with the
     cutoff ``g.cutoff``: the hold check is inside this statement."""
     rows = values_list(jobs, ["bigint", "bigint", "bigint", "timestamptz"])
     cte = f"WITH g(property_id, after_id, last_id, cutoff) AS (VALUES {rows})"
-    extra = f", {table}.{returning}" if returning else ""
+    extra = f", {table}.{returning}, {table}.id" if returning else ""
     in_range = (
         f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id AND {predicate}"
     )
@@ -376,8 +413,8 @@ def group_jobs_advance(jobs: int) -> str:
     )
 
 
-def lease_caps_lock(portfolios: int) -> str:
-    """The cap locks of several portfolios, taken in portfolio order
-    (PostgreSQL only; parameters: the namespace, then the portfolio keys)."""
-    rows = values_list(portfolios, ["integer"])
+def lease_caps_lock(stripes: int) -> str:
+    """The cap locks of several stripes, taken in stripe order
+    (PostgreSQL only; parameters: the namespace, then the stripe numbers)."""
+    rows = values_list(stripes, ["integer"])
     return f"SELECT pg_advisory_xact_lock(CAST(%s AS integer), v.p) FROM (VALUES {rows}) AS v(p) ORDER BY v.p"

@@ -311,7 +311,7 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
         messages.success(request, f"Redrove {len(result)} dead letter(s): new job(s) {new_ids or 'none'}.")
         failed = result.failed
         if failed:
-            listed = ", ".join(f"{failure.letter_id} ({failure.error_class})" for failure in failed)
+            listed = ", ".join(failure.describe() for failure in failed)
             messages.error(request, f"{len(failed)} letter(s) could not be redriven and are still open: {listed}.")
     else:
         messages.success(request, f"Dismissed {result} dead letter(s).")
@@ -545,7 +545,7 @@ def _bulk_apply(request: HttpRequest, operation: str, letter_filter: DeadLetterF
             messages.success(request, f"Redrove {len(result)} dead letter(s) matching the filter.")
             failed = getattr(result, "failed", [])
             if failed:
-                listed = ", ".join(f"{failure.letter_id} ({failure.error_class})" for failure in failed)
+                listed = ", ".join(failure.describe() for failure in failed)
                 messages.error(request, f"{len(failed)} letter(s) could not be redriven and are still open: {listed}.")
         else:
             n = dead_letters_dismiss_bulk(actor=request.user, reason=reason, letter_filter=letter_filter)

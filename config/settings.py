@@ -257,6 +257,13 @@ CLEANUP_PORTFOLIO_MAX_LEASES = env_int("CLEANUP_PORTFOLIO_MAX_LEASES", 2, minimu
 # How many due partitions one lease takes at once; their batches share
 # transactions while their candidates fit in CLEANUP_BATCH_SIZE rows.
 CLEANUP_LEASE_JOBS = env_int("CLEANUP_LEASE_JOBS", 100, minimum=1, maximum=1000)
+# A lease transaction serialises its lease-cap checks on advisory locks, one
+# per stripe (portfolio id modulo this number) among the portfolios it picks:
+# at most this many locks however many portfolios are due, so PostgreSQL's
+# stock max_locks_per_transaction (64) is enough (cleanup_health --readiness
+# checks it). More stripes let more lease transactions of different
+# portfolios run side by side.
+CLEANUP_LEASE_LOCK_STRIPES = env_int("CLEANUP_LEASE_LOCK_STRIPES", 16, minimum=1, maximum=32)
 # How long a worker may wait for a token before it defers the job instead.
 CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 0.5)
 

@@ -13,9 +13,11 @@ their SQL from these functions.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Any
 
 from django.db import connection
-from django.db.models import Exists, OuterRef, Q
+from django.db.models import F, Q, QuerySet
+from django.db.models.functions import Coalesce
 
 from retention.models import LegalHold
 from retention.registry import get_spec
@@ -40,33 +42,18 @@ def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
     return sql, [kind]
 
 
-def hold_covers_deleted(
-    kind: str, *, portfolio_id: int, property_id: int, deleted_range: tuple[int, int] | None
-) -> bool:
-    """Does an active hold cover records of ``kind`` that a batch already
-    deleted from ``property_id`` (ids in ``deleted_range``: after, last]?
-
-    The question a purge asks before removing such a record's attachment: the
-    same scope rules as ``hold_covers_sql`` (portfolio; property, kind and
-    record when the hold names them). The deleted records' own ids are not
-    kept, so a record-level hold counts when it names an id in the batch's
-    range that no longer exists (``None``: any id that no longer exists).
-    Placing a record-level hold on a record that is already gone is refused
-    (``services.legal_hold_scope_validate``), so that case only arises for
-    holds written by other means; it errs on the side of keeping the file.
-    """
-    spec = get_spec(kind)
-    gone = ~Exists(spec.model.objects.filter(pk=OuterRef("record_id")))
-    named = Q(record_id__isnull=False) & gone
-    if deleted_range is not None:
-        named &= Q(record_id__gt=deleted_range[0], record_id__lte=deleted_range[1])
+def holds_covering(*, portfolio: Any, property: Any, kind: Any, record: Any) -> QuerySet[LegalHold]:
+    """Active holds covering one record, given as expressions (``OuterRef``
+    of a row that describes the record — a deleted one, say): the same scope
+    rules as ``hold_covers_sql`` (portfolio; property, kind and record when
+    the hold names them). A NULL record id (not known) matches every
+    record-level hold of the scope: keep a file too many, never one too few."""
     return (
         LegalHold.objects.active()
-        .filter(portfolio_id=portfolio_id)
-        .filter(Q(property_id__isnull=True) | Q(property_id=property_id))
+        .filter(portfolio_id=portfolio)
+        .filter(Q(property_id__isnull=True) | Q(property_id=property))
         .filter(Q(record_kind="") | Q(record_kind=kind))
-        .filter(Q(record_id__isnull=True) | named)
-        .exists()
+        .filter(Q(record_id__isnull=True) | Q(record_id=Coalesce(record, F("record_id"))))
     )
 
 

@@ -87,13 +87,14 @@ def test_a_portfolio_with_most_jobs_never_holds_more_leases_than_its_cap_while_o
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
         version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="r")
         policy_version_approve(version_id=version.pk, reviewer=reviewer)
-        prop = Property.objects.create(portfolio=portfolio, name="B")
+        # One property per job: a partition has at most one open job.
+        props = [Property.objects.create(portfolio=portfolio, name=f"B{i}") for i in range(count)]
         jobs_of[portfolio.pk] = [
             CleanupJob.objects.create(
                 sweep=sweep,
                 key=f"{name}-{i}",
                 portfolio_id=portfolio.pk,
-                property_id=prop.pk,
+                property_id=props[i].pk,
                 record_kind="lease",
                 policy_version=version,
                 cutoff=timezone.now() - timedelta(days=30),

@@ -386,7 +386,7 @@ class TestRedrive:
             "cleanup_redrive", "--category", "downstream_rejected", "--reason", REASON, "--json", stdout=out, stderr=err
         )
         reported = json.loads(out.getvalue())
-        assert reported["failed"] == [{"letter_id": broken.pk, "error_class": "IntegrityError"}]
+        assert reported["failed"] == [{"letter_id": broken.pk, "error_class": "IntegrityError", "open_job_id": None}]
         assert DeadLetter.objects.get(pk=broken.pk).status == "open"
 
     def test_the_redrive_command_redrives_by_category_and_rejects_bad_flags(self, letter, clock):

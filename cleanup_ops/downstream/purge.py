@@ -12,16 +12,23 @@ Protocol of a purge job's slice (the job is already leased by
       store's own buckets (``DOCSTORE_RATE_*``: global and per portfolio,
       apart from the delete buckets); no token soon → give the job back for
       later, again without counting an attempt;
-   b. **the check**, in one short transaction: take the deleted records'
-      scope lock exactly as a batch does (portfolio and property rows
-      ``FOR SHARE``; placing a hold takes one of them ``FOR UPDATE``), then,
-      in later statements (so a hold that committed while we waited is seen):
-      - an active legal hold over the deleted records' scope
-        (``retention.eligibility.hold_covers_deleted``) → the document and
-        every one after it are **set aside** (``held_document_ids``,
-        ``documents_held``): the hold was placed after the batch deleted the
-        records but before their files went. A later sweep re-queues them once
-        the hold is released (``purge_requeue_released``);
+   b. **the decision about that document**, in one short transaction, whatever
+      request, scope or portfolio asks: lock the document's
+      ``DocumentDisposition`` row (``FOR UPDATE``; created on first use) —
+      every purge of that document id serialises here — then take the
+      scope lock of *every* deleted record that named it (their property and
+      portfolio rows ``FOR SHARE``, from ``DeletedAttachment``: the lock a
+      batch takes, which placing a hold takes ``FOR UPDATE``), then, in later
+      statements that see any hold waited for:
+      - already ``purged`` (by another request) → nothing to do, counted
+        as already gone;
+      - an active legal hold over any record that named the document —
+        deleted by any batch, of any kind or property
+        (``retention.eligibility.holds_covering``) → the document is **set
+        aside** (disposition ``set_aside``; the request's
+        ``held_document_ids``/``documents_held``). It stays set aside until
+        every such hold is released; the next sweep then hands it to a new
+        purge that decides again (``purge_requeue_released``);
       - any remaining record of any kind still naming the document id → the
         document is **skipped as still referenced** (``documents_referenced``)
         and never deleted: that record's own deletion purges it later;
@@ -37,7 +44,8 @@ Protocol of a purge job's slice (the job is already leased by
       still ours (fencing) and moves the cursor past the document, counting it.
       A worker whose lease expired during the call commits nothing; whoever
       holds the job next sends the same key again and the store answers from
-      its idempotency record without deleting anything twice.
+      its idempotency record without deleting anything twice. The
+      disposition becomes ``purged`` (final) in the decision's transaction.
 3. Cursor at the end → the job is done, in the same fenced way: ``purged``, or
    ``purge_held`` when documents were set aside. If the outbox counted ids
    that failed validation, the job instead becomes a ``policy_or_input`` dead
@@ -68,7 +76,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import Count, F, Sum
+from django.db.models import Count, Exists, F, OuterRef, Sum
 from django.utils import timezone
 
 from cleanup_ops import sql
@@ -76,7 +84,18 @@ from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
 from cleanup_ops.execution.batches import JobRef, attachment_column
 from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
-from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, LedgerEntry, PurgeRequest, Sweep, scope_of
+from cleanup_ops.models import (
+    CleanupJob,
+    DeletedAttachment,
+    DispositionState,
+    DocumentDisposition,
+    JobKind,
+    JobOutcome,
+    JobState,
+    PurgeRequest,
+    Sweep,
+    scope_of,
+)
 from cleanup_ops.ratelimit import docstore_buckets_for, docstore_hold_remaining, docstore_hold_until
 from cleanup_ops.recovery.classification import (
     DownstreamError,
@@ -85,16 +104,17 @@ from cleanup_ops.recovery.classification import (
     parse_retry_after,
     retry_after_jitter,
 )
-from retention.eligibility import hold_covers_deleted
-from retention.models import PolicyVersion
+from retention.eligibility import holds_covering
 from retention.registry import REGISTRY, get_spec
 
 Hook = Callable[[int], None]
 
-# What the check decides for one document (step 2b).
+# What the decision says of one document (step 2b).
 CLEAR = "clear"
 HELD = "held"
 REFERENCED = "referenced"
+ALREADY = "already"  # purged before, by another request
+PURGED_BY_US = "purged_by_us"  # purged before by this request (a lost lease after the call)
 
 
 @dataclass
@@ -119,8 +139,6 @@ class _Request:
     portfolio_id: int
     property_id: int
     record_kind: str
-    # (after, last] ids of the batch that deleted the records, from its ledger row.
-    deleted_range: tuple[int, int] | None
 
 
 def idempotency_key(request_key: str, document_id: str) -> str:
@@ -167,18 +185,15 @@ def purge_run(
             except DownstreamError as exc:
                 _hold_all_purges(exc)
                 raise
-            if verdict == HELD:
-                # The hold covers the whole request's scope: every remaining
-                # document waits for its release.
-                progress.set_aside += len(request.document_ids) - cursor
-                cursor = _purge_set_aside(job=job, lease=lease, request=request, cursor=cursor)
-                continue
-            effect = effect if verdict == CLEAR else REFERENCED
-            cursor = _purge_advance(job=job, lease=lease, request_id=request.id, cursor=cursor, effect=effect)
+            cursor = _purge_advance(
+                job=job, lease=lease, request=request, cursor=cursor, verdict=verdict, effect=effect
+            )
             steps += 1
-            if verdict == REFERENCED:
+            if verdict == HELD:
+                progress.set_aside += 1
+            elif verdict == REFERENCED:
                 progress.referenced += 1
-            else:
+            elif verdict == CLEAR:
                 progress.requests += 1
                 if after_request:
                     after_request(job.id)
@@ -190,48 +205,42 @@ def purge_run(
 def _request_load(job: JobRef) -> _Request:
     row = (
         PurgeRequest.objects.filter(pk=job.purge_request_id)
-        .values_list(
-            "id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind", "origin__key"
-        )
+        .values_list("id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind")
         .first()
     )
     if row is None:
         raise InvalidInput("purge job without a purge request")
-    request_id, key, document_ids, invalid, portfolio_id, property_id, record_kind, origin_key = row
-    if not isinstance(document_ids, list):
+    if not isinstance(row[2], list):
         raise InvalidInput("purge request payload is not a list")
-    # The original request's key is the deleting batch's operation id.
-    deleted = LedgerEntry.objects.filter(operation_id=origin_key or key).values_list("after_id", "last_id").first()
-    return _Request(
-        request_id,
-        key,
-        document_ids,
-        invalid,
-        portfolio_id,
-        property_id,
-        record_kind,
-        (int(deleted[0]), int(deleted[1])) if deleted else None,
-    )
+    return _Request(*row)
 
 
 def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id: str) -> tuple[str, str]:
     """Step 2b-c: the verdict, and the store's effect when the document was sent."""
     key = idempotency_key(request.key, document_id)
     if not sql.is_postgres():
-        # SQLite serialises writers and has no row locks: check, commit, then call.
+        # SQLite serialises writers and has no row locks: decide, commit, call, record.
         with transaction.atomic():
-            verdict = _purge_check(request=request, document_id=document_id)
-        return verdict, (client.delete_document(document_id, idempotency_key=key) if verdict == CLEAR else "")
+            verdict = _purge_decide(request=request, document_id=document_id)
+        if verdict != CLEAR:
+            return verdict, ""
+        effect = client.delete_document(document_id, idempotency_key=key)
+        with transaction.atomic():
+            _disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
+        return verdict, effect
     outermost = not connection.in_atomic_block
     with transaction.atomic(), connection.cursor() as cur:
         if outermost:
-            # Backstop for the share lock held across the call: PostgreSQL ends
-            # the session if the call somehow outlives the store's timeouts.
+            # Backstop for the locks held across the call: PostgreSQL ends the
+            # session if the call somehow outlives the store's timeouts.
             sql.execute(sql.transaction_idle_timeout(), [_lock_bound_ms()], cur=cur)
-        verdict = _purge_check(request=request, document_id=document_id, cur=cur)
+        verdict = _purge_decide(request=request, document_id=document_id, cur=cur)
         if verdict != CLEAR:
             return verdict, ""
-        return verdict, client.delete_document(document_id, idempotency_key=key)
+        effect = client.delete_document(document_id, idempotency_key=key)
+        # Still under the document's lock: no other purge decides it meanwhile.
+        _disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
+        return verdict, effect
 
 
 def _lock_bound_ms() -> str:
@@ -241,26 +250,51 @@ def _lock_bound_ms() -> str:
     return str(math.ceil((2 * connect + 3 * read + 5) * 1000))
 
 
-def _purge_check(*, request: _Request, document_id: str, cur: Any = None) -> str:
-    """Inside the caller's transaction: the scope lock, then the hold and reference checks."""
-    # The very statement a batch locks its scope with (one partition): the
-    # portfolio and property rows FOR SHARE. No row (the scope is gone)
-    # means no hold can name it either.
-    params = [request.id, request.property_id, request.portfolio_id, request.record_kind, PolicyVersion.Status.APPROVED]
-    locked = sql.execute(sql.group_scope_lock_and_policy(1), params, cur=cur)
+def _purge_decide(*, request: _Request, document_id: str, cur: Any = None) -> str:
+    """Inside the caller's transaction: the one decision about ``document_id``.
+
+    The document's disposition row locked first (every purge of it waits
+    here), then the scope rows of every deleted record that named it, then —
+    in later statements, which under READ COMMITTED see a hold whose
+    placement we waited for — the hold and reference checks.
+    """
+    DocumentDisposition.objects.bulk_create([DocumentDisposition(document_id=document_id)], ignore_conflicts=True)
+    state, decided_by = (
+        DocumentDisposition.objects.select_for_update()
+        .filter(document_id=document_id)
+        .values_list("state", "decided_by_id")[0]
+    )
+    if state == DispositionState.PURGED:
+        # This request's own earlier call (whose worker lost its lease before
+        # moving the cursor) counts as purged here; another's as already gone.
+        return PURGED_BY_US if decided_by == request.id else ALREADY
+    locked = sql.execute(sql.document_scopes_lock(), [document_id], cur=cur)
     if cur is not None:
         locked.fetchall()
-    # Later statements: under READ COMMITTED they see a hold whose placement we waited for.
-    if hold_covers_deleted(
-        request.record_kind,
-        portfolio_id=request.portfolio_id,
-        property_id=request.property_id,
-        deleted_range=request.deleted_range,
-    ):
+    if document_held(document_id):
+        _disposition_mark(document_id, state=DispositionState.SET_ASIDE, request_id=request.id)
         return HELD
     if document_still_referenced(document_id):
         return REFERENCED
     return CLEAR
+
+
+def document_held(document_id: str) -> bool:
+    """Does an active hold cover any deleted record — of any kind, property or
+    portfolio, deleted by any batch — that named ``document_id``?"""
+    covering = holds_covering(
+        portfolio=OuterRef("portfolio_id"),
+        property=OuterRef("property_id"),
+        kind=OuterRef("record_kind"),
+        record=OuterRef("record_id"),
+    )
+    return DeletedAttachment.objects.filter(document_id=document_id).filter(Exists(covering)).exists()
+
+
+def _disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
+    DocumentDisposition.objects.filter(document_id=document_id).update(
+        state=state, decided_by_id=request_id, decided_at=timezone.now()
+    )
 
 
 def document_still_referenced(document_id: str) -> bool:
@@ -279,7 +313,7 @@ def _hold_all_purges(exc: DownstreamError) -> None:
             docstore_hold_until(until=until.timestamp())
 
 
-def _purge_advance(*, job: JobRef, lease: Lease, request_id: int, cursor: int, effect: str) -> int:
+def _purge_advance(*, job: JobRef, lease: Lease, request: _Request, cursor: int, verdict: str, effect: str) -> int:
     """Fenced: record one document as done and renew the lease. Returns the new cursor."""
     now = timezone.now()
     with transaction.atomic(), connection.cursor() as cur:
@@ -288,29 +322,27 @@ def _purge_advance(*, job: JobRef, lease: Lease, request_id: int, cursor: int, e
             # Someone else moved it (cannot happen while our lease holds): stop.
             raise LeaseLost(job.id)
         sql.execute(sql.purge_advance(), [cursor + 1, lease_renewal(now), job.id], cur=cur)
-        counter = _COUNTERS[effect]
-        PurgeRequest.objects.filter(pk=request_id).update(**{counter: F(counter) + 1})
+        if verdict == HELD:
+            row = PurgeRequest.objects.select_for_update().get(pk=request.id)
+            document_id = str(request.document_ids[cursor])
+            if document_id not in row.held_document_ids:
+                row.held_document_ids = [*row.held_document_ids, document_id]
+            row.documents_held += 1
+            row.save(update_fields=["held_document_ids", "documents_held"])
+        else:
+            counter = _COUNTERS[effect if verdict == CLEAR else verdict]
+            PurgeRequest.objects.filter(pk=request.id).update(**{counter: F(counter) + 1})
     return cursor + 1
 
 
 # The request's counter for each way a document is done.
-_COUNTERS = {"deleted": "documents_purged", "absent": "documents_absent", REFERENCED: "documents_referenced"}
-
-
-def _purge_set_aside(*, job: JobRef, lease: Lease, request: _Request, cursor: int) -> int:
-    """Fenced: set the remaining documents aside under the hold; the cursor moves to the end."""
-    now = timezone.now()
-    remaining = [str(d) for d in request.document_ids[cursor:]]
-    with transaction.atomic(), connection.cursor() as cur:
-        current = lock_job(cur, job_id=job.id, lease=lease, now=now)
-        if current != cursor:
-            raise LeaseLost(job.id)
-        sql.execute(sql.purge_advance(), [len(request.document_ids), lease_renewal(now), job.id], cur=cur)
-        row = PurgeRequest.objects.select_for_update().get(pk=request.id)
-        row.held_document_ids = [*row.held_document_ids, *(d for d in remaining if d not in row.held_document_ids)]
-        row.documents_held += len(remaining)
-        row.save(update_fields=["held_document_ids", "documents_held"])
-    return len(request.document_ids)
+_COUNTERS = {
+    "deleted": "documents_purged",
+    "absent": "documents_absent",
+    ALREADY: "documents_absent",
+    PURGED_BY_US: "documents_purged",
+    REFERENCED: "documents_referenced",
+}
 
 
 def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
@@ -325,15 +357,16 @@ def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
 
 
 def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list[CleanupJob]:
-    """Hand documents set aside under a hold that is now released to a new purge in ``sweep``.
+    """Hand documents set aside under holds that are all released to a new purge in ``sweep``.
 
-    Per request with set-aside documents whose scope no active hold covers
-    any more: a new ``PurgeRequest`` for those documents (``origin``: the
-    original request, whose ledger row still gives the deleted records'
-    range; key derived from the original's), and its ``purge`` job in
-    ``sweep``, in one transaction with the original's row locked. The new
-    job checks holds and references again before each document, under the
-    scope lock, exactly like any purge. Returns the jobs created.
+    Per request with set-aside documents (``held_document_ids``), with its
+    row locked: a document some other purge has since purged is dropped; one
+    that an active hold still covers (any record that named it, anywhere:
+    ``document_held``) stays set aside; the rest go to a new
+    ``PurgeRequest`` (``origin``: the original; key derived from the
+    original's) and its ``purge`` job in ``sweep``, which decides about each
+    document again under its lock, exactly like any purge. Returns the jobs
+    created.
     """
     now = now or timezone.now()
     jobs = []
@@ -345,15 +378,21 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
             request = PurgeRequest.objects.select_for_update(of=("self",)).select_related("origin").get(pk=request_id)
             if not request.held_document_ids:
                 continue
-            origin = request.origin or request
-            deleted = LedgerEntry.objects.filter(operation_id=origin.key).values_list("after_id", "last_id").first()
-            if hold_covers_deleted(
-                request.record_kind,
-                portfolio_id=request.portfolio_id,
-                property_id=request.property_id,
-                deleted_range=(int(deleted[0]), int(deleted[1])) if deleted else None,
-            ):
+            purged = set(
+                DocumentDisposition.objects.filter(
+                    document_id__in=request.held_document_ids, state=DispositionState.PURGED
+                ).values_list("document_id", flat=True)
+            )
+            waiting = [d for d in request.held_document_ids if d not in purged]
+            still_held = [d for d in waiting if document_held(d)]
+            released = [d for d in waiting if d not in still_held]
+            if len(still_held) == len(request.held_document_ids):
                 continue
+            request.held_document_ids = still_held
+            request.save(update_fields=["held_document_ids"])
+            if not released:
+                continue
+            origin = request.origin or request
             number = PurgeRequest.objects.filter(origin=origin).count() + 1
             key = hashlib.sha256(f"{origin.key}:released:{number}".encode()).hexdigest()
             again = PurgeRequest.objects.create(
@@ -362,12 +401,10 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
                 portfolio_id=request.portfolio_id,
                 property_id=request.property_id,
                 record_kind=request.record_kind,
-                document_ids=list(request.held_document_ids),
+                document_ids=released,
                 origin=origin,
                 created_at=now,
             )
-            request.held_document_ids = []
-            request.save(update_fields=["held_document_ids"])
             delete_job = CleanupJob.objects.get(pk=request.delete_job_id)
             jobs.append(
                 CleanupJob.objects.create(

@@ -22,7 +22,8 @@ e. Take the next ``limit`` candidate ids after the cursor, DELETE those the
    too) and renew the lease.
 f. Outbox: for record kinds with attachments the DELETE returns the deleted
    rows' document ids; when there are any, the same transaction writes one
-   ``PurgeRequest`` (key = the operation id) and one ``purge`` job. A held or
+   ``PurgeRequest`` (key = the operation id), one ``purge`` job and one
+   ``DeletedAttachment`` per record (which record named which document). A held or
    replayed batch deletes nothing and so purges nothing; a rolled-back batch
    takes its outbox rows with it.
 
@@ -43,7 +44,7 @@ from django.utils import timezone
 from cleanup_ops import sql
 from cleanup_ops.downstream.urls import document_id_valid
 from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
-from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, JobState, PurgeRequest, scope_of
+from cleanup_ops.models import CleanupJob, DeletedAttachment, JobKind, JobOutcome, JobState, PurgeRequest, scope_of
 from cleanup_ops.recovery.classification import LeaseLost
 from retention.eligibility import db_datetime, eligible_sql_for
 from retention.models import PolicyVersion
@@ -326,10 +327,10 @@ def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
                 seen += int(n)
 
 
-def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[str]]]:
-    """One DELETE per record kind; (rows deleted per job, document ids per job)."""
+def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[tuple[str, int]]]]:
+    """One DELETE per record kind; (rows deleted per job, (document id, record id) per job)."""
     deleted: dict[int, int] = {}
-    documents: dict[int, list[str]] = {}
+    documents: dict[int, list[tuple[str, int]]] = {}
     by_kind: dict[str, list[_Work]] = {}
     for item in work:
         by_kind.setdefault(item.job.record_kind, []).append(item)
@@ -346,7 +347,7 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             job_id = job_of[int(row[0])]
             deleted[job_id] = deleted.get(job_id, 0) + 1
             if attachment and row[1]:
-                documents.setdefault(job_id, []).append(row[1])
+                documents.setdefault(job_id, []).append((row[1], int(row[2])))
     return deleted, documents
 
 
@@ -362,15 +363,20 @@ def attachment_column(kind: str) -> str | None:
     return _ATTACHMENTS[kind]
 
 
-def purge_outbox_write_many(batches: list[tuple[JobRef, str, list[str]]], *, now: datetime) -> list[CleanupJob]:
+def purge_outbox_write_many(
+    batches: list[tuple[JobRef, str, list[tuple[str, int]]]], *, now: datetime
+) -> list[CleanupJob]:
     """The outbox rows of applied batches: per batch a ``PurgeRequest`` and its
-    ``purge`` job, in two statements whatever the number of batches.
+    ``purge`` job, and per deleted record with a document a ``DeletedAttachment``
+    (which record named which document: what the purge's hold check asks
+    about), in three statements whatever the number of batches.
 
     Called inside the batch's transaction. Ids that are not plain identifiers
     are counted, never stored (see ``PurgeRequest``).
     """
     requests = []
-    for job, operation, document_ids in batches:
+    for job, operation, named in batches:
+        document_ids = [document_id for document_id, _ in named]
         scope = scope_of(job)
         requests.append(
             PurgeRequest(
@@ -390,6 +396,22 @@ def purge_outbox_write_many(batches: list[tuple[JobRef, str, list[str]]], *, now
         keys = {request.key: request for request in requests}
         for pk, key in PurgeRequest.objects.filter(key__in=keys).values_list("pk", "key"):
             keys[key].pk = pk
+    DeletedAttachment.objects.bulk_create(
+        [
+            DeletedAttachment(
+                document_id=document_id,
+                portfolio_id=job.portfolio_id,
+                property_id=job.property_id,
+                record_kind=job.record_kind,
+                record_id=record_id,
+                purge_request_id=request.pk,
+                deleted_at=now,
+            )
+            for (job, _, named), request in zip(batches, requests, strict=True)
+            for document_id, record_id in named
+            if document_id_valid(document_id)
+        ]
+    )
     return CleanupJob.objects.bulk_create(
         [
             CleanupJob(

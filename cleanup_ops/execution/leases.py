@@ -7,9 +7,14 @@ Protocol:
   fresh ``lease_token``. No row matched → this delivery was a duplicate or
   early: the caller returns quietly. The portfolio's lease cap
   (``CLEANUP_PORTFOLIO_MAX_LEASES``) and any active pause are checked in the
-  same transaction, under a per-portfolio advisory lock on PostgreSQL, so two
-  workers cannot both see "one slot left" and both take it (SQLite serialises
-  writers anyway).
+  same transaction, under an advisory lock on the portfolio's *stripe*
+  (``lease_stripe``: its id modulo ``CLEANUP_LEASE_LOCK_STRIPES``) on
+  PostgreSQL, so two workers cannot both see "one slot left" and both take it
+  (SQLite serialises writers anyway). Stripes bound the locks one lease
+  transaction takes — at most ``CLEANUP_LEASE_LOCK_STRIPES``, however many
+  portfolios a group pick spans — so thousands of due portfolios cannot
+  exhaust PostgreSQL's lock table; two portfolios sharing a stripe only
+  serialise their (short) lease transactions.
 - **Fencing.** Every write made under a lease first locks the job row *where
   the lease token is ours and not expired* (``lock_job``): a worker whose
   lease expired gets no row, raises ``LeaseLost`` and commits nothing.
@@ -42,7 +47,7 @@ from django.utils import timezone
 from cleanup_ops import sql
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
-from cleanup_ops.ratelimit import BucketConfig, global_buckets, portfolio_buckets, tokens_acquire
+from cleanup_ops.ratelimit import BucketConfig, global_buckets, portfolio_buckets, tokens_acquire, tokens_give_back
 from cleanup_ops.recovery.classification import LeaseLost
 from retention.eligibility import db_datetime
 
@@ -56,6 +61,11 @@ class Lease:
 
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def lease_stripe(portfolio_id: int) -> int:
+    """The advisory lock a portfolio's cap check takes (see the module docstring)."""
+    return portfolio_id % settings.CLEANUP_LEASE_LOCK_STRIPES
 
 
 def token_param(token: uuid.UUID) -> object:
@@ -90,7 +100,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
         if portfolio_id is None:
             return None
         if sql.is_postgres():
-            sql.execute(sql.lease_cap_lock(), [sql.LEASE_LOCK_NAMESPACE, portfolio_id % 2**31])
+            sql.execute(sql.lease_cap_lock(), [sql.LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
         if PipelinePause.objects.covering(portfolio_id=portfolio_id).exists():
             return None
         leased_now = (
@@ -124,7 +134,7 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
     every job that was waiting: over time each portfolio gets its turn. Jobs
     are then taken round-robin across the portfolios in the pick, leaving out
     paused portfolios and those at their lease cap (re-checked under the
-    portfolios' cap locks, taken in portfolio order), and at most one job per
+    portfolios' stripe locks, taken in stripe order), and at most one job per
     (property, kind).
     """
     now = now or timezone.now()
@@ -148,10 +158,8 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
             return None
         portfolios = sorted({row[1] for row in rows})
         if sql.is_postgres():
-            sql.execute(
-                sql.lease_caps_lock(len(portfolios)),
-                [sql.LEASE_LOCK_NAMESPACE, *(p % 2**31 for p in portfolios)],
-            )
+            stripes = sorted({lease_stripe(p) for p in portfolios})
+            sql.execute(sql.lease_caps_lock(len(stripes)), [sql.LEASE_LOCK_NAMESPACE, *stripes])
             # Re-read under the locks: another worker may have taken the last slot.
             holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_holders_by_portfolio(now=now)
         queues: dict[int, list[int]] = {}
@@ -234,11 +242,18 @@ def wait_for_token(portfolio_id: int, buckets: list[BucketConfig] | None = None)
     return wait
 
 
+def group_tokens_unused(portfolio_ids: set[int]) -> None:
+    """Give back the tokens of portfolios a transaction was allowed but did not touch."""
+    tokens_give_back(portfolio_ids=portfolio_ids)
+
+
 def group_tokens(portfolio_ids: set[int]) -> tuple[set[int], dict[int, float]]:
-    """Tokens for one transaction over several portfolios: one from each
-    portfolio's bucket, then one global. Returns (portfolios allowed, seconds
-    to wait for each portfolio left out). Without a global token every
-    portfolio is left out. Unlimited rates cost no query."""
+    """Tokens for one transaction over the portfolios it may touch: one from
+    each portfolio's bucket, then one global. Returns (portfolios allowed,
+    seconds to wait for each portfolio left out: its own bucket's wait, or
+    the global one's). Without a global token every portfolio is left out.
+    Unlimited rates cost no query. Tokens of allowed portfolios the
+    transaction then leaves untouched go back (``group_tokens_unused``)."""
     now = timezone.now().timestamp()
     waits: dict[int, float] = {}
     for portfolio_id in sorted(portfolio_ids):

@@ -34,6 +34,7 @@ from cleanup_ops.downstream.purge import PurgeProgress, purge_run
 from cleanup_ops.execution.batches import job_load, jobs_load, run_batch, run_group_batch
 from cleanup_ops.execution.leases import (
     group_tokens,
+    group_tokens_unused,
     job_lease,
     job_release,
     jobs_lease_group,
@@ -220,12 +221,15 @@ def group_run_slice(
     drop out, a large one runs alone. The slice is bounded like a single
     job's (``CLEANUP_SLICE_BATCHES`` transactions or ``CLEANUP_SLICE_SECONDS``);
     what is left is released with its cursors. With rate limits configured a
-    transaction takes one token per portfolio it touches and one global token;
-    a portfolio without a token is left out of it and deferred, not waited for.
+    transaction takes one token per portfolio it touches and one global token
+    (tokens drawn for portfolios it then leaves untouched go back); a
+    portfolio without a token is left out of it and deferred until its own
+    token is due, not waited for.
 
     If a transaction fails, which partition caused it is unknown: the slice
     releases the jobs and runs each alone (``job_run_slice``), whose failure
-    handling classifies and records it for exactly that job.
+    handling classifies and records it for exactly that job, within what is
+    left of the slice's seconds (``_run_alone``).
     """
     owner = owner or worker_name()
     result = GroupSliceResult()
@@ -244,19 +248,27 @@ def group_run_slice(
     large: set[int] = set()
     started = time.monotonic()
     while pending:
-        allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in pending})
-        deferred = [job_id for job_id in pending if jobs[job_id].portfolio_id not in allowed]
-        if deferred:
-            wait = max(waits[jobs[job_id].portfolio_id] for job_id in deferred)
-            result.deferred_seconds = max(result.deferred_seconds, wait)
-            jobs_release(lease=lease, job_ids=deferred, available_at=timezone.now() + timedelta(seconds=wait))
-            pending = [job_id for job_id in pending if job_id not in set(deferred)]
-            if not pending:
-                break
         # A partition that filled its last batch takes the next one alone:
         # fencing, locking and replay-checking the whole group for it again
         # would cost more than its batch.
         working = pending[:1] if pending[0] in large else pending
+        # Tokens only for the portfolios this transaction may touch (a large
+        # partition alone spends its own portfolio's token, nobody else's).
+        allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in working})
+        deferred = [job_id for job_id in working if jobs[job_id].portfolio_id not in allowed]
+        if deferred:
+            # Each deferred partition waits for its own portfolio's token.
+            by_wait: dict[float, list[int]] = {}
+            for job_id in deferred:
+                by_wait.setdefault(waits[jobs[job_id].portfolio_id], []).append(job_id)
+            for wait, ids in sorted(by_wait.items()):
+                jobs_release(lease=lease, job_ids=ids, available_at=timezone.now() + timedelta(seconds=wait))
+            result.deferred_seconds = max(result.deferred_seconds, *by_wait)
+            gone = set(deferred)
+            pending = [job_id for job_id in pending if job_id not in gone]
+            working = [job_id for job_id in working if job_id not in gone]
+            if not working:
+                continue
         try:
             steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
         except LeaseLost:
@@ -272,13 +284,13 @@ def group_run_slice(
             )
             jobs_release(lease=lease, job_ids=pending)
             result.fell_back = True
-            for job_id in pending:
-                alone = job_run_slice(job_id=job_id, owner=owner, batch_size=batch_size)
-                result.rows_deleted += alone.rows_deleted
-                result.finished += int(bool(alone.outcome))
+            _run_alone(pending, owner=owner, batch_size=batch_size, result=result, started=started, budget=max_seconds)
             pending = []
             break
         result.transactions += 1
+        touched = {jobs[job_id].portfolio_id for job_id, step in steps.items() if step.applied}
+        if allowed - touched:
+            group_tokens_unused(allowed - touched)
         for job_id, step in steps.items():
             result.rows_deleted += step.deleted
             if step.outcome:
@@ -299,6 +311,23 @@ def group_run_slice(
     for sweep_id in sorted(sweeps):
         Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=timezone.now())
     return result
+
+
+def _run_alone(
+    job_ids: list[int], *, owner: str, batch_size: int | None, result: GroupSliceResult, started: float, budget: float
+) -> None:
+    """The fallback after a failed shared transaction: each job alone, where a
+    failure is classified for that job only — within the slice's deadline.
+    The first always runs (so a failing partition is found and recorded
+    however short the budget); the rest were released, due now, and wait for
+    the next turn once the budget is spent."""
+    for index, job_id in enumerate(job_ids):
+        left = budget - (time.monotonic() - started)
+        if index and (left <= 0 or stop_requested()):
+            break
+        alone = job_run_slice(job_id=job_id, owner=owner, batch_size=batch_size, max_seconds=max(0.0, left))
+        result.rows_deleted += alone.rows_deleted
+        result.finished += int(bool(alone.outcome))
 
 
 @dataclass

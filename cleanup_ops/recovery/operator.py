@@ -12,9 +12,12 @@ redrive is a *new* job with a new id and the key ``<root key>:redrive:<n>``
 a bounded key and ``n`` counts the redrives of that root), copying the old
 job's scope and cursor (the ledger replays anything already applied, so the
 old cursor is a safe start); a purge job's redrive inherits its kind and its
-outbox row. In bulk each letter is decided in its own savepoint: one that
-cannot be redriven (a database error) stays open and is reported in the
-result, without rolling back the others. Redriven sweeps are running again,
+outbox row. A delete job's redrive whose partition already has an open job
+(a later sweep admitted it) creates nothing and says which job that is
+(``PartitionBusy``): the database holds one open job per partition. In bulk
+each letter is decided in its own savepoint: one that cannot be redriven (a
+database error, a busy partition) stays open and is reported in the result,
+without rolling back the others. Redriven sweeps are running again,
 and the dispatcher is woken after commit.
 
 A pause stops new leases (everywhere, or in one portfolio); slices in flight
@@ -34,7 +37,7 @@ from django.db import DatabaseError, IntegrityError, models, transaction
 from django.utils import timezone
 
 from cleanup_ops.dispatch import dispatch_after_commit
-from cleanup_ops.models import CleanupJob, DeadLetter, PipelinePause, Sweep, scope_of
+from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, PipelinePause, Sweep, scope_of
 from cleanup_ops.selectors import DeadLetterFilter
 from properties.models import Portfolio
 from retention.services import audit_event_record, require_text
@@ -86,12 +89,34 @@ def redrive_key(job: CleanupJob) -> str:
     return f"{prefix}{max(numbers, default=0) + 1}"
 
 
+class PartitionBusy(Exception):
+    """Redrive of a delete job's letter while its partition has an open job
+    (a later sweep admitted it again): nothing is created — the database
+    allows one open job per partition — and the letter stays open. That job
+    covers the partition from the start with a later cutoff, so the letter
+    can be dismissed, or redriven once that job has finished."""
+
+    def __init__(self, letter: DeadLetter, open_job_id: int | None) -> None:
+        super().__init__(
+            f"dead letter {letter.pk}: its partition already has open job {open_job_id}; nothing was created"
+            " (dismiss the letter, or redrive it once that job has finished)"
+        )
+        self.letter = letter
+        self.open_job_id = open_job_id
+
+
 @dataclass(frozen=True)
 class LetterFailure:
     """A letter a bulk redrive could not redrive: it stays open."""
 
     letter_id: int
     error_class: str
+    open_job_id: int | None = None  # PartitionBusy: the partition's open job
+
+    def describe(self) -> str:
+        if self.open_job_id is not None:
+            return f"{self.letter_id} (its partition already has open job {self.open_job_id})"
+        return f"{self.letter_id} ({self.error_class})"
 
 
 @dataclass
@@ -110,21 +135,46 @@ class BulkRedrive:
         return len(self.jobs)
 
 
-def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
-    old = letter.job
-    return CleanupJob.objects.create(
-        sweep_id=old.sweep_id,
-        key=redrive_key(old),
-        # A purge job's kind and outbox row belong to its scope too.
-        kind=old.kind,
-        purge_request_id=old.purge_request_id,
-        cutoff=old.cutoff,
-        # The old cursor is a safe start: the ledger replays anything already applied.
-        cursor=old.cursor,
-        available_at=now,
-        redrive_of=old,
-        **scope_of(old),
+def _open_job_of_partition(job: CleanupJob) -> int | None:
+    return (
+        CleanupJob.objects.open()
+        .deletes()
+        .filter(portfolio_id=job.portfolio_id, property_id=job.property_id, record_kind=job.record_kind)
+        .values_list("id", flat=True)
+        .first()
     )
+
+
+def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
+    """The new job, or ``PartitionBusy`` when the partition already has an
+    open delete job. The partial unique index ``job_one_open_per_partition``
+    is the guarantee; the read first only names the job that holds it, and an
+    insert that loses a race with a concurrent admission is caught the same way."""
+    old = letter.job
+    if old.kind == JobKind.DELETE:
+        busy = _open_job_of_partition(old)
+        if busy is not None:
+            raise PartitionBusy(letter, busy)
+    try:
+        with transaction.atomic():
+            return CleanupJob.objects.create(
+                sweep_id=old.sweep_id,
+                key=redrive_key(old),
+                # A purge job's kind and outbox row belong to its scope too.
+                kind=old.kind,
+                purge_request_id=old.purge_request_id,
+                cutoff=old.cutoff,
+                # The old cursor is a safe start: the ledger replays anything already applied.
+                cursor=old.cursor,
+                available_at=now,
+                redrive_of=old,
+                **scope_of(old),
+            )
+    except IntegrityError:
+        busy = _open_job_of_partition(old) if old.kind == JobKind.DELETE else None
+        if busy is None:
+            raise
+        raise PartitionBusy(letter, busy) from None
 
 
 def _decide_one(
@@ -168,6 +218,9 @@ def _decide(
             try:
                 with transaction.atomic():
                     job = _decide_one(letter, decision=decision, actor=actor, reason=reason, now=now)
+            except PartitionBusy as exc:
+                failed.append(LetterFailure(letter.pk, type(exc).__name__, open_job_id=exc.open_job_id))
+                continue
             except DatabaseError as exc:
                 failed.append(LetterFailure(letter.pk, type(exc).__name__))
                 continue

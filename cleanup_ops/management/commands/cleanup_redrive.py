@@ -54,7 +54,10 @@ class Command(BaseCommand):
             else:
                 result = dead_letters_redrive_bulk(actor=actor, reason=options["reason"], letter_filter=letter_filter)
                 new_jobs = [job.pk for job in result]
-                failed = [{"letter_id": f.letter_id, "error_class": f.error_class} for f in result.failed]
+                failed = [
+                    {"letter_id": f.letter_id, "error_class": f.error_class, "open_job_id": f.open_job_id}
+                    for f in result.failed
+                ]
                 count = len(new_jobs)
         except ValidationError as exc:
             raise CommandError(f"--reason: {exc.message_dict['reason'][0]}") from None
@@ -66,6 +69,9 @@ class Command(BaseCommand):
             return
         self.stdout.write(f"{count} dead letters {verb}." + (f" New jobs: {new_jobs}" if new_jobs else ""))
         for failure in failed:
-            self.stderr.write(
-                f"Dead letter {failure['letter_id']} could not be redriven ({failure['error_class']}); still open."
+            why = (
+                f"its partition already has open job {failure['open_job_id']}"
+                if failure["open_job_id"] is not None
+                else failure["error_class"]
             )
+            self.stderr.write(f"Dead letter {failure['letter_id']} could not be redriven ({why}); still open.")
