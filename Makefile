@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42 --customers 2
 
-.PHONY: demo test test-redis test-sqs test-rabbitmq lint format venv clean
+.PHONY: demo test test-model test-redis test-sqs test-rabbitmq lint format venv clean
 
 venv: $(VENV)/.installed
 
@@ -40,6 +40,11 @@ demo: venv
 
 test: venv
 	PYTHON=$(PY) bash scripts/test.sh
+
+# The long profile of the model-based test of the guarantees (nightly use;
+# `make test` runs it with 20 examples of 40 steps, a fixed seed).
+test-model: venv
+	MODEL_EXAMPLES=200 MODEL_STEPS=50 PYTHON=$(PY) bash scripts/test.sh tests/test_guarantees_model.py
 
 # The worker tests and the chaos CI variant with Q_BROKER=<kind>, its server started
 # on loopback (harness/brokers.py). `make test` runs tests/test_brokers.py on every

@@ -534,7 +534,7 @@ class TestHoldsAndReferencesAtPurgeTime:
 
         from retention.models import LegalHold
 
-        ids, documents = leases_with_files
+        ids, _ = leases_with_files
         with pytest.raises(ValidationError) as info:
             legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x")
         assert "record_id" in info.value.message_dict

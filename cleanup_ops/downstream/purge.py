@@ -353,6 +353,7 @@ def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
     with transaction.atomic(), connection.cursor() as cur:
         lock_job(cur, job_id=job.id, lease=lease, now=now)
         job_finish(cur, job_id=job.id, outcome=outcome, now=now)
+        Sweep.objects.mark_drained_if_finished(sweep_id=job.sweep_id, now=now)
     return outcome
 
 

@@ -28,7 +28,8 @@ f. Outbox: for record kinds with attachments the DELETE returns the deleted
    takes its outbox rows with it.
 
 A batch with fewer candidates than the limit (or none) was the last one: the
-job is done with its outcome in that same transaction.
+job is done with its outcome in that same transaction, and so is its sweep
+when no job of it is left open (``Sweep.objects.mark_drained_if_finished``).
 """
 
 from __future__ import annotations
@@ -44,7 +45,16 @@ from django.utils import timezone
 from cleanup_ops import sql
 from cleanup_ops.downstream.urls import document_id_valid
 from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
-from cleanup_ops.models import CleanupJob, DeletedAttachment, JobKind, JobOutcome, JobState, PurgeRequest, scope_of
+from cleanup_ops.models import (
+    CleanupJob,
+    DeletedAttachment,
+    JobKind,
+    JobOutcome,
+    JobState,
+    PurgeRequest,
+    Sweep,
+    scope_of,
+)
 from cleanup_ops.recovery.classification import LeaseLost
 from retention.eligibility import db_datetime, eligible_sql_for
 from retention.models import PolicyVersion
@@ -248,6 +258,10 @@ def run_group_batch(
             purge_outbox_write_many(
                 [(by_id[job_id].job, by_id[job_id].operation, ids) for job_id, ids in documents.items()], now=now
             )
+        # A sweep whose last job finished here is finished in this same
+        # transaction (under its row lock), so no crash leaves it running.
+        for sweep_id in sorted({job.sweep_id for job in jobs if steps[job.id].outcome}):
+            Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=now)
     return steps
 
 

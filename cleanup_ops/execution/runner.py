@@ -42,7 +42,7 @@ from cleanup_ops.execution.leases import (
     wait_for_token,
     worker_name,
 )
-from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
+from cleanup_ops.models import CleanupJob, JobKind, JobState
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 
@@ -191,8 +191,6 @@ def job_run_slice(
             result.outcome,
             extra={"job_id": job_id, "status": result.outcome, "record_kind": job.record_kind},
         )
-    if result.outcome or result.dead:
-        Sweep.objects.mark_drained_if_finished(sweep_id=job.sweep_id, now=timezone.now())
     return result
 
 
@@ -244,7 +242,6 @@ def group_run_slice(
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     limit = min(batch_size or settings.CLEANUP_BATCH_SIZE, 1000)
     jobs = jobs_load(pending)
-    sweeps: set[int] = set()
     large: set[int] = set()
     started = time.monotonic()
     while pending:
@@ -291,11 +288,10 @@ def group_run_slice(
         touched = {jobs[job_id].portfolio_id for job_id, step in steps.items() if step.applied}
         if allowed - touched:
             group_tokens_unused(allowed - touched)
-        for job_id, step in steps.items():
+        for step in steps.values():
             result.rows_deleted += step.deleted
             if step.outcome:
                 result.finished += 1
-                sweeps.add(jobs[job_id].sweep_id)
         large = {job_id for job_id, step in steps.items() if step.full} | (large - set(steps))
         done = {job_id for job_id, step in steps.items() if step.outcome or step.lost}
         # Large partitions first: the next transactions work them alone, one
@@ -308,8 +304,6 @@ def group_run_slice(
             break
     if pending:
         jobs_release(lease=lease, job_ids=pending)
-    for sweep_id in sorted(sweeps):
-        Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=timezone.now())
     return result
 
 

@@ -21,7 +21,7 @@ from django.utils import timezone
 
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.execution.leases import Lease
-from cleanup_ops.models import CleanupJob, DeadLetter, JobState, scope_of
+from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep, scope_of
 from cleanup_ops.recovery.classification import (
     Classification,
     FailureCategory,
@@ -75,4 +75,7 @@ def job_fail(*, lease: Lease, classification: Classification, now: datetime | No
             sweep_id=job.sweep_id,
             **scope_of(job),
         )
+        # In the same transaction as the job's end: a sweep is finished
+        # exactly when its last job is (a crash cannot leave it running).
+        Sweep.objects.mark_drained_if_finished(sweep_id=job.sweep_id, now=now)
     return True

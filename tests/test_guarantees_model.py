@@ -1,0 +1,471 @@
+"""The pipeline's promises as a model: a Hypothesis state machine on PostgreSQL.
+
+Real transactions (the test is transactional; every rule commits, and one
+rule runs two workers at once on two connections), the real document store
+on loopback, and a plain Python model of what exists: records of all three
+kinds in two portfolios of two properties each, some sharing document ids
+across kinds, properties and portfolios; legal holds of every scope; sweeps
+of successive slots.
+
+Rules interleave: adding records (old, borderline, young; with a shared, a
+unique or no document), placing and releasing holds of every scope at any
+moment (so also between a delete and its purge), sweeps, group slices,
+single slices and purge slices with any batch size, two workers at once, a
+worker that leases and vanishes, the clock moving past leases and backoffs,
+failures that retry or dead-letter, redrives and dismissals.
+
+After every step, against the model:
+
+- no record under an active hold, and none younger than the cutoff, was deleted;
+- no document left the store while a surviving record names it or an active
+  hold covers any record (deleted or alive, of any kind or property) that
+  named it;
+- no operation id twice; a ledger row counts a row as held only when an
+  active hold kept it (its candidates that survive are exactly its held rows);
+- at most one open delete job per partition; no portfolio over its lease cap;
+- every sweep whose jobs are all finished is finished, and none before.
+
+CI runs it with a fixed seed and a bounded number of examples
+(``MODEL_EXAMPLES``/``MODEL_STEPS``, defaults 20 x 40); ``make test-model``
+runs the long profile (200 x 50) for nightly use.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+import time_machine
+from django.conf import settings as django_settings
+from django.db import connection, connections
+from django.utils import timezone
+from hypothesis import HealthCheck
+from hypothesis import settings as hypothesis_settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from cleanup_ops.execution.leases import jobs_lease_group
+from cleanup_ops.execution.runner import group_run_slice, job_run_slice
+from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, LedgerEntry, Sweep, SweepStatus
+from cleanup_ops.recovery.classification import DownstreamError, InvalidInput
+from cleanup_ops.recovery.operator import PartitionBusy, dead_letter_dismiss, dead_letter_redrive
+from cleanup_ops.schedule import sweep_trigger
+from properties.models import Portfolio, Property
+from retention.registry import REGISTRY, get_spec
+from retention.services import (
+    legal_hold_place,
+    legal_hold_release,
+    policy_version_approve,
+    policy_version_submit,
+    retention_policy_get_or_create,
+)
+
+from .conftest import make_records, make_user, utc
+
+pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+
+START = utc("2026-08-21T02:00:00Z")
+OLD = utc("2020-01-01T00:00:00Z")
+RETENTION_DAYS = 365
+KINDS = list(REGISTRY)
+WITH_FILES = ("lease", "maintenance_record")
+# Ages of new records, relative to the first slot: always eligible; eligible
+# from the third sweep on (slots advance a day each); never within a run.
+AGES = {"old": None, "borderline": timedelta(days=RETENTION_DAYS - 2), "young": timedelta(days=30)}
+CAP = 2
+REASON = "model-based test decision"
+EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "20"))
+STEPS = int(os.environ.get("MODEL_STEPS", "40"))
+
+# Kept across examples: the tables a fresh example truncates (all but the
+# migration-made roles, permissions, content types and schedules).
+KEEP = {"auth_group", "auth_permission", "auth_group_permissions", "django_content_type", "django_migrations"}
+
+
+@dataclass
+class Record:
+    kind: str
+    id: int
+    portfolio_id: int
+    property_id: int
+    ts: object
+    document_id: str | None
+
+
+@dataclass(frozen=True)
+class Hold:
+    id: int
+    portfolio_id: int
+    property_id: int | None
+    kind: str
+    record_id: int | None
+
+    def covers(self, record: Record) -> bool:
+        return (
+            self.portfolio_id == record.portfolio_id
+            and self.property_id in (None, record.property_id)
+            and self.kind in ("", record.kind)
+            and self.record_id in (None, record.id)
+        )
+
+
+def _truncate() -> None:
+    tables = [t for t in connection.introspection.django_table_names(only_existing=True) if t not in KEEP]
+    with connection.cursor() as cur:
+        cur.execute(f"TRUNCATE {', '.join(tables)} RESTART IDENTITY CASCADE")
+
+
+def _raise(exc: Exception):  # type: ignore[no-untyped-def]
+    def hook(job_id: int) -> None:
+        raise exc
+
+    return hook
+
+
+class Guarantees(RuleBasedStateMachine):
+    store = None  # the document store (set by the test)
+    example = 0
+
+    def __init__(self) -> None:
+        super().__init__()
+        Guarantees.example += 1
+        self.prefix = f"x{Guarantees.example}"
+        _truncate()
+        self.now = START + timedelta(minutes=1)
+        self.clock = time_machine.travel(self.now, tick=False)
+        self.coordinates = self.clock.start()
+        manager = make_user("m", "property_manager")
+        self.reviewer = make_user("r", "compliance_reviewer")
+        self.operator = make_user("o", "operator")
+        self.props: list[Property] = []
+        for p in range(2):
+            portfolio = Portfolio.objects.create(name=f"P{p}", slug=f"p{p}")
+            for kind in KINDS:
+                policy = retention_policy_get_or_create(portfolio=portfolio, record_kind=kind)
+                version = policy_version_submit(
+                    policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="r"
+                )
+                policy_version_approve(version_id=version.pk, reviewer=self.reviewer)
+            self.props += [Property.objects.create(portfolio=portfolio, name=f"B{p}{q}") for q in range(2)]
+        self.slot = START - timedelta(days=1)
+        self.records: dict[tuple[str, int], Record] = {}
+        self.deleted: list[Record] = []
+        self.holds: list[Hold] = []
+        self.batch_size = 3
+        self.abandoned = None
+        self.docs_seen: set[str] = set()
+        self.ledger_seen = 0
+
+    def teardown(self) -> None:
+        self.clock.stop()
+
+    # --- helpers ---------------------------------------------------------------
+
+    def _cutoff(self) -> object:
+        return self.slot - timedelta(days=RETENTION_DAYS)
+
+    def _store_docs(self) -> set[str]:
+        return {d for d in self.store.documents() if d.startswith(self.prefix + "-")}
+
+    def _move(self, to) -> None:  # type: ignore[no-untyped-def]
+        self.now = to
+        self.coordinates.move_to(to, tick=False)
+
+    def _due(self, kind: str) -> list[int]:
+        return list(
+            CleanupJob.objects.due(now=timezone.now()).filter(kind=kind).order_by("id").values_list("id", flat=True)
+        )
+
+    # --- rules: the estate -----------------------------------------------------
+
+    @initialize(
+        layout=st.lists(
+            st.tuples(st.integers(0, 3), st.sampled_from(KINDS), st.sampled_from(["none", "shared", "unique"])),
+            min_size=3,
+            max_size=8,
+        ),
+        holds_first=st.lists(st.tuples(st.integers(0, 3), st.sampled_from(["", *KINDS])), max_size=2),
+        first_slices=st.integers(0, 2),
+    )
+    def an_estate_with_expired_records(
+        self, layout: list[tuple[int, str, str]], holds_first: list[tuple[int, str]], first_slices: int
+    ) -> None:
+        """Expired records in several partitions (files shared across kinds,
+        properties and portfolios), perhaps holds, the first sweep, perhaps a
+        slice or two of it already run."""
+        for n, (prop, kind, doc) in enumerate(layout):
+            self.add_records(kind=kind, prop=prop, count=2, age="old", doc=doc, shared=n % 3)
+        for prop, kind in holds_first:
+            self.place_hold(prop=prop, portfolio=0, kind=kind, one_record=False, pick=0)
+        self.sweep()
+        for n in range(first_slices):
+            self.a_worker_runs_a_slice(mode="group", batches=1, pick=n)
+
+    @rule(
+        kind=st.sampled_from(KINDS),
+        prop=st.integers(0, 3),
+        count=st.integers(1, 4),
+        age=st.sampled_from(list(AGES)),
+        doc=st.sampled_from(["none", "shared", "unique"]),
+        shared=st.integers(0, 2),
+    )
+    def add_records(self, kind: str, prop: int, count: int, age: str, doc: str, shared: int) -> None:
+        target = self.props[prop]
+        ended = OLD if AGES[age] is None else START - AGES[age]
+        ids = make_records(target, kind, count, ended=ended)
+        model = get_spec(kind).model
+        for record_id in ids:
+            document_id = None
+            if kind in WITH_FILES and doc != "none":
+                document_id = f"{self.prefix}-s{shared}" if doc == "shared" else f"{self.prefix}-u{record_id}{kind[0]}"
+                if document_id not in self.docs_seen:
+                    self.store.create(document_id)
+                    self.docs_seen.add(document_id)
+                model.objects.filter(pk=record_id).update(document_id=document_id)
+            self.records[(kind, record_id)] = Record(
+                kind, record_id, target.portfolio_id, target.pk, ended, document_id
+            )
+
+    @rule(
+        prop=st.one_of(st.none(), st.integers(0, 3)),
+        portfolio=st.integers(0, 1),
+        kind=st.sampled_from(["", *KINDS]),
+        one_record=st.booleans(),
+        pick=st.integers(0, 10_000),
+    )
+    def place_hold(self, prop: int | None, portfolio: int, kind: str, one_record: bool, pick: int) -> None:
+        target = self.props[prop] if prop is not None else None
+        portfolio_obj = target.portfolio if target else self.props[portfolio * 2].portfolio
+        record_id = None
+        if one_record and kind:
+            candidates = sorted(
+                r.id
+                for r in self.records.values()
+                if r.kind == kind
+                and r.portfolio_id == portfolio_obj.pk
+                and (target is None or r.property_id == target.pk)
+            )
+            if not candidates:
+                return
+            record_id = candidates[pick % len(candidates)]
+        hold = legal_hold_place(
+            portfolio=portfolio_obj,
+            property=target,
+            record_kind=kind,
+            record_id=record_id,
+            placed_by=self.reviewer,
+            reason="model hold",
+        )
+        self.holds.append(Hold(hold.pk, portfolio_obj.pk, target.pk if target else None, kind, record_id))
+
+    @precondition(lambda self: any(r.document_id for r in self.deleted))
+    @rule(pick=st.integers(0, 10_000), narrow=st.sampled_from(["portfolio", "property", "kind"]))
+    def hold_between_a_delete_and_its_purge(self, pick: int, narrow: str) -> None:
+        """A hold over the scope of a record already deleted whose file may still wait for its purge."""
+        named = [r for r in self.deleted if r.document_id]
+        record = named[pick % len(named)]
+        portfolio = Portfolio.objects.get(pk=record.portfolio_id)
+        prop = Property.objects.get(pk=record.property_id) if narrow != "portfolio" else None
+        kind = record.kind if narrow == "kind" else ""
+        hold = legal_hold_place(
+            portfolio=portfolio, property=prop, record_kind=kind, placed_by=self.reviewer, reason="late hold"
+        )
+        self.holds.append(Hold(hold.pk, portfolio.pk, prop.pk if prop else None, kind, None))
+
+    @precondition(lambda self: self.holds)
+    @rule(pick=st.integers(0, 10_000))
+    def release_hold(self, pick: int) -> None:
+        hold = self.holds.pop(pick % len(self.holds))
+        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release")
+
+    # --- rules: the pipeline ---------------------------------------------------
+
+    @rule()
+    def sweep(self) -> None:
+        self.slot += timedelta(days=1)
+        self._move(self.slot + timedelta(minutes=1))
+        sweep_trigger(slot=self.slot, now=self.now)
+
+    @rule(size=st.sampled_from([1, 2, 3, 5, 8]))
+    def change_batch_size(self, size: int) -> None:
+        self.batch_size = size
+
+    @rule(mode=st.sampled_from(["group", "single", "purge"]), batches=st.integers(1, 4), pick=st.integers(0, 10_000))
+    def a_worker_runs_a_slice(self, mode: str, batches: int, pick: int) -> None:
+        """A group slice (several partitions in shared transactions), a single
+        job's slice, or a purge slice."""
+        if mode == "group":
+            group_run_slice(owner="w1", max_jobs=1 + pick % 6, max_batches=batches, batch_size=self.batch_size)
+            return
+        due = self._due(JobKind.PURGE if mode == "purge" else JobKind.DELETE)
+        if due:
+            job_id = due[pick % len(due)]
+            job_run_slice(job_id=job_id, owner="w2", max_batches=batches, batch_size=self.batch_size)
+
+    @rule(purge_too=st.booleans())
+    def two_workers_at_once(self, purge_too: bool) -> None:
+        """Two workers on two connections, released together by a barrier."""
+        barrier = threading.Barrier(2)
+        errors: list[BaseException] = []
+        size = self.batch_size
+
+        def work(name: str, purge: bool) -> None:
+            try:
+                barrier.wait(10)
+                if purge:
+                    due = CleanupJob.objects.due(now=timezone.now()).filter(kind=JobKind.PURGE)
+                    job_id = due.values_list("id", flat=True).first()
+                    if job_id:
+                        job_run_slice(job_id=job_id, owner=name, max_batches=2)
+                else:
+                    group_run_slice(owner=name, max_jobs=3, max_batches=2, batch_size=size)
+            except BaseException as exc:  # pragma: no cover - re-raised below
+                errors.append(exc)
+            finally:
+                connections.close_all()
+
+        threads = [
+            threading.Thread(target=work, args=("wa", False)),
+            threading.Thread(target=work, args=("wb", purge_too)),
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(60)
+        if errors:
+            raise errors[0]
+
+    @precondition(lambda self: self.abandoned is None)
+    @rule(jobs=st.integers(1, 3))
+    def worker_leases_and_vanishes(self, jobs: int) -> None:
+        group = jobs_lease_group(owner="crashed", limit=jobs)
+        if group is not None:
+            from cleanup_ops.execution.batches import jobs_load
+
+            self.abandoned = (group.lease, jobs_load(group.job_ids))
+
+    @precondition(lambda self: self.abandoned is not None)
+    @rule()
+    def vanished_worker_comes_back_and_commits(self) -> None:
+        """A stalled worker resumes with its old lease: fenced if it expired."""
+        from cleanup_ops.execution.batches import run_group_batch
+        from cleanup_ops.recovery.classification import LeaseLost
+
+        lease, jobs = self.abandoned
+        self.abandoned = None
+        try:
+            run_group_batch(jobs=list(jobs.values()), lease=lease, limit=self.batch_size)
+        except LeaseLost:
+            pass
+
+    @rule(seconds=st.sampled_from([1, 30, django_settings.CLEANUP_LEASE_SECONDS + 1, 3600]))
+    def time_passes(self, seconds: int) -> None:
+        self._move(self.now + timedelta(seconds=seconds))
+
+    @rule(pick=st.integers(0, 10_000), fatal=st.booleans(), purge=st.booleans())
+    def a_job_fails(self, pick: int, fatal: bool, purge: bool) -> None:
+        due = self._due(JobKind.PURGE if purge else JobKind.DELETE)
+        if due:
+            failure = InvalidInput("bad input") if fatal else DownstreamError(500)
+            job_run_slice(job_id=due[pick % len(due)], owner="w4", before_batch=_raise(failure))
+
+    @rule(pick=st.integers(0, 10_000), redrive=st.booleans())
+    def operator_decides(self, pick: int, redrive: bool) -> None:
+        letters = list(DeadLetter.objects.open().order_by("id").select_related("job"))
+        if not letters:
+            return
+        letter = letters[pick % len(letters)]
+        if not redrive:
+            dead_letter_dismiss(letter_id=letter.pk, actor=self.operator, reason=REASON)
+            return
+        try:
+            dead_letter_redrive(letter_id=letter.pk, actor=self.operator, reason=REASON)
+        except PartitionBusy as exc:
+            job = letter.job
+            assert job.kind == JobKind.DELETE
+            busy = CleanupJob.objects.open().deletes().get(pk=exc.open_job_id)
+            assert (busy.portfolio_id, busy.property_id, busy.record_kind) == (
+                job.portfolio_id,
+                job.property_id,
+                job.record_kind,
+            )
+
+    # --- the promises, after every step ---------------------------------------
+
+    @invariant()
+    def promises_hold(self) -> None:
+        cutoff = self._cutoff()
+        alive: set[tuple[str, int]] = set()
+        for kind in KINDS:
+            alive |= {(kind, i) for i in get_spec(kind).model.objects.values_list("id", flat=True)}
+        # Records deleted in this step: past the cutoff, under no active hold.
+        for key in [k for k in self.records if k not in alive]:
+            record = self.records.pop(key)
+            assert record.ts < cutoff, f"{key} deleted before its cutoff"
+            held_by = [h for h in self.holds if h.covers(record)]
+            assert not held_by, f"{key} deleted under hold(s) {held_by}"
+            self.deleted.append(record)
+        # Documents that left the store in this step.
+        docs = self._store_docs()
+        gone = (self.docs_seen & getattr(self, "_docs_before", self.docs_seen)) - docs
+        for document_id in gone:
+            named_alive = [r for r in self.records.values() if r.document_id == document_id]
+            assert not named_alive, f"{document_id} purged while {named_alive[0]} names it"
+            named_deleted = [r for r in self.deleted if r.document_id == document_id]
+            covering = [(h, r) for r in named_deleted for h in self.holds if h.covers(r)]
+            assert not covering, f"{document_id} purged while hold {covering[0][0]} covers {covering[0][1]}"
+        self._docs_before = docs
+        # The ledger: unique operations; held counts are rows an active hold kept.
+        assert LedgerEntry.objects.count() == LedgerEntry.objects.values("operation_id").distinct().count()
+        for entry in LedgerEntry.objects.filter(id__gt=self.ledger_seen).order_by("id"):
+            survivors = [
+                r
+                for r in self.records.values()
+                if r.kind == entry.record_kind
+                and r.property_id == entry.property_id
+                and entry.after_id < r.id <= entry.last_id
+                and r.ts < entry.cutoff
+            ]
+            assert entry.candidates - entry.rows_deleted == len(survivors), (entry.operation_id, survivors)
+            for record in survivors:
+                assert any(h.covers(record) for h in self.holds), f"{record} counted held with no hold"
+            self.ledger_seen = entry.pk
+        # One open delete job per partition; no portfolio over its cap.
+        open_by_partition: dict[tuple[int, int, str], int] = {}
+        for row in CleanupJob.objects.open().deletes().values_list("portfolio_id", "property_id", "record_kind"):
+            open_by_partition[row] = open_by_partition.get(row, 0) + 1
+        assert all(n == 1 for n in open_by_partition.values()), open_by_partition
+        holders = CleanupJob.objects.lease_holders_by_portfolio(now=timezone.now())
+        assert all(n <= CAP for n in holders.values()), holders
+        # A sweep is finished exactly when none of its jobs is open.
+        for sweep in Sweep.objects.exclude(status=SweepStatus.ADMITTING):
+            has_open = CleanupJob.objects.filter(sweep=sweep).open().exists()
+            assert has_open == (sweep.status == SweepStatus.RUNNING), (sweep.key, sweep.status, has_open)
+
+
+def test_the_guarantees_hold_under_any_interleaving(docstore, settings):  # type: ignore[no-untyped-def]
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = CAP
+    settings.CLEANUP_BACKOFF_BASE_SECONDS = 20.0
+    settings.CLEANUP_TOKEN_WAIT_SECONDS = 0.0
+    Guarantees.store = docstore
+    run_state_machine_as_test(
+        Guarantees,
+        settings=hypothesis_settings(
+            max_examples=EXAMPLES,
+            stateful_step_count=STEPS,
+            deadline=None,
+            derandomize=True,
+            database=None,
+            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+        ),
+    )
