@@ -208,7 +208,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     def get_queryset(self) -> QuerySet[Sweep]:
         return sweeps_seen(portfolio_ids=portfolio_ids_where(self.request.user, SWEEP_VIEW))
 
-    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+    def retrieve(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         sweep = self.get_object()
         jobs = sweep.jobs.filter(portfolio_ids_q(portfolio_ids_where(request.user, SWEEP_VIEW)))
         by_state = dict(jobs.values_list("state").annotate(n=Count("id")).order_by())
@@ -226,7 +226,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             400: OpenApiResponse(description="malformed or future slot"),
         },
     )
-    def create(self, request: Request) -> Response:
+    def create(self, request: Request, **kwargs: Any) -> Response:
         data = TriggerSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         slot = None
@@ -254,7 +254,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         },
     )
     @action(detail=True, methods=["get"])
-    def proof(self, request: Request, pk: str | None = None) -> Response | HttpResponse:
+    def proof(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response | HttpResponse:
         export = choice_param(request, "export", list(PROOF_FORMATS)) or "json"
         proof = sweep_proof(sweep=self.get_object(), portfolio_ids=portfolio_ids_where(request.user, SWEEP_VIEW))
         if export == "csv":
@@ -343,7 +343,7 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def redrive(self, request: Request, pk: str | None = None) -> Response:
+    def redrive(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         job = self._decide(request, dead_letter_redrive)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -356,7 +356,7 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def dismiss(self, request: Request, pk: str | None = None) -> Response:
+    def dismiss(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         return Response(DeadLetterSerializer(self._decide(request, dead_letter_dismiss)).data)
 
 

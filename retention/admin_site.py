@@ -17,6 +17,10 @@ so that before Django's code runs:
   hierarchy's year is 1 to 9998, its month 1 to 12, its day 1 to 31, and
   free text (``q`` included) is at most ``MAX_FILTER_LENGTH`` characters.
 
+The change, history and delete pages of every model check the permission
+to view the model before looking the object up (Django does it the other way
+round, which tells a user without the permission which ids exist).
+
 Autocomplete (``/admin/autocomplete/``) takes a ``term`` of at most
 ``MAX_FILTER_LENGTH`` characters. Control characters anywhere are refused
 earlier, by ``retention.middleware``. A 400 here renders a short page that
@@ -32,11 +36,13 @@ from typing import Any
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.contrib.admin.utils import get_fields_from_path
-from django.core.exceptions import FieldDoesNotExist
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
 
 from retention.inputs import MAX_FILTER_LENGTH, id_problem, text_problem
 
+# Views of one object (and Django's redirect to change): permission before lookup.
+OBJECT_VIEWS = frozenset({"change_view", "history_view", "delete_view"})
 CHANGELIST_PARAMS = frozenset({"q", "o", "p", "all", "e", "_popup", "_to_field", "_changelist_filters", "_facets"})
 
 # Kinds of value a changelist parameter takes.
@@ -125,9 +131,26 @@ class GuardedAdminSite(admin.AdminSite):
         name = getattr(view, "__name__", "")
         if name == "changelist_view" and isinstance(owner, admin.ModelAdmin):
             view = self._guard(view, lambda request: changelist_problem(owner, request))
+        elif name in OBJECT_VIEWS and isinstance(owner, admin.ModelAdmin):
+            view = self._permission_first(view, owner)
         elif name == "autocomplete_view" and owner is self:
             view = self._guard(view, autocomplete_problem)
         return super().admin_view(view, cacheable)
+
+    @staticmethod
+    def _permission_first(view: Callable[..., Any], model_admin: admin.ModelAdmin) -> Callable[..., Any]:
+        """Django looks an object up before it checks the permission: a user
+        who may not view the model gets a redirect ("does not exist") for a
+        missing id and a 403 for an existing one — an oracle for ids. Here
+        the permission comes first, so every id answers the same 403."""
+
+        @wraps(view)
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if not model_admin.has_view_or_change_permission(request):
+                raise PermissionDenied
+            return view(request, *args, **kwargs)
+
+        return checked
 
     @staticmethod
     def _guard(view: Callable[..., Any], check: Callable[[HttpRequest], tuple[str, str] | None]) -> Callable[..., Any]:

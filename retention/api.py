@@ -171,7 +171,7 @@ class PolicyViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         responses={201: PolicyVersionSerializer, 400: OpenApiResponse(description="invalid retention_days or reason")},
     )
     @action(detail=True, methods=["post"])
-    def versions(self, request: Request, pk: str | None = None) -> Response:
+    def versions(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         policy = self.get_object()
         if not may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id):
             raise PermissionDenied("You are not a property manager of this policy's portfolio.")
@@ -216,7 +216,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def approve(self, request: Request, pk: str | None = None) -> Response:
+    def approve(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         return self._review(request, policy_version_approve)
 
     @extend_schema(
@@ -228,7 +228,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def reject(self, request: Request, pk: str | None = None) -> Response:
+    def reject(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         return self._review(request, policy_version_reject)
 
 
@@ -276,7 +276,7 @@ class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyM
         responses={200: LegalHoldSerializer, 400: OpenApiResponse(description="reason missing or already released")},
     )
     @action(detail=True, methods=["post"])
-    def release(self, request: Request, pk: str | None = None) -> Response:
+    def release(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         hold = self.get_object()
         if not may_act_in(request.user, "retention.change_legalhold", hold.portfolio_id):
             raise PermissionDenied("You are not a compliance reviewer of this hold's portfolio.")
