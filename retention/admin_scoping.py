@@ -17,17 +17,30 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.contrib.auth import get_permission_codename
 from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 
 from properties.models import Portfolio, Property
+from retention.inputs import id_problem
 from retention.scoping import portfolios_where, scope_queryset
 
 
 def view_permission(opts: Any) -> str:
     return f"{opts.app_label}.{get_permission_codename('view', opts)}"
+
+
+class IdAutocompleteSelect(AutocompleteSelect):
+    """Django's autocomplete widget, which looks up the selected value to show
+    its label and fails with a 500 on one that is not an id (``?property=abc``
+    on an add form, or posted back with a form error). Values that are not
+    ids are shown as nothing selected; the form field reports them."""
+
+    def optgroups(self, name: str, value: Any, attr: Any = None) -> Any:
+        ids = [v for v in value if v in (None, "") or id_problem(str(v), field=name, from_form=True) is None]
+        return super().optgroups(name, ids, attr)
 
 
 class PortfolioListFilter(admin.RelatedFieldListFilter):
@@ -87,6 +100,8 @@ class PortfolioScopedAdmin(admin.ModelAdmin):
         # a property of such a portfolio: anything else is "not one of the
         # available choices", the same message as for an id that does not exist.
         related: type[Model] = db_field.related_model
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = IdAutocompleteSelect(db_field, self.admin_site, using=kwargs.get("using"))
         if related is Portfolio:
             kwargs["queryset"] = portfolios_where(request.user, self.add_permission_name())
         elif related is Property:

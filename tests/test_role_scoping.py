@@ -12,6 +12,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from django.contrib.auth.models import User
@@ -69,6 +70,10 @@ def member(name: str, *grants: tuple[Portfolio, str]) -> User:
     return User.objects.get(pk=user.pk)
 
 
+def selects(page: str) -> set[str]:
+    return set(re.findall(r'<select[^>]*name="([^"]+)"', page))
+
+
 def api_for(user: User) -> APIClient:
     api = APIClient()
     api.force_authenticate(user)
@@ -87,8 +92,9 @@ def test_the_approve_form_of_the_browsable_api_lists_no_policy_and_no_user(estat
         assert response.status_code == 405
         page = response.content.decode()
         assert 'name="note"' in page  # the action's own input
-        for leak in ('name="policy"', 'name="author"', 'name="reviewer"', "author-b", "Portfolio p2", "<option"):
+        for leak in ('name="policy"', 'name="author"', 'name="reviewer"', "author-b", "Portfolio p2"):
             assert leak not in page, leak
+        assert selects(page) <= {"_content_type"}  # the raw form's media type, nothing else
 
 
 def test_the_new_version_form_lists_no_portfolio(estate):
@@ -96,14 +102,16 @@ def test_the_new_version_form_lists_no_portfolio(estate):
     policy = RetentionPolicy.objects.get(portfolio=estate["p1"], record_kind="lease")
     page = api_for(manager).get(f"/api/v1/policies/{policy.pk}/versions/?format=api").content.decode()
     assert 'name="retention_days"' in page and 'name="reason"' in page
-    assert 'name="portfolio"' not in page and "Portfolio p2" not in page and "<option" not in page
+    assert 'name="portfolio"' not in page and "Portfolio p2" not in page
+    assert selects(page) <= {"_content_type"}
 
 
 def test_the_redrive_form_lists_no_job_and_no_user(estate, operator_user):
     letter = DeadLetter.objects.filter(portfolio_id=estate["p1"].pk).get()
     page = api_for(operator_user).get(f"/api/v1/dead-letters/{letter.pk}/redrive/?format=api").content.decode()
     assert 'name="reason"' in page
-    assert 'name="job"' not in page and 'name="resolved_by"' not in page and "<option" not in page
+    assert 'name="job"' not in page and 'name="resolved_by"' not in page
+    assert selects(page) <= {"_content_type"}
 
 
 def test_the_hold_form_offers_only_the_portfolios_where_the_user_places_holds(estate):
@@ -170,13 +178,14 @@ def test_an_auditor_of_customer_a_who_manages_customer_b_reads_nothing_of_bs_pip
 def test_a_two_megabyte_reason_is_refused_everywhere_naming_the_field_and_writes_nothing(estate, operator_user):
     p1 = estate["p1"]
     huge = "x" * 2_000_000
+    manager = member("manager-a", (p1, "property_manager"))
+    reviewer = member("reviewer-a", (p1, "compliance_reviewer"))
     events = AuditEvent.objects.count()
     console = Client()
     console.force_login(operator_user)
     response = console.post("/console/pause/", {"operation": "pause", "portfolio": p1.pk, "reason": huge})
     assert response.status_code == 400 and "reason" in response.content.decode()[:5000]
 
-    manager = member("manager-a", (p1, "property_manager"))
     admin_client = Client()
     admin_client.force_login(manager)
     policy = RetentionPolicy.objects.get(portfolio=p1, record_kind="lease")
@@ -185,7 +194,6 @@ def test_a_two_megabyte_reason_is_refused_everywhere_naming_the_field_and_writes
     )
     assert response.status_code == 200 and "reason" in response.context["form"].errors
 
-    reviewer = member("reviewer-a", (p1, "compliance_reviewer"))
     response = api_for(reviewer).post("/api/v1/legal-holds/", {"portfolio": p1.pk, "reason": huge}, format="json")
     assert response.status_code == 400 and list(response.json()) == ["reason"]
     assert AuditEvent.objects.count() == events
@@ -225,8 +233,8 @@ def test_a_reason_of_the_documented_maximum_is_accepted(estate):
 )
 def test_an_id_that_is_not_a_json_integer_is_a_400_naming_it(estate, body, field):
     p1 = estate["p1"]
-    lease = Lease.objects.filter(portfolio=p1).first()
     prop = Property.objects.get(portfolio=p1)
+    lease = Lease.objects.create(portfolio=p1, property=prop, unit="1", tenant_name="T", started_on=OLD.date())
     values = {"p1": p1.pk, "lease": lease.pk, "prop": prop.pk}
 
     def filled(value: object) -> object:
@@ -235,8 +243,8 @@ def test_an_id_that_is_not_a_json_integer_is_a_400_naming_it(estate, body, field
             return float(text) if text.endswith(".0") else text
         return value
 
-    payload = {"portfolio": p1.pk, "reason": "subpoena", **{k: filled(v) for k, v in body.items()}}
     reviewer = member("reviewer-a", (p1, "compliance_reviewer"))
+    payload = {"portfolio": p1.pk, "reason": "subpoena", **{k: filled(v) for k, v in body.items()}}
     response = api_for(reviewer).post("/api/v1/legal-holds/", payload, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()
