@@ -65,7 +65,7 @@ from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
 from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion, RetentionPolicy
-from retention.scoping import may_act_in
+from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS
 from retention.services import (
     legal_hold_place,
     membership_grant,
@@ -470,10 +470,18 @@ def normalised(body: str, ids: tuple[str, ...]) -> str:
     return _TOKENS.sub("<TOKEN>", body)
 
 
+def holds(user: User, perm: str, portfolio_id: int) -> bool:
+    """Whether a customer's user holds ``perm`` in a portfolio, worked out from
+    their memberships and the role table — not from ``retention.scoping``,
+    the code under test."""
+    roles = Membership.objects.filter(user_id=user.pk, portfolio_id=portfolio_id).values_list("role", flat=True)
+    return any(perm in MEMBERSHIP_ROLE_PERMISSIONS[role] for role in roles)
+
+
 def forbidden_pattern(user: User, world: World) -> re.Pattern[str] | None:
     texts = []
     for canary in world.canaries:
-        allowed = canary.perm != "platform-only" and may_act_in(user, canary.perm, canary.portfolio_id)
+        allowed = canary.perm != "platform-only" and holds(user, canary.perm, canary.portfolio_id)
         if not allowed:
             texts.append(rf"(?<![0-9]){canary.text}(?![0-9])" if canary.is_id else re.escape(canary.text))
     return re.compile("|".join(sorted(set(texts), key=len, reverse=True))) if texts else None
@@ -486,8 +494,8 @@ def may_read(user: User, variant: Variant, world: World) -> bool:
     portfolio = world.portfolios[variant.label]
     perm = VIEW.get(variant.model)
     if perm is None:  # a platform model (users, sweeps): read wherever the route lets one read
-        return variant.label != "B" or may_act_in(user, PORTFOLIO_VIEW, portfolio.pk)
-    return may_act_in(user, perm, portfolio.pk)
+        return variant.label != "B" or holds(user, PORTFOLIO_VIEW, portfolio.pk)
+    return holds(user, perm, portfolio.pk)
 
 
 CUSTOMER_USERS = ["a-manager", "a-reviewer", "a-auditor", "mixed", "cross"]
