@@ -156,7 +156,8 @@ class JobSerializer(serializers.ModelSerializer):
             "created_at",
             "finished_at",
         ]
-        read_only_fields = fields
+        # Related fields never take input here (no form lists jobs or versions).
+        read_only_fields = ["sweep", "policy_version", "redrive_of"]
 
 
 class DeadLetterSerializer(serializers.ModelSerializer):
@@ -181,7 +182,8 @@ class DeadLetterSerializer(serializers.ModelSerializer):
             "resolution_reason",
             "redrive_job",
         ]
-        read_only_fields = fields
+        # Related fields never take input here (no form lists jobs or users).
+        read_only_fields = ["job", "sweep", "resolved_by", "redrive_job"]
 
 
 class PauseSerializer(ReasonSerializer):
