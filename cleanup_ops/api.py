@@ -4,12 +4,15 @@ The pipeline's endpoints: sweeps, jobs, dead letters, metrics, pause/resume.
 Retention's (policies, versions, holds, audit events) are in ``retention.api``.
 
 Views are thin: they check the role (``RolePermission`` maps each action to a
-Django permission), see only the user's portfolios (``TenantScoped`` for jobs
-and letters; sweeps, proofs and metrics count the user's portfolios only, see
-``cleanup_ops.selectors``), validate input with a serializer, call a service
-and render the result. Service errors map to HTTP: ``ValidationError`` → 400,
-``PermissionDenied`` → 403, ``DeadLetterNotOpen`` and ``PartitionBusy`` → 409. The shared plumbing
-is in ``retention.apiutils``; the router is wired in ``config/urls.py``.
+Django permission), see only the portfolios where the user holds that
+permission (``TenantScoped`` for jobs and letters; sweeps, proofs and metrics
+count those portfolios only, see ``cleanup_ops.selectors``), validate input
+with a serializer, call a service and render the result. Output serializers
+are read-only and each action's form in the browsable API is its input
+serializer (``get_serializer_class``), so no form lists related objects.
+Service errors map to HTTP: ``ValidationError`` → 400, ``PermissionDenied``
+→ 403, ``DeadLetterNotOpen`` and ``PartitionBusy`` → 409. The shared plumbing is in
+``retention.apiutils``; the router is wired in ``config/urls.py``.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
-from rest_framework.exceptions import ValidationError
+from rest_framework.exceptions import PermissionDenied, ValidationError
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -43,6 +46,8 @@ from cleanup_ops.selectors import dead_letter_filter_parse, overview, sweep_figu
 from retention import apiutils
 from retention.apiutils import (
     Conflict,
+    FreeTextField,
+    IdField,
     ReasonSerializer,
     RolePermission,
     TenantScoped,
@@ -50,7 +55,10 @@ from retention.apiutils import (
     filter_errors_as_400,
     int_param,
 )
-from retention.scoping import portfolio_ids_q, visible_portfolio_ids
+from retention.scoping import may_act_in, portfolio_ids_q, portfolio_ids_where
+
+SWEEP_VIEW = "cleanup_ops.view_sweep"
+JOB_VIEW = "cleanup_ops.view_cleanupjob"
 
 
 def call_service(fn: Any, **kwargs: Any) -> Any:
@@ -82,6 +90,7 @@ class SweepSerializer(serializers.ModelSerializer):
             "admitted_at",
             "finished_at",
         ]
+        read_only_fields = fields
 
     def to_representation(self, instance: Sweep) -> dict[str, Any]:
         # A customer's staff see their own figures (cleanup_ops.selectors.sweeps_seen).
@@ -98,6 +107,7 @@ class SweepDetailSerializer(SweepSerializer):
 
     class Meta(SweepSerializer.Meta):
         fields = [*SweepSerializer.Meta.fields, "jobs_by_state", "rows_deleted"]
+        read_only_fields = fields
 
     def get_jobs_by_state(self, obj: Sweep) -> dict[str, int]:
         return self.context["figures"]["jobs_by_state"]
@@ -107,7 +117,9 @@ class SweepDetailSerializer(SweepSerializer):
 
 
 class TriggerSerializer(serializers.Serializer):
-    slot = serializers.CharField(required=False, help_text="UTC minute, e.g. 2026-08-21T02:00Z; default: current slot")
+    slot = FreeTextField(
+        required=False, max_length=40, help_text="UTC minute, e.g. 2026-08-21T02:00Z; default: current slot"
+    )
 
 
 class TriggerResultSerializer(serializers.Serializer):
@@ -145,6 +157,8 @@ class JobSerializer(serializers.ModelSerializer):
             "created_at",
             "finished_at",
         ]
+        # Related fields never take input here (no form lists jobs or versions).
+        read_only_fields = ["sweep", "policy_version", "redrive_of"]
 
 
 class DeadLetterSerializer(serializers.ModelSerializer):
@@ -169,11 +183,12 @@ class DeadLetterSerializer(serializers.ModelSerializer):
             "resolution_reason",
             "redrive_job",
         ]
+        # Related fields never take input here (no form lists jobs or users).
+        read_only_fields = ["job", "sweep", "resolved_by", "redrive_job"]
 
 
-class PauseSerializer(serializers.Serializer):
-    portfolio_id = serializers.IntegerField(required=False, allow_null=True, default=None)
-    reason = serializers.CharField(required=False, allow_blank=True, default="")
+class PauseSerializer(ReasonSerializer):
+    portfolio_id = IdField(required=False, allow_null=True, default=None)
 
 
 # --- Views ----------------------------------------------------------------------
@@ -190,12 +205,15 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         "create": "cleanup_ops.add_sweep",
     }
 
-    def get_queryset(self) -> QuerySet[Sweep]:
-        return sweeps_seen(portfolio_ids=visible_portfolio_ids(self.request.user))
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return TriggerSerializer if self.action == "create" else SweepSerializer
 
-    def retrieve(self, request: Request, pk: str | None = None) -> Response:
+    def get_queryset(self) -> QuerySet[Sweep]:
+        return sweeps_seen(portfolio_ids=portfolio_ids_where(self.request.user, SWEEP_VIEW))
+
+    def retrieve(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         sweep = self.get_object()
-        jobs = sweep.jobs.filter(portfolio_ids_q(visible_portfolio_ids(request.user)))
+        jobs = sweep.jobs.filter(portfolio_ids_q(portfolio_ids_where(request.user, SWEEP_VIEW)))
         by_state = dict(jobs.values_list("state").annotate(n=Count("id")).order_by())
         figures = {
             "jobs_by_state": {s: by_state.get(s, 0) for s in JobState.values},
@@ -211,7 +229,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
             400: OpenApiResponse(description="malformed or future slot"),
         },
     )
-    def create(self, request: Request) -> Response:
+    def create(self, request: Request, **kwargs: Any) -> Response:
         data = TriggerSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         slot = None
@@ -239,9 +257,9 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
         },
     )
     @action(detail=True, methods=["get"])
-    def proof(self, request: Request, pk: str | None = None) -> Response | HttpResponse:
+    def proof(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response | HttpResponse:
         export = choice_param(request, "export", list(PROOF_FORMATS)) or "json"
-        proof = sweep_proof(sweep=self.get_object(), portfolio_ids=visible_portfolio_ids(request.user))
+        proof = sweep_proof(sweep=self.get_object(), portfolio_ids=portfolio_ids_where(request.user, SWEEP_VIEW))
         if export == "csv":
             response = HttpResponse(proof_csv(proof), content_type="text/csv")
             response["Content-Disposition"] = f'attachment; filename="proof-{proof["sweep_id"]}.csv"'
@@ -252,7 +270,7 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     serializer_class = JobSerializer
     permission_classes = [RolePermission]
-    required_perms = {"list": "cleanup_ops.view_cleanupjob", "retrieve": "cleanup_ops.view_cleanupjob"}
+    required_perms = {"list": JOB_VIEW, "retrieve": JOB_VIEW}
 
     @extend_schema(
         parameters=[
@@ -287,6 +305,9 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         "dismiss": "cleanup_ops.dismiss_deadletter",
     }
 
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return ReasonSerializer if self.action in {"redrive", "dismiss"} else DeadLetterSerializer
+
     @extend_schema(
         parameters=[
             OpenApiParameter("status", str, enum=DeadLetter.Status.values),
@@ -310,6 +331,8 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     def _decide(self, request: Request, service: Any) -> Any:
         """Redrive and dismiss alike: the letter (404 if not visible), a reason, the service."""
         letter = self.get_object()
+        if not may_act_in(request.user, self.required_perms[self.action], letter.portfolio_id):
+            raise PermissionDenied("You may not decide dead letters of this portfolio.")
         data = ReasonSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         return call_service(service, letter_id=letter.pk, actor=request.user, reason=data.validated_data["reason"])
@@ -323,7 +346,7 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def redrive(self, request: Request, pk: str | None = None) -> Response:
+    def redrive(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         job = self._decide(request, dead_letter_redrive)
         return Response(JobSerializer(job).data, status=status.HTTP_201_CREATED)
 
@@ -336,7 +359,7 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def dismiss(self, request: Request, pk: str | None = None) -> Response:
+    def dismiss(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         return Response(DeadLetterSerializer(self._decide(request, dead_letter_dismiss)).data)
 
 
@@ -344,11 +367,11 @@ class MetricsView(APIView):
     """The overview figures as JSON (the same the console shows)."""
 
     permission_classes = [RolePermission]
-    required_perms = {"get": "cleanup_ops.view_cleanupjob"}
+    required_perms = {"get": JOB_VIEW}
 
     @extend_schema(responses={200: OpenApiResponse(description="overview figures")})
     def get(self, request: Request) -> Response:
-        return Response(overview(portfolio_ids=visible_portfolio_ids(request.user)))
+        return Response(overview(portfolio_ids=portfolio_ids_where(request.user, JOB_VIEW)))
 
 
 class _PauseSwitchView(APIView):
@@ -359,6 +382,10 @@ class _PauseSwitchView(APIView):
     def post(self, request: Request) -> Response:
         data = PauseSerializer(data=request.data)
         data.is_valid(raise_exception=True)
+        portfolio_id = data.validated_data["portfolio_id"]
+        perm = self.required_perms["post"]  # type: ignore[attr-defined]
+        if portfolio_id is not None and not may_act_in(request.user, perm, portfolio_id):
+            raise ValidationError({"portfolio_id": f"no portfolio with id {portfolio_id}"})
         pause = call_service(type(self).service, actor=request.user, **data.validated_data)
         return Response({"id": pause.pk, "portfolio_id": pause.portfolio_id}, status=self.success)
 

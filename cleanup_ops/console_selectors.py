@@ -6,7 +6,7 @@ pauses and a portfolio. The same rules as ``selectors``:
   (aggregates and bounded lists, never a query per row);
 - every read of tenant data takes ``portfolio_ids`` (``None``: every
   portfolio, the platform's staff; a set: a customer's staff, from
-  ``retention.scoping.visible_portfolio_ids``) and narrows with
+  ``retention.scoping.portfolio_ids_where`` for the page's permission) and narrows with
   ``retention.scoping.portfolio_ids_q``;
 - filters are parsed once from request parameters (``job_filter_parse``,
   like ``selectors.dead_letter_filter_parse``), strictly for the API and

@@ -4,7 +4,8 @@ filters both the console and the API parse from a request (defined once here).
 Tenant scope: the figures the console and the API show take ``portfolio_ids``
 — ``None`` for the platform's staff (every portfolio), otherwise the
 portfolios a customer's staff member may see
-(``retention.scoping.visible_portfolio_ids``) — and count only those
+(``retention.scoping.portfolio_ids_where`` for the permission the page or
+route requires) — and count only those
 portfolios' jobs, ledger rows, letters and records. Pipeline-wide facts that
 name no portfolio (the current sweep's key, the limits) are shown to all.
 """
@@ -41,7 +42,7 @@ from cleanup_ops.models import (
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.eligibility import db_datetime, hold_covers_sql
-from retention.filters import choice_param, id_param
+from retention.filters import MAX_AGE_HOURS, choice_param, id_param, int_param
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 from retention.scoping import portfolio_ids_q
@@ -96,8 +97,9 @@ def dead_letter_filter_parse(
 ) -> DeadLetterFilter:
     """``status``, ``category``, ``portfolio``, ``sweep``, ``older_than_hours``.
 
-    ``strict`` (the API): an invalid value raises ``FilterError`` naming the
-    parameter. Not strict (the console's links): an invalid value is ignored.
+    ``strict`` (the API and the console): an invalid value raises
+    ``FilterError`` naming the parameter; ``older_than_hours`` is at most a
+    century (``MAX_AGE_HOURS``). Not strict: an invalid value is ignored.
     """
     raw_status = params.get("status", default_status)
     return DeadLetterFilter(
@@ -105,7 +107,7 @@ def dead_letter_filter_parse(
         category=choice_param(params, "category", FailureCategory.values, strict=strict),
         portfolio_id=id_param(params, "portfolio", strict=strict),
         sweep_id=id_param(params, "sweep", strict=strict),
-        older_than_hours=id_param(params, "older_than_hours", strict=strict),
+        older_than_hours=int_param(params, "older_than_hours", strict=strict, minimum=0, maximum=MAX_AGE_HOURS),
     )
 
 

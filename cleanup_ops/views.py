@@ -5,17 +5,25 @@ figures come from aggregate selectors; lists are paginated). Writes go through
 services, need a reason, and leave audit events; the dead-letter actions add a
 confirmation step before anything changes.
 
-A customer's staff (a membership whose role reaches a page) see their
-portfolios only: every figure, list and export below is narrowed with
-``retention.scoping``; sweeps themselves are the platform's schedule and
-visible to every role that reaches them, with the customer's own figures.
+A customer's staff see only the portfolios where their role grants the
+permission a page requires (``retention.scoping.portfolio_ids_where`` with
+that permission — not every portfolio they are a member of): every figure,
+list and export below is narrowed with it; sweeps themselves are the
+platform's schedule and visible to every role that reaches them, with the
+customer's own figures.
+
+Bad input: filters and ids are parsed strictly (``retention.filters``,
+``retention.inputs``); an invalid one answers 400 naming the parameter
+(``console/bad_request.html``) and changes nothing.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import datetime
+from functools import wraps
 from typing import Any
 from urllib.parse import urlencode
 
@@ -57,7 +65,7 @@ from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
     MIN_REASON_LENGTH,
     Decision,
-    dead_letters_dismiss_bulk,
+    dead_letters_decide,
     dead_letters_redrive_bulk,
     pipeline_pause,
     pipeline_resume,
@@ -73,19 +81,45 @@ from cleanup_ops.selectors import (
     sweeps_seen,
     throughput,
 )
-from retention.filters import audit_events, audit_filter_parse, id_param
+from retention.filters import FilterError, audit_events, audit_filter_parse, id_param, int_param
+from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, InputError, id_check, text_check
 from retention.models import AuditEvent
 from retention.registry import RECORD_KIND_CHOICES
 from retention.scoping import (
+    may_act_in,
     portfolio_ids_q,
-    portfolios_visible_to,
+    portfolio_ids_where,
+    portfolios_where,
     scope_audit_events,
     scope_queryset,
-    visible_portfolio_ids,
 )
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
+LETTER_VIEW = "cleanup_ops.view_deadletter"
+SWEEP_VIEW = "cleanup_ops.view_sweep"
+PAUSE_VIEW = "cleanup_ops.view_pipelinepause"
 PAGE_SIZE = 50
+
+
+def bad_request(request: HttpRequest, field: str, message: str) -> HttpResponse:
+    """400 naming the parameter; nothing was changed."""
+    back = request.path if request.method == "GET" else reverse("console:overview")
+    context = {"field": field, "message": message, "back": back}
+    return render(request, "console/bad_request.html", context, status=400)
+
+
+def bad_input_as_400(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A ``FilterError`` or ``InputError`` raised while a page reads its
+    parameters becomes a 400 naming the parameter."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except (FilterError, InputError) as exc:
+            return bad_request(request, exc.field, exc.message)
+
+    return wrapped
 
 
 # --- Live fragments and charts -------------------------------------------------
@@ -115,11 +149,11 @@ CHART_HOURS = (6, 12, 24, 48, 168)
 
 
 def chart_hours(raw: str | None) -> int:
-    try:
-        hours = int(raw or THROUGHPUT_HOURS)
-    except ValueError:
+    if raw in (None, ""):
         return THROUGHPUT_HOURS
-    return hours if hours in CHART_HOURS else THROUGHPUT_HOURS
+    if raw not in {str(h) for h in CHART_HOURS}:
+        raise FilterError("hours", f"hours must be one of {', '.join(map(str, CHART_HOURS))}.")
+    return int(raw)
 
 
 LONG_RANGE_CACHE_SECONDS = 60
@@ -150,8 +184,9 @@ def throughput_chart(points: list[dict[str, Any]], *, hours: int) -> dict[str, A
 
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
+@bad_input_as_400
 def overview_page(request: HttpRequest) -> HttpResponse:
-    scope = visible_portfolio_ids(request.user)
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
     now = timezone.now()
     hours = chart_hours(request.GET.get("hours"))
     figures = overview(now=now, portfolio_ids=scope)
@@ -192,7 +227,7 @@ def overview_page(request: HttpRequest) -> HttpResponse:
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
 def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
-    scope = visible_portfolio_ids(request.user)
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
     sweep = get_object_or_404(sweeps_seen(portfolio_ids=scope), pk=sweep_id)
     figures = {
         "status": sweep.status,
@@ -231,7 +266,8 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
     if fmt not in PROOF_FORMATS:
         # Checked first: the format ends up in the Content-Disposition header.
         return HttpResponse("format must be csv or json\n", status=400, content_type="text/plain")
-    proof = sweep_proof(sweep=get_object_or_404(Sweep, pk=sweep_id), portfolio_ids=visible_portfolio_ids(request.user))
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
+    proof = sweep_proof(sweep=get_object_or_404(Sweep, pk=sweep_id), portfolio_ids=scope)
     if fmt == "csv":
         response = HttpResponse(proof_csv(proof), content_type="text/csv")
     else:
@@ -241,10 +277,11 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
 
 
 @login_required
-@permission_required("cleanup_ops.view_deadletter", raise_exception=True)
+@permission_required(LETTER_VIEW, raise_exception=True)
+@bad_input_as_400
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
-    letter_filter = dead_letter_filter_parse(request.GET, strict=False, default_status=DeadLetter.Status.OPEN)
-    letters = scope_queryset(dead_letters(letter_filter), request.user)
+    letter_filter = dead_letter_filter_parse(request.GET, strict=True, default_status=DeadLetter.Status.OPEN)
+    letters = scope_queryset(dead_letters(letter_filter), request.user, perm=LETTER_VIEW)
     page = Paginator(letters, PAGE_SIZE).get_page(request.GET.get("page"))
     return render_live(
         request,
@@ -252,7 +289,7 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
         {
             "page": page,
             "names": portfolio_names(letter.portfolio_id for letter in page),
-            "portfolios": portfolio_choices(portfolio_ids=visible_portfolio_ids(request.user)),
+            "portfolios": portfolio_choices(portfolio_ids=portfolio_ids_where(request.user, LETTER_VIEW)),
             "bulk_params": {k: v for k, v in letter_filter.as_params().items() if k != "status"},
             "filters": letter_filter.as_params(),
             "categories": FailureCategory.values,
@@ -265,17 +302,20 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_POST
+@bad_input_as_400
 def dead_letter_action(request: HttpRequest) -> HttpResponse:
     """Step 1 (no ``confirm``): validate and show a confirmation page. Step 2: apply."""
     operation = request.POST.get("operation")
     if operation not in {"redrive", "dismiss"}:
-        return HttpResponse("operation must be redrive or dismiss", status=400)
+        return bad_request(request, "operation", "operation must be redrive or dismiss.")
     perm = f"cleanup_ops.{operation}_deadletter"
     if not request.user.has_perm(perm):
         raise PermissionDenied
-    ids = [int(i) for i in request.POST.getlist("letter") if i.isdigit()]
-    reason = request.POST.get("reason", "")
-    letters = list(scope_queryset(DeadLetter.objects.filter(pk__in=ids), request.user).order_by("id"))
+    # Every id must be one (1 to 19 digits, at most 2^63-1): "²" or a
+    # 5000-digit number is a 400 naming the field, never a 500.
+    ids = [id_check(i, field="letter", from_form=True) for i in request.POST.getlist("letter")]
+    reason = text_check(request.POST.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
+    letters = list(scope_queryset(DeadLetter.objects.filter(pk__in=ids), request.user, perm=perm).order_by("id"))
     errors = []
     if not letters:
         errors.append("Select at least one dead letter.")
@@ -295,9 +335,9 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
             },
             status=400 if errors else 200,
         )
-    bulk = dead_letters_redrive_bulk if operation == "redrive" else dead_letters_dismiss_bulk
     try:
-        result = bulk(
+        decided, jobs, failed = dead_letters_decide(
+            decision=Decision(operation),
             actor=request.user,
             reason=reason,
             letter_filter=DeadLetterFilter(letter_ids=tuple(letter.pk for letter in letters)),
@@ -305,17 +345,13 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
         return redirect_back(request, "console:dead_letters")
-    failed = []
     if operation == "redrive":
-        new_ids = ", ".join(str(job.pk) for job in result)
-        messages.success(request, f"Redrove {len(result)} dead letter(s): new job(s) {new_ids or 'none'}.")
-        failed = result.failed
-        if failed:
-            listed = ", ".join(failure.describe() for failure in failed)
-            messages.error(request, f"{len(failed)} letter(s) could not be redriven and are still open: {listed}.")
+        new_ids = ", ".join(str(job.pk) for job in jobs)
+        messages.success(request, f"Redrove {len(jobs)} dead letter(s): new job(s) {new_ids or 'none'}.")
     else:
-        messages.success(request, f"Dismissed {result} dead letter(s).")
-    skipped = len(letters) - len(failed) - (len(result) if operation == "redrive" else result)
+        messages.success(request, f"Dismissed {len(decided)} dead letter(s).")
+    _report_failures(request, operation, failed)
+    skipped = len(letters) - len(failed) - len(decided)
     if skipped:
         messages.warning(request, f"{skipped} letter(s) were no longer open and were left as they are.")
     return redirect_back(request, "console:dead_letters")
@@ -323,8 +359,9 @@ def dead_letter_action(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @permission_required("retention.view_auditevent", raise_exception=True)
+@bad_input_as_400
 def audit_log(request: HttpRequest) -> HttpResponse:
-    audit_filter = audit_filter_parse(request.GET, strict=False)
+    audit_filter = audit_filter_parse(request.GET, strict=True)
     events = scope_audit_events(audit_events(audit_filter), request.user)
     page = Paginator(events, PAGE_SIZE).get_page(request.GET.get("page"))
     named = [e.details.get("portfolio_id") for e in page if isinstance(e.details, dict)]
@@ -335,19 +372,28 @@ def audit_log(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @require_http_methods(["POST"])
+@bad_input_as_400
 def pause_toggle(request: HttpRequest) -> HttpResponse:
     """Pause or resume the pipeline or one portfolio (``portfolio``: its id,
-    from a select of portfolio names), with a reason; back to ``next``."""
+    from a select of portfolio names), with a reason; back to ``next``.
+
+    A malformed id or reason (too long, control characters) is a 400 naming
+    the field; a refusal of the service (a short reason, not paused) comes
+    back as a message on the page."""
     resume = request.POST.get("operation") == "resume"
     portfolio = request.POST.get("portfolio") or None
+    portfolio_id = id_check(portfolio, field="portfolio", from_form=True) if portfolio else None
+    reason = text_check(request.POST.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
+    perm = "cleanup_ops.change_pipelinepause" if resume else "cleanup_ops.add_pipelinepause"
     try:
-        portfolio_id = int(portfolio) if portfolio else None
+        held = portfolio_id is not None and request.user.has_perm(perm)
+        if held and not may_act_in(request.user, perm, portfolio_id):
+            # Where the user does not hold the role: the answer for a portfolio that does not exist.
+            raise ValidationError({"portfolio": f"no portfolio with id {portfolio_id}"})
         fn = pipeline_resume if resume else pipeline_pause
-        fn(actor=request.user, reason=request.POST.get("reason", ""), portfolio_id=portfolio_id)
+        fn(actor=request.user, reason=reason, portfolio_id=portfolio_id)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
-    except ValueError:
-        messages.error(request, "portfolio must be an id")
     else:
         scope = "the whole pipeline"
         if portfolio_id is not None:
@@ -377,7 +423,7 @@ SWEEPS_PAGE_SIZE = 20
 def sweeps_list(request: HttpRequest) -> HttpResponse:
     """History of sweeps (slot, status, duration, jobs, rows, outcomes, dead
     letters) and the drain forecast of the ones still running."""
-    scope = visible_portfolio_ids(request.user)
+    scope = portfolio_ids_where(request.user, SWEEP_VIEW)
     now = timezone.now()
     page = Paginator(Sweep.objects.order_by("-slot"), SWEEPS_PAGE_SIZE).get_page(request.GET.get("page"))
     rows = sweeps_history(list(page), now=now, portfolio_ids=scope)
@@ -398,12 +444,13 @@ def sweeps_list(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
+@bad_input_as_400
 def jobs_list(request: HttpRequest) -> HttpResponse:
     """Jobs, newest first, filtered by sweep, state, portfolio, record kind,
     failure category and job kind; ``before`` pages back by id."""
-    scope = visible_portfolio_ids(request.user)
-    job_filter = job_filter_parse(request.GET, strict=False)
-    before = id_param(request.GET, "before", strict=False)
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
+    job_filter = job_filter_parse(request.GET, strict=True)
+    before = id_param(request.GET, "before", strict=True)
     result = jobs_page(job_filter, portfolio_ids=scope, before=before)
     return render_live(
         request,
@@ -428,7 +475,7 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
     """One job: state, attempts and failure category, cursor, lease holder and
     expiry, its ledger operations, its dead letter and its redrives."""
     jobs = CleanupJob.objects.select_related("sweep", "policy_version", "policy_version__policy")
-    job = get_object_or_404(scope_queryset(jobs, request.user), pk=job_id)
+    job = get_object_or_404(scope_queryset(jobs, request.user, perm=VIEW_PERM), pk=job_id)
     detail = job_detail(job, scope_audit=lambda qs: scope_audit_events(qs, request.user))
     now = timezone.now()
     return render_live(
@@ -446,12 +493,12 @@ def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
 
 
 @login_required
-@permission_required("cleanup_ops.view_deadletter", raise_exception=True)
+@permission_required(LETTER_VIEW, raise_exception=True)
 def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
     """One dead letter: why it stopped, its job, sweep and portfolio, who
     decided what (its audit events), and redrive or dismiss with a reason."""
     letters = DeadLetter.objects.select_related("job", "sweep", "resolved_by", "redrive_job")
-    letter = get_object_or_404(scope_queryset(letters, request.user), pk=letter_id)
+    letter = get_object_or_404(scope_queryset(letters, request.user, perm=LETTER_VIEW), pk=letter_id)
     events = scope_audit_events(
         AuditEvent.objects.filter(object_type="dead_letter", object_id=str(letter.pk)).select_related("actor"),
         request.user,
@@ -474,6 +521,7 @@ BULK_BREAKDOWN_ROWS = 20
 
 @login_required
 @require_http_methods(["GET", "POST"])
+@bad_input_as_400
 def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
     """Redrive or dismiss *every* open letter matching the inbox's filter.
 
@@ -484,17 +532,18 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
     params = request.POST if request.method == "POST" else request.GET
     operation = params.get("operation")
     if operation not in {Decision.REDRIVE, Decision.DISMISS}:
-        return HttpResponse("operation must be redrive or dismiss", status=400)
-    if not request.user.has_perm(f"cleanup_ops.{operation}_deadletter"):
+        return bad_request(request, "operation", "operation must be redrive or dismiss.")
+    perm = f"cleanup_ops.{operation}_deadletter"
+    if not request.user.has_perm(perm):
         raise PermissionDenied
-    parsed = dead_letter_filter_parse(params, strict=False)
+    parsed = dead_letter_filter_parse(params, strict=True)
     letter_filter = replace(parsed, status=DeadLetter.Status.OPEN, letter_ids=None)
-    matching = scope_queryset(dead_letters(letter_filter), request.user)
+    matching = scope_queryset(dead_letters(letter_filter), request.user, perm=perm)
     count = matching.count()
-    reason = params.get("reason", "")
+    reason = text_check(params.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
     errors: list[str] = []
     if request.method == "POST" and params.get("confirm") == "yes":
-        expected = id_param(params, "expected", strict=False)
+        expected = int_param(params, "expected", strict=True, minimum=0, maximum=MAX_ID)
         if len(reason.strip()) < MIN_REASON_LENGTH:
             errors.append(
                 f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail."
@@ -506,7 +555,7 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
                 f"The number of open letters matching changed from {expected} to {count}; check and confirm again."
             )
         else:
-            if visible_portfolio_ids(request.user) is not None:
+            if portfolio_ids_where(request.user, perm) is not None:
                 # Never act beyond the user's portfolios: pin the letters seen.
                 letter_filter = replace(letter_filter, letter_ids=tuple(matching.values_list("id", flat=True)))
             return _bulk_apply(request, operation, letter_filter, reason)
@@ -543,16 +592,25 @@ def _bulk_apply(request: HttpRequest, operation: str, letter_filter: DeadLetterF
         if operation == Decision.REDRIVE:
             result = dead_letters_redrive_bulk(actor=request.user, reason=reason, letter_filter=letter_filter)
             messages.success(request, f"Redrove {len(result)} dead letter(s) matching the filter.")
-            failed = getattr(result, "failed", [])
-            if failed:
-                listed = ", ".join(failure.describe() for failure in failed)
-                messages.error(request, f"{len(failed)} letter(s) could not be redriven and are still open: {listed}.")
+            _report_failures(request, operation, result.failed)
         else:
-            n = dead_letters_dismiss_bulk(actor=request.user, reason=reason, letter_filter=letter_filter)
-            messages.success(request, f"Dismissed {n} dead letter(s) matching the filter.")
+            decided, _, failed = dead_letters_decide(
+                decision=Decision.DISMISS, actor=request.user, reason=reason, letter_filter=letter_filter
+            )
+            messages.success(request, f"Dismissed {len(decided)} dead letter(s) matching the filter.")
+            _report_failures(request, operation, failed)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     return HttpResponseRedirect(inbox)
+
+
+def _report_failures(request: HttpRequest, operation: str, failed: list[Any]) -> None:
+    """Letters a decision could not apply (a database error): still open, named
+    with the error's class — never reported as "no longer open"."""
+    if failed:
+        listed = ", ".join(failure.describe() for failure in failed)
+        verb = "redriven" if operation == Decision.REDRIVE else "dismissed"
+        messages.error(request, f"{len(failed)} letter(s) could not be {verb} and are still open: {listed}.")
 
 
 @login_required
@@ -567,11 +625,11 @@ def workers_page(request: HttpRequest) -> HttpResponse:
 
 
 @login_required
-@permission_required("cleanup_ops.view_pipelinepause", raise_exception=True)
+@permission_required(PAUSE_VIEW, raise_exception=True)
 def pauses_page(request: HttpRequest) -> HttpResponse:
     """Active pauses (pipeline and portfolios) with resume, recent ones, and
     a form to pause the pipeline or a portfolio chosen by name."""
-    scope = visible_portfolio_ids(request.user)
+    scope = portfolio_ids_where(request.user, PAUSE_VIEW)
     pauses = pauses_overview(portfolio_ids=scope)
     choices = portfolio_choices(portfolio_ids=scope)
     paused_ids = {p.portfolio_id for p in pauses["active"] if p.portfolio_id is not None}
@@ -595,7 +653,7 @@ def pauses_page(request: HttpRequest) -> HttpResponse:
 def portfolio_page(request: HttpRequest, portfolio_id: int) -> HttpResponse:
     """One portfolio's pipeline: open jobs, current sweep, dead letters, rows
     deleted, its pause (with pause or resume), and its audit events."""
-    portfolio = get_object_or_404(portfolios_visible_to(request.user), pk=portfolio_id)
+    portfolio = get_object_or_404(portfolios_where(request.user, VIEW_PERM), pk=portfolio_id)
     summary = portfolio_summary(portfolio.pk, now=timezone.now())
     return render_live(
         request,
@@ -611,32 +669,47 @@ def portfolio_page(request: HttpRequest, portfolio_id: int) -> HttpResponse:
 
 
 # A request that carries any of these came through a proxy: its REMOTE_ADDR is
-# the proxy's (loopback when it runs on the same host), not the client's.
-FORWARDING_HEADERS = (
-    "HTTP_FORWARDED",
-    "HTTP_X_FORWARDED_FOR",
-    "HTTP_X_REAL_IP",
-    "HTTP_X_FORWARDED_HOST",
-    "HTTP_X_CLIENT_IP",
-    "HTTP_TRUE_CLIENT_IP",
-    "HTTP_CF_CONNECTING_IP",
+# the proxy's (loopback when it runs on the same host), not the client's. A
+# TLS proxy that sends only ``X-Forwarded-Proto`` (what SECURE_PROXY_SSL_HEADER
+# reads) is a proxy all the same, so every ``X-Forwarded-*`` header counts.
+PROXY_HEADERS = frozenset(
+    {
+        "HTTP_FORWARDED",
+        "HTTP_VIA",
+        "HTTP_X_REAL_IP",
+        "HTTP_X_CLIENT_IP",
+        "HTTP_TRUE_CLIENT_IP",
+        "HTTP_CF_CONNECTING_IP",
+        "HTTP_FASTLY_CLIENT_IP",
+        "HTTP_X_CLUSTER_CLIENT_IP",
+        "HTTP_X_PROXYUSER_IP",
+    }
 )
+PROXY_HEADER_PREFIXES = ("HTTP_X_FORWARDED_", "HTTP_X_ORIGINAL_")
+
+
+def came_through_a_proxy(request: HttpRequest) -> bool:
+    return any(name in PROXY_HEADERS or name.startswith(PROXY_HEADER_PREFIXES) for name in request.META)
 
 
 def metrics_allowed(request: HttpRequest) -> bool:
-    """The bearer token, or a direct (unproxied) connection from ``METRICS_ALLOWED_IPS``.
+    """The bearer token, or a direct (unproxied) connection from an address
+    the operator listed in ``METRICS_ALLOWED_IPS`` (empty by default: only
+    the token).
 
     Behind a reverse proxy on the same host every request arrives from
-    loopback, so an address is trusted only when no forwarding header is
-    present; a proxied scrape must send the token. Bytes are compared, so a
-    non-ASCII header is a mismatch rather than a ``TypeError``.
+    loopback, so an address is trusted only when no proxy header at all is
+    present (``Forwarded``, ``Via``, any ``X-Forwarded-*`` — including a lone
+    ``X-Forwarded-Proto`` — ``X-Real-IP``, …); a proxied scrape must send the
+    token. Bytes are compared, so a non-ASCII header is a mismatch rather
+    than a ``TypeError``.
     """
     token = settings.METRICS_TOKEN
     if token:
         header = request.headers.get("Authorization", "")
         if hmac.compare_digest(header.encode("utf-8", "surrogatepass"), f"Bearer {token}".encode()):
             return True
-    if any(name in request.META for name in FORWARDING_HEADERS):
+    if not settings.METRICS_ALLOWED_IPS or came_through_a_proxy(request):
         return False
     return request.META.get("REMOTE_ADDR") in settings.METRICS_ALLOWED_IPS
 

@@ -7,8 +7,10 @@ back to a default. See the README's configuration table for the full list.
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import re
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -117,7 +119,9 @@ if not SECRET_KEY:
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["localhost", "127.0.0.1", "[::1]"])
 
 INSTALLED_APPS = [
-    "django.contrib.admin",
+    # The admin with a guarded site (retention.admin_site): every changelist
+    # and autocomplete request is checked before Django's own code runs.
+    "retention.admin_site.GuardedAdminConfig",
     "django.contrib.auth",
     "django.contrib.contenttypes",
     "django.contrib.sessions",
@@ -129,6 +133,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: /api/v1/docs/ works offline
     "django_htmx",  # htmx as a static file, for the console's live refresh
     "django_q",
+    "axes",  # login throttling (django-axes): lockouts in the admin, under "Axes"
     "properties",
     "retention",
     "cleanup_ops",
@@ -137,12 +142,16 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Control characters (NUL…) in any query or form parameter: a 400 naming it.
+    "retention.middleware.RefuseControlCharacters",
     "django.contrib.sessions.middleware.SessionMiddleware",
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
+    # Last, as django-axes asks: answers a locked-out login attempt.
+    "axes.middleware.AxesMiddleware",
 ]
 
 ROOT_URLCONF = "config.urls"
@@ -172,7 +181,10 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 # builds them without it, which is fine for the embedded demo.
 # SQLite also cannot express the one-active-pause-per-scope constraint (NULLS
 # NOT DISTINCT); pipeline_pause checks it in its transaction as well.
-SILENCED_SYSTEM_CHECKS = ["models.W040", "models.W047"]
+# django-axes warns when lockouts are not counted per address (axes.W006): here
+# they are counted per username on purpose (see "Login throttling" below), which
+# rotating user agents or cookies does not get around.
+SILENCED_SYSTEM_CHECKS = ["models.W040", "models.W047", "axes.W006"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
@@ -187,13 +199,41 @@ LOGIN_URL = "/accounts/login/"
 # ModelBackend logs users in and answers for groups; MembershipBackend adds the
 # permissions of a user's portfolio memberships (retention.scoping decides where).
 AUTHENTICATION_BACKENDS = [
+    # First: refuses a login attempt while its username is locked out (django-axes).
+    "axes.backends.AxesStandaloneBackend",
     "django.contrib.auth.backends.ModelBackend",
     "retention.backends.MembershipBackend",
 ]
 LOGIN_REDIRECT_URL = "/console/"
 
+# --- Login throttling (django-axes) ---------------------------------------------
+# Both login forms (/admin/login/ and /accounts/login/) go through Django's
+# authenticate(), which django-axes watches. After LOGIN_FAILURE_LIMIT wrong
+# passwords for one username, that username cannot log in (even with the
+# right password) for LOGIN_COOLOFF_MINUTES; the answer is a 429. Counted per
+# username, not per address: behind the documented proxy every request comes
+# from 127.0.0.1, so an address would lock everyone out at once. Platform
+# staff see and lift lockouts in the admin ("Axes" → access attempts: delete
+# one to unlock); `manage.py axes_reset` lifts them all.
+AXES_ENABLED = env_bool("LOGIN_THROTTLE_ENABLED", True)
+AXES_FAILURE_LIMIT = env_int("LOGIN_FAILURE_LIMIT", 5, minimum=1, maximum=1000)
+AXES_COOLOFF_TIME = timedelta(minutes=env_int("LOGIN_COOLOFF_MINUTES", 15, minimum=1, maximum=7 * 24 * 60))
+AXES_LOCKOUT_PARAMETERS = ["username"]
+AXES_RESET_ON_SUCCESS = True
+AXES_HTTP_RESPONSE_CODE = 429
+AXES_LOCKOUT_TEMPLATE = "console/locked_out.html"
+AXES_VERBOSE = False
+
 # --- REST API and metrics -----------------------------------------------------
+# The browsable API (HTML at ?format=api or with Accept: text/html): on with
+# DEBUG (the demo), off otherwise unless API_BROWSABLE=true. Its forms are the
+# actions' input serializers only (tests/test_route_crawler.py crawls it).
+API_BROWSABLE = env_bool("API_BROWSABLE", DEBUG)
 REST_FRAMEWORK = {
+    "DEFAULT_RENDERER_CLASSES": [
+        "rest_framework.renderers.JSONRenderer",
+        *(["rest_framework.renderers.BrowsableAPIRenderer"] if API_BROWSABLE else []),
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -213,15 +253,34 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_DIST": "SIDECAR",
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
+    # No request leaves the host: no validator badge (validator.swagger.io),
+    # and Redoc in system fonts (templates/drf_spectacular/redoc.html drops
+    # the Google Fonts links of drf-spectacular's template).
+    "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
+    "REDOC_UI_SETTINGS": {
+        "theme": {
+            "typography": {
+                "fontFamily": "system-ui, -apple-system, 'Segoe UI', sans-serif",
+                "headings": {"fontFamily": "system-ui, -apple-system, 'Segoe UI', sans-serif"},
+                "code": {"fontFamily": "ui-monospace, SFMono-Regular, Menlo, monospace"},
+            }
+        }
+    },
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "config.schema.add_common_responses",
     ],
 }
-# /metrics (Prometheus): a bearer token, or client addresses in the allowlist.
+# /metrics (Prometheus): a bearer token, or — only if the operator lists
+# addresses here — a direct connection (no proxy header at all) from one of them.
 METRICS_TOKEN = env.str("METRICS_TOKEN", default="")
-METRICS_ALLOWED_IPS = env.list("METRICS_ALLOWED_IPS", default=["127.0.0.1", "::1"])
+METRICS_ALLOWED_IPS = [ip.strip() for ip in env.list("METRICS_ALLOWED_IPS", default=[]) if ip.strip()]
+for _ip in METRICS_ALLOWED_IPS:
+    try:
+        ipaddress.ip_address(_ip)
+    except ValueError:
+        raise ImproperlyConfigured(f"METRICS_ALLOWED_IPS: {_ip!r} is not an IP address") from None
 
 # Production hardening; `manage.py check --deploy` is clean with DEBUG off.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
@@ -231,6 +290,9 @@ SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, m
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+# A Prometheus on the host scrapes gunicorn directly over plain HTTP on
+# loopback (README, "Operations"): not redirected to HTTPS.
+SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 X_FRAME_OPTIONS = "DENY"
 
 # --- Cleanup pipeline -------------------------------------------------------

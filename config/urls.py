@@ -4,10 +4,11 @@ from django.contrib import admin
 from django.contrib.auth import views as auth_views
 from django.urls import include, path, re_path
 from django.views.generic import RedirectView
-from drf_spectacular.views import SpectacularAPIView, SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
 from cleanup_ops import api, views
+from config.docs import RedocView, SwaggerView
 from retention import api as retention_api
 
 # One router for /api/v1/ (one API root): the pipeline's viewsets, then retention's.
@@ -30,8 +31,8 @@ urlpatterns = [
     path("api/v1/pause/", api.PauseView.as_view(), name="api-pause"),
     path("api/v1/pause/resume/", api.ResumeView.as_view(), name="api-resume"),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="api-schema"),
-    path("api/v1/docs/", SpectacularSwaggerView.as_view(url_name="api-schema"), name="api-docs"),
-    path("api/v1/redoc/", SpectacularRedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("api/v1/docs/", SwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/v1/redoc/", RedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("api/v1/", include(router.urls)),
     re_path(r"^metrics$", views.prometheus_metrics, name="prometheus-metrics"),
 ]

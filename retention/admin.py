@@ -19,6 +19,7 @@ from django.utils.html import format_html
 
 from retention import admin_domain  # noqa: F401 - registers the domain models' admin (see there)
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
+from retention.inputs import MAX_TEXT_LENGTH
 from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion, RetentionPolicy
 from retention.scoping import may_act_in, scope_audit_events
 from retention.selectors import policy_version_active, policy_version_impact
@@ -52,10 +53,17 @@ class PolicyVersionInline(admin.TabularInline):
         return False
 
 
+def free_text_field(*, required: bool = True) -> forms.CharField:
+    """A reason or note: at most ``MAX_TEXT_LENGTH`` characters (the browser
+    stops there too); control characters are refused by the middleware and
+    the service."""
+    return forms.CharField(required=required, max_length=MAX_TEXT_LENGTH, widget=forms.Textarea(attrs={"rows": 3}))
+
+
 class NewVersionForm(forms.Form):
     retention_days = forms.IntegerField(min_value=1, max_value=36500)
     enabled = forms.BooleanField(required=False, initial=True, help_text="Untick to withdraw the policy.")
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    reason = free_text_field()
 
 
 @admin.register(RetentionPolicy)
@@ -118,7 +126,7 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
 
 class ReviewForm(forms.Form):
     decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
-    note = forms.CharField(required=False, widget=forms.Textarea(attrs={"rows": 3}))
+    note = free_text_field(required=False)
 
 
 @admin.register(PolicyVersion)
@@ -185,6 +193,8 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
 
 
 class PlaceHoldForm(forms.ModelForm):
+    reason = free_text_field()
+
     class Meta:
         model = LegalHold
         fields = ["portfolio", "property", "record_kind", "record_id", "reason"]
@@ -207,7 +217,7 @@ class PlaceHoldForm(forms.ModelForm):
 
 
 class ReleaseForm(forms.Form):
-    reason = forms.CharField(widget=forms.Textarea(attrs={"rows": 3}))
+    reason = free_text_field()
 
 
 @admin.register(LegalHold)

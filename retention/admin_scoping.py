@@ -1,12 +1,14 @@
 """Tenant scoping for the Django admin: one base class every tenant admin uses.
 
 ``PortfolioScopedAdmin`` narrows the changelist, search, autocomplete, date
-hierarchy and counts (all built on ``get_queryset``) to the user's portfolios
-(``retention.scoping``); answers 404 for the change, history and delete pages
+hierarchy and counts (all built on ``get_queryset``) to the portfolios where
+the user may *view* the model (``retention.scoping``: the portfolios of the
+roles granting ``<app>.view_<model>``, not every membership); answers 404 for the change, history and delete pages
 of an object outside them (Django would redirect to the index with a "does not
 exist" message, which is not the 404 the API gives); and limits the portfolio
 and property choices of a form to the portfolios where the user may add the
-object. ``PortfolioListFilter`` lists only the user's portfolios.
+object. ``PortfolioListFilter`` lists only the portfolios of the model's view
+permission.
 """
 
 from __future__ import annotations
@@ -15,19 +17,38 @@ from typing import Any
 
 from django.contrib import admin
 from django.contrib.admin.utils import unquote
+from django.contrib.admin.widgets import AutocompleteSelect
 from django.contrib.auth import get_permission_codename
+from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 
 from properties.models import Portfolio, Property
-from retention.scoping import portfolios_visible_to, portfolios_where, scope_queryset
+from retention.inputs import id_problem
+from retention.scoping import portfolios_where, scope_queryset
+
+
+def view_permission(opts: Any) -> str:
+    return f"{opts.app_label}.{get_permission_codename('view', opts)}"
+
+
+class IdAutocompleteSelect(AutocompleteSelect):
+    """Django's autocomplete widget, which looks up the selected value to show
+    its label and fails with a 500 on one that is not an id (``?property=abc``
+    on an add form, or posted back with a form error). Values that are not
+    ids are shown as nothing selected; the form field reports them."""
+
+    def optgroups(self, name: str, value: Any, attr: Any = None) -> Any:
+        ids = [v for v in value if v in (None, "") or id_problem(str(v), field=name, from_form=True) is None]
+        return super().optgroups(name, ids, attr)
 
 
 class PortfolioListFilter(admin.RelatedFieldListFilter):
     """A portfolio filter whose choices are the portfolios the user may see."""
 
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
-        return [(p.pk, str(p)) for p in portfolios_visible_to(request.user).order_by("name", "pk")]
+        where = portfolios_where(request.user, view_permission(model_admin.opts))
+        return [(p.pk, str(p)) for p in where.order_by("name", "pk")]
 
     def has_output(self) -> bool:
         # Django applies only the filters it shows and shows a related filter
@@ -41,10 +62,17 @@ class PortfolioScopedAdmin(admin.ModelAdmin):
     portfolio_field = "portfolio_id"
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
-        return scope_queryset(super().get_queryset(request), request.user, field=self.portfolio_field)
+        return scope_queryset(
+            super().get_queryset(request), request.user, perm=view_permission(self.opts), field=self.portfolio_field
+        )
 
     def get_object_or_404(self, request: HttpRequest, object_id: Any) -> Any:
-        """The object, if it exists *and* is in the user's portfolios; else 404 (the same answer for both)."""
+        """The object, if it exists *and* is in the portfolios where the user
+        may view it; else 404 (the same answer for both). A user who may view
+        this model nowhere gets Django's 403 for every id instead, which
+        confirms nothing either."""
+        if not self.has_view_or_change_permission(request):
+            raise PermissionDenied
         obj = self.get_object(request, unquote(str(object_id)))
         if obj is None:
             raise Http404(f"No {self.opts.verbose_name} matches the given query.")
@@ -69,11 +97,13 @@ class PortfolioScopedAdmin(admin.ModelAdmin):
 
     def formfield_for_foreignkey(self, db_field: Any, request: HttpRequest, **kwargs: Any) -> Any:
         # A new object may name only a portfolio where the user may add it, and
-        # a property they can see: anything else is "not one of the available
-        # choices", the same message as for an id that does not exist.
+        # a property of such a portfolio: anything else is "not one of the
+        # available choices", the same message as for an id that does not exist.
         related: type[Model] = db_field.related_model
+        if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
+            kwargs["widget"] = IdAutocompleteSelect(db_field, self.admin_site, using=kwargs.get("using"))
         if related is Portfolio:
             kwargs["queryset"] = portfolios_where(request.user, self.add_permission_name())
         elif related is Property:
-            kwargs["queryset"] = scope_queryset(Property.objects.all(), request.user)
+            kwargs["queryset"] = scope_queryset(Property.objects.all(), request.user, perm=self.add_permission_name())
         return super().formfield_for_foreignkey(db_field, request, **kwargs)

@@ -1,9 +1,17 @@
 """Retention's REST API under ``/api/v1/``: policies, policy versions, legal holds, audit events.
 
-Views are thin: they check the role (``RolePermission``), see only the user's
-portfolios (``TenantScoped``: another customer's object is a 404), validate
-input with a serializer, call a ``retention.services`` function through
-``call_service`` and render the result. The router is wired in ``config/urls.py``.
+Views are thin: they check the role (``RolePermission``), see only the
+portfolios where the user holds the read permission (``TenantScoped``:
+another customer's object is a 404), validate input with a serializer, call
+a ``retention.services`` function through ``call_service`` and render the
+result. The router is wired in ``config/urls.py``.
+
+Output serializers are read-only: the browsable API renders an action's form
+from ``get_serializer_class``, which is the action's *input* serializer (a
+note, a reason, a new version's days) — never a model serializer whose
+related fields would list every portfolio's objects and every user as
+choices. The one writable related field (a hold's portfolio and property) is
+limited to the portfolios where the user may place holds.
 """
 
 from __future__ import annotations
@@ -18,11 +26,14 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from properties.models import Property
+from properties.models import Portfolio, Property
 from retention.apiutils import (
     Conflict,
+    FreeTextField,
+    IdField,
     ReasonSerializer,
     RolePermission,
+    StrictPrimaryKeyRelatedField,
     TenantScoped,
     call_service,
     filter_errors_as_400,
@@ -38,6 +49,8 @@ from retention.services import (
     policy_version_reject,
     policy_version_submit,
 )
+
+HOLD_ADD = "retention.add_legalhold"
 
 # --- Serializers ----------------------------------------------------------------
 
@@ -59,6 +72,7 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
             "reviewed_at",
             "review_note",
         ]
+        read_only_fields = fields
 
 
 class PolicySerializer(serializers.ModelSerializer):
@@ -67,6 +81,7 @@ class PolicySerializer(serializers.ModelSerializer):
     class Meta:
         model = RetentionPolicy
         fields = ["id", "portfolio", "record_kind", "active_version"]
+        read_only_fields = fields
 
     def get_active_version(self, obj: RetentionPolicy) -> dict[str, Any] | None:
         active = next((v for v in obj.versions.all() if v.status == PolicyVersion.Status.APPROVED), None)
@@ -85,11 +100,11 @@ class PolicySerializer(serializers.ModelSerializer):
 class NewVersionSerializer(serializers.Serializer):
     retention_days = serializers.IntegerField()
     enabled = serializers.BooleanField(default=True)
-    reason = serializers.CharField(allow_blank=True)
+    reason = FreeTextField(allow_blank=True)
 
 
 class ReviewSerializer(serializers.Serializer):
-    note = serializers.CharField(required=False, allow_blank=True, default="")
+    note = FreeTextField(required=False, allow_blank=True, default="")
 
 
 class LegalHoldSerializer(serializers.ModelSerializer):
@@ -110,15 +125,21 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["placed_by", "placed_at", "released_by", "released_at", "release_reason"]
 
+    portfolio = StrictPrimaryKeyRelatedField(queryset=Portfolio.objects.none())
+    property = StrictPrimaryKeyRelatedField(queryset=Property.objects.none(), required=False, allow_null=True)
+    record_id = IdField(required=False, allow_null=True)
+    reason = FreeTextField()
+
     def get_fields(self) -> dict[str, Any]:
         # A hold may name only a portfolio where the user may place holds and
-        # a property they can see. Any other id gets the answer an id that
-        # does not exist gets: a 400 naming the field.
+        # a property of such a portfolio. Any other id gets the answer an id
+        # that does not exist gets: a 400 naming the field. Without a request
+        # (rendering a response) there is nothing to choose from.
         fields = super().get_fields()
         request = self.context.get("request")
         if request is not None:
-            fields["portfolio"].queryset = portfolios_where(request.user, "retention.add_legalhold")
-            fields["property"].queryset = scope_queryset(Property.objects.all(), request.user)
+            fields["portfolio"].queryset = portfolios_where(request.user, HOLD_ADD)
+            fields["property"].queryset = scope_queryset(Property.objects.all(), request.user, perm=HOLD_ADD)
         return fields
 
 
@@ -126,6 +147,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
     class Meta:
         model = AuditEvent
         fields = ["id", "actor", "action", "object_type", "object_id", "reason", "details", "created_at"]
+        read_only_fields = fields
 
 
 # --- Views ----------------------------------------------------------------------
@@ -141,12 +163,15 @@ class PolicyViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         "versions": "retention.add_policyversion",
     }
 
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return NewVersionSerializer if self.action == "versions" else PolicySerializer
+
     @extend_schema(
         request=NewVersionSerializer,
         responses={201: PolicyVersionSerializer, 400: OpenApiResponse(description="invalid retention_days or reason")},
     )
     @action(detail=True, methods=["post"])
-    def versions(self, request: Request, pk: str | None = None) -> Response:
+    def versions(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         policy = self.get_object()
         if not may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id):
             raise PermissionDenied("You are not a property manager of this policy's portfolio.")
@@ -168,6 +193,9 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         "reject": "retention.approve_policyversion",
     }
 
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return ReviewSerializer if self.action in {"approve", "reject"} else PolicyVersionSerializer
+
     def _review(self, request: Request, fn: Any) -> Response:
         version = self.get_object()
         data = ReviewSerializer(data=request.data)
@@ -188,7 +216,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def approve(self, request: Request, pk: str | None = None) -> Response:
+    def approve(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         return self._review(request, policy_version_approve)
 
     @extend_schema(
@@ -200,7 +228,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         },
     )
     @action(detail=True, methods=["post"])
-    def reject(self, request: Request, pk: str | None = None) -> Response:
+    def reject(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         return self._review(request, policy_version_reject)
 
 
@@ -214,6 +242,9 @@ class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyM
         "create": "retention.add_legalhold",
         "release": "retention.change_legalhold",
     }
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return ReasonSerializer if self.action == "release" else LegalHoldSerializer
 
     @extend_schema(
         request=LegalHoldSerializer,
@@ -245,7 +276,7 @@ class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyM
         responses={200: LegalHoldSerializer, 400: OpenApiResponse(description="reason missing or already released")},
     )
     @action(detail=True, methods=["post"])
-    def release(self, request: Request, pk: str | None = None) -> Response:
+    def release(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         hold = self.get_object()
         if not may_act_in(request.user, "retention.change_legalhold", hold.portfolio_id):
             raise PermissionDenied("You are not a compliance reviewer of this hold's portfolio.")

@@ -6,7 +6,10 @@
 ``choice_param`` validate list filters; ``Conflict`` is the 409 an app's API
 raises for its own state conflicts; ``ReasonSerializer`` is the body of every
 action that only takes a reason; ``TenantScoped`` narrows a viewset to the
-user's portfolios. It lives in ``retention`` (the lower layer)
+portfolios where the user holds its read permission; ``IdField``,
+``StrictPrimaryKeyRelatedField`` and ``FreeTextField`` apply
+``retention.inputs`` to request bodies (ids are JSON integers, text is
+bounded and free of control characters). It lives in ``retention`` (the lower layer)
 so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 """
 
@@ -16,6 +19,8 @@ from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
+from django.core.validators import RegexValidator
+from django.http import QueryDict
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
 from rest_framework.permissions import BasePermission
@@ -23,6 +28,7 @@ from rest_framework.request import Request
 
 from retention.filters import FilterError, id_param
 from retention.filters import choice_param as filters_choice_param
+from retention.inputs import CONTROL_FREE_PATTERN, MAX_ID, MAX_TEXT_LENGTH, id_problem
 from retention.scoping import scope_queryset
 
 
@@ -102,8 +108,56 @@ def choice_param(request: Request, name: str, choices: list[str]) -> str | None:
         return filters_choice_param(request.query_params, name, choices, strict=True)
 
 
+def _from_form(field: serializers.Field) -> bool:
+    # A form post (the browsable API's forms) sends every value as a string;
+    # a JSON body must send an id as a JSON integer.
+    return isinstance(getattr(field.root, "initial_data", None), QueryDict)
+
+
+def _id_value(field: serializers.Field, data: Any) -> int:
+    problem = id_problem(data, field=field.field_name or "id", from_form=_from_form(field))
+    if problem is not None:
+        raise ValidationError(problem)
+    return int(data)
+
+
+class IdField(serializers.IntegerField):
+    """An id: a JSON integer from 1 to 2^63-1 (digits only in a form post)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("min_value", 1)
+        kwargs.setdefault("max_value", MAX_ID)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> int:
+        return _id_value(self, data)
+
+
+class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
+    """A related object by id, the id checked like ``IdField`` before the
+    lookup (DRF would otherwise find portfolio 1 for ``1.5`` and fail with a
+    500 for ``1e400``)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return super().to_internal_value(_id_value(self, data))
+
+
+# A RegexValidator, so the OpenAPI schema states it as the field's ``pattern``.
+no_control_characters = RegexValidator(CONTROL_FREE_PATTERN, "must not contain control characters (such as NUL).")
+
+
+class FreeTextField(serializers.CharField):
+    """A reason or a note: at most ``MAX_TEXT_LENGTH`` characters, no control characters."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("max_length", MAX_TEXT_LENGTH)
+        kwargs.setdefault("trim_whitespace", False)  # the service trims, after checking the length
+        super().__init__(**kwargs)
+        self.validators.append(no_control_characters)
+
+
 class ReasonSerializer(serializers.Serializer):
-    reason = serializers.CharField(required=False, allow_blank=True, default="")
+    reason = FreeTextField(required=False, allow_blank=True, default="")
 
 
 class TenantScoped:
@@ -111,21 +165,39 @@ class TenantScoped:
 
     Lists and object lookups go through ``filter_queryset``, so narrowing it
     covers every list, detail and detail action, whatever ``get_queryset``
-    a viewset writes. On a detail route the object is looked up *before* the
-    role check: another customer's object is a 404 for every role, exactly
-    like an id that does not exist, never a 403 that would confirm it exists.
+    a viewset writes. The scope is the portfolios where the user holds the
+    viewset's *read* permission (``required_perms["retrieve"]``), not every
+    portfolio they are a member of; a detail action then checks its own
+    permission in the object's portfolio (``may_act_in``, 403).
+
+    On a detail route the object is looked up *before* the role check:
+    another customer's object is a 404 for every role, exactly like an id
+    that does not exist, never a 403 that would confirm it exists. A user who
+    holds the read permission nowhere gets the role check's 403 for every
+    id, existing or not, which confirms nothing either.
     """
 
     portfolio_field = "portfolio_id"
 
+    @property
+    def read_perm(self) -> str:
+        perms: dict[str, str] = self.required_perms  # type: ignore[attr-defined]
+        return perms["retrieve"]
+
     def scope(self, queryset: Any) -> Any:
-        return scope_queryset(queryset, self.request.user, field=self.portfolio_field)  # type: ignore[attr-defined]
+        return scope_queryset(
+            queryset,
+            self.request.user,  # type: ignore[attr-defined]
+            perm=self.read_perm,
+            field=self.portfolio_field,
+        )
 
     def filter_queryset(self, queryset: Any) -> Any:
         return self.scope(super().filter_queryset(queryset))  # type: ignore[misc]
 
     def check_permissions(self, request: Request) -> None:
         lookup = self.lookup_url_kwarg or self.lookup_field  # type: ignore[attr-defined]
-        if request.user and request.user.is_authenticated and lookup in self.kwargs:  # type: ignore[attr-defined]
+        user = request.user
+        if user and user.is_authenticated and lookup in self.kwargs and user.has_perm(self.read_perm):  # type: ignore[attr-defined]
             self.get_object()  # type: ignore[attr-defined]
         super().check_permissions(request)  # type: ignore[misc]

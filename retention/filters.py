@@ -1,8 +1,11 @@
 """Request filters parsed once, for the console and the API alike.
 
-A parser takes a mapping of request parameters. ``strict`` (the API) raises
-``FilterError`` naming the parameter for an invalid value, which the API
-turns into a 400; not strict (the console's links) ignores it.
+A parser takes a mapping of request parameters. ``strict`` raises
+``FilterError`` naming the parameter for an invalid value, which the API and
+the console turn into a 400 naming it (``retention.inputs`` defines what is
+valid: ids of 1 to 19 digits up to 2^63-1, free text without control
+characters and within the column's length); not strict ignores it (kept for
+callers that only build links).
 """
 
 from __future__ import annotations
@@ -13,9 +16,12 @@ from typing import Any
 
 from django.db.models import Q, QuerySet
 
+from retention.inputs import id_problem, text_problem
 from retention.models import AuditEvent
 
-MAX_ID = 2**63 - 1
+# The longest age filter (hours): a century. Larger values would move the
+# cutoff before year 1 and overflow the date arithmetic.
+MAX_AGE_HOURS = 24 * 366 * 100
 
 
 class FilterError(ValueError):
@@ -32,17 +38,38 @@ def id_param(params: Mapping[str, Any], name: str, *, strict: bool) -> int | Non
     raw = params.get(name)
     if raw in (None, ""):
         return None
-    try:
-        value = int(raw)
-    except (TypeError, ValueError):
+    problem = id_problem(str(raw), field=name, from_form=True)
+    if problem is not None:
         if strict:
-            raise FilterError(name, f"{name} must be an integer id") from None
+            raise FilterError(name, problem)
         return None
-    if not 0 <= value <= MAX_ID:
+    return int(raw)
+
+
+def int_param(params: Mapping[str, Any], name: str, *, strict: bool, minimum: int, maximum: int) -> int | None:
+    """A whole number from ``minimum`` to ``maximum`` (ASCII digits only)."""
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    text = str(raw)
+    if not (text.isascii() and text.isdigit() and len(text) <= 19 and minimum <= int(text) <= maximum):
         if strict:
-            raise FilterError(name, f"{name} must be an id between 0 and 2^63-1")
+            raise FilterError(name, f"{name} must be a whole number from {minimum} to {maximum}.")
         return None
-    return value
+    return int(text)
+
+
+def text_param(params: Mapping[str, Any], name: str, *, strict: bool, max_length: int) -> str | None:
+    """Free text matched exactly: at most ``max_length`` characters, no control characters."""
+    raw = params.get(name)
+    if raw in (None, ""):
+        return None
+    problem = text_problem(str(raw), field=name, max_length=max_length)
+    if problem is not None:
+        if strict:
+            raise FilterError(name, problem)
+        return None
+    return str(raw)
 
 
 def choice_param(params: Mapping[str, Any], name: str, choices: list[str], *, strict: bool) -> str | None:
@@ -86,11 +113,14 @@ class AuditFilter:
 
 
 def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilter:
+    def column(name: str) -> int:
+        return AuditEvent._meta.get_field(name).max_length  # type: ignore[return-value]
+
     return AuditFilter(
-        action=params.get("action") or None,
-        object_type=params.get("object_type") or None,
+        action=text_param(params, "action", strict=strict, max_length=column("action")),
+        object_type=text_param(params, "object_type", strict=strict, max_length=column("object_type")),
         actor_id=id_param(params, "actor", strict=strict),
-        object_id=(params.get("object_id") or "")[:200] or None,
+        object_id=text_param(params, "object_id", strict=strict, max_length=column("object_id")),
     )
 
 

@@ -53,6 +53,10 @@ DJANGO_Q_VIEW = [
     "django_q.view_schedule",
 ]
 
+# Login lockouts (django-axes): platform staff see them; operators lift one
+# by deleting its access attempt (or run ``manage.py axes_reset``).
+LOCKOUT_VIEW = ["axes.view_accessattempt", "axes.view_accesslog"]
+
 ROLE_PERMISSIONS: dict[str, list[str]] = {
     "property_manager": [
         *PROPERTY_VIEW,
@@ -72,13 +76,15 @@ ROLE_PERMISSIONS: dict[str, list[str]] = {
         *RETENTION_VIEW,
         *CLEANUP_VIEW,
         *DJANGO_Q_VIEW,
+        *LOCKOUT_VIEW,
+        "axes.delete_accessattempt",
         "cleanup_ops.add_sweep",
         "cleanup_ops.redrive_deadletter",
         "cleanup_ops.dismiss_deadletter",
         "cleanup_ops.add_pipelinepause",
         "cleanup_ops.change_pipelinepause",
     ],
-    "auditor": [*PROPERTY_VIEW, *RETENTION_VIEW, *CLEANUP_VIEW],
+    "auditor": [*PROPERTY_VIEW, *RETENTION_VIEW, *CLEANUP_VIEW, *LOCKOUT_VIEW],
 }
 
 

@@ -1,25 +1,29 @@
-"""Tenant scoping: which portfolios a user may see, and act in, defined once.
+"""Tenant scoping: where a user may do what, defined once.
 
-The model (README, "Memberships and roles"):
+The one rule (README, "Memberships and roles"): **a user may do X in the
+portfolios where they hold a role that grants X's permission** — every
+portfolio for the platform's staff whose groups grant it, and for a
+customer's staff the portfolios of their memberships whose role grants it
+(``roles.MEMBERSHIP_ROLE_PERMISSIONS``). Membership alone grants nothing: an
+auditor of portfolio 1 who is a property manager of portfolio 3 reads jobs
+of portfolio 1 only, because a property manager's role does not grant
+``cleanup_ops.view_cleanupjob``.
 
 - **Platform staff** — superusers and members of the groups in
   ``roles.PLATFORM_GROUPS`` (``operator``, ``auditor``,
-  ``compliance_reviewer``) — see every portfolio. What they may do comes from
-  their groups' permissions.
-- **Customer staff** see exactly the portfolios they hold a
-  ``Membership`` in. In each portfolio the membership role grants the
-  permissions of ``roles.MEMBERSHIP_ROLE_PERMISSIONS`` — there only: a
-  compliance reviewer of portfolio A who is an auditor of portfolio B
-  approves in A, never in B.
+  ``compliance_reviewer``) — hold their groups' permissions everywhere.
+- **Customer staff** hold each permission in the portfolios of the
+  memberships whose role grants it, there only.
 - The ``property_manager`` group grants no portfolio: a user in it without
   memberships sees nothing (fail closed: customer staff must be members).
 
-Every read of tenant data goes through ``scope_queryset`` (or
-``visible_portfolio_ids`` where a set is needed) and every tenant write
-checks ``may_act_in``; objects outside the scope answer 404 exactly like
-objects that do not exist. Results are cached on the user object, which lives
-for one request, so a page pays one query for its scope however many
-querysets it filters.
+Every read of tenant data goes through ``scope_queryset(qs, user, perm=…)``
+(or ``portfolio_ids_where`` where a set is needed) with the permission the
+read needs — the one its route, page or admin requires — and every tenant
+write checks ``may_act_in`` with the write's permission. Objects outside the
+scope answer 404 exactly like objects that do not exist. Results are cached
+on the user object, which lives for one request, so a page pays one query
+per permission however many querysets it filters.
 """
 
 from __future__ import annotations
@@ -71,22 +75,19 @@ def is_platform_staff(user: Any) -> bool:
     return bool(cache["platform"])
 
 
+VIEW_PORTFOLIO = "properties.view_portfolio"
+AUDIT_VIEW = "retention.view_auditevent"
+
+
 def visible_portfolio_ids(user: Any) -> frozenset[int] | None:
-    """The ids of the portfolios ``user`` may see; ``None`` means every portfolio."""
-    if is_platform_staff(user):
-        return None
-    if not _known(user):
-        return frozenset()
-    cache = _cache(user)
-    if "visible" not in cache:
-        cache["visible"] = frozenset(
-            Membership.objects.filter(user_id=user.pk).values_list("portfolio_id", flat=True).distinct()
-        )
-    return cache["visible"]
+    """The portfolios in which ``user`` may view the portfolio itself; ``None``
+    means every portfolio. Every role grants it, so this is every portfolio
+    the user is a member of, and it is used only for reads of portfolios."""
+    return portfolio_ids_where(user, VIEW_PORTFOLIO)
 
 
 def portfolios_visible_to(user: Any) -> QuerySet[Portfolio]:
-    return scope_queryset(Portfolio.objects.all(), user, field="pk")
+    return portfolios_where(user, VIEW_PORTFOLIO)
 
 
 def portfolio_ids_q(portfolio_ids: frozenset[int] | None, *, field: str = "portfolio_id") -> Q:
@@ -98,10 +99,11 @@ def portfolio_ids_q(portfolio_ids: frozenset[int] | None, *, field: str = "portf
     return Q(**{f"{field}__in": sorted(portfolio_ids)})
 
 
-def scope_queryset(qs: QuerySet[M], user: Any, *, field: str = "portfolio_id") -> QuerySet[M]:
+def scope_queryset(qs: QuerySet[M], user: Any, *, perm: str, field: str = "portfolio_id") -> QuerySet[M]:
     """``qs`` narrowed to rows whose ``field`` (a lookup path to a portfolio
-    id) is a portfolio ``user`` may see. Unchanged for platform staff."""
-    return qs.filter(portfolio_ids_q(visible_portfolio_ids(user), field=field))
+    id) is a portfolio in which ``user`` holds ``perm``. Unchanged for the
+    platform's staff holding it."""
+    return qs.filter(portfolio_ids_q(portfolio_ids_where(user, perm), field=field))
 
 
 def audit_scope_q(portfolio_ids: frozenset[int]) -> Q:
@@ -113,7 +115,8 @@ def audit_scope_q(portfolio_ids: frozenset[int]) -> Q:
 
 
 def scope_audit_events(qs: QuerySet[M], user: Any) -> QuerySet[M]:
-    ids = visible_portfolio_ids(user)
+    """Audit events of the portfolios where ``user`` may view audit events."""
+    ids = portfolio_ids_where(user, AUDIT_VIEW)
     return qs if ids is None else qs.filter(audit_scope_q(ids))
 
 

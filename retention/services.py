@@ -18,6 +18,7 @@ from django.db.models import Max
 from django.utils import timezone
 
 from properties.models import Portfolio, Property
+from retention.inputs import MAX_TEXT_LENGTH, text_problem
 from retention.models import (
     MAX_RETENTION_DAYS,
     MIN_RETENTION_DAYS,
@@ -31,9 +32,24 @@ from retention.registry import get_spec
 from retention.scoping import forget_cached_scope, may_act_in
 
 
+def free_text(value: str, *, field: str) -> str:
+    """The trimmed text if it is acceptable free text (``retention.inputs``:
+    at most ``MAX_TEXT_LENGTH`` characters, no control characters), else a
+    ValidationError naming ``field``. Every reason and note passes here
+    before it is stored, whichever route it came by."""
+    if not isinstance(value, str):
+        raise ValidationError({field: f"{field} must be text."})
+    problem = text_problem(value, field=field, max_length=MAX_TEXT_LENGTH)
+    if problem is not None:
+        raise ValidationError({field: problem})
+    return value.strip()
+
+
 def require_text(value: str, *, field: str, min_length: int = 1) -> str:
-    """The trimmed text, or a ValidationError naming ``field`` (reasons, notes)."""
-    text = (value or "").strip()
+    """The trimmed text, or a ValidationError naming ``field`` (reasons, notes):
+    blank, shorter than ``min_length``, longer than ``MAX_TEXT_LENGTH`` or
+    holding control characters."""
+    text = free_text(value or "", field=field)
     if len(text) < min_length:
         if min_length <= 1:
             raise ValidationError({field: f"{field} is required and cannot be blank."})
@@ -137,6 +153,7 @@ class ConcurrentApproval(Exception):
 
 
 def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool) -> PolicyVersion:
+    note = free_text(note, field="review_note")
     if not reviewer.has_perm("retention.approve_policyversion"):
         raise PermissionDenied("You do not have permission to review policy versions.")
     # Four-eyes within a customer: a customer's reviewer reviews only in the

@@ -49,6 +49,7 @@ from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
+from properties.models import Portfolio
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
 from retention.services import legal_hold_place, policy_version_submit
 
@@ -116,7 +117,8 @@ def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # 
     pipeline_pause(actor=None, reason="seeded portfolio pause", portfolio_id=portfolio.pk)  # so resume can succeed
     ids = {name: list(model.objects.order_by("id").values_list("id", flat=True)) for name, model in COLLECTIONS.items()}
     assert all(ids.values()), ids
-    ids |= {"portfolio": [portfolio.pk], "property": [prop.pk]}
+    unpaused = Portfolio.objects.create(name="Not paused yet", slug="unpaused")  # a pause of it can succeed
+    ids |= {"portfolio": [portfolio.pk], "property": [prop.pk], "unpaused": [unpaused.pk]}
     assert DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count() == 1
     assert PolicyVersion.objects.filter(status=PolicyVersion.Status.IN_REVIEW).count() == 1
     return ids
@@ -176,8 +178,8 @@ def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[i
         def with_seeded_references(case: Any) -> Any:
             if isinstance(case.body, dict):
                 refs = {name: seeded[name][0] for name in ("portfolio", "property") if name in case.body}
-                if "portfolio_id" in case.body:  # pause / resume of the seeded (paused) portfolio
-                    refs["portfolio_id"] = seeded["portfolio"][0]
+                if "portfolio_id" in case.body:  # resume the seeded (paused) portfolio, pause another
+                    refs["portfolio_id"] = seeded["unpaused" if case.path.endswith("/pause/") else "portfolio"][0]
                 if "reason" in case.body and len(str(case.body["reason"]).strip()) < 10:
                     refs["reason"] = "a generated decision, long enough"  # operator reasons need 10+ characters
                 case.body = {**case.body, **refs}

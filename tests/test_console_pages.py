@@ -151,7 +151,8 @@ def test_the_overview_chart_takes_a_time_range(world, op):
     week = op.get("/console/?hours=168")
     assert len(week.context["throughput_chart"]["bars"]) == 28  # 6-hour buckets
     assert "one bar per 6 hours" in week.content.decode()
-    assert op.get("/console/?hours=5").context["hours"] == 12  # not a choice: the default
+    refused = op.get("/console/?hours=5")  # not a choice: a 400 naming the parameter
+    assert refused.status_code == 400 and refused.context["field"] == "hours"
 
 
 # --- Drain forecast ---------------------------------------------------------------

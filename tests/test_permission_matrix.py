@@ -185,6 +185,7 @@ def test_every_console_view_answers_each_role_as_expected(world, role):
 
 def test_prometheus_metrics_need_an_allowed_address_or_the_token(world, settings):
     settings.METRICS_TOKEN = "s3cret-metrics-token"
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
     assert Client().get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200
     assert Client().get("/metrics", REMOTE_ADDR="10.1.2.3").status_code == 403
     assert Client().get("/metrics", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
@@ -196,11 +197,21 @@ def test_prometheus_metrics_need_an_allowed_address_or_the_token(world, settings
 
 @pytest.mark.parametrize(
     "header",
-    ["HTTP_X_FORWARDED_FOR", "HTTP_FORWARDED", "HTTP_X_REAL_IP"],
+    [
+        "HTTP_X_FORWARDED_FOR",
+        "HTTP_FORWARDED",
+        "HTTP_X_REAL_IP",
+        # What the documented TLS proxy sends (SECURE_PROXY_SSL_HEADER), and nothing else:
+        "HTTP_X_FORWARDED_PROTO",
+        "HTTP_X_FORWARDED_HOST",
+        "HTTP_X_FORWARDED_PORT",
+        "HTTP_VIA",
+    ],
 )
 def test_metrics_behind_a_proxy_on_the_same_host_need_the_token_even_from_loopback(world, settings, header):
     settings.METRICS_TOKEN = "s3cret-metrics-token"
-    proxied = {"REMOTE_ADDR": "127.0.0.1", header: "203.0.113.9"}
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
+    proxied = {"REMOTE_ADDR": "127.0.0.1", header: "https" if header.endswith("PROTO") else "203.0.113.9"}
     assert Client().get("/metrics", **proxied).status_code == 403
     assert Client().get("/metrics", **proxied, HTTP_AUTHORIZATION="Bearer wrong").status_code == 403
     response = Client().get("/metrics", **proxied, HTTP_AUTHORIZATION="Bearer s3cret-metrics-token")
@@ -214,3 +225,11 @@ def test_a_non_ascii_authorization_header_on_metrics_is_a_403_not_a_500(world, s
     settings.METRICS_TOKEN = "s3cret-metrics-token"
     response = Client().get("/metrics", REMOTE_ADDR="10.1.2.3", HTTP_AUTHORIZATION="Bearer s3cr\u00e9t")
     assert response.status_code == 403
+
+
+def test_metrics_trust_no_address_unless_the_operator_lists_one(world, settings):
+    settings.METRICS_TOKEN = ""
+    settings.METRICS_ALLOWED_IPS = []
+    assert Client().get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 403
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
+    assert Client().get("/metrics", REMOTE_ADDR="127.0.0.1").status_code == 200

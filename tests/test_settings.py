@@ -36,6 +36,9 @@ def start(env_overrides: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ("CLEANUP_BATCH_SIZE", "5000"),
         ("CLEANUP_SCHEDULE", "every night"),
         ("Q_RETRY", "10"),
+        ("METRICS_ALLOWED_IPS", "127.0.0.1,localhost"),
+        ("API_BROWSABLE", "sometimes"),
+        ("LOGIN_COOLOFF_MINUTES", "0"),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(name, value):
@@ -160,3 +163,20 @@ def test_the_purge_cluster_is_selected_with_q_cluster_name():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["retention-purge", "3", "3"]
+
+
+@pytest.mark.parametrize(
+    ("debug", "browsable", "expected"), [("false", None, False), ("true", None, True), ("false", "true", True)]
+)
+def test_the_browsable_api_is_off_outside_debug_unless_asked_for(debug, browsable, expected):
+    overrides = {"DEBUG": debug, **({"API_BROWSABLE": browsable} if browsable else {})}
+    env = {k: v for k, v in os.environ.items() if k != "API_BROWSABLE"}
+    env.update({"DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "x" * 50, **overrides})
+    env.pop("DATABASE_URL", None)
+    result = subprocess.run(
+        [sys.executable, "-c", "import django; django.setup(); from django.conf import settings; "
+         "print(settings.REST_FRAMEWORK['DEFAULT_RENDERER_CLASSES'])"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    assert ("BrowsableAPIRenderer" in result.stdout) is expected

@@ -231,6 +231,14 @@ API_DETAILS = {
     "hold": "/api/v1/legal-holds/{}/",
     "event": "/api/v1/audit-events/{}/",
 }
+API_READ_PERMS = {
+    "job": "cleanup_ops.view_cleanupjob",
+    "letter": "cleanup_ops.view_deadletter",
+    "policy": "retention.view_retentionpolicy",
+    "version": "retention.view_policyversion",
+    "hold": "retention.view_legalhold",
+    "event": "retention.view_auditevent",
+}
 API_ACTIONS = [
     ("/api/v1/policies/{policy}/versions/", {"retention_days": 500, "reason": "mine now"}),
     ("/api/v1/policy-versions/{version}/approve/", {}),
@@ -270,10 +278,14 @@ def test_a_member_sees_only_their_customer_through_every_api_route(world, key, r
         if response.status_code == 200:
             assert response.json()["count"] == 0
 
+    user = member(world, key, role)
     for kind, template in API_DETAILS.items():
+        # 404 where the role reads this kind (the object is looked up first);
+        # a role that reads it nowhere gets the same 403 for every id.
+        expected = 404 if user.has_perm(API_READ_PERMS[kind]) else 403
         for object_id in other.ids[kind]:
             response = api.get(template.format(object_id))
-            assert response.status_code == 404, (template, kind)
+            assert response.status_code == expected, (template, kind)
             assert_no_trace(response.content, other, template)
         response = api.get(template.format(own.ids[kind][0]))
         assert response.status_code in {200, 403}, template
@@ -282,7 +294,11 @@ def test_a_member_sees_only_their_customer_through_every_api_route(world, key, r
     for template, body in API_ACTIONS:
         path = template.format(**{k: other.ids[k][0] for k in ("policy", "version", "hold", "letter")})
         response = api.post(path, body, format="json")
-        assert response.status_code == 404, (path, response.status_code)
+        kind = next(k for k in ("policy", "version", "hold", "letter") if "{" + k + "}" in template)
+        assert response.status_code == (404 if user.has_perm(API_READ_PERMS[kind]) else 403), (
+            path,
+            response.status_code,
+        )
         assert_no_trace(response.content, other, path)
 
     for path in ("/api/v1/sweeps/", "/api/v1/metrics/", "/api/v1/schema/"):
@@ -487,7 +503,9 @@ def test_a_member_sees_only_their_customer_on_every_admin_page(world, key, role)
             ),
         ):
             response = client.get(f"{changelist}?{query}")
-            assert response.status_code in {200, 302, 403}
+            # 400: a lookup the list does not offer (retention.admin_site), e.g. a portfolio filter on a
+            # model without one.
+            assert response.status_code in {200, 302, 400, 403}
             assert_no_trace(response.content, other, f"{changelist}?{query}", echo=echo)
             if response.status_code == 200:
                 cl = response.context["cl"]
@@ -500,9 +518,11 @@ def test_a_member_sees_only_their_customer_on_every_admin_page(world, key, role)
             admin_url(model, "change", mine[model]),
             admin_url(model, "history", mine[model]),
         ]
+        # 404 where the role views this model; one that views it nowhere gets the same 403 for every id.
+        views_model = member(world, key, role).has_perm(f"{model._meta.app_label}.view_{model._meta.model_name}")
         for view in ("change", "history", "delete"):
             response = client.get(admin_url(model, view, theirs[model]))
-            assert response.status_code == 404, (model.__name__, view, response.status_code)
+            assert response.status_code == (404 if views_model else 403), (model.__name__, view, response.status_code)
             assert_no_trace(response.content, other, f"{model.__name__} {view}")
     pages += [
         reverse("admin:retention_retentionpolicy_new_version", args=[own.ids["policy"][0]]),

@@ -12,3 +12,6 @@ os.environ.setdefault("SECRET_KEY", "test-only-secret-key-not-for-production-use
 # The suite talks plain HTTP on loopback (test client, live server, browser).
 for _name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE"):
     os.environ.setdefault(_name, "false")
+# The browsable API is off in production unless API_BROWSABLE is set; the suite
+# turns it on so the route crawler proves its pages and forms clean.
+os.environ.setdefault("API_BROWSABLE", "true")

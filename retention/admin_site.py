@@ -1,0 +1,170 @@
+"""The admin site: every changelist and autocomplete request is checked first.
+
+Django's changelist applies any lookup on a model's own fields that the
+query string names (``?created_at__year=…``, ``?unit__regex=(a``) and fails
+with a 500 on values it cannot turn into SQL (a 20-digit year, year 9999
+whose range ends in year 10000, an invalid regular expression on
+PostgreSQL). ``GuardedAdminSite.admin_view`` wraps every model admin's
+changelist, whatever app registered it (ours, django-q2's, django-axes'),
+so that before Django's code runs:
+
+- only the parameters the list itself offers are accepted — the lookups of
+  its ``list_filter`` entries and its date hierarchy, plus the changelist's
+  own ``q``, ``o``, ``p``, ``all``, ``e``, ``_popup``, ``_to_field``,
+  ``_changelist_filters``, ``_facets``; any other is a 400 naming it;
+- values are checked: ids (a related filter's ``…__id__exact``, an action's
+  ``_selected_action``) are 1 to 19 digits up to 2^63-1, a date
+  hierarchy's year is 1 to 9998, its month 1 to 12, its day 1 to 31, and
+  free text (``q`` included) is at most ``MAX_FILTER_LENGTH`` characters.
+
+The change, history and delete pages of every model check the permission
+to view the model before looking the object up (Django does it the other way
+round, which tells a user without the permission which ids exist).
+
+Autocomplete (``/admin/autocomplete/``) takes a ``term`` of at most
+``MAX_FILTER_LENGTH`` characters. Control characters anywhere are refused
+earlier, by ``retention.middleware``. A 400 here renders a short page that
+names the parameter; nothing is changed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from functools import wraps
+from typing import Any
+
+from django.contrib import admin
+from django.contrib.admin.apps import AdminConfig
+from django.contrib.admin.utils import get_fields_from_path
+from django.core.exceptions import FieldDoesNotExist, PermissionDenied
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+
+from retention.inputs import MAX_FILTER_LENGTH, id_problem, text_problem
+
+# Views of one object (and Django's redirect to change): permission before lookup.
+OBJECT_VIEWS = frozenset({"change_view", "history_view", "delete_view"})
+CHANGELIST_PARAMS = frozenset({"q", "o", "p", "all", "e", "_popup", "_to_field", "_changelist_filters", "_facets"})
+
+# Kinds of value a changelist parameter takes.
+ID, YEAR, MONTH, DAY, TEXT = "id", "year", "month", "day", "text"
+RANGES = {YEAR: (1, 9998), MONTH: (1, 12), DAY: (1, 31)}
+
+
+def changelist_lookups(model_admin: admin.ModelAdmin, request: HttpRequest) -> dict[str, str]:
+    """Every query parameter the changelist's filters and date hierarchy read, with its kind."""
+    lookups: dict[str, str] = {}
+    for entry in model_admin.get_list_filter(request):
+        if isinstance(entry, list | tuple):
+            path, filter_class = entry[0], entry[1]
+        elif isinstance(entry, str):
+            path, filter_class = entry, None
+        else:  # a SimpleListFilter: its own parameter
+            lookups[str(getattr(entry, "parameter_name", ""))] = TEXT
+            continue
+        try:
+            field = get_fields_from_path(model_admin.model, path)[-1]
+        except (FieldDoesNotExist, LookupError):
+            continue
+        lookups[f"{path}__isnull"] = TEXT
+        if filter_class is admin.EmptyFieldListFilter:
+            lookups[f"{path}__isempty"] = TEXT
+        elif field.is_relation:
+            target = field.target_field.name if hasattr(field, "target_field") else "pk"
+            lookups[f"{path}__{target}__exact"] = ID
+            lookups[f"{path}__{target}__in"] = TEXT
+        else:
+            for suffix in ("exact", "gte", "lt"):
+                lookups[f"{path}__{suffix}"] = TEXT
+    hierarchy = model_admin.get_date_hierarchy(request) if hasattr(model_admin, "get_date_hierarchy") else None
+    hierarchy = hierarchy or model_admin.date_hierarchy
+    if hierarchy:
+        lookups.update({f"{hierarchy}__year": YEAR, f"{hierarchy}__month": MONTH, f"{hierarchy}__day": DAY})
+    return lookups
+
+
+def value_problem(name: str, value: str, kind: str) -> str | None:
+    problem = text_problem(value, field=name, max_length=MAX_FILTER_LENGTH)
+    if problem is not None or value == "":
+        return problem
+    if kind == ID:
+        return id_problem(value, field=name, from_form=True)
+    if kind in RANGES:
+        low, high = RANGES[kind]
+        if not (value.isascii() and value.isdigit() and len(value) <= 4 and low <= int(value) <= high):
+            return f"{name} must be a whole number from {low} to {high}."
+    return None
+
+
+def changelist_problem(model_admin: admin.ModelAdmin, request: HttpRequest) -> tuple[str, str] | None:
+    """The first parameter of a changelist request that the list does not
+    take, or whose value is not valid, with the reason; ``None`` if all are."""
+    lookups = changelist_lookups(model_admin, request)
+    for name, values in request.GET.lists():
+        kind = TEXT if name in CHANGELIST_PARAMS else lookups.get(name)
+        if kind is None:
+            return name, f"{name} is not a filter of this list."
+        for value in values:
+            if (problem := value_problem(name, value, kind)) is not None:
+                return name, problem
+    if request.method == "POST":
+        for value in request.POST.getlist("_selected_action"):
+            if (problem := id_problem(value, field="_selected_action", from_form=True)) is not None:
+                return "_selected_action", problem
+    return None
+
+
+def autocomplete_problem(request: HttpRequest) -> tuple[str, str] | None:
+    for name in ("term", "app_label", "model_name", "field_name", "page"):
+        problem = text_problem(request.GET.get(name, ""), field=name, max_length=MAX_FILTER_LENGTH)
+        if problem is not None:
+            return name, problem
+    return None
+
+
+def refused(field: str, message: str) -> HttpResponse:
+    return HttpResponseBadRequest(f"{field}: {message}\n", content_type="text/plain")
+
+
+class GuardedAdminSite(admin.AdminSite):
+    def admin_view(self, view: Callable[..., Any], cacheable: bool = False) -> Callable[..., Any]:
+        owner = getattr(view, "__self__", None)
+        name = getattr(view, "__name__", "")
+        if name == "changelist_view" and isinstance(owner, admin.ModelAdmin):
+            view = self._guard(view, lambda request: changelist_problem(owner, request))
+        elif name in OBJECT_VIEWS and isinstance(owner, admin.ModelAdmin):
+            view = self._permission_first(view, owner)
+        elif name == "autocomplete_view" and owner is self:
+            view = self._guard(view, autocomplete_problem)
+        return super().admin_view(view, cacheable)
+
+    @staticmethod
+    def _permission_first(view: Callable[..., Any], model_admin: admin.ModelAdmin) -> Callable[..., Any]:
+        """Django looks an object up before it checks the permission: a user
+        who may not view the model gets a redirect ("does not exist") for a
+        missing id and a 403 for an existing one — an oracle for ids. Here
+        the permission comes first, so every id answers the same 403."""
+
+        @wraps(view)
+        def checked(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            if not model_admin.has_view_or_change_permission(request):
+                raise PermissionDenied
+            return view(request, *args, **kwargs)
+
+        return checked
+
+    @staticmethod
+    def _guard(view: Callable[..., Any], check: Callable[[HttpRequest], tuple[str, str] | None]) -> Callable[..., Any]:
+        @wraps(view)
+        def guarded(request: HttpRequest, *args: Any, **kwargs: Any) -> Any:
+            problem = check(request)
+            if problem is not None:
+                return refused(*problem)
+            return view(request, *args, **kwargs)
+
+        return guarded
+
+
+class GuardedAdminConfig(AdminConfig):
+    """Django's admin app with ``GuardedAdminSite`` as ``admin.site`` (``INSTALLED_APPS``)."""
+
+    default_site = "retention.admin_site.GuardedAdminSite"
