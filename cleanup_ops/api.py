@@ -150,6 +150,7 @@ class JobSerializer(serializers.ModelSerializer):
             "lease_expires_at",
             "cursor",
             "batches",
+            "batch_size",
             "rows_deleted",
             "rows_held",
             "last_error_category",

@@ -11,6 +11,11 @@ class CleanupOpsConfig(AppConfig):
         from django_q.signals import post_spawn, pre_execute
 
         from cleanup_ops.health import heartbeat_on_spawn, heartbeat_on_task_start
+        from cleanup_ops.selectors import kind_rows_per_second
+        from retention.selectors import throughput_provider_set
+
+        # The policy review's impact preview shows the measured rate of a kind.
+        throughput_provider_set(kind_rows_per_second)
 
         # Each new qcluster worker registers its cluster's run and wakes the
         # dispatcher; each task it starts is progress (cleanup_ops.health).

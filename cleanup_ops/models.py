@@ -253,6 +253,9 @@ class CleanupJob(models.Model):
     redrive_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="redrives")
 
     cursor = models.BigIntegerField(default=0, help_text="Largest record id already passed.")
+    batch_size = models.PositiveIntegerField(
+        null=True, blank=True, help_text="Rows per batch of its last batch (its policy version's, when it ran)."
+    )
     batches = models.PositiveIntegerField(default=0)
     rows_deleted = models.PositiveBigIntegerField(default=0)
     rows_held = models.PositiveBigIntegerField(default=0)

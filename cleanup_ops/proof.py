@@ -1,7 +1,8 @@
 """Proof of disposition: what a sweep deleted, as identifiers, counts and digests.
 
 Per job: portfolio, property, record kind, policy version, cutoff, rows
-deleted, and ``digest`` = sha256 over the job's operation ids, sorted and
+deleted, the batch size it ran with (its policy version's; each ledger row
+keeps its own ``batch_limit``, which is part of its operation id), and ``digest`` = sha256 over the job's operation ids, sorted and
 joined by newlines. Per sweep: ``digest`` = sha256 over the job digests in job
 id order, joined by newlines. Anyone holding the ledger can recompute both;
 nothing in the export is a record's content.
@@ -40,6 +41,7 @@ CSV_FIELDS = [
     "state",
     "outcome",
     "rows_deleted",
+    "batch_size",
     "operations",
     "digest",
 ]
@@ -63,6 +65,7 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
             "state",
             "outcome",
             "rows_deleted",
+            "batch_size",
         )
     )
     hashers: dict[int, Any] = {}
@@ -96,6 +99,7 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
                 "state": job["state"],
                 "outcome": job["outcome"],
                 "rows_deleted": job["rows_deleted"],
+                "batch_size": job["batch_size"],
                 "operations": counts.get(job["id"], 0),
                 "digest": digest,
             }

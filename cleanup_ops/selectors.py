@@ -536,3 +536,15 @@ def sweep_attachments(*, sweep_id: int, portfolio_ids: PortfolioScope = None) ->
         "documents_still_referenced": totals["referenced"] or 0,
         "documents_invalid_ids": totals["invalid"] or 0,
     }
+
+
+def kind_rows_per_second(record_kind: str, *, now: datetime | None = None) -> float | None:
+    """Rows of ``record_kind`` deleted per second over the last day, from the
+    ledger (first to last batch in that window); None with fewer than two
+    batches or none deleted."""
+    now = now or timezone.now()
+    window = LedgerEntry.objects.filter(record_kind=record_kind, applied_at__gte=now - timedelta(days=1))
+    figures = window.aggregate(rows=Sum("rows_deleted"), first=Min("applied_at"), last=Max("applied_at"))
+    if not figures["rows"] or figures["first"] is None or figures["last"] <= figures["first"]:
+        return None
+    return float(figures["rows"]) / (figures["last"] - figures["first"]).total_seconds()

@@ -308,12 +308,12 @@ def group_lock_fenced(jobs: int) -> str:
 
 def group_scope_lock_and_policy(jobs: int) -> str:
     """Per job: the active version of its portfolio's policy for its kind
-    (NULLs when none); property and portfolio rows ``FOR SHARE`` in property
+    (id, retention days, enabled, batch size; NULLs when none); property and portfolio rows ``FOR SHARE`` in property
     id order. A job whose scope is gone returns no row."""
     rows = values_list(jobs, ["bigint", "bigint", "bigint", "varchar"])
     return (
         f"WITH g(job_id, property_id, portfolio_id, record_kind) AS (VALUES {rows})"
-        f" SELECT g.job_id, v.id, v.retention_days, v.enabled FROM g"
+        f" SELECT g.job_id, v.id, v.retention_days, v.enabled, v.batch_size FROM g"
         f" JOIN {PROPERTY} p ON p.id = g.property_id"
         f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
         f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
@@ -345,15 +345,15 @@ def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
     instead of counting a full batch for every partition leased. Returns
     (ord, job id, rows returned, candidates, last candidate id); when the
     global limit was reached the partition with the highest ``ord`` may be
-    cut short and is not counted this time. Parameters: the list, the
-    per-partition limit, the global limit."""
-    rows = values_list(jobs, ["integer", "bigint", "bigint", "bigint", "timestamptz"])
+    cut short and is not counted this time. Parameters: the list (each row
+    with its partition's own limit, its batch size), the global limit."""
+    rows = values_list(jobs, ["integer", "bigint", "bigint", "bigint", "timestamptz", "integer"])
     return (
-        f"WITH g(ord, job_id, property_id, after_id, cutoff) AS (VALUES {rows})"
+        f"WITH g(ord, job_id, property_id, after_id, cutoff, lim) AS (VALUES {rows})"
         f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
         f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
         f"SELECT r.id FROM {table} r WHERE r.property_id = g.property_id AND r.id > g.after_id"
-        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT %s) c ON true LIMIT %s) x"
+        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT g.lim) c ON true LIMIT %s) x"
         f" GROUP BY x.ord, x.job_id"
     )
 
@@ -394,11 +394,12 @@ def group_jobs_advance(jobs: int) -> str:
     renewal, and — for those that finished — state ``done`` with their
     outcome: a fixed one (``scope_missing``, ``policy_withdrawn``) or, from
     the totals, ``deleted`` / ``held`` / ``nothing_eligible``."""
-    rows = values_list(jobs, ["bigint", "bigint", "bigint", "bigint", "bigint", "bigint", "varchar"])
+    rows = values_list(jobs, ["bigint", "bigint", "bigint", "bigint", "bigint", "bigint", "varchar", "integer"])
     finishing = "g.finish = 1"
     return (
-        f"WITH g(job_id, new_cursor, d_batches, d_deleted, d_held, finish, fixed_outcome) AS (VALUES {rows})"
+        f"WITH g(job_id, new_cursor, d_batches, d_deleted, d_held, finish, fixed_outcome, size) AS (VALUES {rows})"
         f" UPDATE {JOB} SET cursor = g.new_cursor, batches = batches + g.d_batches,"
+        f" batch_size = CASE WHEN g.size > 0 THEN g.size ELSE batch_size END,"
         f" rows_deleted = rows_deleted + g.d_deleted, rows_held = rows_held + g.d_held,"
         f" state = CASE WHEN {finishing} THEN '{JobState.DONE}' ELSE state END,"
         f" outcome = CASE WHEN {finishing} THEN CASE WHEN g.fixed_outcome <> '' THEN g.fixed_outcome"

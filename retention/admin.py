@@ -20,7 +20,16 @@ from django.utils.html import format_html
 from retention import admin_domain  # noqa: F401 - registers the domain models' admin (see there)
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 from retention.inputs import MAX_TEXT_LENGTH
-from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion, RetentionPolicy
+from retention.models import (
+    MAX_BATCH_SIZE,
+    MIN_BATCH_SIZE,
+    AuditEvent,
+    LegalHold,
+    Membership,
+    PolicyVersion,
+    RetentionPolicy,
+    default_batch_size,
+)
 from retention.scoping import may_act_in, scope_audit_events
 from retention.selectors import policy_version_active, policy_version_impact
 from retention.services import (
@@ -43,7 +52,7 @@ def _form_errors(form: forms.Form, exc: ValidationError) -> None:
 
 class PolicyVersionInline(admin.TabularInline):
     model = PolicyVersion
-    fields = ["number", "retention_days", "enabled", "status", "author", "reviewer", "reviewed_at"]
+    fields = ["number", "retention_days", "batch_size", "enabled", "status", "author", "reviewer", "reviewed_at"]
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -62,6 +71,12 @@ def free_text_field(*, required: bool = True) -> forms.CharField:
 
 class NewVersionForm(forms.Form):
     retention_days = forms.IntegerField(min_value=1, max_value=36500)
+    batch_size = forms.IntegerField(
+        required=False,
+        min_value=MIN_BATCH_SIZE,
+        max_value=MAX_BATCH_SIZE,
+        help_text="Rows per batch of one partition (reviewed like the retention period); empty: the active size.",
+    )
     enabled = forms.BooleanField(required=False, initial=True, help_text="Untick to withdraw the policy.")
     reason = free_text_field()
 
@@ -82,7 +97,9 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
         version = policy_version_active(policy_id=obj.pk)
         if version is None:
             return "—"
-        return f"v{version.number}: {version.retention_days} days" + ("" if version.enabled else " (withdrawn)")
+        return f"v{version.number}: {version.retention_days} days, batches of {version.batch_size}" + (
+            "" if version.enabled else " (withdrawn)"
+        )
 
     def get_urls(self):  # type: ignore[no-untyped-def]
         return [
@@ -99,12 +116,17 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
         policy = self.get_object_or_404(request, policy_id)
         if not may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id):
             raise PermissionDenied
-        form = NewVersionForm(request.POST or None)
+        active = policy_version_active(policy_id=policy.pk)
+        form = NewVersionForm(
+            request.POST or None,
+            initial={"batch_size": active.batch_size if active else default_batch_size()},
+        )
         if request.method == "POST" and form.is_valid():
             try:
                 version = policy_version_submit(
                     policy=policy,
                     retention_days=form.cleaned_data["retention_days"],
+                    batch_size=form.cleaned_data["batch_size"],
                     enabled=form.cleaned_data["enabled"],
                     author=request.user,
                     reason=form.cleaned_data["reason"],
@@ -132,7 +154,18 @@ class ReviewForm(forms.Form):
 @admin.register(PolicyVersion)
 class PolicyVersionAdmin(PortfolioScopedAdmin):
     portfolio_field = "policy__portfolio_id"
-    list_display = ["id", "policy", "number", "retention_days", "enabled", "status", "author", "reviewer", "review"]
+    list_display = [
+        "id",
+        "policy",
+        "number",
+        "retention_days",
+        "batch_size",
+        "enabled",
+        "status",
+        "author",
+        "reviewer",
+        "review",
+    ]
     list_filter = ["status", "policy__record_kind", ("policy__portfolio", PortfolioListFilter)]
     list_select_related = ["policy__portfolio", "author", "reviewer"]
     readonly_fields = [f.name for f in PolicyVersion._meta.fields]

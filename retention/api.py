@@ -39,7 +39,14 @@ from retention.apiutils import (
     filter_errors_as_400,
 )
 from retention.filters import audit_filter_parse
-from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
+from retention.models import (
+    MAX_BATCH_SIZE,
+    MIN_BATCH_SIZE,
+    AuditEvent,
+    LegalHold,
+    PolicyVersion,
+    RetentionPolicy,
+)
 from retention.scoping import may_act_in, portfolios_where, scope_audit_events, scope_queryset
 from retention.services import (
     ConcurrentApproval,
@@ -63,6 +70,7 @@ class PolicyVersionSerializer(serializers.ModelSerializer):
             "policy",
             "number",
             "retention_days",
+            "batch_size",
             "enabled",
             "status",
             "author",
@@ -92,6 +100,7 @@ class PolicySerializer(serializers.ModelSerializer):
                 "id": active.pk,
                 "number": active.number,
                 "retention_days": active.retention_days,
+                "batch_size": active.batch_size,
                 "enabled": active.enabled,
             }
         )
@@ -99,6 +108,12 @@ class PolicySerializer(serializers.ModelSerializer):
 
 class NewVersionSerializer(serializers.Serializer):
     retention_days = serializers.IntegerField()
+    batch_size = serializers.IntegerField(
+        required=False,
+        min_value=MIN_BATCH_SIZE,
+        max_value=MAX_BATCH_SIZE,
+        help_text="Rows per batch of one partition; default: the active version's, or CLEANUP_BATCH_SIZE.",
+    )
     enabled = serializers.BooleanField(default=True)
     reason = FreeTextField(allow_blank=True)
 
@@ -168,7 +183,10 @@ class PolicyViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         request=NewVersionSerializer,
-        responses={201: PolicyVersionSerializer, 400: OpenApiResponse(description="invalid retention_days or reason")},
+        responses={
+            201: PolicyVersionSerializer,
+            400: OpenApiResponse(description="invalid retention_days, batch_size or reason"),
+        },
     )
     @action(detail=True, methods=["post"])
     def versions(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:

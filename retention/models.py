@@ -21,6 +21,11 @@ from retention.registry import RECORD_KIND_CHOICES
 
 MIN_RETENTION_DAYS = 1
 MAX_RETENTION_DAYS = 36500
+# Rows per batch of one partition: part of a policy version, reviewed like its
+# retention period (row width, indexes and lock behaviour differ per kind and
+# per customer). CLEANUP_BATCH_SIZE is the default for new policies.
+MIN_BATCH_SIZE = 1
+MAX_BATCH_SIZE = 1000
 
 
 class RetentionPolicy(models.Model):
@@ -51,6 +56,11 @@ class ImmutableVersion(Exception):
     pass
 
 
+def default_batch_size() -> int:
+    """New policies start with the deployment's ``CLEANUP_BATCH_SIZE``."""
+    return int(settings.CLEANUP_BATCH_SIZE)
+
+
 class PolicyVersion(models.Model):
     Status = PolicyVersionStatus
 
@@ -60,6 +70,11 @@ class PolicyVersion(models.Model):
         validators=[MinValueValidator(MIN_RETENTION_DAYS), MaxValueValidator(MAX_RETENTION_DAYS)]
     )
     enabled = models.BooleanField(default=True, help_text="Unticked: the policy is withdrawn and deletes nothing.")
+    batch_size = models.PositiveIntegerField(
+        default=default_batch_size,
+        validators=[MinValueValidator(MIN_BATCH_SIZE), MaxValueValidator(MAX_BATCH_SIZE)],
+        help_text="Rows per batch of one partition; applies from the next batch on once approved.",
+    )
     status = models.CharField(max_length=20, choices=PolicyVersionStatus.choices, default=PolicyVersionStatus.DRAFT)
     author = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     reason = models.TextField()
@@ -84,6 +99,10 @@ class PolicyVersion(models.Model):
             models.CheckConstraint(
                 condition=Q(retention_days__gte=MIN_RETENTION_DAYS, retention_days__lte=MAX_RETENTION_DAYS),
                 name="policyversion_retention_days_range",
+            ),
+            models.CheckConstraint(
+                condition=Q(batch_size__gte=MIN_BATCH_SIZE, batch_size__lte=MAX_BATCH_SIZE),
+                name="policyversion_batch_size_range",
             ),
         ]
 

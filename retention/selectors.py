@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
 
@@ -13,6 +15,17 @@ def policy_version_active(*, policy_id: int) -> PolicyVersion | None:
     return PolicyVersion.objects.filter(policy_id=policy_id, status=PolicyVersion.Status.APPROVED).first()
 
 
+# Measured deletion rate of a record kind (rows per second), or None when
+# unknown. The pipeline (which keeps the ledger, a layer above this app)
+# provides it at start-up: ``throughput_provider_set``.
+_throughput: Callable[[str], float | None] | None = None
+
+
+def throughput_provider_set(provider: Callable[[str], float | None]) -> None:
+    global _throughput
+    _throughput = provider
+
+
 @dataclass(frozen=True)
 class ImpactPreview:
     active_days: int | None
@@ -23,6 +36,24 @@ class ImpactPreview:
     held_now: int
     expired_after: int
     held_after: int
+    active_batch_size: int | None = None
+    proposed_batch_size: int = 1000
+    rows_per_second: float | None = None  # measured for this record kind, if known
+
+    @property
+    def batches_now(self) -> int:
+        """Batches the currently eligible rows take at the active batch size."""
+        return math.ceil(self.eligible_now / self.active_batch_size) if self.active_batch_size else 0
+
+    @property
+    def batches_after(self) -> int:
+        """Batches the rows eligible after approval take at the proposed batch size."""
+        return math.ceil(self.eligible_after / self.proposed_batch_size)
+
+    @property
+    def seconds_after(self) -> float | None:
+        """Those rows at the measured rate, when one is known."""
+        return self.eligible_after / self.rows_per_second if self.rows_per_second else None
 
     @property
     def eligible_now(self) -> int:
@@ -55,4 +86,7 @@ def policy_version_impact(*, version: PolicyVersion) -> ImpactPreview:
         held_now=held_now,
         expired_after=expired_after,
         held_after=held_after,
+        active_batch_size=active.batch_size if active else None,
+        proposed_batch_size=version.batch_size,
+        rows_per_second=_throughput(policy.record_kind) if _throughput else None,
     )

@@ -20,13 +20,16 @@ from django.utils import timezone
 from properties.models import Portfolio, Property
 from retention.inputs import MAX_TEXT_LENGTH, text_problem
 from retention.models import (
+    MAX_BATCH_SIZE,
     MAX_RETENTION_DAYS,
+    MIN_BATCH_SIZE,
     MIN_RETENTION_DAYS,
     AuditEvent,
     LegalHold,
     Membership,
     PolicyVersion,
     RetentionPolicy,
+    default_batch_size,
 )
 from retention.registry import get_spec
 from retention.scoping import forget_cached_scope, may_act_in
@@ -95,21 +98,44 @@ def _validate_retention_days(retention_days: object) -> int:
     return retention_days
 
 
+def _validate_batch_size(batch_size: object) -> int:
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int):
+        raise ValidationError({"batch_size": "batch_size must be a whole number of rows."})
+    if not MIN_BATCH_SIZE <= batch_size <= MAX_BATCH_SIZE:
+        raise ValidationError({"batch_size": f"batch_size must be between {MIN_BATCH_SIZE} and {MAX_BATCH_SIZE}."})
+    return batch_size
+
+
 def policy_version_submit(
-    *, policy: RetentionPolicy, retention_days: int, enabled: bool = True, author: AbstractBaseUser, reason: str
+    *,
+    policy: RetentionPolicy,
+    retention_days: int,
+    enabled: bool = True,
+    batch_size: int | None = None,
+    author: AbstractBaseUser,
+    reason: str,
 ) -> PolicyVersion:
-    """Create the next version of ``policy`` and put it in review."""
+    """Create the next version of ``policy`` and put it in review.
+
+    ``batch_size`` (rows per batch of one partition, reviewed like the
+    retention period) defaults to the active version's, or for a new policy
+    to ``CLEANUP_BATCH_SIZE``."""
     days = _validate_retention_days(retention_days)
+    size = None if batch_size is None else _validate_batch_size(batch_size)
     reason = require_text(reason, field="reason")
     now = timezone.now()
     with transaction.atomic():
         # The policy row lock serialises version numbering.
         RetentionPolicy.objects.select_for_update().filter(pk=policy.pk).get()
         last = PolicyVersion.objects.filter(policy=policy).aggregate(n=Max("number"))["n"] or 0
+        if size is None:
+            active = policy.versions.filter(status=PolicyVersion.Status.APPROVED).values_list("batch_size", flat=True)
+            size = active.first() or default_batch_size()
         version = PolicyVersion.objects.create(
             policy=policy,
             number=last + 1,
             retention_days=days,
+            batch_size=size,
             enabled=enabled,
             status=PolicyVersion.Status.IN_REVIEW,
             author=author,
@@ -128,6 +154,7 @@ def policy_version_submit(
                 "record_kind": policy.record_kind,
                 "number": version.number,
                 "retention_days": days,
+                "batch_size": size,
                 "enabled": enabled,
             },
         )
@@ -232,6 +259,7 @@ def _review_once(
                 "record_kind": version.policy.record_kind,
                 "number": version.number,
                 "retention_days": version.retention_days,
+                "batch_size": version.batch_size,
                 "enabled": version.enabled,
                 "superseded_version_id": superseded_id,
             },

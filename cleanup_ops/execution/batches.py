@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from django.conf import settings
 from django.db import connection, transaction
 from django.utils import timezone
 
@@ -137,31 +138,38 @@ class _Work:
     after_id: int
     cutoff: datetime
     version_id: int
+    limit: int = 1000  # this partition's batch size
     operation: str = ""
     candidates: int = 0
     last_id: int | None = None
     counted: bool = False
 
 
-def run_batch(*, job: JobRef, lease: Lease, limit: int, now: datetime | None = None) -> tuple[int, str]:
+def run_batch(*, job: JobRef, lease: Lease, limit: int | None = None, now: datetime | None = None) -> tuple[int, str]:
     """One batch of one job in one transaction. Returns (rows deleted, outcome if the job finished)."""
     step = run_group_batch(jobs=[job], lease=lease, limit=limit, now=now)[job.id]
     return step.deleted, step.outcome
 
 
 def run_group_batch(
-    *, jobs: list[JobRef], lease: Lease, limit: int, now: datetime | None = None
+    *, jobs: list[JobRef], lease: Lease, limit: int | None = None, now: datetime | None = None
 ) -> dict[int, PartitionStep]:
     """One batch transaction over the leased ``jobs`` (one or many partitions).
 
     Each partition keeps its own operation id, cursor and ledger row, exactly
-    as if it ran alone; the transaction takes partitions in the given order
-    while their candidates fit in ``limit`` rows (the first always goes, so a
-    large partition runs alone). Partitions left out are untouched and stay
-    leased for the next transaction. Raises ``LeaseLost`` only when the lease
-    is lost on every job; otherwise lost ones are reported and skipped.
+    as if it ran alone, and its own batch size: its active policy version's
+    (read in the policy step, so an approved change applies from the next
+    batch on — a new operation id, since the limit is part of it), or
+    ``limit`` when a caller (a test, a benchmark) fixes it. The transaction
+    takes partitions in the given order while their candidates fit in one
+    transaction's rows (``limit``, else ``CLEANUP_BATCH_SIZE``; the first
+    always goes, so a large partition runs alone). Partitions left out are
+    untouched and stay leased for the next transaction. Raises ``LeaseLost``
+    only when the lease is lost on every job; otherwise lost ones are
+    reported and skipped.
     """
     now = now or timezone.now()
+    budget = limit or settings.CLEANUP_BATCH_SIZE
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
     with transaction.atomic(), connection.cursor() as cur:
@@ -170,30 +178,30 @@ def run_group_batch(
             steps[job.id].lost = job.id not in cursors
         live = [job for job in jobs if job.id in cursors]
         policies = _lock_scopes_and_policies(cur, live)
-        # (job id, new cursor, batches, deleted, held, finish, fixed outcome)
-        updates: list[tuple[int, int, int, int, int, int, str]] = []
+        # (job id, new cursor, batches, deleted, held, finish, fixed outcome, batch size or 0)
+        updates: list[tuple[int, int, int, int, int, int, str, int]] = []
         work: list[_Work] = []
         for job in live:
             after_id = cursors[job.id]
             if job.id not in policies:
-                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.SCOPE_MISSING))
+                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.SCOPE_MISSING, 0))
                 continue
-            version_id, days, enabled = policies[job.id]
+            version_id, days, enabled, size = policies[job.id]
             if version_id is None or not enabled:
-                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.POLICY_WITHDRAWN))
+                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.POLICY_WITHDRAWN, 0))
                 continue
             current_cutoff = job.slot - timedelta(days=days)
             cutoff, used_version = (
                 (current_cutoff, version_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
             )
-            item = _Work(job, after_id, cutoff, used_version)
+            item = _Work(job, after_id, cutoff, used_version, limit=min(limit or size, 1000))
             item.operation = operation_id(
                 record_kind=job.record_kind,
                 property_id=job.property_id,
                 slot=job.slot,
                 cutoff=cutoff,
                 after_id=after_id,
-                limit=limit,
+                limit=item.limit,
             )
             work.append(item)
         replayed = _replayed(cur, work)
@@ -202,15 +210,15 @@ def run_group_batch(
             if item.operation in replayed:
                 # Already applied (by this job before a lost ack, or by the job a
                 # redrive replaced): skip it, never apply it twice.
-                updates.append((item.job.id, max(item.after_id, replayed[item.operation]), 0, 0, 0, 0, ""))
+                updates.append((item.job.id, max(item.after_id, replayed[item.operation]), 0, 0, 0, 0, "", 0))
             else:
                 fresh.append(item)
-        _count_candidates(cur, fresh, limit=limit)
-        chosen, budget = [], 0
+        _count_candidates(cur, fresh, budget=budget)
+        chosen, taken = [], 0
         for item in fresh:
-            if not item.counted or (item.candidates and chosen and budget + item.candidates > limit):
+            if not item.counted or (item.candidates and chosen and taken + item.candidates > budget):
                 continue  # next transaction: this one is full
-            budget += item.candidates
+            taken += item.candidates
             chosen.append(item)
         deleted_by_job, documents = _delete(cur, [item for item in chosen if item.candidates])
         ledger = []
@@ -218,11 +226,11 @@ def run_group_batch(
             job = item.job
             if not item.candidates:
                 # Nothing left past the cutoff: done, outcome from the totals.
-                updates.append((job.id, item.after_id, 0, 0, 0, 1, ""))
+                updates.append((job.id, item.after_id, 0, 0, 0, 1, "", item.limit))
                 continue
             deleted = deleted_by_job.get(job.id, 0)
             steps[job.id].deleted = deleted
-            steps[job.id].full = item.candidates >= limit
+            steps[job.id].full = item.candidates >= item.limit
             ledger.append(
                 [
                     item.operation,
@@ -234,7 +242,7 @@ def run_group_batch(
                     db_datetime(item.cutoff),
                     item.after_id,
                     item.last_id,
-                    limit,
+                    item.limit,
                     item.candidates,
                     deleted,
                     db_datetime(now),
@@ -243,8 +251,10 @@ def run_group_batch(
             # A short batch was the last one: finish now instead of paying for
             # an empty batch. Rows that become eligible later (inserted with
             # old timestamps after this point) are the next sweep's work.
-            finish = int(item.candidates < limit)
-            updates.append((job.id, int(item.last_id or 0), 1, deleted, item.candidates - deleted, finish, ""))
+            finish = int(item.candidates < item.limit)
+            updates.append(
+                (job.id, int(item.last_id or 0), 1, deleted, item.candidates - deleted, finish, "", item.limit)
+            )
         if ledger:
             sql.execute(sql.ledger_insert_many(len(ledger)), [v for row in ledger for v in row], cur=cur)
         if updates:
@@ -278,8 +288,8 @@ def _lock_group(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) ->
     return {int(job_id): int(cursor) for job_id, cursor in rows}
 
 
-def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool]]:
-    """Per job whose scope exists: (active version id or None, retention days, enabled)."""
+def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool, int]]:
+    """Per job whose scope exists: (active version id or None, retention days, enabled, batch size)."""
     if not jobs:
         return {}
     params: list[object] = []
@@ -289,8 +299,8 @@ def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[i
         sql.group_scope_lock_and_policy(len(jobs)), [*params, PolicyVersion.Status.APPROVED], cur=cur
     ).fetchall()
     return {
-        int(job_id): (None if vid is None else int(vid), int(days or 0), bool(enabled))
-        for job_id, vid, days, enabled in rows
+        int(job_id): (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
+        for job_id, vid, days, enabled, size in rows
     }
 
 
@@ -302,10 +312,11 @@ def _replayed(cur: Any, work: list[_Work]) -> dict[str, int]:
     return {op: int(last_id) for op, last_id in rows}
 
 
-def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
-    """Fill in candidates (up to ``limit`` per partition) and the last candidate
-    id of as many partitions, in order, as one batch of rows covers; the
-    others stay uncounted (``counted`` False) for the next transaction."""
+def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
+    """Fill in candidates (up to its own limit per partition) and the last
+    candidate id of as many partitions, in order, as one transaction's rows
+    (``budget``) cover; the others stay uncounted (``counted`` False) for the
+    next transaction."""
     by_kind: dict[str, list[_Work]] = {}
     for item in work:
         by_kind.setdefault(item.job.record_kind, []).append(item)
@@ -314,12 +325,19 @@ def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
         if sql.is_postgres() and len(items) > 1:
             params: list[object] = []
             for ord_, item in enumerate(items):
-                params += [ord_, item.job.id, item.job.property_id, item.after_id, db_datetime(item.cutoff)]
+                params += [
+                    ord_,
+                    item.job.id,
+                    item.job.property_id,
+                    item.after_id,
+                    db_datetime(item.cutoff),
+                    item.limit,
+                ]
             statement = sql.group_candidates(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
-            found = sql.execute(statement, [*params, limit, limit + 1], cur=cur).fetchall()
+            found = sql.execute(statement, [*params, budget + 1], cur=cur).fetchall()
             returned = sum(int(rows) for _, _, rows, _, _ in found)
             reached = max((int(ord_) for ord_, *_ in found), default=-1)
-            cut = reached if returned > limit else None
+            cut = reached if returned > budget else None
             for ord_, _job_id, _rows, n, last in found:
                 if ord_ != cut:
                     items[ord_].candidates, items[ord_].last_id, items[ord_].counted = int(n), last, True
@@ -332,10 +350,10 @@ def _count_candidates(cur: Any, work: list[_Work], *, limit: int) -> None:
             statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
             seen = 0
             for item in items:
-                if seen > limit:
+                if seen > budget:
                     break
                 n, last = sql.execute(
-                    statement, [item.job.property_id, item.after_id, db_datetime(item.cutoff), limit], cur=cur
+                    statement, [item.job.property_id, item.after_id, db_datetime(item.cutoff), item.limit], cur=cur
                 ).fetchone()
                 item.candidates, item.last_id, item.counted = int(n), last, True
                 seen += int(n)

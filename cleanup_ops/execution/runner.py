@@ -115,7 +115,8 @@ def job_run_slice(
     result.leased = True
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
-    limit = min(batch_size or settings.CLEANUP_BATCH_SIZE, 1000)
+    # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
+    limit = min(batch_size, 1000) if batch_size else None
     job = job_load(job_id)
     started = time.monotonic()
     try:
@@ -240,7 +241,8 @@ def group_run_slice(
     result.leased = len(pending)
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
-    limit = min(batch_size or settings.CLEANUP_BATCH_SIZE, 1000)
+    # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
+    limit = min(batch_size, 1000) if batch_size else None
     jobs = jobs_load(pending)
     large: set[int] = set()
     started = time.monotonic()
