@@ -84,11 +84,19 @@ def drain_until_idle(
 
     The idle clock restarts whenever due work is seen, including work another
     worker holds a live lease on (it may hand it back, cursor saved, for a
-    next slice). Each pass writes the heartbeat as a worker's turn would, so
-    the console and the alerts see a drain like a cluster.
+    next slice). Each slice counts as progress on the heartbeat, as a worker's
+    turn does, so the console and the alerts see a drain like a cluster.
     """
     idle_limit = float(settings.CLEANUP_IDLE_EXIT_SECONDS if idle_seconds is None else idle_seconds)
     stop_on_sigterm()
+
+    def beat(done: int, total: int) -> None:
+        # Progress for the heartbeat (at most one write per CLEANUP_HEARTBEAT_SECONDS),
+        # so a long drain never looks like a fleet without workers.
+        heartbeat_record_turn()
+        if progress:
+            progress(done, total)
+
     result = IdleDrainResult()
     idle_since = clock()
     while True:
@@ -97,7 +105,7 @@ def drain_until_idle(
             return result
         if due_work_count():
             started = clock()
-            run = cleanup_drain(progress=progress)
+            run = cleanup_drain(progress=beat)
             result.busy_seconds += clock() - started
             result.slices += run.slices
             result.rows_deleted += run.rows_deleted
