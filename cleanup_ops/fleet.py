@@ -26,18 +26,22 @@ Work becomes due in three ways and each is picked up within the mode's bound
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from datetime import datetime
 
 from django.conf import settings
+from django.db import DatabaseError, connection
 from django.db.models import Count
 from django.utils import timezone
 
 from cleanup_ops.execution.runner import cleanup_drain, stop_on_sigterm, stop_requested
 from cleanup_ops.health import heartbeat_record_turn
 from cleanup_ops.models import CleanupJob
+
+logger = logging.getLogger(__name__)
 
 # How often a drain waiting for work looks for it: one indexed count per poll,
 # only while a worker is up and idle.
@@ -103,7 +107,16 @@ def drain_until_idle(
         if stop_requested():
             result.exit_reason = "stopped"
             return result
-        if due_work_count():
+        try:
+            due = due_work_count()
+        except DatabaseError as exc:
+            # A restarting database: drop the broken connection, look again
+            # next poll; the idle clock runs on (a long outage ends the drain,
+            # and the timer or KEDA starts a new one when work is due).
+            logger.warning("drain: due work not readable: %s", type(exc).__name__)
+            connection.close()
+            due = 0
+        if due:
             started = clock()
             run = cleanup_drain(progress=beat)
             result.busy_seconds += clock() - started

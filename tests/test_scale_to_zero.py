@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from datetime import datetime, timedelta
@@ -52,6 +54,15 @@ def keda_queries() -> dict[str, str]:
 def run_query(query: str) -> int:
     with connection.cursor() as cursor:
         cursor.execute(query)
+        return int(cursor.fetchone()[0])
+
+
+def other_backends() -> int:
+    """Other sessions on this test database: a child process that has connected."""
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        )
         return int(cursor.fetchone()[0])
 
 
@@ -330,3 +341,55 @@ def test_a_real_drain_process_works_the_sweep_and_exits_after_the_idle_time():
     assert summary["idle_seconds"] >= 2
     assert open_jobs() == 0
     assert fleet.due_work_count() == 0
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_sigterm_stops_a_waiting_drain_at_once_and_it_exits_0():
+    db = connection.settings_dict
+    env = {
+        **os.environ,
+        "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
+        "CLEANUP_IDLE_EXIT_SECONDS": "600",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "manage.py", "cleanup_drain", "--until-idle", "--json"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # Waiting for work once it has asked the database (its SIGTERM handler is in place by then).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and not other_backends():
+            time.sleep(0.1)
+        assert proc.poll() is None and other_backends()
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert proc.returncode == 0, err
+    assert json.loads(out.strip().splitlines()[-1])["exit_reason"] == "stopped"
+
+
+@pytest.mark.django_db
+def test_a_database_error_while_waiting_is_survived_and_the_work_after_it_is_drained(
+    two_partitions, clock, monkeypatch
+):
+    sweep_trigger()
+    real = fleet.due_work_count
+    failures = iter([True])
+
+    def flaky(**kwargs: object) -> int:
+        if next(failures, False):
+            raise OperationalError("server closed the connection unexpectedly")
+        return real(**kwargs)
+
+    monkeypatch.setattr(fleet, "due_work_count", flaky)
+    fake = FakeClock(clock)
+    result = drain_until_idle(idle_seconds=30, poll=1, clock=fake, sleep=fake.sleep)
+    assert result.rows_deleted == 6 and result.exit_reason == "idle"
+    assert open_jobs() == 0
