@@ -375,7 +375,9 @@ def test_sigterm_stops_a_waiting_drain_at_once_and_it_exits_0():
     assert json.loads(out.strip().splitlines()[-1])["exit_reason"] == "stopped"
 
 
-@pytest.mark.django_db
+# Transactional: the drain drops the connection after the error, which a
+# test's enclosing transaction would not survive (production runs in autocommit).
+@pytest.mark.django_db(transaction=True)
 def test_a_database_error_while_waiting_is_survived_and_the_work_after_it_is_drained(
     two_partitions, clock, monkeypatch
 ):
