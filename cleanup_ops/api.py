@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
-from django.http import HttpResponse
+from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils import timezone
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
@@ -30,6 +30,7 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cleanup_ops.metrics import timed_trigger
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
@@ -211,6 +212,13 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
     def get_queryset(self) -> QuerySet[Sweep]:
         return sweeps_seen(portfolio_ids=portfolio_ids_where(self.request.user, SWEEP_VIEW))
+
+    def dispatch(self, request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponseBase:
+        # The trigger (POST on the list route) is timed whole, authentication
+        # and refusals included: that is the latency its caller sees.
+        if request.method == "POST" and not kwargs:
+            return timed_trigger(lambda: super(SweepViewSet, self).dispatch(request, *args, **kwargs))
+        return super().dispatch(request, *args, **kwargs)
 
     def retrieve(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
         sweep = self.get_object()

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Q
+from django.db.models import Exists, Q
 
 from retention.registry import RECORD_KIND_CHOICES
 
@@ -150,6 +150,27 @@ def due_q(*, now: datetime) -> Q:
     return Q(available_at__lte=now) & (Q(state=JobState.PENDING) | expired_lease_q(now=now))
 
 
+def unpaused_q() -> Q:
+    """Outside every active pause: neither the whole pipeline nor the job's
+    portfolio is paused."""
+    active = PipelinePause.objects.active()
+    return ~Exists(active.filter(portfolio_id__isnull=True)) & ~Q(
+        portfolio_id__in=active.filter(portfolio_id__isnull=False).values("portfolio_id")
+    )
+
+
+def due_work_q(*, now: datetime) -> Q:
+    """Work a worker should be running for: due (``due_q``) or held by a live
+    lease, outside every active pause. This is what a scaled-to-zero fleet
+    scales on and what keeps its worker up: KEDA's query in
+    ``docs/deploy/keda-scaledobject.yaml`` (a test runs it against this
+    predicate), ``cleanup_health --due`` and ``cleanup_drain --until-idle``.
+    A live lease counts because a worker holding one is busy: a large
+    partition is leased nearly all the time it runs, and a fleet that saw no
+    due job then would stop its only worker mid-drain."""
+    return (due_q(now=now) | live_lease_q(now=now)) & unpaused_q()
+
+
 def not_waiting_in_broker_q(*, now: datetime) -> Q:
     """No message for the job is waiting in the broker (or it was sent so long
     ago, more than a lease, that it must be lost)."""
@@ -166,6 +187,9 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
 
     def due(self, *, now: datetime) -> CleanupJobQuerySet:
         return self.filter(due_q(now=now))
+
+    def due_work(self, *, now: datetime) -> CleanupJobQuerySet:
+        return self.filter(due_work_q(now=now))
 
     def live_leases(self, *, now: datetime) -> CleanupJobQuerySet:
         return self.filter(live_lease_q(now=now))

@@ -2,8 +2,9 @@
 
 Per job: portfolio, property, record kind, policy version, cutoff, rows
 deleted, the batch size it ran with (its policy version's; each ledger row
-keeps its own ``batch_limit``, which is part of its operation id), and ``digest`` = sha256 over the job's operation ids, sorted and
-joined by newlines. Per sweep: ``digest`` = sha256 over the job digests in job
+keeps its own ``batch_limit``, which is part of its operation id), and
+``digest`` = sha256 over the job's operation ids, sorted and joined by
+newlines. Per sweep: ``digest`` = sha256 over the job digests in job
 id order, joined by newlines. Anyone holding the ledger can recompute both;
 nothing in the export is a record's content.
 

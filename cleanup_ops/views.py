@@ -59,6 +59,7 @@ from cleanup_ops.console_selectors import (
     workers_overview,
 )
 from cleanup_ops.dispatch import broker_status
+from cleanup_ops.metrics import register_alert_metrics, register_process_metrics
 from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
@@ -741,4 +742,7 @@ def prometheus_metrics(request: HttpRequest) -> HttpResponse:
     for row in f["retention_debt"]:
         debt.labels(row["record_kind"], "false").set(row["overdue"])
         debt.labels(row["record_kind"], "true").set(row["held"])
+    # What the alerting rules read (docs/deploy/prometheus-rules.yaml), and the trigger histogram.
+    register_alert_metrics(registry, figures=f, now=timezone.now())
+    register_process_metrics(registry)
     return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)

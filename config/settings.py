@@ -510,6 +510,13 @@ if CLEANUP_LIVENESS_STALE_SECONDS <= CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_S
         f"({CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_SECONDS:g}), got {CLEANUP_LIVENESS_STALE_SECONDS}"
     )
 
+# --- Scaled-to-zero fleet (cleanup_drain --until-idle) ---------------------------
+# A worker started because work became due exits once nothing has been due for
+# this long (the systemd timer variant; on Kubernetes, KEDA's cooldownPeriod
+# plays this part). At least one poll (1 s) long; 0 is not "never": a warm
+# fleet simply runs qcluster.
+CLEANUP_IDLE_EXIT_SECONDS = env_float("CLEANUP_IDLE_EXIT_SECONDS", 300.0, minimum=1.0)
+
 LOG_FORMAT = env.str("LOG_FORMAT", default="json")
 if LOG_FORMAT not in {"json", "text"}:
     raise ImproperlyConfigured(f"LOG_FORMAT: expected json or text, got {LOG_FORMAT!r}")

@@ -401,7 +401,9 @@ def cleanup_drain(
     result = DrainResult()
     deadline = time.monotonic() + max_seconds
     owner = f"drain:{worker_name()}"
-    while True:
+    # A SIGTERM (when the caller installed stop_on_sigterm) ends the drain
+    # after the batch in flight; the slices below would lease nothing more.
+    while not stop_requested():
         group = group_run_slice(owner=owner)
         if group.leased:
             result.slices += 1

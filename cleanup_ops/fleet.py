@@ -1,0 +1,137 @@
+"""The scaled-to-zero fleet: how much work wants a worker, and a drain that
+waits for more before it exits.
+
+Two fleet modes keep the same delivery contract (the job table decides; a
+worker only ever leases due work; every batch is fenced):
+
+* **warm**: ``qcluster`` runs all the time and picks up work within a second
+  or so (finished turns and the minute dispatcher wake it);
+* **scaled to zero**: no worker process runs while nothing is due. Something
+  outside the product watches *due work* (``due_work_q``: due, or held by a
+  live lease, outside every pause) and starts a worker when there is any:
+
+  - on Kubernetes, KEDA runs the same predicate as SQL
+    (``docs/deploy/keda-scaledobject.yaml``) every ``pollingInterval`` and
+    scales the ``qcluster`` Deployment from zero; after ``cooldownPeriod``
+    with none it scales it back to zero (so the idle time lives in KEDA);
+  - with systemd, a timer runs ``cleanup_health --due`` (exit 0 when there is
+    due work) as the drain unit's ``ExecCondition``, and the unit runs
+    ``cleanup_drain --until-idle`` (``drain_until_idle`` below), which exits
+    once nothing has been due for ``CLEANUP_IDLE_EXIT_SECONDS``.
+
+Work becomes due in three ways and each is picked up within the mode's bound
+(README, "Fleet modes"): a sweep's jobs (admission), a retry's
+``available_at`` passing, and a redrive (a new job, due at once).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from datetime import datetime
+
+from django.conf import settings
+from django.db import DatabaseError, connection
+from django.db.models import Count
+from django.utils import timezone
+
+from cleanup_ops.execution.runner import cleanup_drain, stop_on_sigterm, stop_requested
+from cleanup_ops.health import heartbeat_record_turn
+from cleanup_ops.models import CleanupJob
+
+logger = logging.getLogger(__name__)
+
+# How often a drain waiting for work looks for it: one indexed count per poll,
+# only while a worker is up and idle.
+IDLE_POLL_SECONDS = 1.0
+
+
+def due_work_count(*, now: datetime | None = None, kinds: Collection[str] | None = None) -> int:
+    """Jobs (of ``kinds``, default every kind) that want a worker now."""
+    qs = CleanupJob.objects.due_work(now=now or timezone.now())
+    if kinds is not None:
+        qs = qs.filter(kind__in=list(kinds))
+    return qs.count()
+
+
+def due_work_by_kind(*, now: datetime | None = None) -> dict[str, int]:
+    """``due_work_count`` per job kind, in one query (every kind present, 0 when none)."""
+    counts = dict(
+        CleanupJob.objects.due_work(now=now or timezone.now()).values_list("kind").annotate(n=Count("id")).order_by()
+    )
+    return {kind: counts.get(kind, 0) for kind in CleanupJob.Kind.values}
+
+
+@dataclass
+class IdleDrainResult:
+    slices: int = 0
+    rows_deleted: int = 0
+    documents_purged: int = 0
+    busy_seconds: float = 0.0  # draining
+    idle_seconds: float = 0.0  # waiting for work before exiting
+    exit_reason: str = ""  # "idle" or "stopped" (SIGTERM)
+
+
+def drain_until_idle(
+    *,
+    idle_seconds: float | None = None,
+    poll: float = IDLE_POLL_SECONDS,
+    progress: Callable[[int, int], None] | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    sleep: Callable[[float], None] = time.sleep,
+) -> IdleDrainResult:
+    """Drain due work; when none is left, keep looking every ``poll`` seconds
+    and drain again as soon as some is due; exit once nothing has been due for
+    ``idle_seconds`` (default ``CLEANUP_IDLE_EXIT_SECONDS``) or on SIGTERM.
+
+    The idle clock restarts whenever due work is seen, including work another
+    worker holds a live lease on (it may hand it back, cursor saved, for a
+    next slice). Each slice counts as progress on the heartbeat, as a worker's
+    turn does, so the console and the alerts see a drain like a cluster.
+    """
+    idle_limit = float(settings.CLEANUP_IDLE_EXIT_SECONDS if idle_seconds is None else idle_seconds)
+    stop_on_sigterm()
+
+    def beat(done: int, total: int) -> None:
+        # Progress for the heartbeat (at most one write per CLEANUP_HEARTBEAT_SECONDS),
+        # so a long drain never looks like a fleet without workers.
+        heartbeat_record_turn()
+        if progress:
+            progress(done, total)
+
+    result = IdleDrainResult()
+    idle_since = clock()
+    while True:
+        if stop_requested():
+            result.exit_reason = "stopped"
+            return result
+        try:
+            due = due_work_count()
+        except DatabaseError as exc:
+            # A restarting database: drop the broken connection, look again
+            # next poll; the idle clock runs on (a long outage ends the drain,
+            # and the timer or KEDA starts a new one when work is due).
+            logger.warning("drain: due work not readable: %s", type(exc).__name__)
+            connection.close()
+            due = 0
+        if due:
+            started = clock()
+            run = cleanup_drain(progress=beat)
+            result.busy_seconds += clock() - started
+            result.slices += run.slices
+            result.rows_deleted += run.rows_deleted
+            result.documents_purged += run.documents_purged
+            heartbeat_record_turn(rows_deleted=run.rows_deleted)
+            idle_since = clock()
+            if run.slices:
+                continue
+            # Due work this process could not take (another worker's live
+            # lease, a portfolio at its lease cap): wait a poll, stay up.
+        elif clock() - idle_since >= idle_limit:
+            result.exit_reason = "idle"
+            return result
+        waited = clock()
+        sleep(poll)
+        result.idle_seconds += clock() - waited
