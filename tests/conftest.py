@@ -184,6 +184,18 @@ def make_records(prop: Property, kind: str, count: int, *, ended: datetime) -> l
     return list(model.objects.filter(property_id=prop.pk).order_by("-id").values_list("id", flat=True)[:count])[::-1]
 
 
+def one_property_portfolios(active_policy, names: list[str], rows: int = 3) -> dict[str, Property]:  # type: ignore[no-untyped-def]
+    """One portfolio per name, one property each, ``rows`` expired leases."""
+    props = {}
+    for name in names:
+        portfolio = Portfolio.objects.create(name=f"Portfolio {name}", slug=name.lower())
+        active_policy(portfolio, "lease", 365)
+        prop = Property.objects.create(portfolio=portfolio, name=f"House {name}")
+        make_records(prop, "lease", rows, ended=utc("2020-01-01T00:00:00Z"))
+        props[name] = prop
+    return props
+
+
 def make_lease_estate(*, portfolios: int = 3, properties: int = 2, rows: int = 40) -> list[Property]:
     """Portfolios P0.. with an approved 365-day lease policy, properties B0..
     each, ``rows`` long-expired leases per property (the worker tests' data)."""

@@ -49,6 +49,7 @@ from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.services import legal_hold_place, legal_hold_release
 
 from .conftest import backend_pid, make_records, remaining_ids, utc, wait_until_blocked
+from .conftest import one_property_portfolios as estate
 
 SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T02:05:00Z")
@@ -63,17 +64,6 @@ pytestmark = pytest.mark.postgres
 def clock(time_machine):  # type: ignore[no-untyped-def]
     time_machine.move_to(NOW, tick=False)
     return time_machine
-
-
-def estate(active_policy, names: list[str], rows: int = 3) -> dict[str, Property]:  # type: ignore[no-untyped-def]
-    props = {}
-    for name in names:
-        portfolio = Portfolio.objects.create(name=f"Portfolio {name}", slug=name.lower())
-        active_policy(portfolio, "lease", 365)
-        prop = Property.objects.create(portfolio=portfolio, name=f"House {name}")
-        make_records(prop, "lease", rows, ended=OLD)
-        props[name] = prop
-    return props
 
 
 def job_of(prop: Property) -> CleanupJob:

@@ -23,10 +23,11 @@ from cleanup_ops.execution.runner import cleanup_drain, group_run_slice
 from cleanup_ops.models import CleanupJob, JobState, LedgerEntry
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
-from properties.models import Lease, Portfolio, Property
+from properties.models import Lease, Property
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
 
 from .conftest import make_records, make_user, remaining_ids, utc
+from .conftest import one_property_portfolios as estate
 
 SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T02:05:00Z")
@@ -38,18 +39,6 @@ REASON = "operator decision for the test"
 def clock(time_machine):
     time_machine.move_to(NOW, tick=False)
     return time_machine
-
-
-def estate(active_policy, names: list[str], rows: int = 3) -> dict[str, Property]:
-    """One portfolio per name, one property each, ``rows`` expired leases."""
-    props = {}
-    for name in names:
-        portfolio = Portfolio.objects.create(name=f"Portfolio {name}", slug=name.lower())
-        active_policy(portfolio, "lease", 365)
-        prop = Property.objects.create(portfolio=portfolio, name=f"House {name}")
-        make_records(prop, "lease", rows, ended=OLD)
-        props[name] = prop
-    return props
 
 
 def job_of(prop: Property) -> CleanupJob:
