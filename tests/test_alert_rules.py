@@ -64,6 +64,12 @@ def scrape() -> dict[str, list[dict[str, str]]]:
     return samples
 
 
+@pytest.fixture(autouse=True)
+def _scrape_from_loopback(settings):  # type: ignore[no-untyped-def]
+    # Prometheus on the same host, listed by the operator (no proxy header).
+    settings.METRICS_ALLOWED_IPS = ["127.0.0.1"]
+
+
 @pytest.fixture
 def busy_pipeline(portfolio, active_policy, operator_user):  # type: ignore[no-untyped-def]
     """A running sweep with due jobs, a dead letter, a worker heartbeat, and one
