@@ -159,8 +159,9 @@ def run_group_batch(
     Each partition keeps its own operation id, cursor and ledger row, exactly
     as if it ran alone, and its own batch size: its active policy version's
     (read in the policy step, so an approved change applies from the next
-    batch on — a new operation id, since the limit is part of it), or
-    ``limit`` when a caller (a test, a benchmark) fixes it. The transaction
+    batch on — a new operation id, since the limit is part of it) within the
+    deployment's ceiling ``CLEANUP_BATCH_SIZE``, or ``limit`` when a caller
+    (a test, a benchmark) fixes it. The transaction
     takes partitions in the given order while their candidates fit in one
     transaction's rows (``limit``, else ``CLEANUP_BATCH_SIZE``; the first
     always goes, so a large partition runs alone). Partitions left out are
@@ -194,7 +195,8 @@ def run_group_batch(
             cutoff, used_version = (
                 (current_cutoff, version_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
             )
-            item = _Work(job, after_id, cutoff, used_version, limit=min(limit or size, 1000))
+            # The policy's size, within the deployment's ceiling (one transaction's rows).
+            item = _Work(job, after_id, cutoff, used_version, limit=min(limit or size, budget, 1000))
             item.operation = operation_id(
                 record_kind=job.record_kind,
                 property_id=job.property_id,
