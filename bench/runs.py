@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,7 +38,8 @@ from typing import Any
 from bench import cputime
 from bench.common import ROOT, django_setup, log, sql
 from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, cleanup_tables, record_tables, verify
-from bench.statements import PgStats, StatementCounter
+from bench.instrument import TIMED, StatementCounter, Timer, patch_everywhere, timing
+from bench.statements import PgStats
 from harness.qcluster import QCluster
 
 PIPELINE = ROOT / "bench" / "pipeline.py"  # the child runs go through its (hidden) --child flag
@@ -330,7 +331,7 @@ def run_qcluster(
     server = _ServerCount()
     try:
         cluster.wait_ready()
-        wake = _Timer()
+        wake = Timer()
         with _watch() as watch:
             # The dispatcher call admission makes on commit is timed apart from admission.
             with timing(dispatch, "dispatch_due_jobs", wake):
@@ -520,37 +521,6 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, f
     return stats
 
 
-@contextmanager
-def timing(module: Any, name: str, timer: _Timer) -> Iterator[None]:
-    """Time calls to ``module.name`` (looked up by name at call time) while inside; a no-op if it is gone."""
-    original = getattr(module, name, None)
-    if not callable(original):
-        yield
-        return
-    setattr(module, name, timer.wrap(original))
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.calls = 0
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - started
-                self.calls += 1
-
-        return wrapper
-
-
 def run_child(
     mode: str, ds: Dataset, slot: datetime, batch: int, env: dict[str, str], extra_env: dict[str, str] | None = None
 ) -> RunResult:
@@ -587,46 +557,6 @@ def run_child(
 # --------------------------------------------------------------------------- child process
 
 
-def patch_everywhere(module: str, attribute: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    """Replace ``module.attribute`` by ``wrap(it)`` in its module and in every loaded
-    cleanup_ops module that imported it by name (``from … import run_batch``), so that
-    calls from any module go through the wrapper. False if it does not exist."""
-    import importlib
-
-    try:
-        owner: Any = importlib.import_module(module)
-    except ImportError:
-        return False
-    *path, name = attribute.split(".")
-    for part in path:
-        owner = getattr(owner, part, None)
-    original = getattr(owner, name, None) if owner is not None else None
-    if not callable(original):
-        return False
-    wrapped = wrap(original)
-    setattr(owner, name, wrapped)
-    if not path:
-        for loaded_name, loaded in list(sys.modules.items()):
-            if loaded_name.startswith("cleanup_ops") and getattr(loaded, name, None) is original:
-                setattr(loaded, name, wrapped)
-    return True
-
-
-# Functions timed per call in the counted run (wall time, inclusive), to tell SQL time
-# from Python and COMMIT time. Missing ones are skipped.
-TIMED = (
-    ("cleanup_ops.schedule", "sweep_trigger"),
-    ("cleanup_ops.execution.runner", "group_run_slice"),
-    ("cleanup_ops.execution.runner", "job_run_slice"),
-    ("cleanup_ops.execution.batches", "run_group_batch"),
-    ("cleanup_ops.execution.leases", "jobs_lease_group"),
-    ("cleanup_ops.execution.batches", "jobs_load"),
-    ("cleanup_ops.execution.leases", "jobs_release"),
-    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished"),
-    ("cleanup_ops.dispatch", "fair_due_job_ids"),
-)
-
-
 def child_main(args: argparse.Namespace) -> None:
     django_setup(args.batch_size)
     from django.db import connection
@@ -636,18 +566,18 @@ def child_main(args: argparse.Namespace) -> None:
     from cleanup_ops.schedule import sweep_trigger
 
     slot = datetime.fromisoformat(args.slot)
-    wake = _Timer()
+    wake = Timer()
     extra: dict[str, Any] = {}
     counter = StatementCounter() if args.child == "count" else None
     connection.ensure_connection()  # its start-up is not the drain's
-    timers: dict[str, _Timer] = {}
+    timers: dict[str, Timer] = {}
     if counter:
         # runner (imported above) has loaded every module that imports these names.
         for module, attribute in TIMED:
-            timer = timers.setdefault(attribute.rsplit(".", 1)[-1], _Timer())
+            timer = timers.setdefault(attribute.rsplit(".", 1)[-1], Timer())
             patch_everywhere(module, attribute, timer.wrap)
         counter.install_sections()
-        commit_timer = _Timer()
+        commit_timer = Timer()
         connection.ensure_connection()
         connection._commit = commit_timer.wrap(connection._commit)
         timers["COMMIT (connection.commit)"] = commit_timer
@@ -734,7 +664,7 @@ def admission_phase(slot: datetime, properties_per_portfolio: int = 100, portfol
     for table in cleanup_tables().split(", "):
         sql(f"VACUUM ANALYZE {table}")
     settings.Q_CLUSTER["workers"] = 2
-    wake, parts = _Timer(), _Timer()
+    wake, parts = Timer(), Timer()
     server = _ServerCount()
     with timing(dispatch, "dispatch_due_jobs", wake), timing(admission, "partitions_due", parts):
         server.begin()
