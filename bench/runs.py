@@ -101,6 +101,9 @@ class RunResult:
     ok: bool
     admission_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Wall-clock (epoch) start and end of the timed part: what a concurrent workload
+    # measured alongside (bench/app_impact.py) counts as "during the run".
+    window: tuple[float, float] | None = None
 
 
 def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
@@ -119,6 +122,7 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     finished: dict[int, float] = {}
     server = _ServerCount()
     server.begin()
+    epoch = time.time()
     started = time.perf_counter()
     with connection.cursor() as cur:  # autocommit: every statement is its own transaction
         for prop_id, days in props:
@@ -139,10 +143,13 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                 after = last
             finished[prop_id] = time.perf_counter() - started
     seconds = time.perf_counter() - started
+    window = (epoch, epoch + seconds)
     server.end()
     check = verify(ds, "loop")
     extra = {"batches": batches, "statements": batches, **small_portfolio_fairness(finished, seconds)}
-    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=server.into(extra))
+    return RunResult(
+        "DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=server.into(extra), window=window
+    )
 
 
 def _run_loop_portfolios(ds: Dataset, batch: int, slot: datetime) -> RunResult:
@@ -303,11 +310,14 @@ def run_qcluster(
     live: list[QCluster],
     window: int = 0,
     nice: int = 0,
+    settle: float = 0.0,
 ) -> RunResult:
     """``sweep_trigger`` then a real ``qcluster`` with ``workers`` workers until no job is open.
 
     ``live`` holds the running cluster so that the caller can stop it on any exit path;
-    ``nice`` (--nice) is given to the cluster's processes."""
+    ``nice`` (--nice) is given to the cluster's processes; ``settle``: seconds to wait
+    between the cluster being ready and the trigger (its start-up's CPU then stays out
+    of a concurrent measurement's window)."""
     from django.conf import settings
     from django.utils import timezone
 
@@ -331,12 +341,15 @@ def run_qcluster(
     server = _ServerCount()
     try:
         cluster.wait_ready()
+        if settle:
+            time.sleep(settle)
         wake = Timer()
         with _watch() as watch:
             # The dispatcher call admission makes on commit is timed apart from admission.
             with timing(dispatch, "dispatch_due_jobs", wake):
                 server.begin()
                 trigger_at = timezone.now()
+                epoch = time.time()
                 started = time.perf_counter()
                 sweep_trigger(slot=slot)
                 admission = time.perf_counter() - started - wake.total
@@ -362,6 +375,7 @@ def run_qcluster(
             seconds = time.perf_counter() - started
             server.end()
         cluster.sample_rss()
+        qwindow = (epoch, epoch + seconds)
     finally:
         cluster.stop()
         live.remove(cluster)
@@ -379,6 +393,7 @@ def run_qcluster(
         check["ok"],
         admission,
         server.into(extra),
+        window=qwindow,
     )
 
 

@@ -170,6 +170,8 @@ class PgStats:
         self.method = "pg_stat_database"
         self.watch_url = url
         self.watch_separate = False
+        # Further roles whose statements are not the run's (bench/app_impact.py's pgbench).
+        self.excluded_roles: list[str] = []
 
     def enable(self, cluster: Any | None, log: Callable[[str], None]) -> None:
         """Load pg_stat_statements (our throwaway cluster: ALTER SYSTEM and a restart)."""
@@ -250,9 +252,10 @@ class PgStats:
                     "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows), sum(s.total_plan_time)"
                     " FROM pg_stat_statements s"
                     " JOIN pg_database d ON d.oid = s.dbid"
-                    " WHERE d.datname = %s AND s.userid <> COALESCE((SELECT oid FROM pg_roles WHERE rolname = %s), 0)"
+                    " WHERE d.datname = %s"
+                    " AND s.userid NOT IN (SELECT oid FROM pg_roles WHERE rolname = ANY(%s))"
                     " GROUP BY s.query",
-                    [self.db, WATCH_ROLE if self.watch_separate else ""],
+                    [self.db, [WATCH_ROLE if self.watch_separate else "", *self.excluded_roles]],
                 ).fetchall()
             result.statements = {q: [int(c), float(ms), int(r), float(pl or 0)] for q, c, ms, r, pl in rows}
         after = self._xact()
