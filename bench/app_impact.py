@@ -5,7 +5,7 @@ Run from the repository root::
 
     .venv/bin/python bench/app_impact.py                      # 200,000 leases, ~5 minutes here
     .venv/bin/python bench/app_impact.py --rows 1000000       # the 1M backlog (~15 minutes)
-    .venv/bin/python bench/app_impact.py --limits 20:10,10:5  # other rate limits (global:portfolio)
+    .venv/bin/python bench/app_impact.py --limits 40:20,10:5  # other rate limits (global:portfolio)
     bash bench/run-at-head.sh --app-impact                    # the same against committed HEAD
 
 The dataset is the backlog shape of ``bench/pipeline.py`` (leases, 100 portfolios with
@@ -422,9 +422,9 @@ def main() -> None:
     parser.add_argument("--max-repeat", type=int, default=5, help="at most this many runs per cleanup phase")
     parser.add_argument(
         "--limits",
-        default="40:20,20:10",
+        default="20:10,5:3",
         help="comma list of GLOBAL:PORTFOLIO rates (batches/s) for the q2lim runs, optionally :BURST_G:BURST_P"
-        " (default 40:20,20:10; bursts default to the rates)",
+        " (default 20:10,5:3; bursts default to the rates)",
     )
     parser.add_argument("--only", default="idle,loop,q2,q2lim", help="phases (default idle,loop,q2,q2lim)")
     parser.add_argument("--slot-hours", type=float, help="slot interval (default: CLEANUP_SCHEDULE's, 24 h nightly)")
