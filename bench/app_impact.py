@@ -30,8 +30,9 @@ can):
 
 Phases, each from a fresh copy of the same snapshot:
 
-* ``idle``: the application alone (``--idle-seconds``), measured first and again last,
-  the two windows pooled: the baseline every other phase is compared with;
+* ``idle``: the application alone (``--idle-seconds``), measured before every other
+  phase and once more at the end, the windows pooled: the baseline every other phase
+  is compared with (the machine's load drifts; the baseline spans the same hour);
 * ``loop``: during the plain ``DELETE`` loop (``bench.runs.run_loop``, one process);
 * ``q2``: during ``sweep_trigger`` + ``qcluster`` with 2 workers, no rate limit;
 * ``q2lim``: the same with ``CLEANUP_RATE_GLOBAL`` / ``CLEANUP_RATE_PORTFOLIO`` set, one
@@ -89,6 +90,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from bench import cputime
 from bench import runs as runs_module
 from bench.common import code_version, django_setup, log, sql
 from bench.dataset import KIND, Dataset, build_scope, kind_stats, load_records, restore, snapshot
@@ -396,6 +398,9 @@ class Phase:
     transactions_big: int = 0
     other_cpu_cores: float = 0.0
     load_average: float = 0.0
+    # CPU seconds of our processes and our PostgreSQL over the runs' windows (the
+    # application's included; report() takes off what the idle application used).
+    cpu_seconds: float = 0.0
     limits: tuple[float, float] | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
@@ -415,7 +420,12 @@ def main() -> None:
     parser.add_argument("--maintenance-per-property", type=int, default=20, help="open work orders per property")
     parser.add_argument("--app-rate", type=float, default=200.0, help="application transactions/s (0: closed loop)")
     parser.add_argument("--app-clients", type=int, default=4, help="application connections (default 4)")
-    parser.add_argument("--idle-seconds", type=float, default=20.0, help="each of the two idle windows (default 20)")
+    parser.add_argument(
+        "--idle-seconds",
+        type=float,
+        default=15.0,
+        help="each idle window (before every phase, and last; default 15)",
+    )
     parser.add_argument(
         "--min-window", type=float, default=12.0, help="repeat a cleanup phase until its windows add up to this"
     )
@@ -424,7 +434,8 @@ def main() -> None:
         "--limits",
         default="20:10,5:3",
         help="comma list of GLOBAL:PORTFOLIO rates (batches/s) for the q2lim runs, optionally :BURST_G:BURST_P"
-        " (default 20:10,5:3; bursts default to the rates)",
+        " (bursts default to the rates) and +SETTING=VALUE for further settings of that run, e.g."
+        " 5:3+CLEANUP_LEASE_JOBS=10 (default 20:10,5:3)",
     )
     parser.add_argument("--only", default="idle,loop,q2,q2lim", help="phases (default idle,loop,q2,q2lim)")
     parser.add_argument("--slot-hours", type=float, help="slot interval (default: CLEANUP_SCHEDULE's, 24 h nightly)")
@@ -434,14 +445,19 @@ def main() -> None:
     args = parser.parse_args()
     if not shutil.which("pgbench"):
         raise SystemExit("bench: pgbench not found (Debian: apt-get install postgresql-client)")
-    limits: list[tuple[float, float, float, float]] = []
+    limits: list[tuple[float, float, float, float, dict[str, str]]] = []
     for item in args.limits.split(","):
-        parts = [float(x) for x in item.split(":")]
+        rates, *settings_given = item.split("+")
+        try:
+            parts = [float(x) for x in rates.split(":")]
+            more = dict(kv.split("=", 1) for kv in settings_given)
+        except ValueError:
+            parts, more = [], {}
         if len(parts) not in (2, 4) or min(parts) <= 0:
-            parser.error(f"--limits: {item!r} is not GLOBAL:PORTFOLIO[:BURST_G:BURST_P] with positive rates")
+            parser.error(f"--limits: {item!r} is not GLOBAL:PORTFOLIO[:BURST_G:BURST_P][+SETTING=VALUE…]")
         g, p = parts[:2]
         bg, bp = parts[2:] if len(parts) == 4 else (max(1.0, g), max(1.0, p))
-        limits.append((g, p, bg, bp))
+        limits.append((g, p, bg, bp, more))
     phases = set(args.only.split(","))
 
     signal.signal(signal.SIGTERM, _raise_exit)
@@ -500,26 +516,39 @@ def main() -> None:
         load = AppLoad(app_url, app_scope, rate=args.app_rate, clients=args.app_clients, work=work / "pgbench")
         results: list[Phase] = []
 
+        idle_samples: list[tuple[tuple[float, float], float, list[Txn]]] = []
+        app_cpu_seconds: list[tuple[float, float]] = []  # (CPU seconds, wall seconds) per idle window
+
         def idle_window(seconds: float) -> tuple[tuple[float, float], float, list[Txn]]:
             """(window, CPU seconds other processes used in it, the transactions logged)."""
             log(f"restored in {restore():.1f} s; application alone for {seconds:.0f} s")
             load.start()
             time.sleep(2.0)  # connections up, the first chunk under way
             before = watch.foreign_seconds
+            ours = cputime.snapshot(runs_module.CPU_ROOTS)
             a = time.time()
             time.sleep(seconds)
             b = time.time()
+            # What the application alone costs our processes and PostgreSQL: taken off
+            # a cleanup run's CPU to estimate the cleanup's own.
+            app_cpu = cputime.delta(ours, cputime.snapshot(runs_module.CPU_ROOTS))
             other = watch.foreign_seconds - before  # over a window of many samples: fine
             load.stop()
             rows = load.transactions()
             load.reset()
+            app_cpu_seconds.append((app_cpu, b - a))
             return (a, b), other, rows
 
         def cleanup_phase(name: str, label: str, run: Any, limits_used: tuple[float, float] | None = None) -> Phase:
+            if "idle" in phases:
+                # An idle window before every phase: the baseline meets the same
+                # machine (other engineers' load drifts) as the phases it is compared with.
+                idle_samples.append(idle_window(args.idle_seconds))
             windows: list[tuple[float, float]] = []
             phase = Phase(name, label, _stats_from([], [], []), limits=limits_used)
             other = watched = 0.0
             statements = 0
+            by_class: dict[str, int] = {}
             while phase.runs < args.max_repeat and (not windows or sum(b - a for a, b in windows) < args.min_window):
                 log(f"restored in {restore():.1f} s; {label} (run {phase.runs + 1}) with the application")
                 # Other processes' CPU over the whole run with its warm-up: the watch
@@ -544,7 +573,11 @@ def main() -> None:
                 phase.ok = phase.ok and result.ok
                 phase.cleanup_seconds.append(round(result.seconds, 2))
                 server = result.extra.get("server") or {}
-                statements += sum(int(v[0]) for k, v in server.get("by_class", {}).items() if k != "FK check (trigger)")
+                for cls, (calls, *_ms) in server.get("by_class", {}).items():
+                    if cls != "FK check (trigger)":
+                        statements += int(calls)
+                        by_class[cls] = by_class.get(cls, 0) + int(calls)
+                phase.cpu_seconds += float(result.extra.get("cpu_seconds", 0.0))
                 if name != "loop":
                     phase.transactions += transactions_of()
                     phase.transactions_big += transactions_of(app_scope.big_portfolio)
@@ -556,14 +589,14 @@ def main() -> None:
                 )
             phase.app = _stats_from(load.transactions(), windows, load.errors)
             phase.statements = statements // max(phase.runs, 1)  # per run
+            phase.extra["statements_by_class_per_run"] = {
+                k: v // max(phase.runs, 1) for k, v in sorted(by_class.items(), key=lambda kv: -kv[1])
+            }
             phase.other_cpu_cores = round(other / watched, 2) if watched else 0.0
             phase.load_average = load_average()
             load.reset()
             return phase
 
-        idle_samples: list[tuple[tuple[float, float], float, list[Txn]]] = []
-        if "idle" in phases:
-            idle_samples.append(idle_window(args.idle_seconds))
         log_dir = work / "qcluster"
         log_dir.mkdir()
         if "loop" in phases:
@@ -574,23 +607,25 @@ def main() -> None:
             results.append(
                 cleanup_phase(
                     "q2",
-                    "qcluster, 2 workers, no limit",
+                    "q2 (qcluster, 2 workers), no limit",
                     lambda: run_qcluster(ds, 2, slot, env, log_dir, live, nice=args.nice, settle=1.0),
                 )
             )
         if "q2lim" in phases:
-            for g, p, bg, bp in limits:
+            for g, p, bg, bp, more in limits:
                 limit_env = {
                     **env,
                     "CLEANUP_RATE_GLOBAL": f"{g:g}",
                     "CLEANUP_RATE_PORTFOLIO": f"{p:g}",
                     "CLEANUP_BURST_GLOBAL": f"{bg:g}",
                     "CLEANUP_BURST_PORTFOLIO": f"{bp:g}",
+                    **more,
                 }
+                also = "".join(f", {k.removeprefix('CLEANUP_')}={v}" for k, v in more.items())
                 results.append(
                     cleanup_phase(
-                        f"q2lim-{g:g}-{p:g}",
-                        f"qcluster, 2 workers, limit {g:g}/s global, {p:g}/s portfolio",
+                        f"q2lim-{g:g}-{p:g}{also}",
+                        f"q2, limit {g:g}/s global, {p:g}/s portfolio{also}",
                         lambda e=limit_env: run_qcluster(ds, 2, slot, e, log_dir, live, nice=args.nice, settle=1.0),
                         limits_used=(g, p),
                     )
@@ -598,7 +633,7 @@ def main() -> None:
         idle = None
         if "idle" in phases:
             idle_samples.append(idle_window(args.idle_seconds))
-            # Both idle windows pooled: the baseline spans the whole measurement.
+            # All idle windows pooled (one before each phase, one last): the baseline spans the measurement.
             windows = [w for w, _, _ in idle_samples]
             pooled = [t for _, _, rows in idle_samples for t in rows]
             idle = Phase("idle", "application alone (idle baseline)", _stats_from(pooled, windows, []))
@@ -606,6 +641,9 @@ def main() -> None:
             idle.other_cpu_cores = round(sum(o for _, o, _ in idle_samples) / span, 2) if span else 0.0
             idle.load_average = load_average()
             idle.extra["windows"] = [asdict(_stats_from(rows, [w], [])) for w, _, rows in idle_samples]
+            idle.extra["app_cpu_cores"] = round(
+                sum(c for c, _ in app_cpu_seconds) / max(sum(w for _, w in app_cpu_seconds), 1e-9), 3
+            )
             results.insert(0, idle)
 
         hours = args.slot_hours or slot_interval_hours()
@@ -669,6 +707,13 @@ def _stats_from(
     )
 
 
+def _cleanup_cores(p: Phase, app_cores: float) -> str:
+    span = sum(p.cleanup_seconds)
+    if not span or not p.cpu_seconds:
+        return "-"
+    return f"{max(0.0, p.cpu_seconds - app_cores * span) / span:.2f}"
+
+
 def report(
     results: list[Phase],
     idle: Phase | None,
@@ -688,31 +733,46 @@ def report(
         f"slot interval {slot_hours:g} h; p99 goal <= {P99_GOAL}x the idle p99;"
         f" 1M projection: {ONE_MILLION_ELIGIBLE:,} eligible rows"
     )
+    width = max(len(p.label) for p in results) if results else 10
     head = (
-        f"{'phase':<44} {'runs':>4} {'cleanup s':>10} {'app tx/s':>8} {'p50 ms':>7} {'p99 ms':>7} {'vs idle':>7}"
-        f" {'read':>6} {'insert':>6} {'m-cln':>6} {'m-qt':>6} {'WAL B/row':>9} {'stmts':>6} {'other cpu':>9}"
-        f" {'load':>5}"
+        f"{'phase':<{width}} {'runs':>4} {'cleanup s':>9} {'app tx/s':>8} {'p50 ms':>7} {'p99 ms':>7}"
+        f" {'vs idle':>7} {'read':>6} {'insert':>6} {'m-cln':>6} {'m-qt':>6} {'WAL B/row':>9} {'stmts':>6}"
+        f" {'cores':>5} {'other cpu':>9} {'load':>5}"
     )
     print(head)
     print("-" * len(head))
     base = idle.app.p99_ms if idle else None
+    app_cores = float(idle.extra.get("app_cpu_cores", 0.0)) if idle else 0.0
     for p in results:
         s = p.app
         vs = f"{s.p99_ms / base:.2f}x" if base else "-"
         per = [f"{s.p99_by_script_ms.get(n, float('nan')):6.1f}" for n in SCRIPTS]
-        secs = "/".join(f"{x:.1f}" for x in p.cleanup_seconds) if p.cleanup_seconds else "-"
+        secs = f"{statistics.median(p.cleanup_seconds):.2f}" if p.cleanup_seconds else "-"
         wal = f"{p.wal_per_row:9.0f}" if p.wal_per_row is not None else f"{'-':>9}"
         print(
-            f"{p.label:<44} {p.runs:>4} {secs:>10} {s.tps:8.1f} {s.p50_ms:7.2f} {s.p99_ms:7.2f} {vs:>7}"
+            f"{p.label:<{width}} {p.runs:>4} {secs:>9} {s.tps:8.1f} {s.p50_ms:7.2f} {s.p99_ms:7.2f} {vs:>7}"
             f" {' '.join(per)} {wal} {p.statements if p.statements is not None else '-':>6}"
-            f" {p.other_cpu_cores:9.2f} {p.load_average:5.2f}"
+            f" {_cleanup_cores(p, app_cores):>5} {p.other_cpu_cores:9.2f} {p.load_average:5.2f}"
         )
     print(
         "\n(p99 per script: read = a property's active leases; insert = tenant activity; m-cln / m-qt = maintenance"
         " update in a cleaned / quiet portfolio. WAL B/row: pg_stat_statements.wal_bytes of the cleanup's roles /"
         " rows deleted, full_page_writes off. stmts: the cleanup's statements per run (pg_stat_statements, BEGIN/COMMIT"
-        " included, the application's left out). other cpu: cores other processes on the machine used meanwhile.)"
+        " included, the application's left out). cores: CPU the cleanup used (our processes and PostgreSQL during"
+        " the run, less what the idle application used). other cpu: cores other processes on the machine used"
+        " meanwhile. cleanup s: median of the runs; every run is listed below.)"
     )
+    for p in results:
+        if len(p.cleanup_seconds) > 1:
+            print(f"  {p.label}: runs {'/'.join(f'{x:.2f}' for x in p.cleanup_seconds)} s")
+    print("\nStatements per run by class (pg_stat_statements), the profile behind the figures:")
+    for p in results:
+        classes = p.extra.get("statements_by_class_per_run")
+        if classes:
+            span = statistics.mean(p.cleanup_seconds) if p.cleanup_seconds else 0
+            top = ", ".join(f"{k} {v:,}" for k, v in list(classes.items())[:7])
+            rate = f"{p.statements / span:,.0f}/s" if span and p.statements else "-"
+            print(f"  {p.label}: {p.statements:,} ({rate}): {top}")
     for p in results:
         if p.app.errors:
             print(f"{p.label}: pgbench reported {p.app.errors[:3]}")
