@@ -38,6 +38,7 @@ Phases, each from a fresh copy of the same snapshot:
 * ``q2lim``: the same with ``CLEANUP_RATE_GLOBAL`` / ``CLEANUP_RATE_PORTFOLIO`` set, one
   run per ``--limits`` entry ``G:P`` (batches per second; a batch is one transaction
   batch, which takes one global token and one token of every portfolio it touches).
+  ``q1`` / ``q1lim`` (not in the default set) are the same with one worker.
   Bursts default to one second's worth (``CLEANUP_BURST_* = rate``, at least 1), not the
   settings' defaults (50 / 20), which would let the first 50 transactions through
   unthrottled.
@@ -437,7 +438,11 @@ def main() -> None:
         " (bursts default to the rates) and +SETTING=VALUE for further settings of that run, e.g."
         " 5:3+CLEANUP_LEASE_JOBS=10 (default 20:10,5:3)",
     )
-    parser.add_argument("--only", default="idle,loop,q2,q2lim", help="phases (default idle,loop,q2,q2lim)")
+    parser.add_argument(
+        "--only",
+        default="idle,loop,q2,q2lim",
+        help="phases (default idle,loop,q2,q2lim; also q1, q1lim: the same with 1 worker)",
+    )
     parser.add_argument("--slot-hours", type=float, help="slot interval (default: CLEANUP_SCHEDULE's, 24 h nightly)")
     parser.add_argument("--nice", type=int, default=0, help="priority of our processes and PostgreSQL (e.g. -10)")
     parser.add_argument("--save", type=Path, help="also write every figure as JSON to this file")
@@ -603,15 +608,18 @@ def main() -> None:
             results.append(
                 cleanup_phase("loop", "DELETE loop (1 process)", lambda: run_loop(ds, args.batch_size, slot))
             )
-        if "q2" in phases:
-            results.append(
-                cleanup_phase(
-                    "q2",
-                    "q2 (qcluster, 2 workers), no limit",
-                    lambda: run_qcluster(ds, 2, slot, env, log_dir, live, nice=args.nice, settle=1.0),
+        for workers in (2, 1):
+            q = f"q{workers}"
+            if q in phases:
+                results.append(
+                    cleanup_phase(
+                        q,
+                        f"{q} (qcluster, {workers} worker{'s' if workers > 1 else ''}), no limit",
+                        lambda w=workers: run_qcluster(ds, w, slot, env, log_dir, live, nice=args.nice, settle=1.0),
+                    )
                 )
-            )
-        if "q2lim" in phases:
+            if f"{q}lim" not in phases:
+                continue
             for g, p, bg, bp, more in limits:
                 limit_env = {
                     **env,
@@ -624,9 +632,11 @@ def main() -> None:
                 also = "".join(f", {k.removeprefix('CLEANUP_')}={v}" for k, v in more.items())
                 results.append(
                     cleanup_phase(
-                        f"q2lim-{g:g}-{p:g}{also}",
-                        f"q2, limit {g:g}/s global, {p:g}/s portfolio{also}",
-                        lambda e=limit_env: run_qcluster(ds, 2, slot, e, log_dir, live, nice=args.nice, settle=1.0),
+                        f"{q}lim-{g:g}-{p:g}{also}",
+                        f"{q}, limit {g:g}/s global, {p:g}/s portfolio{also}",
+                        lambda e=limit_env, w=workers: run_qcluster(
+                            ds, w, slot, e, log_dir, live, nice=args.nice, settle=1.0
+                        ),
                         limits_used=(g, p),
                     )
                 )
