@@ -354,6 +354,20 @@ def wal_lsn() -> int:
     return int(sql("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn")[0][0])
 
 
+def fresh_copy(watch: CpuWatch, wait_idle: float) -> float:
+    """The database back to the snapshot, its copy written out (``os.sync``: the file-level
+    copy of a 1M-row database otherwise leaves ~200 MB of dirty pages that the kernel
+    writes back during the next measurement), and optionally a wait for other processes
+    to go quiet. Returns the restore's seconds."""
+    seconds = restore()
+    os.sync()
+    if wait_idle:
+        waited = watch.wait_idle(wait_idle)
+        if waited >= 4:
+            log(f"waited {waited:.0f} s for other processes to go quiet")
+    return seconds
+
+
 def load_average() -> float:
     return float(Path("/proc/loadavg").read_text().split()[0])
 
@@ -445,6 +459,13 @@ def main() -> None:
     )
     parser.add_argument("--slot-hours", type=float, help="slot interval (default: CLEANUP_SCHEDULE's, 24 h nightly)")
     parser.add_argument("--nice", type=int, default=0, help="priority of our processes and PostgreSQL (e.g. -10)")
+    parser.add_argument(
+        "--wait-idle",
+        type=float,
+        default=0.0,
+        metavar="SECONDS",
+        help="before each window wait up to this long until other processes use < 0.25 cores (default: don't)",
+    )
     parser.add_argument("--save", type=Path, help="also write every figure as JSON to this file")
     parser.add_argument("--keep-logs", action="store_true", help="keep the pgbench and qcluster logs")
     args = parser.parse_args()
@@ -526,7 +547,7 @@ def main() -> None:
 
         def idle_window(seconds: float) -> tuple[tuple[float, float], float, list[Txn]]:
             """(window, CPU seconds other processes used in it, the transactions logged)."""
-            log(f"restored in {restore():.1f} s; application alone for {seconds:.0f} s")
+            log(f"restored in {fresh_copy(watch, args.wait_idle):.1f} s; application alone for {seconds:.0f} s")
             load.start()
             time.sleep(2.0)  # connections up, the first chunk under way
             before = watch.foreign_seconds
@@ -555,7 +576,8 @@ def main() -> None:
             statements = 0
             by_class: dict[str, int] = {}
             while phase.runs < args.max_repeat and (not windows or sum(b - a for a, b in windows) < args.min_window):
-                log(f"restored in {restore():.1f} s; {label} (run {phase.runs + 1}) with the application")
+                restored = fresh_copy(watch, args.wait_idle)
+                log(f"restored in {restored:.1f} s; {label} (run {phase.runs + 1}) with the application")
                 # Other processes' CPU over the whole run with its warm-up: the watch
                 # samples once a second, too coarse for a sub-second cleanup window.
                 before, watched_from = watch.foreign_seconds, time.monotonic()
@@ -772,6 +794,13 @@ def report(
         " the run, less what the idle application used). other cpu: cores other processes on the machine used"
         " meanwhile. cleanup s: median of the runs; every run is listed below.)"
     )
+    if idle and idle.extra.get("windows"):
+        # The noise floor: how much the idle p99 itself moves from window to window here.
+        spread = [w["p99_ms"] for w in idle.extra["windows"]]
+        print(
+            f"  idle p99 per window: {'/'.join(f'{x:.2f}' for x in spread)} ms"
+            f" (max/min {max(spread) / min(spread):.2f}x; the pooled figure is the baseline)"
+        )
     for p in results:
         if len(p.cleanup_seconds) > 1:
             print(f"  {p.label}: runs {'/'.join(f'{x:.2f}' for x in p.cleanup_seconds)} s")
