@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -38,7 +38,8 @@ from typing import Any
 from bench import cputime
 from bench.common import ROOT, django_setup, log, sql
 from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, cleanup_tables, record_tables, verify
-from bench.statements import PgStats, StatementCounter
+from bench.instrument import TIMED, StatementCounter, Timer, patch_everywhere, timing
+from bench.statements import PgStats
 from harness.qcluster import QCluster
 
 PIPELINE = ROOT / "bench" / "pipeline.py"  # the child runs go through its (hidden) --child flag
@@ -100,6 +101,9 @@ class RunResult:
     ok: bool
     admission_seconds: float | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # Wall-clock (epoch) start and end of the timed part: what a concurrent workload
+    # measured alongside (bench/app_impact.py) counts as "during the run".
+    window: tuple[float, float] | None = None
 
 
 def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
@@ -118,6 +122,7 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     finished: dict[int, float] = {}
     server = _ServerCount()
     server.begin()
+    epoch = time.time()
     started = time.perf_counter()
     with connection.cursor() as cur:  # autocommit: every statement is its own transaction
         for prop_id, days in props:
@@ -138,10 +143,13 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                 after = last
             finished[prop_id] = time.perf_counter() - started
     seconds = time.perf_counter() - started
+    window = (epoch, epoch + seconds)
     server.end()
     check = verify(ds, "loop")
     extra = {"batches": batches, "statements": batches, **small_portfolio_fairness(finished, seconds)}
-    return RunResult("DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=server.into(extra))
+    return RunResult(
+        "DELETE loop (1 process)", seconds, check["deleted"], check["ok"], extra=server.into(extra), window=window
+    )
 
 
 def _run_loop_portfolios(ds: Dataset, batch: int, slot: datetime) -> RunResult:
@@ -302,11 +310,14 @@ def run_qcluster(
     live: list[QCluster],
     window: int = 0,
     nice: int = 0,
+    settle: float = 0.0,
 ) -> RunResult:
     """``sweep_trigger`` then a real ``qcluster`` with ``workers`` workers until no job is open.
 
     ``live`` holds the running cluster so that the caller can stop it on any exit path;
-    ``nice`` (--nice) is given to the cluster's processes."""
+    ``nice`` (--nice) is given to the cluster's processes; ``settle``: seconds to wait
+    between the cluster being ready and the trigger (its start-up's CPU then stays out
+    of a concurrent measurement's window)."""
     from django.conf import settings
     from django.utils import timezone
 
@@ -330,12 +341,15 @@ def run_qcluster(
     server = _ServerCount()
     try:
         cluster.wait_ready()
-        wake = _Timer()
+        if settle:
+            time.sleep(settle)
+        wake = Timer()
         with _watch() as watch:
             # The dispatcher call admission makes on commit is timed apart from admission.
             with timing(dispatch, "dispatch_due_jobs", wake):
                 server.begin()
                 trigger_at = timezone.now()
+                epoch = time.time()
                 started = time.perf_counter()
                 sweep_trigger(slot=slot)
                 admission = time.perf_counter() - started - wake.total
@@ -361,6 +375,7 @@ def run_qcluster(
             seconds = time.perf_counter() - started
             server.end()
         cluster.sample_rss()
+        qwindow = (epoch, epoch + seconds)
     finally:
         cluster.stop()
         live.remove(cluster)
@@ -378,6 +393,7 @@ def run_qcluster(
         check["ok"],
         admission,
         server.into(extra),
+        window=qwindow,
     )
 
 
@@ -520,37 +536,6 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, f
     return stats
 
 
-@contextmanager
-def timing(module: Any, name: str, timer: _Timer) -> Iterator[None]:
-    """Time calls to ``module.name`` (looked up by name at call time) while inside; a no-op if it is gone."""
-    original = getattr(module, name, None)
-    if not callable(original):
-        yield
-        return
-    setattr(module, name, timer.wrap(original))
-    try:
-        yield
-    finally:
-        setattr(module, name, original)
-
-
-class _Timer:
-    def __init__(self) -> None:
-        self.total = 0.0
-        self.calls = 0
-
-    def wrap(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            started = time.perf_counter()
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.total += time.perf_counter() - started
-                self.calls += 1
-
-        return wrapper
-
-
 def run_child(
     mode: str, ds: Dataset, slot: datetime, batch: int, env: dict[str, str], extra_env: dict[str, str] | None = None
 ) -> RunResult:
@@ -587,46 +572,6 @@ def run_child(
 # --------------------------------------------------------------------------- child process
 
 
-def patch_everywhere(module: str, attribute: str, wrap: Callable[[Callable[..., Any]], Callable[..., Any]]) -> bool:
-    """Replace ``module.attribute`` by ``wrap(it)`` in its module and in every loaded
-    cleanup_ops module that imported it by name (``from … import run_batch``), so that
-    calls from any module go through the wrapper. False if it does not exist."""
-    import importlib
-
-    try:
-        owner: Any = importlib.import_module(module)
-    except ImportError:
-        return False
-    *path, name = attribute.split(".")
-    for part in path:
-        owner = getattr(owner, part, None)
-    original = getattr(owner, name, None) if owner is not None else None
-    if not callable(original):
-        return False
-    wrapped = wrap(original)
-    setattr(owner, name, wrapped)
-    if not path:
-        for loaded_name, loaded in list(sys.modules.items()):
-            if loaded_name.startswith("cleanup_ops") and getattr(loaded, name, None) is original:
-                setattr(loaded, name, wrapped)
-    return True
-
-
-# Functions timed per call in the counted run (wall time, inclusive), to tell SQL time
-# from Python and COMMIT time. Missing ones are skipped.
-TIMED = (
-    ("cleanup_ops.schedule", "sweep_trigger"),
-    ("cleanup_ops.execution.runner", "group_run_slice"),
-    ("cleanup_ops.execution.runner", "job_run_slice"),
-    ("cleanup_ops.execution.batches", "run_group_batch"),
-    ("cleanup_ops.execution.leases", "jobs_lease_group"),
-    ("cleanup_ops.execution.batches", "jobs_load"),
-    ("cleanup_ops.execution.leases", "jobs_release"),
-    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished"),
-    ("cleanup_ops.dispatch", "fair_due_job_ids"),
-)
-
-
 def child_main(args: argparse.Namespace) -> None:
     django_setup(args.batch_size)
     from django.db import connection
@@ -636,18 +581,18 @@ def child_main(args: argparse.Namespace) -> None:
     from cleanup_ops.schedule import sweep_trigger
 
     slot = datetime.fromisoformat(args.slot)
-    wake = _Timer()
+    wake = Timer()
     extra: dict[str, Any] = {}
     counter = StatementCounter() if args.child == "count" else None
     connection.ensure_connection()  # its start-up is not the drain's
-    timers: dict[str, _Timer] = {}
+    timers: dict[str, Timer] = {}
     if counter:
         # runner (imported above) has loaded every module that imports these names.
         for module, attribute in TIMED:
-            timer = timers.setdefault(attribute.rsplit(".", 1)[-1], _Timer())
+            timer = timers.setdefault(attribute.rsplit(".", 1)[-1], Timer())
             patch_everywhere(module, attribute, timer.wrap)
         counter.install_sections()
-        commit_timer = _Timer()
+        commit_timer = Timer()
         connection.ensure_connection()
         connection._commit = commit_timer.wrap(connection._commit)
         timers["COMMIT (connection.commit)"] = commit_timer
@@ -734,7 +679,7 @@ def admission_phase(slot: datetime, properties_per_portfolio: int = 100, portfol
     for table in cleanup_tables().split(", "):
         sql(f"VACUUM ANALYZE {table}")
     settings.Q_CLUSTER["workers"] = 2
-    wake, parts = _Timer(), _Timer()
+    wake, parts = Timer(), Timer()
     server = _ServerCount()
     with timing(dispatch, "dispatch_due_jobs", wake), timing(admission, "partitions_due", parts):
         server.begin()

@@ -1,15 +1,11 @@
-"""Counting the statements the pipeline sends to PostgreSQL, by class.
+"""Classifying the statements the pipeline sends to PostgreSQL, and counting them server-side.
 
 Two sources, printed side by side:
 
-* **in-process** (``cleanup_drain`` in a child process): a Django execute wrapper
-  (``connection.execute_wrapper``) counts every statement and its client-side time
-  (the round trip). Each statement is put in the class of the innermost pipeline
-  function running when it was sent (``SECTIONS``: the wrappers are installed in the
-  defining module and in every ``cleanup_ops`` module that imported the name), and by
-  its text where no such function is running (``classify_text``). Transactions are
-  counted by wrapping the connection's commit and rollback: psycopg sends ``BEGIN`` and
-  ``COMMIT`` itself, so the execute wrapper does not see them.
+* **in-process** (``cleanup_drain`` in a child process): ``bench.instrument``'s
+  ``StatementCounter``, a Django execute wrapper, puts each statement in the class of
+  the innermost pipeline function running when it was sent, and by its text
+  (``classify_text``, here) where none is running.
 * **server-side** (every run, including the ``qcluster`` ones): ``pg_stat_statements``,
   loaded with ``shared_preload_libraries`` on the throwaway cluster (``ALTER SYSTEM``
   and a restart, so ``harness/`` stays as it is). Its calls per normalised statement
@@ -26,8 +22,7 @@ from __future__ import annotations
 import re
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
@@ -60,31 +55,6 @@ CLASSES = (
 # inserted row, and pg_stat_statements lists them; they are shown, never counted.
 SERVER_INTERNAL = ("FK check (trigger)",)
 DATA_CLASSES = ("ledger lookup", "candidates", "DELETE", "ledger insert")
-
-# (module, attribute, class): the innermost of these running when a statement is sent
-# names its class. Missing ones (renamed by a later commit) are skipped.
-SECTIONS = (
-    ("cleanup_ops.schedule", "sweep_trigger", "admission"),
-    ("cleanup_ops.admission", "sweep_admit", "admission"),
-    ("cleanup_ops.execution.leases", "jobs_lease_group", "lease/pick"),
-    ("cleanup_ops.execution.leases", "job_lease", "lease/pick"),
-    ("cleanup_ops.execution.batches", "jobs_load", "job load"),
-    ("cleanup_ops.execution.batches", "job_load", "job load"),
-    ("cleanup_ops.execution.batches", "_lock_group", "fence"),
-    ("cleanup_ops.execution.leases", "lock_job", "fence"),
-    ("cleanup_ops.execution.batches", "_lock_scopes_and_policies", "scope lock + policy"),
-    ("cleanup_ops.execution.batches", "_replayed", "ledger lookup"),
-    ("cleanup_ops.execution.batches", "_count_candidates", "candidates"),
-    ("cleanup_ops.execution.batches", "_delete", "DELETE"),
-    ("cleanup_ops.execution.leases", "jobs_release", "job release"),
-    ("cleanup_ops.execution.leases", "job_release", "job release"),
-    ("cleanup_ops.execution.leases", "group_tokens", "rate tokens"),
-    ("cleanup_ops.execution.leases", "wait_for_token", "rate tokens"),
-    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished", "sweep status"),
-    ("cleanup_ops.dispatch", "fair_due_job_ids", "dispatcher"),
-    ("cleanup_ops.dispatch", "dispatch_due_jobs", "dispatcher"),
-    ("cleanup_ops.recovery.failures", "job_fail", "failure/redrive"),
-)
 
 # Text rules, first match wins, on the statement with double quotes removed and
 # whitespace collapsed, lower case. Written against the SQL in cleanup_ops/sql.py and
@@ -145,108 +115,6 @@ def short(statement: str, width: int = 110) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
-# --------------------------------------------------------------------------- in-process
-
-
-@dataclass
-class Counts:
-    """Statements and seconds per class (and per statement text, for the listing)."""
-
-    calls: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    seconds: dict[str, float] = field(default_factory=lambda: defaultdict(float))
-    params: dict[str, int] = field(default_factory=lambda: defaultdict(int))
-    texts: dict[tuple[str, str], list[float]] = field(default_factory=dict)
-    commits: int = 0
-    rollbacks: int = 0
-
-    def as_json(self) -> dict[str, Any]:
-        top = sorted(self.texts.items(), key=lambda kv: -kv[1][1])[:40]
-        return {
-            "calls": dict(self.calls),
-            "seconds": {k: round(v, 5) for k, v in self.seconds.items()},
-            "params": dict(self.params),
-            "top": [[cls, short(text), int(n), round(s, 5)] for (cls, text), (n, s) in top],
-            "commits": self.commits,
-            "rollbacks": self.rollbacks,
-        }
-
-
-class StatementCounter:
-    """The execute wrapper and the section wrappers of one process (see the module doc)."""
-
-    def __init__(self) -> None:
-        self.counts = Counts()
-        self.stack: list[str] = []
-        self.installed: list[str] = []
-
-    def section(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-        def wrapper(*args: Any, **kwargs: Any) -> Any:
-            self.stack.append(name)
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self.stack.pop()
-
-        return wrapper
-
-    def install_sections(self) -> None:
-        from bench.runs import patch_everywhere
-
-        for module, attribute, name in SECTIONS:
-            if patch_everywhere(module, attribute, lambda fn, name=name: self.section(name, fn)):
-                self.installed.append(f"{module}.{attribute}")
-
-    def execute_wrapper(self, execute, statement, params, many, context):  # type: ignore[no-untyped-def]
-        started = time.perf_counter()
-        try:
-            return execute(statement, params, many, context)
-        finally:
-            elapsed = time.perf_counter() - started
-            text_class = classify_text(statement)
-            if text_class == "transaction control" or not self.stack:
-                cls = text_class
-            else:
-                cls = self.stack[-1]
-                # The ledger insert and the job update run in run_group_batch itself.
-                if text_class in ("ledger insert", "job update") and cls not in DATA_CLASSES:
-                    cls = text_class
-            c = self.counts
-            c.calls[cls] += 1
-            c.seconds[cls] += elapsed
-            if params and not many:
-                c.params[cls] += len(params)
-            key = (cls, statement)
-            entry = c.texts.get(key)
-            if entry is None:
-                c.texts[key] = [1, elapsed]
-            else:
-                entry[0] += 1
-                entry[1] += elapsed
-
-    @contextmanager
-    def active(self) -> Iterator[None]:
-        """Count on the default connection (commits and rollbacks too) while inside."""
-        from django.db import connection
-
-        connection.ensure_connection()
-        real_commit, real_rollback = connection._commit, connection._rollback
-
-        def commit() -> Any:
-            self.counts.commits += 1
-            return real_commit()
-
-        def rollback() -> Any:
-            self.counts.rollbacks += 1
-            return real_rollback()
-
-        connection._commit, connection._rollback = commit, rollback
-        try:
-            with connection.execute_wrapper(self.execute_wrapper):
-                yield
-        finally:
-            connection._commit, connection._rollback = real_commit, real_rollback
-
-
 # --------------------------------------------------------------------------- server-side
 
 WATCH_ROLE = "bench_watch"
@@ -302,6 +170,8 @@ class PgStats:
         self.method = "pg_stat_database"
         self.watch_url = url
         self.watch_separate = False
+        # Further roles whose statements are not the run's (bench/app_impact.py's pgbench).
+        self.excluded_roles: list[str] = []
 
     def enable(self, cluster: Any | None, log: Callable[[str], None]) -> None:
         """Load pg_stat_statements (our throwaway cluster: ALTER SYSTEM and a restart)."""
@@ -382,9 +252,10 @@ class PgStats:
                     "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows), sum(s.total_plan_time)"
                     " FROM pg_stat_statements s"
                     " JOIN pg_database d ON d.oid = s.dbid"
-                    " WHERE d.datname = %s AND s.userid <> COALESCE((SELECT oid FROM pg_roles WHERE rolname = %s), 0)"
+                    " WHERE d.datname = %s"
+                    " AND s.userid NOT IN (SELECT oid FROM pg_roles WHERE rolname = ANY(%s))"
                     " GROUP BY s.query",
-                    [self.db, WATCH_ROLE if self.watch_separate else ""],
+                    [self.db, [WATCH_ROLE if self.watch_separate else "", *self.excluded_roles]],
                 ).fetchall()
             result.statements = {q: [int(c), float(ms), int(r), float(pl or 0)] for q, c, ms, r, pl in rows}
         after = self._xact()

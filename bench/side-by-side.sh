@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# Measures an older commit and the committed HEAD in one session, round by round, on
+# the same machine, and prints them side by side (bench/compare.py).
+#
+#   bash bench/side-by-side.sh 92d6f66 --rounds 2 -- --rows 1000000 --only loop,q1,q2,drain --nice -10
+#
+# The older commit runs with ITS OWN benchmark (bench/ and harness/ as committed
+# there): today's benchmark imports modules (cleanup_ops.schedule,
+# cleanup_ops.execution.runner, …) that older layouts do not have. HEAD runs with the
+# working tree's bench/ and harness/, as bench/run-at-head.sh does. Both generate the
+# same dataset from the same arguments (the generator is seeded); compare.py refuses
+# a comparison whose rows deleted differ. Rounds alternate old, new, old, new, so
+# both meet about the same load from the rest of the machine.
+#
+# Arguments before `--` are this script's (the commit, --rounds N); after it,
+# pipeline.py's, given to both (use phases both versions know: loop,q1,q2,drain).
+set -euo pipefail
+repo=$(cd "$(dirname "$0")/.." && pwd)
+base=${1:?usage: side-by-side.sh COMMIT [--rounds N] -- PIPELINE ARGS}
+shift
+rounds=1
+while [ $# -gt 0 ] && [ "$1" != "--" ]; do
+    case "$1" in
+    --rounds)
+        rounds=$2
+        shift 2
+        ;;
+    *)
+        echo "side-by-side.sh: unknown option $1" >&2
+        exit 2
+        ;;
+    esac
+done
+[ "${1:-}" = "--" ] && shift
+
+work=$(mktemp -d /tmp/bench-sbs.XXXXXX)
+chmod 755 "$work" # readable by postgres (the cluster's user when we are root)
+child=""
+trap 'kill -TERM "$child" 2>/dev/null || true' INT TERM HUP
+trap 'rm -rf "$work"' EXIT
+base_short=$(git -C "$repo" rev-parse --short "$base")
+head_short=$(git -C "$repo" rev-parse --short HEAD)
+mkdir -p "$work/base" "$work/head" "$work/out"
+chmod 755 "$work/base" "$work/head"
+git -C "$repo" archive "$base" | tar -x -C "$work/base"
+echo "$base_short" >"$work/base/bench/.commit"
+git -C "$repo" archive HEAD | tar -x -C "$work/head"
+rm -rf "$work/head/bench" "$work/head/harness"
+tar -C "$repo" --exclude=__pycache__ --exclude=bench/out -cf - bench harness | tar -x -C "$work/head"
+echo "$head_short" >"$work/head/bench/.commit"
+
+run() { # tree round
+    local tree=$1 round=$2
+    shift 2
+    echo "== round $round: $tree ($( [ "$tree" = base ] && echo "$base_short" || echo "$head_short"))" >&2
+    "$repo/.venv/bin/python" "$work/$tree/bench/pipeline.py" "$@" >"$work/out/$tree-$round.txt" &
+    child=$!
+    wait "$child"
+    child=""
+}
+for round in $(seq "$rounds"); do
+    run base "$round" "${@}"
+    run head "$round" "${@}"
+done
+for f in "$work"/out/*.txt; do
+    echo "--- $(basename "$f")"
+    sed -n '/^===/,$p' "$f" | head -20
+done
+"$repo/.venv/bin/python" "$repo/bench/compare.py" \
+    --label "$base_short" "$work"/out/base-*.txt --label "$head_short" "$work"/out/head-*.txt
