@@ -535,3 +535,19 @@ def test_a_replay_from_one_cursor_with_another_batch_size_deletes_nothing_twice_
     assert LedgerEntry.objects.values("operation_id").distinct().count() == 2
     job.refresh_from_db()
     assert job.rows_held == 0
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_transaction_refused_a_global_token_gives_its_portfolio_tokens_back(settings):
+    from cleanup_ops.execution.leases import group_tokens
+    from cleanup_ops.models import RateBucket
+    from cleanup_ops.ratelimit import global_buckets, tokens_acquire
+
+    settings.CLEANUP_RATE_GLOBAL = settings.CLEANUP_RATE_PORTFOLIO = 0.001
+    settings.CLEANUP_BURST_GLOBAL = settings.CLEANUP_BURST_PORTFOLIO = 1.0
+    assert tokens_acquire(portfolio_id=0, now=NOW.timestamp(), buckets=global_buckets()) == 0.0  # global now empty
+    allowed, waits = group_tokens({7, 8})
+    assert allowed == set() and set(waits) == {7, 8}
+    tokens = dict(RateBucket.objects.values_list("name", "tokens"))
+    assert tokens["portfolio:7"] > 0.99 and tokens["portfolio:8"] > 0.99

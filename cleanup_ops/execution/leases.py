@@ -264,6 +264,8 @@ def group_tokens(portfolio_ids: set[int]) -> tuple[set[int], dict[int, float]]:
     if allowed:
         wait = tokens_acquire(portfolio_id=0, now=now, buckets=global_buckets())
         if wait > 0:
+            # No global token: nothing runs, so the portfolio tokens go back.
+            tokens_give_back(portfolio_ids=allowed)
             waits.update(dict.fromkeys(allowed, wait))
             allowed = set()
     return allowed, waits
