@@ -416,9 +416,9 @@ def test_the_workers_page_shows_clusters_and_leases_by_worker(world, op, time_ma
         state="leased", lease_owner="worker-1:1235", lease_expires_at=now - timedelta(seconds=30)
     )
     page = op.get("/console/workers/")
-    w = page.context["w"]
-    assert [c["state"] for c in w["clusters"]] == ["working"]
-    assert w["clusters"][0]["host_leases"] == {"jobs": 1, "holders": 0, "expired": 1}
+    w, clusters = page.context["w"], page.context["clusters"]
+    assert [c["state"] for c in clusters] == ["working"]
+    assert clusters[0]["host_leases"] == {"jobs": 1, "holders": 0, "expired": 1}
     assert {o["lease_owner"]: (o["jobs"], o["expired"]) for o in w["owners"]} == {
         "worker-1:1234": (1, 0),
         "worker-1:1235": (0, 1),
@@ -439,8 +439,8 @@ def test_a_cluster_without_progress_while_due_work_waits_is_shown_wedged(world, 
         updated_at=now - timedelta(minutes=20),
     )
     CleanupJob.objects.filter(pk=world["jobs"][0].pk).update(state="pending", available_at=now - timedelta(minutes=10))
-    w = op.get("/console/workers/").context["w"]
-    assert w["clusters"][0]["state"] == "wedged"
+    clusters = op.get("/console/workers/").context["clusters"]
+    assert clusters[0]["state"] == "wedged"
 
 
 # --- Live refresh ---------------------------------------------------------------------

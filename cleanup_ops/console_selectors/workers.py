@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import datetime
+from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
@@ -28,12 +28,10 @@ def _owner_host(owner: str) -> str:
 
 
 def workers_overview(*, now: datetime) -> dict[str, Any]:
-    """Clusters (their heartbeats, judged like ``cleanup_health --liveness``),
-    the leases each worker holds, and expired leases waiting to be recovered.
-    Three queries. Platform staff only (it names no portfolio)."""
-    stale = float(settings.CLEANUP_LIVENESS_STALE_SECONDS)
-    oldest_due = CleanupJob.objects.filter(due_q(now=now)).aggregate(at=Min("available_at"))["at"]
-    waited = (now - oldest_due).total_seconds() if oldest_due else None
+    """The leases each worker holds, expired leases waiting to be recovered,
+    and the clusters' heartbeat rows (judged by ``health.clusters_judged``,
+    the rule of ``cleanup_health --liveness``). Two queries. Platform staff
+    only (it names no portfolio)."""
     owners = list(
         CleanupJob.objects.filter(state=JobState.LEASED)
         .values("lease_owner")
@@ -54,26 +52,20 @@ def workers_overview(*, now: datetime) -> dict[str, Any]:
         totals["jobs"] += row["jobs"]
         totals["holders"] += row["holders"]
         totals["expired"] += row["expired"]
-    clusters = []
-    for hb in WorkerHeartbeat.objects.order_by("host", "cluster"):
-        state, quiet = liveness_verdict(waited=waited, heartbeat=hb, now=now, stale=stale)
-        detail = {"idle": "no due work", "working": ""}.get(
-            state, f"no progress while due work waited {int(waited or 0)} s"
-        )
-        clusters.append(
-            {
-                "hb": hb,
-                "state": state,
-                "detail": detail,
-                "heartbeat_age_seconds": (now - hb.updated_at).total_seconds(),
-                "quiet_seconds": quiet,
-                "host_leases": by_host.get(hb.host, {"jobs": 0, "holders": 0, "expired": 0}),
-            }
-        )
     return {
-        "clusters": clusters,
+        "heartbeats": list(WorkerHeartbeat.objects.order_by("host", "cluster")),
+        "host_leases": by_host,
         "owners": owners,
-        "due_waiting_seconds": waited,
-        "stale_seconds": stale,
+        "stale_seconds": float(settings.CLEANUP_LIVENESS_STALE_SECONDS),
         "expired_total": sum(r["expired"] for r in owners),
     }
+
+
+def live_job_kinds(*, now: datetime, queues: dict[str, list[str]]) -> set[str]:
+    """The job kinds whose queue (``queues``: queue → kinds, ``dispatch.queues``)
+    has a cluster that reported within ``CLEANUP_LIVENESS_STALE_SECONDS``:
+    work of any other kind waits for a worker that does not exist. One query."""
+    since = now - timedelta(seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    main = settings.Q_CLUSTER["name"]
+    reported = {q or main for q in WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True)}
+    return {kind for queue, kinds in queues.items() if queue in reported for kind in kinds}

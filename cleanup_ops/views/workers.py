@@ -6,21 +6,28 @@ from django.contrib.auth.decorators import login_required, permission_required
 from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
-from cleanup_ops.console_selectors import (
-    workers_overview,
-)
+from cleanup_ops.console_selectors import workers_overview
 from cleanup_ops.dispatch import broker_status
-from cleanup_ops.views.common import (
-    render_live,
-)
+from cleanup_ops.health import clusters_judged
+from cleanup_ops.views.common import render_live
 
 
 @login_required
 @permission_required("cleanup_ops.view_workerheartbeat", raise_exception=True)
 def workers_page(request: HttpRequest) -> HttpResponse:
-    """Worker clusters (heartbeats, last progress, liveness), the leases each
-    worker holds and expired leases waiting to be recovered; the broker's
-    queues (messages waiting, through django-q2's broker interface)."""
-    return render_live(
-        request, "console/workers.html", {"w": workers_overview(now=timezone.now()), "broker": broker_status()}
-    )
+    """Worker clusters (heartbeats, last progress, liveness judged against the
+    work of each cluster's own queue, as ``cleanup_health --liveness`` does),
+    the leases each worker holds and expired leases waiting to be recovered;
+    the broker's queues (messages waiting, through django-q2's broker
+    interface, and how long the oldest job a cluster of the queue could take
+    has waited)."""
+    now = timezone.now()
+    w = workers_overview(now=now)
+    judged = clusters_judged(w["heartbeats"], now=now)
+    empty = {"jobs": 0, "holders": 0, "expired": 0}
+    for cluster in judged["clusters"]:
+        cluster["host_leases"] = w["host_leases"].get(cluster["hb"].host, empty)
+    broker = broker_status()
+    for name, queue in broker["queues"].items():
+        queue["due_waited"] = judged["waited_by_queue"].get(name)
+    return render_live(request, "console/workers.html", {"w": w, "clusters": judged["clusters"], "broker": broker})
