@@ -270,9 +270,7 @@ def due_work_waited(*, kinds: list[str], now: datetime) -> float | None:
     takeable = fair_due_job_ids(now=now, limit=1, exclude_enqueued=False, kinds=kinds) if kinds else []
     # The fair order starts with every portfolio's oldest due job, oldest first.
     due_since = (
-        CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first()
-        if takeable
-        else None
+        CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first() if takeable else None
     )
     return (now - due_since).total_seconds() if due_since else None
 

@@ -13,10 +13,8 @@ from cleanup_ops.models import (
     CleanupJob,
     JobState,
     WorkerHeartbeat,
-    due_q,
     expired_lease_q,
     live_lease_q,
-    liveness_verdict,
 )
 
 # --- Workers ------------------------------------------------------------------
@@ -67,5 +65,6 @@ def live_job_kinds(*, now: datetime, queues: dict[str, list[str]]) -> set[str]:
     work of any other kind waits for a worker that does not exist. One query."""
     since = now - timedelta(seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS)
     main = settings.Q_CLUSTER["name"]
-    reported = {q or main for q in WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True)}
+    fresh = WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True)
+    reported = {queue or main for queue in fresh}
     return {kind for queue, kinds in queues.items() if queue in reported for kind in kinds}

@@ -4,15 +4,14 @@ from django.db import migrations, models
 
 
 class Migration(migrations.Migration):
-
     dependencies = [
-        ('cleanup_ops', '0009_one_open_job_and_document_decisions'),
+        ("cleanup_ops", "0009_one_open_job_and_document_decisions"),
     ]
 
     operations = [
         migrations.AddField(
-            model_name='workerheartbeat',
-            name='queue',
-            field=models.CharField(blank=True, default='', max_length=40),
+            model_name="workerheartbeat",
+            name="queue",
+            field=models.CharField(blank=True, default="", max_length=40),
         ),
     ]
