@@ -227,6 +227,15 @@ def test_the_overview_and_the_sweep_page_show_the_forecast_warning(world, op, ti
     CleanupJob.objects.filter(pk=world["jobs"][0].pk).update(state="pending", attempt=0)
     Sweep.objects.filter(pk=world["sweep"].pk).update(status="running", finished_at=None)
     time_machine.move_to("2026-08-21T03:00:00Z", tick=False)
+    # A cluster of the main queue reported a minute ago: the job could run, and nothing finishes.
+    now = utc("2026-08-21T03:00:00Z")
+    WorkerHeartbeat.objects.create(
+        host="worker-1",
+        cluster="default",
+        pid=7,
+        started_at=now - timedelta(hours=1),
+        updated_at=now - timedelta(minutes=1),
+    )
     for path in ("/console/", f"/console/sweeps/{world['sweep'].pk}/", "/console/sweeps/"):
         page = op.get(path).content.decode()
         assert 'data-testid="forecast" data-status="stalled"' in page, path

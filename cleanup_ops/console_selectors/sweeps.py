@@ -13,6 +13,7 @@ from django.db.models import Count, Max, Q, Sum
 
 # None: every portfolio (platform staff); a set: a customer's portfolios.
 from cleanup_ops.console_selectors.names import PortfolioScope
+from cleanup_ops.console_selectors.waiting import OpenWork, open_work
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
@@ -145,8 +146,9 @@ class ForecastStatus:
     LATE = "late"  # projected to finish after the next slot
     STALLED = "stalled"  # nothing finished in the window: no finish in sight
     OVERRAN = "overran"  # the next slot has already begun
+    BLOCKED = "blocked"  # every open job is paused or has no worker: no rate finishes it
 
-    WARNINGS = frozenset({LATE, STALLED, OVERRAN})
+    WARNINGS = frozenset({LATE, STALLED, OVERRAN, BLOCKED})
 
 
 @dataclass(frozen=True)
@@ -161,6 +163,8 @@ class DrainForecast:
     next_slot: datetime
     seconds_to_next_slot: float
     margin_seconds: float | None  # next slot - projected finish (negative: late)
+    blocked: int = 0  # open jobs that cannot run (paused, no worker): not in ``remaining``
+    work: OpenWork | None = None  # the buckets, with the pauses' names and reasons
 
     @property
     def warning(self) -> bool:
@@ -179,6 +183,7 @@ class DrainForecast:
             "next_slot": self.next_slot,
             "seconds_to_next_slot": self.seconds_to_next_slot,
             "margin_seconds": self.margin_seconds,
+            "blocked": self.blocked,
         }
 
 
@@ -190,11 +195,16 @@ def drain_forecast(
     finished_recently: int,
     next_slot: datetime,
     window: timedelta = FORECAST_WINDOW,
+    blocked: int = 0,
+    work: OpenWork | None = None,
 ) -> DrainForecast:
     """When will the open work finish at the rate measured over the last
     ``window`` (or since ``started_at`` when that is shorter), and is that
     before ``next_slot``, the next sweep of the schedule?
 
+    ``remaining``: open jobs that can run; ``blocked``: open jobs that cannot
+    (a paused portfolio, no worker for their queue), which no rate finishes:
+    when nothing else is open the forecast is ``blocked``, never "on track".
     ``finished_recently``: jobs finished (done or dead) within that span.
     Pure: counts and times in, a forecast out."""
     measured_from = max(now - window, started_at)
@@ -214,8 +224,12 @@ def drain_forecast(
             next_slot=next_slot,
             seconds_to_next_slot=to_next,
             margin_seconds=(next_slot - finish).total_seconds() if finish is not None else None,
+            blocked=blocked,
+            work=work,
         )
 
+    if remaining <= 0 and blocked > 0:
+        return result(ForecastStatus.BLOCKED)
     if remaining <= 0:
         return result(ForecastStatus.DONE, eta=0.0)
     rate = finished_recently / (span / 60) if span > 0 else None
@@ -236,20 +250,29 @@ def next_slot_after(slot: datetime, *, schedule: str | None = None) -> datetime:
 
 
 def sweep_forecast(
-    sweep: Sweep, *, now: datetime, portfolio_ids: PortfolioScope, window: timedelta = FORECAST_WINDOW
+    sweep: Sweep,
+    *,
+    now: datetime,
+    portfolio_ids: PortfolioScope,
+    window: timedelta = FORECAST_WINDOW,
+    live_kinds: set[str] | None = None,
 ) -> DrainForecast:
-    """The forecast of a sweep from one aggregate over its jobs."""
+    """The forecast of a sweep: its open work in buckets (``waiting.open_work``;
+    ``live_kinds`` as there) and one aggregate of the jobs it finished lately.
+    Only work that can run is projected; the rest is ``blocked``, with reasons."""
     started_at = sweep.admitted_at or sweep.created_at
     since = max(now - window, started_at)
-    agg = CleanupJob.objects.filter(portfolio_ids_q(portfolio_ids), sweep_id=sweep.pk).aggregate(
-        remaining=Count("id", filter=open_q()),
-        finished=Count("id", filter=finished_since_q(since)),
-    )
+    finished = CleanupJob.objects.filter(
+        portfolio_ids_q(portfolio_ids), finished_since_q(since), sweep_id=sweep.pk
+    ).count()
+    work = open_work(now=now, portfolio_ids=portfolio_ids, live_kinds=live_kinds, sweep_id=sweep.pk)
     return drain_forecast(
         now=now,
         started_at=started_at,
-        remaining=agg["remaining"],
-        finished_recently=agg["finished"],
+        remaining=work.runnable,
+        blocked=work.blocked,
+        work=work,
+        finished_recently=finished,
         next_slot=next_slot_after(sweep.slot),
         window=window,
     )

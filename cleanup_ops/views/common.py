@@ -4,6 +4,7 @@ naming a bad parameter, live fragments, and the way back after a POST."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from datetime import datetime
 from functools import wraps
 from typing import Any
 
@@ -13,6 +14,8 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from cleanup_ops.console_selectors.workers import live_job_kinds
+from cleanup_ops.dispatch import queues
 from retention.filters import FilterError
 from retention.inputs import InputError
 
@@ -58,7 +61,12 @@ def render_live(request: HttpRequest, template: str, context: dict[str, Any], *,
     """A live page: the whole page, or only its ``#live`` fragment
     (``<name>_live.html``) when the poller in ``static/console/console.js``
     asks for it (htmx sends ``HX-Request`` and ``HX-Target``)."""
-    context = {**context, "refresh_seconds": refresh_seconds(), "live_target": LIVE_TARGET}
+    context = {
+        **context,
+        "refresh_seconds": refresh_seconds(),
+        "live_target": LIVE_TARGET,
+        "stale_seconds": settings.CLEANUP_LIVENESS_STALE_SECONDS,
+    }
     if request.headers.get("HX-Request") == "true" and request.headers.get("HX-Target") == LIVE_TARGET:
         template = template.replace(".html", "_live.html")
     response = render(request, template, context, status=status)
@@ -72,3 +80,9 @@ def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     if not (target.startswith("/console/") and url_has_allowed_host_and_scheme(target, allowed_hosts=None)):
         target = reverse(default)
     return HttpResponseRedirect(target)
+
+
+def live_kinds_now(now: datetime) -> set[str]:
+    """Job kinds whose queue has a cluster that reported lately (the forecast's
+    and the "waiting" figures' notion of "a worker will take it")."""
+    return live_job_kinds(now=now, queues=queues())

@@ -15,6 +15,7 @@ from cleanup_ops.console_selectors import (
     portfolio_names,
     sweep_forecast,
 )
+from cleanup_ops.console_selectors.waiting import open_work
 from cleanup_ops.models import Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import (
@@ -25,6 +26,7 @@ from cleanup_ops.selectors import (
 from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,
+    live_kinds_now,
     render_live,
 )
 from retention.filters import FilterError
@@ -82,10 +84,12 @@ def overview_page(request: HttpRequest) -> HttpResponse:
         figures["throughput"] if hours == THROUGHPUT_HOURS else throughput_cached(now=now, hours=hours, scope=scope)
     )
     sweep = figures["current_sweep"]
+    live = live_kinds_now(now)
+    work = open_work(now=now, portfolio_ids=scope, live_kinds=live)
     forecast = None
     if sweep is not None and sweep["status"] in {Sweep.Status.RUNNING, Sweep.Status.ADMITTING}:
         current = Sweep.objects.filter(pk=sweep["id"]).first()
-        forecast = sweep_forecast(current, now=now, portfolio_ids=scope) if current else None
+        forecast = sweep_forecast(current, now=now, portfolio_ids=scope, live_kinds=live) if current else None
     names = portfolio_names(
         [p["portfolio_id"] for p in figures["fairness"]] + [p["portfolio_id"] for p in figures["pauses"]]
     )
@@ -96,6 +100,8 @@ def overview_page(request: HttpRequest) -> HttpResponse:
             "f": figures,
             "names": names,
             "forecast": forecast,
+            "work": work,
+            "oldest_due_age_seconds": work.oldest_due_age_seconds(now=now),
             "hours": hours,
             "hour_choices": CHART_HOURS,
             "throughput_chart": throughput_chart(points, hours=hours),

@@ -10,8 +10,6 @@ from django.shortcuts import get_object_or_404
 from django.utils import timezone
 
 from cleanup_ops.console_selectors import (
-    drain_forecast,
-    next_slot_after,
     portfolio_names,
     sweep_forecast,
     sweeps_history,
@@ -27,6 +25,7 @@ from cleanup_ops.views.common import (
     PAGE_SIZE,
     SWEEP_VIEW,
     VIEW_PERM,
+    live_kinds_now,
     render_live,
 )
 from retention.scoping import (
@@ -46,17 +45,11 @@ def sweeps_list(request: HttpRequest) -> HttpResponse:
     now = timezone.now()
     page = Paginator(Sweep.objects.order_by("-slot"), SWEEPS_PAGE_SIZE).get_page(request.GET.get("page"))
     rows = sweeps_history(list(page), now=now, portfolio_ids=scope)
+    live = live_kinds_now(now)
     for row in rows:
+        # A few queries per running sweep (one or two at a time in practice).
         row["forecast"] = (
-            drain_forecast(
-                now=now,
-                started_at=row["sweep"].admitted_at or row["sweep"].created_at,
-                remaining=row["open"],
-                finished_recently=row["finished_recently"],
-                next_slot=next_slot_after(row["sweep"].slot),
-            )
-            if row["running"]
-            else None
+            sweep_forecast(row["sweep"], now=now, portfolio_ids=scope, live_kinds=live) if row["running"] else None
         )
     return render_live(request, "console/sweeps.html", {"page": page, "rows": rows})
 
@@ -81,7 +74,8 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
     letters = list(DeadLetter.objects.filter(portfolio_ids_q(scope), sweep=sweep).order_by("-id")[:PAGE_SIZE])
     forecast = None
     if figures["status"] in {Sweep.Status.ADMITTING, Sweep.Status.RUNNING}:
-        forecast = sweep_forecast(sweep, now=timezone.now(), portfolio_ids=scope)
+        now = timezone.now()
+        forecast = sweep_forecast(sweep, now=now, portfolio_ids=scope, live_kinds=live_kinds_now(now))
     return render_live(
         request,
         "console/sweep.html",
