@@ -504,6 +504,19 @@ class DeadLetter(models.Model):
     def __str__(self) -> str:
         return f"Dead letter {self.pk} ({self.category})"
 
+    # Categories whose ``attempts`` already counts the attempt that stopped the
+    # job: a retry budget ran out (the last failure was counted), or an
+    # operator cancelled it (no failure at all).
+    _ATTEMPTS_COUNTED = frozenset({"retry_budget_exhausted", "age_budget_exhausted", "cancelled"})
+
+    @property
+    def failed_attempts(self) -> int:
+        """Failed attempts including the one that stopped the job. ``attempts``
+        is the job's retry budget spent, which a failure that is not retried
+        (a 4xx, an invalid input) never touches: such a letter failed once
+        with ``attempts`` 0, and reads "1", not "0"."""
+        return self.attempts if self.category in self._ATTEMPTS_COUNTED else self.attempts + 1
+
     def mark_resolved(self, *, status: str, by, at, reason: str, redrive_job=None) -> None:  # type: ignore[no-untyped-def]
         self.status = status
         self.resolved_by = by

@@ -154,8 +154,8 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     page.wait_for_url("**/console/dead-letters/")
 
     new_job = CleanupJob.objects.get(redrive_of=old_job)
-    message = page.get_by_test_id("message").inner_text()
-    assert message == f"Redrove 1 dead letter(s): new job(s) {new_job.pk}."
+    message = page.get_by_test_id("message").first.inner_text()
+    assert message == f"Redrove 1 dead letter(s): see job {new_job.pk}."
     dead_letter.refresh_from_db()
     assert (dead_letter.status, dead_letter.redrive_job_id) == (DeadLetter.Status.REDRIVEN, new_job.pk)
     assert dead_letter.resolved_by.username == "op"
@@ -252,7 +252,7 @@ def test_an_operator_redrives_all_letters_matching_a_filter_after_seeing_their_n
     page.get_by_label("reason").fill(REASON)
     page.get_by_role("button", name="Redrive all 2").click()
     page.wait_for_url("**/console/dead-letters/?**")
-    assert page.get_by_test_id("message").inner_text() == "Redrove 2 dead letter(s) matching the filter."
+    assert page.get_by_test_id("message").first.inner_text() == "Redrove 2 dead letter(s): see the 2 new jobs."
     assert set(DeadLetter.objects.filter(status="redriven").values_list("id", flat=True)) == acme_letters
     assert DeadLetter.objects.get(portfolio_id=birch.pk).status == "open"  # outside the filter
     events = AuditEvent.objects.filter(action="dead_letter.redriven")

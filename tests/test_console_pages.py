@@ -357,7 +357,8 @@ def test_redrive_all_matching_shows_the_count_asks_a_reason_and_decides_every_le
     assert stale.status_code == 400 and "changed from 3 to 2" in stale.content.decode()
     assert DeadLetter.objects.filter(status="open").count() == 2  # nothing happened yet
     done = op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON}, follow=True)
-    assert "Redrove 2 dead letter(s) matching the filter." in done.content.decode()
+    assert "Redrove 2 dead letter(s): see" in done.content.decode()
+    assert "the 2 new jobs</a>" in done.content.decode()
     assert DeadLetter.objects.filter(status="redriven").count() == 2
     assert AuditEvent.objects.filter(action="dead_letter.redriven", reason=REASON).count() == 2
 

@@ -26,7 +26,15 @@ from cleanup_ops.console_selectors.jobs import (
     job_filter_parse,
     jobs_page,
 )
-from cleanup_ops.console_selectors.names import PortfolioScope, portfolio_choices, portfolio_names
+from cleanup_ops.console_selectors.names import (
+    PortfolioScope,
+    audit_names,
+    portfolio_choices,
+    portfolio_names,
+    property_names,
+    sweep_keys,
+    usernames,
+)
 from cleanup_ops.console_selectors.pauses import pauses_overview, portfolio_summary
 from cleanup_ops.console_selectors.sweeps import (
     DrainForecast,
@@ -45,6 +53,7 @@ __all__ = [
     "JobFilter",
     "JobsPage",
     "PortfolioScope",
+    "audit_names",
     "drain_forecast",
     "job_chain",
     "job_detail",
@@ -55,8 +64,11 @@ __all__ = [
     "portfolio_choices",
     "portfolio_names",
     "portfolio_summary",
+    "property_names",
     "sweep_forecast",
+    "sweep_keys",
     "sweeps_figures",
     "sweeps_history",
+    "usernames",
     "workers_overview",
 ]

@@ -9,7 +9,8 @@ from typing import Any
 from django.db.models import Count, Max, Min, Q, Sum
 
 # None: every portfolio (platform staff); a set: a customer's portfolios.
-from cleanup_ops.console_selectors.names import PAGE_SIZE, PortfolioScope
+from cleanup_ops.console_selectors.names import PAGE_SIZE, SEARCH_MAX_LENGTH, PortfolioScope
+from cleanup_ops.console_selectors.search import job_search_q
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
@@ -18,7 +19,7 @@ from cleanup_ops.models import (
     LedgerEntry,
 )
 from cleanup_ops.recovery.classification import FailureCategory
-from retention.filters import choice_param, id_param
+from retention.filters import choice_param, id_param, text_param
 from retention.models import AuditEvent
 from retention.registry import REGISTRY
 from retention.scoping import portfolio_ids_q
@@ -36,9 +37,25 @@ class JobFilter:
     record_kind: str | None = None
     category: str | None = None
     job_kind: str | None = None
+    text: str | None = None  # free-text search (``search.job_search_q``)
+    # The jobs a bulk redrive created: redrives with ids in [id_min, id_max].
+    id_min: int | None = None
+    id_max: int | None = None
+    redrives: bool = False
+    job_ids: tuple[int, ...] | None = None  # one job's action, or ids pinned by a page
 
     def q(self) -> Q:
         q = Q()
+        if self.text:
+            q &= job_search_q(self.text)
+        if self.id_min is not None:
+            q &= Q(id__gte=self.id_min)
+        if self.id_max is not None:
+            q &= Q(id__lte=self.id_max)
+        if self.redrives:
+            q &= Q(redrive_of__isnull=False)
+        if self.job_ids is not None:
+            q &= Q(pk__in=self.job_ids)
         if self.sweep_id is not None:
             q &= Q(sweep_id=self.sweep_id)
         if self.state is not None:
@@ -61,13 +78,18 @@ class JobFilter:
             "kind": self.record_kind,
             "category": self.category,
             "job_kind": self.job_kind,
+            "q": self.text,
+            "id_min": self.id_min,
+            "id_max": self.id_max,
+            "redrives": "yes" if self.redrives else None,
         }
         return {name: str(value) for name, value in pairs.items() if value is not None}
 
 
 def job_filter_parse(params: Mapping[str, Any], *, strict: bool) -> JobFilter:
     """``sweep``, ``state``, ``portfolio``, ``kind`` (record kind), ``category``
-    (last failure category), ``job_kind`` (delete or purge).
+    (last failure category), ``job_kind`` (delete or purge), ``q`` (free
+    text), ``id_min``/``id_max``/``redrives=yes`` (the jobs a bulk redrive made).
 
     ``strict``: an invalid value raises ``FilterError`` naming the parameter;
     otherwise it is ignored."""
@@ -78,6 +100,10 @@ def job_filter_parse(params: Mapping[str, Any], *, strict: bool) -> JobFilter:
         record_kind=choice_param(params, "kind", list(REGISTRY), strict=strict),
         category=choice_param(params, "category", FailureCategory.values, strict=strict),
         job_kind=choice_param(params, "job_kind", JobKind.values, strict=strict),
+        text=text_param(params, "q", strict=strict, max_length=SEARCH_MAX_LENGTH),
+        id_min=id_param(params, "id_min", strict=strict),
+        id_max=id_param(params, "id_max", strict=strict),
+        redrives=choice_param(params, "redrives", ["yes"], strict=strict) == "yes",
     )
 
 
@@ -99,7 +125,11 @@ def jobs_page(
     page = qs.order_by("-id")
     if before is not None:
         page = page.filter(id__lt=before)
-    jobs = list(page.select_related("sweep")[: size + 1])
+    # A purge job shows its request's counts; its document ids are not read here.
+    page = page.select_related("sweep", "purge_request").defer(
+        "purge_request__document_ids", "purge_request__held_document_ids"
+    )
+    jobs = list(page[: size + 1])
     older = jobs[size - 1].pk if len(jobs) > size else None
     return JobsPage(jobs=jobs[:size], count=count, older=older, newest=before is None)
 

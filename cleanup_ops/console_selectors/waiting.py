@@ -70,7 +70,12 @@ def _paused_q(pauses: list[dict[str, Any]]) -> Q:
 
 
 def open_work(
-    *, now: datetime, portfolio_ids: PortfolioScope, live_kinds: set[str] | None, sweep_id: int | None = None
+    *,
+    now: datetime,
+    portfolio_ids: PortfolioScope,
+    live_kinds: set[str] | None,
+    sweep_id: int | None = None,
+    job_ids: list[int] | None = None,
 ) -> OpenWork:
     """The open work (of one sweep, or every open job) in buckets (see the
     module docstring). ``live_kinds``: job kinds whose queue has a live
@@ -86,6 +91,8 @@ def open_work(
     jobs = CleanupJob.objects.filter(open_q(), portfolio_ids_q(portfolio_ids))
     if sweep_id is not None:
         jobs = jobs.filter(sweep_id=sweep_id)
+    if job_ids is not None:
+        jobs = jobs.filter(pk__in=job_ids)
     agg = jobs.aggregate(
         open=Count("id"),
         paused=Count("id", filter=paused),
@@ -128,3 +135,19 @@ def open_work(
         pauses=held,
         kinds_without_worker=kinds_without_worker,
     )
+
+
+def why_they_will_not_run(work: OpenWork, *, stale_seconds: float) -> list[str]:
+    """Warnings for new work (a redrive, a run now) that nothing will take:
+    its portfolio is paused, or no cluster serves its queue."""
+    warnings = []
+    for p in work.pauses:
+        where = f"portfolio {p['name'] or p['portfolio_id']} is" if p["portfolio_id"] else "the whole pipeline is"
+        warnings.append(f"{p['jobs']} of these job(s) will not run while {where} paused ({p['reason']}).")
+    if work.no_worker:
+        kinds = ", ".join(work.kinds_without_worker)
+        warnings.append(
+            f"No worker will run {work.no_worker} of these job(s) ({kinds}): no cluster serving their queue"
+            f" has reported in the last {stale_seconds:g} s. Start one (manage.py qcluster) or run cleanup_drain."
+        )
+    return warnings

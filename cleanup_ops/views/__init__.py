@@ -29,9 +29,10 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_page,
     dead_letters_bulk,
 )
-from cleanup_ops.views.jobs import job_page, jobs_list
+from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
 from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
+from cleanup_ops.views.search import search_page
 from cleanup_ops.views.sweeps import sweep_page, sweep_proof_export, sweeps_list
 from cleanup_ops.views.workers import workers_page
 
@@ -41,12 +42,15 @@ __all__ = [
     "dead_letter_inbox",
     "dead_letter_page",
     "dead_letters_bulk",
+    "job_action",
     "job_page",
+    "jobs_bulk",
     "jobs_list",
     "overview_page",
     "pause_toggle",
     "pauses_page",
     "portfolio_page",
+    "search_page",
     "sweep_page",
     "sweep_proof_export",
     "sweeps_list",

@@ -16,6 +16,7 @@ from django.utils.http import url_has_allowed_host_and_scheme
 
 from cleanup_ops.console_selectors.workers import live_job_kinds
 from cleanup_ops.dispatch import queues
+from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
 from retention.filters import FilterError
 from retention.inputs import InputError
 
@@ -86,3 +87,11 @@ def live_kinds_now(now: datetime) -> set[str]:
     """Job kinds whose queue has a cluster that reported lately (the forecast's
     and the "waiting" figures' notion of "a worker will take it")."""
     return live_job_kinds(now=now, queues=queues())
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why a decision's reason is refused (the services' own rule,
+    ``MIN_REASON_LENGTH``), said before anything is attempted; None if it is fine."""
+    if len(reason.strip()) < MIN_REASON_LENGTH:
+        return f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail."
+    return None

@@ -5,9 +5,10 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Any
 
-from django.contrib.auth.decorators import login_required, permission_required
+from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
 from django.http import HttpRequest, HttpResponse
+from django.shortcuts import render
 from django.utils import timezone
 
 from cleanup_ops.charts import bar_chart
@@ -30,6 +31,7 @@ from cleanup_ops.views.common import (
     render_live,
 )
 from retention.filters import FilterError
+from retention.models import Membership
 from retention.scoping import (
     portfolio_ids_where,
 )
@@ -72,10 +74,23 @@ def throughput_chart(points: list[dict[str, Any]], *, hours: int) -> dict[str, A
     return bar_chart(bars, x_label=f"UTC, last {hours} h (one bar per {unit})", y_label=f"rows deleted per {unit}")
 
 
+def landing_page(request: HttpRequest) -> HttpResponse:
+    """Where a user whose roles reach none of the pipeline's pages lands (a
+    customer's property manager or reviewer, logging in at the console or at
+    ``/``): their portfolios and roles, and links to what they may do."""
+    memberships = list(
+        Membership.objects.filter(user_id=request.user.pk).select_related("portfolio").order_by("portfolio__name")
+    )
+    portfolios = list({m.portfolio_id: m.portfolio for m in memberships}.values())
+    roles = sorted({m.get_role_display().lower() for m in memberships})
+    return render(request, "console/landing.html", {"portfolios": portfolios, "roles": roles})
+
+
 @login_required
-@permission_required(VIEW_PERM, raise_exception=True)
 @bad_input_as_400
 def overview_page(request: HttpRequest) -> HttpResponse:
+    if not request.user.has_perm(VIEW_PERM):
+        return landing_page(request)
     scope = portfolio_ids_where(request.user, VIEW_PERM)
     now = timezone.now()
     hours = chart_hours(request.GET.get("hours"))
