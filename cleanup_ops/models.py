@@ -603,7 +603,7 @@ class WorkerHeartbeat(models.Model):
     cluster = models.CharField(max_length=100)
     # The django-q2 queue the cluster serves (Q_CLUSTER_NAME); "" on rows
     # written before heartbeats named it (read as the main queue).
-    queue = models.CharField(max_length=40, blank=True, default="")
+    queue = models.CharField(max_length=40, blank=True, default="", db_default="")
     pid = models.PositiveIntegerField(help_text="The cluster's sentinel process (parent of its workers).")
     started_at = models.DateTimeField(help_text="When this run of the cluster (this pid) spawned its first worker.")
     last_progress_at = models.DateTimeField(null=True, blank=True, help_text="When a worker last finished a task.")
