@@ -124,7 +124,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     nav(page, "Dead letters")
     page.wait_for_url("**/console/dead-letters/")
     row = page.get_by_test_id(f"letter-{dead_letter.pk}")
-    assert "downstream_rejected" in row.inner_text()
+    assert "Downstream rejected (4xx)" in row.inner_text()  # the label, not the slug
 
     # Without a reason the console stops at the confirmation step and changes nothing.
     events_before = AuditEvent.objects.count()
@@ -339,13 +339,20 @@ def test_the_forecast_warns_when_the_sweep_will_not_finish_and_the_page_refreshe
     CleanupJob.objects.filter(pk=first.pk).update(
         state="done", outcome="deleted", finished_at=now - timedelta(minutes=5)
     )
+    # A worker cluster reported a minute ago: the open jobs can run (without
+    # one the forecast says they are blocked, waiting for a worker).
+    from cleanup_ops.models import WorkerHeartbeat
+
+    WorkerHeartbeat.objects.create(
+        host="w1", cluster="default", pid=7, started_at=now - timedelta(hours=1), updated_at=now - timedelta(minutes=1)
+    )
     make_user("op", "operator")
     log_in(page, "op")
 
     warning = page.get_by_test_id("forecast")
     assert warning.get_attribute("data-status") == "late"
     assert "Will not finish before the next slot" in warning.inner_text()
-    assert "2 open jobs" in warning.inner_text()
+    assert "2 open job(s) that can run" in warning.inner_text()
     nav(page, "Sweeps")
     page.wait_for_url("**/console/sweeps/")
     assert page.get_by_test_id("forecast").get_attribute("data-status") == "late"
