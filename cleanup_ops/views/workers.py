@@ -27,7 +27,5 @@ def workers_page(request: HttpRequest) -> HttpResponse:
     empty = {"jobs": 0, "holders": 0, "expired": 0}
     for cluster in judged["clusters"]:
         cluster["host_leases"] = w["host_leases"].get(cluster["hb"].host, empty)
-    broker = broker_status()
-    for name, queue in broker["queues"].items():
-        queue["due_waited"] = judged["waited_by_queue"].get(name)
-    return render_live(request, "console/workers.html", {"w": w, "clusters": judged["clusters"], "broker": broker})
+    context = {"w": w, "clusters": judged["clusters"], "broker": broker_status(), "waited": judged["waited_by_queue"]}
+    return render_live(request, "console/workers.html", context)
