@@ -41,6 +41,11 @@ PAGES = [
     "/console/pauses/",
     "/console/portfolios/{portfolio}/",
     "/console/audit/",
+    "/console/audit/?actor=bench-operator&action=dismissed",
+    "/console/search/?q=P7",
+    "/console/jobs/?q=timeout",
+    "/console/dead-letters/?q=P7",
+    "/console/jobs/all-matching/?operation=run_now&sweep={sweep}",
     "/api/v1/jobs/?state=done",
     "/api/v1/dead-letters/?status=open",
     "/api/v1/sweeps/",
@@ -101,7 +106,10 @@ def load(jobs: int, ledger: int, *, spread_hours: int) -> int:
             " last_error_category, last_error_class, cursor, batches, rows_deleted, rows_held, created_at,"
             " first_leased_at, finished_at)"
             " SELECT s.id, s.key || ':' || g, 'delete', 1 + g %% 100, g %% 1000 + 1, 'lease', %s, now(),"
-            " CASE WHEN g %% 50 = 0 THEN 'dead' WHEN g %% 97 = 0 THEN 'pending' ELSE 'done' END,"
+            # Open jobs only in the newest sweep: the database holds one open
+            # job per partition (``job_one_open_per_partition``).
+            " CASE WHEN g %% 50 = 0 THEN 'dead' WHEN g %% 97 = 0 AND s.id = (SELECT max(id) FROM"
+            " cleanup_ops_sweep) THEN 'pending' ELSE 'done' END,"
             " CASE WHEN g %% 50 = 0 THEN '' ELSE 'deleted' END, now() - interval '1 hour', '', 1,"
             " CASE WHEN g %% 10 = 0 THEN 2 ELSE 0 END, CASE WHEN g %% 10 = 0 THEN 'timeout' ELSE '' END, '',"
             " g, %s, %s, 0, now() - interval '2 hours', now() - interval '2 hours' + (g %% 60) * interval '1 second',"

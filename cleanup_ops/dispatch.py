@@ -68,11 +68,15 @@ def queues() -> dict[str, list[str]]:
     return routes
 
 
+def cluster_queue() -> str:
+    """The queue this process's cluster serves (``Q_CLUSTER_NAME``, default the main queue)."""
+    return os.environ.get("Q_CLUSTER_NAME") or settings.Q_CLUSTER["name"]
+
+
 def cluster_job_kinds(cluster_name: str | None = None) -> list[str]:
     """The job kinds the cluster named ``cluster_name`` (default: this process's,
     from ``Q_CLUSTER_NAME``) is sent; e.g. for a liveness check."""
-    name = cluster_name or os.environ.get("Q_CLUSTER_NAME") or settings.Q_CLUSTER["name"]
-    return queues().get(name, [])
+    return queues().get(cluster_name or cluster_queue(), [])
 
 
 def dispatch_window(queue: str | None = None) -> int:

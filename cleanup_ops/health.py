@@ -15,7 +15,15 @@ it has work it could take and takes none, so the workers themselves record:
   (``tasks.run_job`` and ``tasks.dispatch``): ``last_progress_at``, the
   turns, jobs leased and rows deleted — at most one UPSERT per
   ``CLEANUP_HEARTBEAT_SECONDS`` per worker process, never one per batch; what
-  a throttled write held is carried into the next one.
+  a throttled write held is carried into the next one, and a worker that
+  goes quiet after a throttled write flushes it once the interval has passed
+  (a timer thread of its own), so a finished task is never lost to the
+  throttle ("Tasks 0" beside a cluster that did work).
+
+Each row names the django-q2 queue its cluster serves (``queue``: the main
+queue or ``Q_PURGE_CLUSTER``), so the console judges every cluster against
+the work of its own queue, with the same rule as ``cleanup_health``
+(``due_work_waited`` and ``liveness_judgement``).
 
 ``cluster_liveness`` fails when due work the cluster could take (of the job
 kinds its queue carries, due, not paused, its portfolio under the lease cap:
@@ -31,6 +39,7 @@ import logging
 import math
 import os
 import socket
+import threading
 import time
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -42,7 +51,7 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 
 from cleanup_ops import sql
-from cleanup_ops.dispatch import cluster_job_kinds, dispatch_due_jobs, fair_due_job_ids
+from cleanup_ops.dispatch import cluster_job_kinds, cluster_queue, dispatch_due_jobs, fair_due_job_ids, queues
 from cleanup_ops.models import CleanupJob, WorkerHeartbeat, liveness_verdict
 
 logger = logging.getLogger(__name__)
@@ -53,8 +62,8 @@ _TABLE = WorkerHeartbeat._meta.db_table
 # both evaluate SET expressions against the row as it was.)
 _UPSERT = f"""
 INSERT INTO {_TABLE} AS hb
-    (host, cluster, pid, started_at, last_progress_at, turns, jobs_leased, rows_deleted, updated_at)
-VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)
+    (host, cluster, queue, pid, started_at, last_progress_at, turns, jobs_leased, rows_deleted, updated_at)
+VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (host, cluster) DO UPDATE SET
     started_at = CASE WHEN hb.pid = excluded.pid THEN hb.started_at ELSE excluded.started_at END,
     last_progress_at = CASE
@@ -65,6 +74,7 @@ ON CONFLICT (host, cluster) DO UPDATE SET
     jobs_leased = excluded.jobs_leased + CASE WHEN hb.pid = excluded.pid THEN hb.jobs_leased ELSE 0 END,
     rows_deleted = excluded.rows_deleted + CASE WHEN hb.pid = excluded.pid THEN hb.rows_deleted ELSE 0 END,
     pid = excluded.pid,
+    queue = excluded.queue,
     updated_at = excluded.updated_at
 """
 
@@ -84,6 +94,9 @@ class _Unwritten:
     progress_at: datetime | None = None
     written_at: float = -math.inf  # time.monotonic() of the last write
 
+    def has_news(self) -> bool:
+        return bool(self.turns or self.jobs_leased or self.rows_deleted or self.progress_at)
+
     def mark_written(self, *, clock: float) -> None:
         self.turns = self.jobs_leased = self.rows_deleted = 0
         self.progress_at = None
@@ -91,12 +104,45 @@ class _Unwritten:
 
 
 _unwritten = _Unwritten()
+# The worker's thread and the flush timer's both touch ``_unwritten``.
+_lock = threading.RLock()
+_flush_timer: threading.Timer | None = None
+
+
+def heartbeat_flush() -> bool:
+    """Write what a throttled call left, if the interval has passed; whether it wrote."""
+    global _flush_timer
+    with _lock:
+        _flush_timer = None
+        return _unwritten.has_news() and _write_if_due(now=timezone.now())
+
+
+def _flush_due() -> None:
+    """The timer's turn, on its own thread and connection (closed after: the thread ends here)."""
+    try:
+        heartbeat_flush()
+    except Exception as exc:
+        logger.warning("cluster heartbeat not written: %s", type(exc).__name__)
+    finally:
+        connection.close()
+
+
+def _flush_later(delay: float) -> None:
+    """Write the throttled counts once the interval has passed, unless a task
+    writes them first: a worker that finishes its last task inside the
+    interval and then waits for the next has nothing else that would."""
+    global _flush_timer
+    if _flush_timer is not None:
+        return
+    _flush_timer = threading.Timer(max(delay, 0.0) + 0.05, _flush_due)
+    _flush_timer.daemon = True
+    _flush_timer.start()
 
 
 def _write(*, now: datetime, progress_at: datetime | None, turns: int, jobs_leased: int, rows_deleted: int) -> None:
     host, cluster = cluster_identity()
     # In a worker the parent is the cluster's sentinel: one pid per run of the cluster.
-    params = [host, cluster, os.getppid(), now, progress_at, turns, jobs_leased, rows_deleted, now]
+    params = [host, cluster, cluster_queue(), os.getppid(), now, progress_at, turns, jobs_leased, rows_deleted, now]
     ops = connection.ops
     params = [ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p for p in params]
     with connection.cursor() as cursor:
@@ -109,7 +155,10 @@ def _write_if_due(*, now: datetime) -> bool:
     carried into the next one."""
     pending = _unwritten
     clock = time.monotonic()
-    if clock - pending.written_at < settings.CLEANUP_HEARTBEAT_SECONDS:
+    waited = clock - pending.written_at
+    if waited < settings.CLEANUP_HEARTBEAT_SECONDS:
+        if pending.has_news():
+            _flush_later(settings.CLEANUP_HEARTBEAT_SECONDS - waited)
         return False
     try:
         _write(
@@ -136,12 +185,13 @@ def heartbeat_record_turn(*, jobs_leased: int = 0, rows_deleted: int = 0, now: d
     if settings.Q_CLUSTER.get("sync"):
         return False  # tasks run inline in some other process: there is no cluster
     now = now or timezone.now()
-    pending = _unwritten
-    pending.turns += 1
-    pending.jobs_leased += jobs_leased
-    pending.rows_deleted += rows_deleted
-    pending.progress_at = now
-    return _write_if_due(now=now)
+    with _lock:
+        pending = _unwritten
+        pending.turns += 1
+        pending.jobs_leased += jobs_leased
+        pending.rows_deleted += rows_deleted
+        pending.progress_at = now
+        return _write_if_due(now=now)
 
 
 def heartbeat_on_task_start(**kwargs: Any) -> None:
@@ -153,8 +203,9 @@ def heartbeat_on_task_start(**kwargs: Any) -> None:
         return
     try:
         now = timezone.now()
-        _unwritten.progress_at = now
-        _write_if_due(now=now)
+        with _lock:
+            _unwritten.progress_at = now
+            _write_if_due(now=now)
     except Exception as exc:
         logger.warning("cluster heartbeat not written: %s", type(exc).__name__)
 
@@ -211,34 +262,28 @@ def heartbeat_as_dict(heartbeat: WorkerHeartbeat | None, *, now: datetime) -> di
     }
 
 
-def cluster_liveness(
-    *, host: str, cluster: str, stale_seconds: float | None = None, now: datetime | None = None
-) -> HealthReport:
-    """Is the cluster ``cluster`` on ``host`` wedged? (See the module docstring.)
+def due_work_waited(*, kinds: list[str], now: datetime) -> float | None:
+    """How long the oldest due job a cluster carrying ``kinds`` could take has
+    waited (None: none): the dispatcher's own choice (``fair_due_job_ids``),
+    so paused portfolios, portfolios at their lease cap and other queues'
+    job kinds do not count. Raises ``DatabaseError`` when the database is down."""
+    takeable = fair_due_job_ids(now=now, limit=1, exclude_enqueued=False, kinds=kinds) if kinds else []
+    # The fair order starts with every portfolio's oldest due job, oldest first.
+    due_since = (
+        CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first() if takeable else None
+    )
+    return (now - due_since).total_seconds() if due_since else None
 
-    Not judged (ok) while the database is unreachable: restarting workers
-    does not bring a database back, and readiness reports that.
-    """
-    now = now or timezone.now()
-    stale = float(stale_seconds if stale_seconds is not None else settings.CLEANUP_LIVENESS_STALE_SECONDS)
-    # The job kinds this cluster's queue carries (Q_CLUSTER_NAME: the main or the purge queue).
-    kinds = cluster_job_kinds()
-    data: dict[str, Any] = {"host": host, "cluster": cluster, "job_kinds": kinds, "stale_seconds": stale}
-    try:
-        heartbeat = WorkerHeartbeat.objects.filter(host=host, cluster=cluster).first()
-        takeable = fair_due_job_ids(now=now, limit=1, exclude_enqueued=False, kinds=kinds) if kinds else []
-        # The fair order starts with every portfolio's oldest due job, oldest first.
-        due_since = (
-            CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first()
-            if takeable
-            else None
-        )
-    except DatabaseError as exc:
-        return HealthReport("liveness", True, f"not judged: the database is unreachable ({type(exc).__name__})", data)
+
+def liveness_judgement(
+    *, heartbeat: WorkerHeartbeat | None, waited: float | None, stale: float, now: datetime, data: dict[str, Any]
+) -> HealthReport:
+    """``liveness_verdict`` in words: what ``cleanup_health --liveness`` prints
+    and the console's workers page shows for the same cluster."""
     data["heartbeat"] = heartbeat_as_dict(heartbeat, now=now)
-    waited = (now - due_since).total_seconds() if due_since else None
     data["due_work_waiting_seconds"] = round(waited, 1) if waited is not None else None
     state, quiet = liveness_verdict(waited=waited, heartbeat=heartbeat, now=now, stale=stale)
+    data["state"] = state
     if quiet is not None:
         data["seconds_without_progress"] = round(quiet, 1)
     if state == "idle":
@@ -257,6 +302,65 @@ def cluster_liveness(
         f"wedged: due work has waited {waited:.0f} s and the cluster made no progress for {quiet:.0f} s",
         data,
     )
+
+
+def cluster_liveness(
+    *, host: str, cluster: str, stale_seconds: float | None = None, now: datetime | None = None
+) -> HealthReport:
+    """Is the cluster ``cluster`` on ``host`` wedged? (See the module docstring.)
+
+    Not judged (ok) while the database is unreachable: restarting workers
+    does not bring a database back, and readiness reports that.
+    """
+    now = now or timezone.now()
+    stale = float(stale_seconds if stale_seconds is not None else settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    # The job kinds this cluster's queue carries (Q_CLUSTER_NAME: the main or the purge queue).
+    kinds = cluster_job_kinds()
+    data: dict[str, Any] = {"host": host, "cluster": cluster, "job_kinds": kinds, "stale_seconds": stale}
+    try:
+        heartbeat = WorkerHeartbeat.objects.filter(host=host, cluster=cluster).first()
+        waited = due_work_waited(kinds=kinds, now=now)
+    except DatabaseError as exc:
+        return HealthReport("liveness", True, f"not judged: the database is unreachable ({type(exc).__name__})", data)
+    return liveness_judgement(heartbeat=heartbeat, waited=waited, stale=stale, now=now, data=data)
+
+
+def heartbeat_queue(heartbeat: WorkerHeartbeat) -> str:
+    """The queue a heartbeat's cluster serves (rows written before heartbeats
+    named their queue: the main queue)."""
+    return heartbeat.queue or settings.Q_CLUSTER["name"]
+
+
+def clusters_judged(
+    heartbeats: list[WorkerHeartbeat], *, now: datetime, stale_seconds: float | None = None
+) -> dict[str, Any]:
+    """Every cluster judged exactly as ``cleanup_health --liveness`` run on its
+    host judges it (``liveness_judgement`` against the work of the cluster's
+    own queue, pauses and lease caps included), plus, per queue, how long the
+    oldest job a cluster of it could take has waited. A few queries per
+    queue (two queues at most), none per cluster."""
+    stale = float(stale_seconds if stale_seconds is not None else settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    routes = queues()
+    waited = {queue: due_work_waited(kinds=kinds, now=now) for queue, kinds in routes.items()}
+    clusters = []
+    for hb in heartbeats:
+        queue = heartbeat_queue(hb)
+        kinds = routes.get(queue, [])
+        data: dict[str, Any] = {"host": hb.host, "cluster": hb.cluster, "job_kinds": kinds, "stale_seconds": stale}
+        report = liveness_judgement(heartbeat=hb, waited=waited.get(queue), stale=stale, now=now, data=data)
+        clusters.append(
+            {
+                "hb": hb,
+                "queue": queue,
+                "kinds": kinds,
+                "state": data["state"],
+                "ok": report.ok,
+                "detail": report.detail,
+                "heartbeat_age_seconds": (now - hb.updated_at).total_seconds(),
+                "quiet_seconds": data.get("seconds_without_progress"),
+            }
+        )
+    return {"clusters": clusters, "waited_by_queue": waited}
 
 
 # Locks of a lease transaction besides its stripe locks: the relations it

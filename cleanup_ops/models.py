@@ -531,6 +531,19 @@ class DeadLetter(models.Model):
     def __str__(self) -> str:
         return f"Dead letter {self.pk} ({self.category})"
 
+    # Categories whose ``attempts`` already counts the attempt that stopped the
+    # job: a retry budget ran out (the last failure was counted), or an
+    # operator cancelled it (no failure at all).
+    _ATTEMPTS_COUNTED = frozenset({"retry_budget_exhausted", "age_budget_exhausted", "cancelled"})
+
+    @property
+    def failed_attempts(self) -> int:
+        """Failed attempts including the one that stopped the job. ``attempts``
+        is the job's retry budget spent, which a failure that is not retried
+        (a 4xx, an invalid input) never touches: such a letter failed once
+        with ``attempts`` 0, and reads "1", not "0"."""
+        return self.attempts if self.category in self._ATTEMPTS_COUNTED else self.attempts + 1
+
     def mark_resolved(self, *, status: str, by, at, reason: str, redrive_job=None) -> None:  # type: ignore[no-untyped-def]
         self.status = status
         self.resolved_by = by
@@ -615,6 +628,9 @@ class WorkerHeartbeat(models.Model):
 
     host = models.CharField(max_length=255)
     cluster = models.CharField(max_length=100)
+    # The django-q2 queue the cluster serves (Q_CLUSTER_NAME); "" on rows
+    # written before heartbeats named it (read as the main queue).
+    queue = models.CharField(max_length=40, blank=True, default="", db_default="")
     pid = models.PositiveIntegerField(help_text="The cluster's sentinel process (parent of its workers).")
     started_at = models.DateTimeField(help_text="When this run of the cluster (this pid) spawned its first worker.")
     last_progress_at = models.DateTimeField(null=True, blank=True, help_text="When a worker last finished a task.")

@@ -7,7 +7,7 @@ from django.views.generic import RedirectView
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from cleanup_ops import api, views
+from cleanup_ops import api, prometheus
 from config.docs import RedocView, SwaggerView
 from retention import api as retention_api
 
@@ -34,5 +34,5 @@ urlpatterns = [
     path("api/v1/docs/", SwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/redoc/", RedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("api/v1/", include(router.urls)),
-    re_path(r"^metrics$", views.prometheus_metrics, name="prometheus-metrics"),
+    re_path(r"^metrics$", prometheus.prometheus_metrics, name="prometheus-metrics"),
 ]

@@ -277,3 +277,74 @@ def record_attachments_seed(*, fraction: float, seed: int, upload: Callable[[str
                     document_id=Concat(Value(f"{prefix}-"), Cast("id", output_field=CharField()))
                 )
     return document_ids
+
+
+# --- The incident demo (``make demo-incident``) ---------------------------------
+
+INCIDENT_PAUSE_REASON = "Customer asked to hold deletions during their own audit"
+
+
+@dataclass
+class IncidentResult:
+    paused_portfolio: str = ""
+    sweep_key: str = ""
+    sweep_status: str = ""
+    open_jobs: int = 0
+    dead_letters: int = 0
+    categories: dict[str, int] = field(default_factory=dict)
+
+
+def demo_incident_stage(*, docstore_url: str, max_seconds: float = 60.0) -> IncidentResult:
+    """After ``seed_demo`` and ``seed_attachments``: stage what an operator
+    meets during an incident, so that the console has something to act on.
+
+    - the last portfolio is paused (its jobs stay open: the sweep keeps
+      running, and the forecast names the pause);
+    - the document store rejects every delete (HTTP 400, its fault switch), so
+      the purge jobs of the drain end as ``downstream_rejected`` dead letters;
+    - a sweep is triggered and drained in this process (no worker cluster: the
+      console says the open work waits for one).
+
+    The store's fault is cleared at the end, so that a redrive from the
+    console succeeds once the demo store is started again.
+    """
+    import json
+    import urllib.request
+
+    from cleanup_ops.execution.runner import cleanup_drain
+    from cleanup_ops.models import CleanupJob, DeadLetter
+    from cleanup_ops.recovery.operator import pipeline_pause
+    from cleanup_ops.schedule import sweep_trigger
+
+    def fault(method: str, body: dict[str, object] | None = None) -> None:
+        data = json.dumps(body).encode() if body is not None else None
+        request = urllib.request.Request(  # noqa: S310 - the demo store on loopback
+            f"{docstore_url.rstrip('/')}/_admin/faults", data=data, method=method
+        )
+        request.add_header("Content-Type", "application/json")
+        with urllib.request.urlopen(request, timeout=5):  # noqa: S310
+            pass
+
+    paused = Portfolio.objects.order_by("-id").first()
+    if paused is None:
+        raise SeedError("no portfolio: run seed_demo first")
+    pipeline_pause(actor=None, reason=INCIDENT_PAUSE_REASON, portfolio_id=paused.pk)
+    fault("POST", {"status": 400})
+    try:
+        sweep = sweep_trigger().sweep
+        cleanup_drain(max_seconds=max_seconds)
+    finally:
+        fault("DELETE")
+    sweep.refresh_from_db()
+    letters = DeadLetter.objects.open()
+    categories: dict[str, int] = {}
+    for category in letters.values_list("category", flat=True):
+        categories[category] = categories.get(category, 0) + 1
+    return IncidentResult(
+        paused_portfolio=paused.name,
+        sweep_key=sweep.key,
+        sweep_status=sweep.status,
+        open_jobs=CleanupJob.objects.open().count(),
+        dead_letters=letters.count(),
+        categories=categories,
+    )

@@ -185,6 +185,20 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
             return "—"
         return format_html('<a href="{}">Review…</a>', reverse("admin:retention_policyversion_review", args=[obj.pk]))
 
+    def get_list_display(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+        """The "Review…" link only where the user may decide (a property
+        manager sees that the version awaits a reviewer, not a link to a refusal)."""
+
+        @admin.display(description="Review")
+        def review(obj: PolicyVersion) -> str:
+            if obj.status == PolicyVersion.Status.IN_REVIEW and not may_act_in(
+                request.user, "retention.approve_policyversion", obj.policy.portfolio_id
+            ):
+                return "awaiting a compliance reviewer"
+            return self.review(obj)
+
+        return [review if name == "review" else name for name in super().get_list_display(request)]
+
     def get_urls(self):  # type: ignore[no-untyped-def]
         return [
             path(

@@ -85,19 +85,25 @@ def choice_param(params: Mapping[str, Any], name: str, choices: list[str], *, st
 
 @dataclass(frozen=True)
 class AuditFilter:
+    """``action`` matches a part of the action ("redriven", "legal_hold.");
+    ``actor`` is a user's id or username (exact, any case)."""
+
     action: str | None = None
     object_type: str | None = None
     actor_id: int | None = None
     object_id: str | None = None
+    actor_name: str | None = None
 
     def q(self) -> Q:
         q = Q()
         if self.action:
-            q &= Q(action=self.action)
+            q &= Q(action__icontains=self.action)
         if self.object_type:
             q &= Q(object_type=self.object_type)
         if self.actor_id is not None:
             q &= Q(actor_id=self.actor_id)
+        if self.actor_name:
+            q &= Q(actor__username__iexact=self.actor_name)
         if self.object_id:
             q &= Q(object_id=self.object_id)
         return q
@@ -107,7 +113,7 @@ class AuditFilter:
             "action": self.action,
             "object_type": self.object_type,
             "object_id": self.object_id,
-            "actor": self.actor_id,
+            "actor": self.actor_id if self.actor_id is not None else self.actor_name,
         }
         return {name: str(value) for name, value in pairs.items() if value}
 
@@ -116,10 +122,14 @@ def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilte
     def column(name: str) -> int:
         return AuditEvent._meta.get_field(name).max_length  # type: ignore[return-value]
 
+    raw_actor = params.get("actor")
+    by_id = isinstance(raw_actor, str) and raw_actor.isascii() and raw_actor.isdigit()
     return AuditFilter(
         action=text_param(params, "action", strict=strict, max_length=column("action")),
         object_type=text_param(params, "object_type", strict=strict, max_length=column("object_type")),
-        actor_id=id_param(params, "actor", strict=strict),
+        actor_id=id_param(params, "actor", strict=strict) if by_id else None,
+        # A username is at most 150 characters (django.contrib.auth).
+        actor_name=None if by_id else text_param(params, "actor", strict=strict, max_length=150),
         object_id=text_param(params, "object_id", strict=strict, max_length=column("object_id")),
     )
 

@@ -124,7 +124,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     nav(page, "Dead letters")
     page.wait_for_url("**/console/dead-letters/")
     row = page.get_by_test_id(f"letter-{dead_letter.pk}")
-    assert "downstream_rejected" in row.inner_text()
+    assert "Downstream rejected (4xx)" in row.inner_text()  # the label, not the slug
 
     # Without a reason the console stops at the confirmation step and changes nothing.
     events_before = AuditEvent.objects.count()
@@ -154,8 +154,8 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     page.wait_for_url("**/console/dead-letters/")
 
     new_job = CleanupJob.objects.get(redrive_of=old_job)
-    message = page.get_by_test_id("message").inner_text()
-    assert message == f"Redrove 1 dead letter(s): new job(s) {new_job.pk}."
+    message = page.get_by_test_id("message").first.inner_text()
+    assert message == f"Redrove 1 dead letter(s): see job {new_job.pk}."
     dead_letter.refresh_from_db()
     assert (dead_letter.status, dead_letter.redrive_job_id) == (DeadLetter.Status.REDRIVEN, new_job.pk)
     assert dead_letter.resolved_by.username == "op"
@@ -252,7 +252,7 @@ def test_an_operator_redrives_all_letters_matching_a_filter_after_seeing_their_n
     page.get_by_label("reason").fill(REASON)
     page.get_by_role("button", name="Redrive all 2").click()
     page.wait_for_url("**/console/dead-letters/?**")
-    assert page.get_by_test_id("message").inner_text() == "Redrove 2 dead letter(s) matching the filter."
+    assert page.get_by_test_id("message").first.inner_text() == "Redrove 2 dead letter(s): see the 2 new jobs."
     assert set(DeadLetter.objects.filter(status="redriven").values_list("id", flat=True)) == acme_letters
     assert DeadLetter.objects.get(portfolio_id=birch.pk).status == "open"  # outside the filter
     events = AuditEvent.objects.filter(action="dead_letter.redriven")
@@ -339,13 +339,20 @@ def test_the_forecast_warns_when_the_sweep_will_not_finish_and_the_page_refreshe
     CleanupJob.objects.filter(pk=first.pk).update(
         state="done", outcome="deleted", finished_at=now - timedelta(minutes=5)
     )
+    # A worker cluster reported a minute ago: the open jobs can run (without
+    # one the forecast says they are blocked, waiting for a worker).
+    from cleanup_ops.models import WorkerHeartbeat
+
+    WorkerHeartbeat.objects.create(
+        host="w1", cluster="default", pid=7, started_at=now - timedelta(hours=1), updated_at=now - timedelta(minutes=1)
+    )
     make_user("op", "operator")
     log_in(page, "op")
 
     warning = page.get_by_test_id("forecast")
     assert warning.get_attribute("data-status") == "late"
     assert "Will not finish before the next slot" in warning.inner_text()
-    assert "2 open jobs" in warning.inner_text()
+    assert "2 open job(s) that can run" in warning.inner_text()
     nav(page, "Sweeps")
     page.wait_for_url("**/console/sweeps/")
     assert page.get_by_test_id("forecast").get_attribute("data-status") == "late"

@@ -227,6 +227,15 @@ def test_the_overview_and_the_sweep_page_show_the_forecast_warning(world, op, ti
     CleanupJob.objects.filter(pk=world["jobs"][0].pk).update(state="pending", attempt=0)
     Sweep.objects.filter(pk=world["sweep"].pk).update(status="running", finished_at=None)
     time_machine.move_to("2026-08-21T03:00:00Z", tick=False)
+    # A cluster of the main queue reported a minute ago: the job could run, and nothing finishes.
+    now = utc("2026-08-21T03:00:00Z")
+    WorkerHeartbeat.objects.create(
+        host="worker-1",
+        cluster="default",
+        pid=7,
+        started_at=now - timedelta(hours=1),
+        updated_at=now - timedelta(minutes=1),
+    )
     for path in ("/console/", f"/console/sweeps/{world['sweep'].pk}/", "/console/sweeps/"):
         page = op.get(path).content.decode()
         assert 'data-testid="forecast" data-status="stalled"' in page, path
@@ -348,7 +357,8 @@ def test_redrive_all_matching_shows_the_count_asks_a_reason_and_decides_every_le
     assert stale.status_code == 400 and "changed from 3 to 2" in stale.content.decode()
     assert DeadLetter.objects.filter(status="open").count() == 2  # nothing happened yet
     done = op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON}, follow=True)
-    assert "Redrove 2 dead letter(s) matching the filter." in done.content.decode()
+    assert "Redrove 2 dead letter(s): see" in done.content.decode()
+    assert "the 2 new jobs</a>" in done.content.decode()
     assert DeadLetter.objects.filter(status="redriven").count() == 2
     assert AuditEvent.objects.filter(action="dead_letter.redriven", reason=REASON).count() == 2
 
@@ -416,9 +426,9 @@ def test_the_workers_page_shows_clusters_and_leases_by_worker(world, op, time_ma
         state="leased", lease_owner="worker-1:1235", lease_expires_at=now - timedelta(seconds=30)
     )
     page = op.get("/console/workers/")
-    w = page.context["w"]
-    assert [c["state"] for c in w["clusters"]] == ["working"]
-    assert w["clusters"][0]["host_leases"] == {"jobs": 1, "holders": 0, "expired": 1}
+    w, clusters = page.context["w"], page.context["clusters"]
+    assert [c["state"] for c in clusters] == ["working"]
+    assert clusters[0]["host_leases"] == {"jobs": 1, "holders": 0, "expired": 1}
     assert {o["lease_owner"]: (o["jobs"], o["expired"]) for o in w["owners"]} == {
         "worker-1:1234": (1, 0),
         "worker-1:1235": (0, 1),
@@ -439,8 +449,8 @@ def test_a_cluster_without_progress_while_due_work_waits_is_shown_wedged(world, 
         updated_at=now - timedelta(minutes=20),
     )
     CleanupJob.objects.filter(pk=world["jobs"][0].pk).update(state="pending", available_at=now - timedelta(minutes=10))
-    w = op.get("/console/workers/").context["w"]
-    assert w["clusters"][0]["state"] == "wedged"
+    clusters = op.get("/console/workers/").context["clusters"]
+    assert clusters[0]["state"] == "wedged"
 
 
 # --- Live refresh ---------------------------------------------------------------------

@@ -45,6 +45,10 @@ def _fresh_heartbeat_state(monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test is a fresh worker process of sentinel 4242 that has written nothing yet."""
     monkeypatch.setattr(health, "_unwritten", health._Unwritten())
     monkeypatch.setattr(health.os, "getppid", lambda: 4242)
+    # The flush timer would write from another thread; tests call heartbeat_flush themselves.
+    flushes: list[float] = []
+    monkeypatch.setattr(health, "_flush_later", flushes.append)
+    monkeypatch.setattr(health, "_flush_timer", None)
 
 
 @pytest.fixture
@@ -337,3 +341,37 @@ def test_a_failing_task_start_heartbeat_never_reaches_the_worker(monkeypatch):
 
     monkeypatch.setattr(health, "_write_if_due", broken)
     heartbeat_on_task_start(sender="django_q", func=None, task={})  # does not raise
+
+
+def test_a_task_finished_inside_the_throttle_interval_is_written_once_the_interval_has_passed(
+    clock, monkeypatch, settings
+):
+    """The lost turn: a task starts (a write), finishes two seconds later
+    (throttled) and no other task follows. The throttled call asks for a flush
+    at the end of the interval, and the flush writes the turn."""
+    settings.CLEANUP_HEARTBEAT_SECONDS = 5
+    monotonic = [1000.0]
+    monkeypatch.setattr(health.time, "monotonic", lambda: monotonic[0])
+    asked: list[float] = []
+    monkeypatch.setattr(health, "_flush_later", asked.append)
+    heartbeat_on_task_start(sender="django_q", func=None, task={})
+    clock.shift(2)
+    monotonic[0] += 2
+    assert not heartbeat_record_turn(jobs_leased=1, rows_deleted=7)
+    assert asked == [3.0]
+    row = WorkerHeartbeat.objects.get()
+    assert (row.turns, row.last_progress_at) == (0, NOW)
+    assert not health.heartbeat_flush()  # too early: still inside the interval
+    clock.shift(3)
+    monotonic[0] += 3
+    assert health.heartbeat_flush()
+    row.refresh_from_db()
+    assert (row.turns, row.jobs_leased, row.rows_deleted) == (1, 1, 7)
+    assert row.last_progress_at == NOW + timedelta(seconds=2)
+    assert not health.heartbeat_flush()  # nothing left to write
+
+
+def test_a_heartbeat_names_the_queue_its_cluster_serves(clock, monkeypatch, settings):
+    monkeypatch.setenv("Q_CLUSTER_NAME", settings.Q_PURGE_CLUSTER)
+    heartbeat_record_turn()
+    assert WorkerHeartbeat.objects.get().queue == settings.Q_PURGE_CLUSTER

@@ -97,7 +97,10 @@ API_POST_OPTIONS = {
 }
 
 CONSOLE_GETS = {
-    "/console/": ok(OP, AU, anon=302),
+    # Everyone logged in lands somewhere: the overview, or (a customer's
+    # manager or reviewer) a landing page with where their roles lead.
+    "/console/": ok(PM, CR, OP, AU, anon=302),
+    "/console/search/?q=acme": ok(PM, CR, OP, AU, anon=302),
     "/console/sweeps/{sweep}/": ok(OP, AU, anon=302),
     "/console/sweeps/{sweep}/proof.csv": ok(OP, AU, anon=302),
     "/console/dead-letters/": ok(OP, AU, anon=302),
@@ -108,6 +111,8 @@ CONSOLE_GETS = {
     "/console/dead-letters/{letter}/": ok(OP, AU, anon=302),
     "/console/dead-letters/all-matching/?operation=redrive": ok(OP, anon=302),
     "/console/dead-letters/all-matching/?operation=dismiss": ok(OP, anon=302),
+    "/console/jobs/all-matching/?operation=run_now": ok(OP, anon=302),
+    "/console/jobs/all-matching/?operation=cancel": ok(OP, anon=302),
     "/console/workers/": ok(OP, AU, anon=302),
     "/console/pauses/": ok(OP, AU, anon=302),
     "/console/portfolios/{portfolio}/": ok(OP, AU, anon=302),
@@ -120,6 +125,7 @@ CONSOLE_POSTS = [
         ok(OP, status=400, anon=302),
     ),
     ("/console/pause/", {"operation": "pause", "reason": "short"}, ok(OP, status=302, anon=302)),
+    ("/console/jobs/{job}/action/", {"operation": "run_now", "reason": "short"}, ok(OP, status=400, anon=302)),
 ]
 
 
@@ -176,7 +182,7 @@ def test_every_console_view_answers_each_role_as_expected(world, role):
         seen[("GET", path)] = (client.get(fill(path, world)).status_code, expected[role])
     for path, form, expected in CONSOLE_POSTS:
         data = {k: fill(v, world) for k, v in form.items()}
-        seen[("POST", path)] = (client.post(path, data).status_code, expected[role])
+        seen[("POST", path)] = (client.post(fill(path, world), data).status_code, expected[role])
     wrong = {k: v for k, v in seen.items() if v[0] != v[1]}
     assert not wrong, f"{role}: (got, expected) {wrong}"
     assert DeadLetter.objects.get().status == "open"

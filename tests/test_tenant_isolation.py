@@ -381,6 +381,11 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         f"/console/portfolios/{own.pid}/",
         "/console/audit/",
         f"/console/audit/?actor={other.staff['compliance_reviewer'].pk}",
+        "/console/search/?q=2026",
+        f"/console/search/?q={other.ids['job'][0]}",
+        "/console/jobs/?q=2026",
+        "/console/dead-letters/?status=&q=2026",
+        "/console/jobs/all-matching/?operation=cancel",
     ]
     for path in pages:
         response = client.get(path)
@@ -397,12 +402,22 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         response = client.get(path)
         assert response.status_code == (404 if reaches_console else 403), path
         assert_no_trace(response.content, other, path)
+    # Filtering the audit log by the other customer's staff by name shows nothing but the name typed in.
+    name = other.staff["compliance_reviewer"].username
+    response = client.get(f"/console/audit/?actor={name}")
+    assert_no_trace(response.content, other, "audit by name", echo=(f'value="{name}"',))
+    if response.status_code == 200:
+        assert not list(response.context["page"])
     # Filtering by the other customer's portfolio shows nothing but the filter typed in.
     response = client.get(f"/console/dead-letters/?portfolio={other.pid}&status=")
     assert_no_trace(response.content, other, "inbox", echo=(f'value="{other.pid}"', f"portfolio={other.pid}"))
     if response.status_code == 200:
         assert not list(response.context["page"])
-    assert client.get("/console/").status_code == (200 if reaches_console else 403)
+    # Every role lands at /console/: the overview, or a landing page of where its roles lead.
+    landing = client.get("/console/")
+    assert landing.status_code == 200
+    assert (b'data-testid="landing"' in landing.content) == (not reaches_console)
+    assert_no_trace(landing.content, other, "landing")
     assert client.get("/console/audit/").status_code == 200  # every role reads its audit trail
 
     audit = client.get("/console/audit/")
@@ -428,6 +443,13 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
     response = client.post(
         "/console/pause/", {"operation": "resume", "portfolio": other.pid, "reason": "incident is over now"}
     )
+    # Nor can the other customer's jobs be run now or cancelled.
+    for operation in ("run_now", "cancel"):
+        response = client.post(
+            f"/console/jobs/{other.ids['job'][0]}/action/", {"operation": operation, "reason": "not needed any more"}
+        )
+        assert response.status_code in {403, 404}
+    assert not AuditEvent.objects.filter(object_type="job").exists()
     assert DeadLetter.objects.get(pk=other.ids["letter"][0]).status == "open"
     assert PipelinePause.objects.active().filter(portfolio_id=other.pid).exists()
 
@@ -438,6 +460,7 @@ def test_every_console_route_is_covered_by_the_isolation_test():
     covered = {
         "overview", "sweeps", "sweep", "sweep_proof", "jobs", "job", "dead_letters", "dead_letter",
         "dead_letter_action", "dead_letters_bulk", "workers", "pauses", "portfolio", "audit", "pause",
+        "job_action", "jobs_bulk", "search",
     }  # fmt: skip
     assert {p.name for p in urls.urlpatterns} == covered
 

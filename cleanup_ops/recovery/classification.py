@@ -48,6 +48,9 @@ class FailureCategory(TextChoices):
     DOWNSTREAM_REJECTED = "downstream_rejected", "Downstream rejected (4xx)"
     RETRY_BUDGET_EXHAUSTED = "retry_budget_exhausted", "Attempt budget exhausted"
     AGE_BUDGET_EXHAUSTED = "age_budget_exhausted", "Age budget exhausted"
+    # Not a failure of the job: an operator stopped it (``recovery.operator.jobs_cancel``).
+    # Its dead letter can be redriven like any other.
+    CANCELLED = "cancelled", "Cancelled by an operator"
 
 
 class DownstreamError(Exception):

@@ -22,6 +22,26 @@ and the dispatcher is woken after commit.
 
 A pause stops new leases (everywhere, or in one portfolio); slices in flight
 finish their batch.
+
+Jobs themselves can be acted on too, one or every job matching a filter
+(``jobs_act``), each with a reason and one audit event per job:
+
+- **run now**: a pending job (backing off after a failure, or deferred by the
+  rate limiter) becomes due at once — ``available_at`` is now and any hint
+  already sent for later is forgotten (``enqueued_at``), so the dispatcher
+  sends it at its next call. It then passes the same gates as any due job:
+  pauses, the portfolio's lease cap, the rate limiter. No attempt is spent.
+- **cancel**: a pending job stops and becomes a dead letter of category
+  ``cancelled``, which can be redriven like any other (its cursor is kept). A
+  leased job is not cancelled (a worker holds it; pause its portfolio to stop
+  it after its slice). The sweep finishes in the same transaction if that was
+  its last open job.
+
+Who may act where is the one rule of ``retention.scoping``: an action on
+jobs is limited to the portfolios where the actor holds its permission. Run
+now is a decision to try work again, like a redrive (the
+``redrive_deadletter`` permission); cancelling closes work without doing it,
+like a dismissal (``dismiss_deadletter``): no new role is needed.
 """
 
 from __future__ import annotations
@@ -36,10 +56,13 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError, IntegrityError, models, transaction
 from django.utils import timezone
 
+from cleanup_ops.console_selectors.jobs import JobFilter
 from cleanup_ops.dispatch import dispatch_after_commit
-from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, PipelinePause, Sweep, scope_of
+from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, PipelinePause, Sweep, scope_of
+from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
 from properties.models import Portfolio
+from retention.scoping import portfolio_ids_q, portfolio_ids_where
 from retention.services import audit_event_record, require_text
 
 MIN_REASON_LENGTH = 10
@@ -347,3 +370,98 @@ def pipeline_resume(*, actor: AbstractBaseUser | None, reason: str, portfolio_id
         )
         dispatch_after_commit()
     return pause
+
+
+# --- Actions on jobs ---------------------------------------------------------------
+
+
+class JobAction(models.TextChoices):
+    RUN_NOW = "run_now", "Run now"
+    CANCEL = "cancel", "Cancel"
+
+
+JOB_ACTION_PERMISSION = {
+    JobAction.RUN_NOW: "cleanup_ops.redrive_deadletter",
+    JobAction.CANCEL: "cleanup_ops.dismiss_deadletter",
+}
+
+
+@dataclass
+class JobsActed:
+    """What an action on jobs did: the jobs it changed (and, for a cancel,
+    their dead letters), and how many matched but were no longer pending."""
+
+    jobs: list[int] = field(default_factory=list)
+    letters: list[int] = field(default_factory=list)
+    skipped: int = 0
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+
+def jobs_in_reach(
+    *, action: JobAction, actor: AbstractBaseUser | None, job_filter: JobFilter
+) -> models.QuerySet[CleanupJob]:
+    """The jobs ``action`` applies to among those ``job_filter`` matches,
+    within the portfolios where ``actor`` holds the action's permission."""
+    scope = None if actor is None else portfolio_ids_where(actor, JOB_ACTION_PERMISSION[action])
+    return CleanupJob.objects.filter(job_filter.q(), portfolio_ids_q(scope), state=JobState.PENDING)
+
+
+def jobs_act(*, action: JobAction, actor: AbstractBaseUser | None, reason: str, job_filter: JobFilter) -> JobsActed:
+    """Run now or cancel every pending job ``job_filter`` matches in the
+    actor's reach (see the module docstring), in one transaction, the job
+    rows locked ``FOR UPDATE``; one audit event per job."""
+    _require_perm(actor, JOB_ACTION_PERMISSION[action])
+    reason = operator_reason(reason)
+    now = timezone.now()
+    result = JobsActed()
+    with transaction.atomic():
+        matched = CleanupJob.objects.filter(job_filter.q())
+        if actor is not None:
+            matched = matched.filter(portfolio_ids_q(portfolio_ids_where(actor, JOB_ACTION_PERMISSION[action])))
+        # Locked in id order (two bulk actions never deadlock); the state is
+        # re-read under the lock: a worker may have leased a job meanwhile.
+        jobs = list(matched.select_for_update().order_by("id"))
+        sweeps: set[int] = set()
+        for job in jobs:
+            if job.state != JobState.PENDING:
+                result.skipped += 1
+                continue
+            details: dict[str, object] = {"sweep_id": job.sweep_id, "portfolio_id": job.portfolio_id}
+            if action == JobAction.RUN_NOW:
+                job.available_at = now
+                job.enqueued_at = None  # a hint sent for later must not hold it back
+                job.save(update_fields=["available_at", "enqueued_at"])
+                verb = "job.run_now"
+            else:
+                letter = _job_cancel(job, now=now)
+                result.letters.append(letter.pk)
+                details |= {"letter_id": letter.pk, "category": FailureCategory.CANCELLED}
+                sweeps.add(job.sweep_id)
+                verb = "job.cancelled"
+            audit_event_record(
+                actor=actor, action=verb, object_type="job", object_id=job.pk, reason=reason, details=details
+            )
+            result.jobs.append(job.pk)
+        for sweep_id in sorted(sweeps):
+            Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=now)
+        if action == JobAction.RUN_NOW and result.jobs:
+            dispatch_after_commit()
+    return result
+
+
+def _job_cancel(job: CleanupJob, *, now: datetime) -> DeadLetter:
+    """The job stops (dead) with a ``cancelled`` letter; the caller holds its row lock."""
+    job.last_error_category = FailureCategory.CANCELLED
+    job.last_error_class = ""
+    job.mark_dead()
+    return DeadLetter.objects.create(
+        job=job,
+        category=FailureCategory.CANCELLED,
+        attempts=job.attempt,
+        first_seen_at=job.first_leased_at or job.created_at or now,
+        last_seen_at=now,
+        sweep_id=job.sweep_id,
+        **scope_of(job),
+    )

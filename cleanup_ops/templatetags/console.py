@@ -167,6 +167,15 @@ def portfolio_link(portfolio_id: Any, names: Any) -> str:
 
 
 @register.simple_tag
+def property_name(property_id: Any, names: Any) -> str:
+    """The property's name (``names``: id → name, from ``property_names``)."""
+    if property_id in (None, ""):
+        return "every property"
+    name = names.get(property_id) if isinstance(names, Mapping) else None
+    return name if name is not None else f"property {property_id} (deleted)"
+
+
+@register.simple_tag
 def job_link(job_id: Any) -> str:
     if job_id in (None, ""):
         return DASH
@@ -182,9 +191,63 @@ def letter_link(letter_id: Any) -> str:
 
 @register.simple_tag
 def sweep_link(sweep_id: Any, key: Any = "") -> str:
+    """The sweep's key (its slot), linked; ``key`` is the key or a mapping id → key."""
     if sweep_id in (None, ""):
         return DASH
+    if isinstance(key, Mapping):
+        key = key.get(sweep_id) or key.get(str(sweep_id))
     return format_html('<a href="{}">{}</a>', reverse("console:sweep", args=[sweep_id]), key or f"sweep {sweep_id}")
+
+
+# How an audit event's details read: a label per known key ("from job 3",
+# "category Downstream rejected (4xx)"); a key with no value is left out
+# (``property_id=None`` says nothing), an unknown one is shown as "key: value".
+_DETAIL_LABELS = {
+    "policy_id": "policy",
+    "number": "version",
+    "retention_days": "retention days",
+    "enabled": "enabled",
+    "role": "role",
+    "record_id": "record",
+    "pause_id": "pause",
+    "count": "count",
+    "jobs": "jobs",
+    "letters": "letters",
+}
+
+
+@register.simple_tag
+def audit_details(details: Any, names: Any) -> str:
+    """An audit event's details in words, with names for the ids it mentions."""
+    if not isinstance(details, Mapping):
+        return DASH
+    names = names if isinstance(names, Mapping) else {}
+    parts: list[str] = []
+    for key, value in details.items():
+        if value in (None, "", [], {}):
+            continue
+        if key in {"old_job_id", "new_job_id", "job_id"}:
+            prefix = {"old_job_id": "from ", "new_job_id": "new ", "job_id": ""}[key]
+            parts.append(format_html("{}{}", prefix, job_link(value)))
+        elif key == "sweep_id":
+            parts.append(format_html("sweep {}", sweep_link(value, names.get("sweeps", {}))))
+        elif key == "portfolio_id":
+            parts.append(portfolio_link(value, names.get("portfolios", {})))
+        elif key == "property_id":
+            parts.append(format_html("{}", property_name(value, names.get("properties", {}))))
+        elif key == "user_id":
+            parts.append(format_html("user {}", names.get("users", {}).get(value, f"#{value}")))
+        elif key == "category":
+            parts.append(format_html("category {}", label(value, "category")))
+        elif key == "record_kind":
+            parts.append(format_html("{}", label(value, "kind")))
+        elif key == "job_ids" and isinstance(value, list):
+            shown = format_html(", ".join(["{}"] * min(len(value), 10)), *[job_link(v) for v in value[:10]])
+            more = f" and {len(value) - 10} more" if len(value) > 10 else ""
+            parts.append(format_html("{} job(s): {}{}", len(value), shown, more))
+        else:
+            parts.append(format_html("{} {}", _DETAIL_LABELS.get(key, key.replace("_", " ")), value))
+    return format_html(", ".join(["{}"] * len(parts)), *parts) if parts else DASH
 
 
 @register.simple_tag(takes_context=True)
@@ -212,9 +275,11 @@ def live_attrs(context: Any) -> str:
     return format_html(
         'id="live" hx-get="{}" hx-trigger="every {}s [consoleMayRefresh()], '
         'visibilitychange[consoleMayRefresh()] from:document" hx-target="this" hx-swap="outerHTML" '
-        'data-generated="{}"',
+        'hx-request=\'{{"timeout": {}}}\' data-generated="{}"',
         request.get_full_path(),
         seconds,
+        # A refresh that hangs is a failed one (the page then says it is stale).
+        max(5, seconds * 2) * 1000,
         timezone.now().isoformat(timespec="seconds"),
     )
 

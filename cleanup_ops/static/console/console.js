@@ -34,7 +34,36 @@
     if (!status || !live) return;
     var at = live.getAttribute("data-generated") || "";
     status.textContent = at ? "updated " + at.slice(11, 19) + " UTC" : "";
+    status.className = "muted";
+    status.removeAttribute("data-stale");
+    status.removeAttribute("title");
   }
+
+  // A refresh that fails (an error status, no answer, a timeout) must not
+  // look like a page that is up to date: the figures are marked stale, with
+  // the time of the last good update, until a refresh succeeds again.
+  var failingSince = null;
+
+  function stale(event) {
+    var status = document.getElementById("live-status");
+    var live = document.getElementById("live");
+    if (!status || !live) return;
+    if (event && event.detail && event.detail.elt && event.detail.elt !== live) return;
+    var now = new Date().toISOString().slice(11, 19);
+    if (!failingSince) failingSince = now;
+    var at = live.getAttribute("data-generated") || "";
+    var xhr = event && event.detail ? event.detail.xhr : null;
+    var why = xhr && xhr.status ? "HTTP " + xhr.status : "no answer";
+    status.textContent = "STALE: refresh failing since " + failingSince + " UTC (" + why + "); figures from " +
+      (at ? at.slice(11, 19) + " UTC" : "the page load");
+    status.className = "stale";
+    status.setAttribute("data-stale", "true");
+    status.setAttribute("title", "The last refreshes failed; the figures shown may be out of date.");
+  }
+
+  document.addEventListener("htmx:responseError", stale);
+  document.addEventListener("htmx:sendError", stale);
+  document.addEventListener("htmx:timeout", stale);
 
   document.addEventListener("DOMContentLoaded", function () {
     var box = toggle();
@@ -61,5 +90,8 @@
     }
   });
 
-  document.addEventListener("htmx:afterSwap", stamp);
+  document.addEventListener("htmx:afterSwap", function () {
+    failingSince = null;
+    stamp();
+  });
 })();

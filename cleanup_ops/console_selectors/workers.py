@@ -1,0 +1,70 @@
+"""Worker clusters and their leases."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db.models import Count, Max, Min
+
+# None: every portfolio (platform staff); a set: a customer's portfolios.
+from cleanup_ops.models import (
+    CleanupJob,
+    JobState,
+    WorkerHeartbeat,
+    expired_lease_q,
+    live_lease_q,
+)
+
+# --- Workers ------------------------------------------------------------------
+
+
+def _owner_host(owner: str) -> str:
+    # ``execution.leases.worker_name``: "<host>:<pid>".
+    return owner.rsplit(":", 1)[0] if ":" in owner else owner
+
+
+def workers_overview(*, now: datetime) -> dict[str, Any]:
+    """The leases each worker holds, expired leases waiting to be recovered,
+    and the clusters' heartbeat rows (judged by ``health.clusters_judged``,
+    the rule of ``cleanup_health --liveness``). Two queries. Platform staff
+    only (it names no portfolio)."""
+    owners = list(
+        CleanupJob.objects.filter(state=JobState.LEASED)
+        .values("lease_owner")
+        .annotate(
+            jobs=Count("id", filter=live_lease_q(now=now)),
+            holders=Count("lease_token", distinct=True, filter=live_lease_q(now=now)),
+            expired=Count("id", filter=expired_lease_q(now=now)),
+            expires=Max("lease_expires_at", filter=live_lease_q(now=now)),
+            expired_since=Min("lease_expires_at", filter=expired_lease_q(now=now)),
+            portfolios=Count("portfolio_id", distinct=True, filter=live_lease_q(now=now)),
+        )
+        .order_by("lease_owner")
+    )
+    by_host: dict[str, dict[str, int]] = {}
+    for row in owners:
+        row["host"] = _owner_host(row["lease_owner"])
+        totals = by_host.setdefault(row["host"], {"jobs": 0, "holders": 0, "expired": 0})
+        totals["jobs"] += row["jobs"]
+        totals["holders"] += row["holders"]
+        totals["expired"] += row["expired"]
+    return {
+        "heartbeats": list(WorkerHeartbeat.objects.order_by("host", "cluster")),
+        "host_leases": by_host,
+        "owners": owners,
+        "stale_seconds": float(settings.CLEANUP_LIVENESS_STALE_SECONDS),
+        "expired_total": sum(r["expired"] for r in owners),
+    }
+
+
+def live_job_kinds(*, now: datetime, queues: dict[str, list[str]]) -> set[str]:
+    """The job kinds whose queue (``queues``: queue → kinds, ``dispatch.queues``)
+    has a cluster that reported within ``CLEANUP_LIVENESS_STALE_SECONDS``:
+    work of any other kind waits for a worker that does not exist. One query."""
+    since = now - timedelta(seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    main = settings.Q_CLUSTER["name"]
+    fresh = WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True)
+    reported = {queue or main for queue in fresh}
+    return {kind for queue, kinds in queues.items() if queue in reported for kind in kinds}

@@ -1,0 +1,97 @@
+"""What every console page shares: the permissions pages need, the 400 page
+naming a bad parameter, live fragments, and the way back after a POST."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from datetime import datetime
+from functools import wraps
+from typing import Any
+
+from django.conf import settings
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import render
+from django.urls import reverse
+from django.utils.http import url_has_allowed_host_and_scheme
+
+from cleanup_ops.console_selectors.workers import live_job_kinds
+from cleanup_ops.dispatch import queues
+from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
+from retention.filters import FilterError
+from retention.inputs import InputError
+
+VIEW_PERM = "cleanup_ops.view_cleanupjob"
+LETTER_VIEW = "cleanup_ops.view_deadletter"
+SWEEP_VIEW = "cleanup_ops.view_sweep"
+PAUSE_VIEW = "cleanup_ops.view_pipelinepause"
+PAGE_SIZE = 50
+
+
+def bad_request(request: HttpRequest, field: str, message: str) -> HttpResponse:
+    """400 naming the parameter; nothing was changed."""
+    back = request.path if request.method == "GET" else reverse("console:overview")
+    context = {"field": field, "message": message, "back": back}
+    return render(request, "console/bad_request.html", context, status=400)
+
+
+def bad_input_as_400(view: Callable[..., HttpResponse]) -> Callable[..., HttpResponse]:
+    """A ``FilterError`` or ``InputError`` raised while a page reads its
+    parameters becomes a 400 naming the parameter."""
+
+    @wraps(view)
+    def wrapped(request: HttpRequest, *args: Any, **kwargs: Any) -> HttpResponse:
+        try:
+            return view(request, *args, **kwargs)
+        except (FilterError, InputError) as exc:
+            return bad_request(request, exc.field, exc.message)
+
+    return wrapped
+
+
+# --- Live fragments and charts -------------------------------------------------
+
+LIVE_TARGET = "live"
+
+
+def refresh_seconds() -> int:
+    """How often a live page re-fetches its fragment (``CONSOLE_REFRESH_SECONDS``)."""
+    return int(getattr(settings, "CONSOLE_REFRESH_SECONDS", 10))
+
+
+def render_live(request: HttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
+    """A live page: the whole page, or only its ``#live`` fragment
+    (``<name>_live.html``) when the poller in ``static/console/console.js``
+    asks for it (htmx sends ``HX-Request`` and ``HX-Target``)."""
+    context = {
+        **context,
+        "refresh_seconds": refresh_seconds(),
+        "live_target": LIVE_TARGET,
+        "stale_seconds": settings.CLEANUP_LIVENESS_STALE_SECONDS,
+    }
+    if request.headers.get("HX-Request") == "true" and request.headers.get("HX-Target") == LIVE_TARGET:
+        template = template.replace(".html", "_live.html")
+    response = render(request, template, context, status=status)
+    response["Vary"] = "HX-Request, HX-Target"
+    return response
+
+
+def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
+    """To the console page in ``next`` (a local path only), else ``default``."""
+    target = request.POST.get("next") or ""
+    if not (target.startswith("/console/") and url_has_allowed_host_and_scheme(target, allowed_hosts=None)):
+        target = reverse(default)
+    return HttpResponseRedirect(target)
+
+
+def live_kinds_now(now: datetime) -> set[str]:
+    """Job kinds whose queue has a cluster that reported lately (the forecast's
+    and the "waiting" figures' notion of "a worker will take it")."""
+    return live_job_kinds(now=now, queues=queues())
+
+
+def reason_problem(reason: str) -> str | None:
+    """Why a decision's reason is refused (the services' own rule,
+    ``MIN_REASON_LENGTH``), said before anything is attempted; None if it is fine."""
+    if len(reason.strip()) < MIN_REASON_LENGTH:
+        return f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail."
+    return None

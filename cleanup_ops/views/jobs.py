@@ -1,0 +1,236 @@
+"""Jobs: the filtered list, one job, and the actions on jobs — run now and
+cancel, for one job (its page) or for every job matching the list's filter
+(with a count to confirm, like the dead letters' bulk decisions)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from urllib.parse import urlencode
+
+from django.contrib import messages
+from django.contrib.auth.decorators import login_required, permission_required
+from django.core.exceptions import PermissionDenied, ValidationError
+from django.db.models import Count
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.shortcuts import get_object_or_404, render
+from django.urls import reverse
+from django.utils import timezone
+from django.views.decorators.http import require_http_methods, require_POST
+
+from cleanup_ops.console_selectors import (
+    JobFilter,
+    job_detail,
+    job_filter_parse,
+    jobs_page,
+    portfolio_choices,
+    portfolio_names,
+    property_names,
+)
+from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
+from cleanup_ops.recovery.classification import FailureCategory
+from cleanup_ops.recovery.operator import (
+    JOB_ACTION_PERMISSION,
+    MIN_REASON_LENGTH,
+    JobAction,
+    jobs_act,
+    jobs_in_reach,
+)
+from cleanup_ops.views.common import (
+    VIEW_PERM,
+    bad_input_as_400,
+    bad_request,
+    reason_problem,
+    render_live,
+)
+from retention.filters import id_param, int_param
+from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
+from retention.registry import RECORD_KIND_CHOICES
+from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
+
+BULK_BREAKDOWN_ROWS = 20
+
+
+def _may(request: HttpRequest, action: JobAction) -> bool:
+    return request.user.has_perm(JOB_ACTION_PERMISSION[action])
+
+
+@login_required
+@permission_required(VIEW_PERM, raise_exception=True)
+@bad_input_as_400
+def jobs_list(request: HttpRequest) -> HttpResponse:
+    """Jobs, newest first, filtered by sweep, state, portfolio, record kind,
+    failure category, job kind and free text (``q``); ``before`` pages back by id."""
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
+    job_filter = job_filter_parse(request.GET, strict=True)
+    before = id_param(request.GET, "before", strict=True)
+    result = jobs_page(job_filter, portfolio_ids=scope, before=before)
+    return render_live(
+        request,
+        "console/jobs.html",
+        {
+            "result": result,
+            "filters": job_filter.as_params(),
+            "names": portfolio_names(job.portfolio_id for job in result.jobs),
+            "property_names": property_names(job.property_id for job in result.jobs),
+            "portfolios": portfolio_choices(portfolio_ids=scope),
+            "sweeps": list(Sweep.objects.order_by("-slot").values("id", "key")[:30]),
+            "states": JobState.choices,
+            "kinds": RECORD_KIND_CHOICES,
+            "categories": FailureCategory.choices,
+            "job_kinds": JobKind.choices,
+            "can_run_now": _may(request, JobAction.RUN_NOW),
+            "can_cancel": _may(request, JobAction.CANCEL),
+        },
+    )
+
+
+def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
+    detail = job_detail(job, scope_audit=lambda qs: scope_audit_events(qs, request.user))
+    return {
+        "job": job,
+        **detail,
+        "names": portfolio_names([job.portfolio_id]),
+        "property_names": property_names([job.property_id]),
+        "live_lease": job.has_live_lease(now=timezone.now()),
+        "can_redrive": request.user.has_perm("cleanup_ops.redrive_deadletter"),
+        "can_dismiss": request.user.has_perm("cleanup_ops.dismiss_deadletter"),
+        "can_run_now": _may(request, JobAction.RUN_NOW),
+        "can_cancel": _may(request, JobAction.CANCEL),
+        "min_reason": MIN_REASON_LENGTH,
+    }
+
+
+def _visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
+    jobs = CleanupJob.objects.select_related("sweep", "policy_version", "policy_version__policy", "purge_request")
+    return scope_queryset(jobs, request.user, perm=VIEW_PERM)
+
+
+@login_required
+@permission_required(VIEW_PERM, raise_exception=True)
+def job_page(request: HttpRequest, job_id: int) -> HttpResponse:
+    """One job: state, attempts and failure category, cursor (a delete) or
+    its attachments (a purge), lease holder and expiry, its ledger
+    operations, its dead letter and its redrives; run now or cancel it."""
+    job = get_object_or_404(_visible_jobs(request), pk=job_id)
+    return render_live(request, "console/job.html", _job_context(request, job))
+
+
+def _parse_action(raw: str | None) -> JobAction:
+    if raw not in JobAction.values:
+        raise _BadAction
+    return JobAction(raw)
+
+
+class _BadAction(Exception):
+    pass
+
+
+@login_required
+@require_POST
+@bad_input_as_400
+def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
+    """Run now or cancel one job, with a reason. A reason too short answers
+    400 with the job's page and the reason kept; a job no longer pending is
+    left as it is and says so."""
+    try:
+        action = _parse_action(request.POST.get("operation"))
+    except _BadAction:
+        return bad_request(request, "operation", "operation must be run_now or cancel.")
+    if not _may(request, action):
+        raise PermissionDenied
+    job = get_object_or_404(_visible_jobs(request), pk=job_id)
+    reason = text_check(request.POST.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
+    problem = reason_problem(reason)
+    if not jobs_in_reach(action=action, actor=request.user, job_filter=JobFilter(job_ids=(job.pk,))).exists():
+        if job.state == JobState.PENDING:
+            raise PermissionDenied  # visible, but the action's role is not held in this portfolio
+        state = job.get_state_display().lower()
+        problem = problem or f"Job {job.pk} is {state}, not pending: nothing to {action.label.lower()}."
+    if problem:
+        context = _job_context(request, job) | {"action_error": problem, "action": action, "reason": reason}
+        return render_live(request, "console/job.html", context, status=400)
+    try:
+        done = jobs_act(action=action, actor=request.user, reason=reason, job_filter=JobFilter(job_ids=(job.pk,)))
+    except ValidationError as exc:
+        messages.error(request, "; ".join(exc.messages))
+    else:
+        _report(request, action, done)
+    return HttpResponseRedirect(reverse("console:job", args=[job.pk]))
+
+
+def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ignore[no-untyped-def]
+    if action == JobAction.RUN_NOW:
+        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+    else:
+        messages.success(
+            request,
+            f"Cancelled {len(done)} job(s): each is a dead letter of category cancelled, which can be redriven.",
+        )
+    if done.skipped:
+        messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
+
+
+@login_required
+@require_http_methods(["GET", "POST"])
+@bad_input_as_400
+def jobs_bulk(request: HttpRequest) -> HttpResponse:
+    """Run now or cancel *every* pending job matching the jobs list's filter.
+
+    GET shows the count, a breakdown and asks for a reason; POST with
+    ``confirm=yes`` and the count shown (``expected``) applies ``jobs_act``.
+    If the number matching changed meanwhile, nothing happens and the page asks again."""
+    params = request.POST if request.method == "POST" else request.GET
+    try:
+        action = _parse_action(params.get("operation"))
+    except _BadAction:
+        return bad_request(request, "operation", "operation must be run_now or cancel.")
+    if not _may(request, action):
+        raise PermissionDenied
+    job_filter = replace(job_filter_parse(params, strict=True), state=None, job_ids=None)
+    matching = jobs_in_reach(action=action, actor=request.user, job_filter=job_filter)
+    count = matching.count()
+    reason = text_check(params.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
+    errors: list[str] = []
+    if request.method == "POST" and params.get("confirm") == "yes":
+        expected = int_param(params, "expected", strict=True, minimum=0, maximum=MAX_ID)
+        problem = reason_problem(reason)
+        if problem:
+            errors.append(problem)
+        elif count == 0:
+            errors.append("No pending job matches this filter any more.")
+        elif expected != count:
+            errors.append(f"The number of pending jobs matching changed from {expected} to {count}; confirm again.")
+        else:
+            # The jobs seen are the jobs acted on: pinned by id.
+            pinned = replace(job_filter, job_ids=tuple(matching.values_list("id", flat=True)))
+            try:
+                _report(request, action, jobs_act(action=action, actor=request.user, reason=reason, job_filter=pinned))
+            except ValidationError as exc:
+                messages.error(request, "; ".join(exc.messages))
+            return HttpResponseRedirect(reverse("console:jobs") + "?" + _params(job_filter))
+    breakdown = list(
+        matching.order_by()
+        .values("portfolio_id", "kind")
+        .annotate(n=Count("id"))
+        .order_by("-n", "portfolio_id", "kind")[:BULK_BREAKDOWN_ROWS]
+    )
+    return render(
+        request,
+        "console/jobs_bulk.html",
+        {
+            "action": action,
+            "count": count,
+            "reason": reason,
+            "errors": errors,
+            "filters": job_filter.as_params(),
+            "breakdown": breakdown,
+            "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
+            "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [job_filter.portfolio_id]),
+            "min_reason": MIN_REASON_LENGTH,
+        },
+        status=400 if errors else 200,
+    )
+
+
+def _params(job_filter: JobFilter) -> str:
+    return urlencode(job_filter.as_params())
