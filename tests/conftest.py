@@ -44,6 +44,20 @@ def _fresh_cache() -> None:
 
 
 @pytest.fixture(autouse=True)
+def _no_heartbeat_flush_across_tests():  # type: ignore[no-untyped-def]
+    """A throttled heartbeat's flush timer (cleanup_ops.health) belongs to the
+    test that started it: left running, it would write a heartbeat row on its
+    own connection into a later test's database."""
+    yield
+    from cleanup_ops import health
+
+    with health._lock:
+        if health._flush_timer is not None:
+            health._flush_timer.cancel()
+            health._flush_timer = None
+
+
+@pytest.fixture(autouse=True)
 def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
     # Users are created in many tests; the production hasher is slow on purpose.
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
