@@ -279,16 +279,22 @@ def _purge_decide(*, request: _Request, document_id: str, cur: Any = None) -> st
     return CLEAR
 
 
-def document_held(document_id: str) -> bool:
-    """Does an active hold cover any deleted record — of any kind, property or
-    portfolio, deleted by any batch — that named ``document_id``?"""
+def documents_held(document_ids: list[str]) -> set[str]:
+    """Those of ``document_ids`` that an active hold keeps: it covers a deleted
+    record — of any kind, property or portfolio, deleted by any batch — that
+    named the document. One query for the whole list."""
     covering = holds_covering(
         portfolio=OuterRef("portfolio_id"),
         property=OuterRef("property_id"),
         kind=OuterRef("record_kind"),
         record=OuterRef("record_id"),
     )
-    return DeletedAttachment.objects.filter(document_id=document_id).filter(Exists(covering)).exists()
+    named = DeletedAttachment.objects.filter(document_id__in=document_ids).filter(Exists(covering))
+    return set(named.order_by().values_list("document_id", flat=True).distinct())
+
+
+def document_held(document_id: str) -> bool:
+    return bool(documents_held([document_id]))
 
 
 def _disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
@@ -363,7 +369,7 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
     Per request with set-aside documents (``held_document_ids``), with its
     row locked: a document some other purge has since purged is dropped; one
     that an active hold still covers (any record that named it, anywhere:
-    ``document_held``) stays set aside; the rest go to a new
+    ``documents_held``) stays set aside; the rest go to a new
     ``PurgeRequest`` (``origin``: the original; key derived from the
     original's) and its ``purge`` job in ``sweep``, which decides about each
     document again under its lock, exactly like any purge. Returns the jobs
@@ -385,7 +391,8 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
                 ).values_list("document_id", flat=True)
             )
             waiting = [d for d in request.held_document_ids if d not in purged]
-            still_held = [d for d in waiting if document_held(d)]
+            held_now = documents_held(waiting)
+            still_held = [d for d in waiting if d in held_now]
             released = [d for d in waiting if d not in still_held]
             if len(still_held) == len(request.held_document_ids):
                 continue
