@@ -609,7 +609,16 @@ def child_main(args: argparse.Namespace) -> None:
         with timing(dispatch, "dispatch_due_jobs", wake):
             result_trigger = sweep_trigger(slot=slot)
         admission = time.perf_counter() - started - wake.total
-        result = runner.cleanup_drain()
+        profile_to = os.environ.get("BENCH_PROFILE")
+        if profile_to:
+            # BENCH_PROFILE=path: the drain under cProfile (slower; for finding the client's cost).
+            import cProfile
+
+            with cProfile.Profile() as profiler:
+                result = runner.cleanup_drain()
+            profiler.dump_stats(profile_to)
+        else:
+            result = runner.cleanup_drain()
     seconds = time.perf_counter() - started
     cpu_timed = time.process_time() - cpu_started
     extra["slices_run"] = result.slices

@@ -25,8 +25,9 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models, transaction
-from django.db.models import Exists, Q
+from django.db.models import Case, Exists, Q, Value, When
 
+from cleanup_ops.lifecycle import JobEvent, JobOutcome, JobState, next_state
 from retention.registry import RECORD_KIND_CHOICES
 
 
@@ -58,17 +59,21 @@ class SweepQuerySet(models.QuerySet["Sweep"]):
         first and the reopen turns the sweep back to running: a sweep is
         never left drained beside an open job.
         """
-        with transaction.atomic():
+        # No savepoint: inside a batch transaction a failure here fails the
+        # batch anyway, and the savepoint's two statements ran for every
+        # finished partition.
+        with transaction.atomic(savepoint=False):
             locked = self.select_for_update().filter(pk=sweep_id, status=SweepStatus.RUNNING).exists()
             if not locked:
                 return False
             jobs = CleanupJob.objects.filter(sweep_id=sweep_id)
             if jobs.open().exists():
                 return False
-            has_dead = jobs.filter(state=JobState.DEAD).exists()
-            self.filter(pk=sweep_id).update(
-                status=SweepStatus.DRAINED_WITH_DEAD_LETTERS if has_dead else SweepStatus.DRAINED, finished_at=now
+            status = Case(
+                When(Exists(jobs.filter(state=JobState.DEAD)), then=Value(SweepStatus.DRAINED_WITH_DEAD_LETTERS)),
+                default=Value(SweepStatus.DRAINED),
             )
+            self.filter(pk=sweep_id).update(status=status, finished_at=now)
         return True
 
     def reopen(self, *, sweep_ids: set[int]) -> None:
@@ -110,13 +115,6 @@ class Sweep(models.Model):
         self.admitted_at = at
         self.finished_at = None if jobs else at
         self.save(update_fields=["jobs_admitted", "carried_over", "status", "admitted_at", "finished_at"])
-
-
-class JobState(models.TextChoices):
-    PENDING = "pending", "Pending"  # waiting for available_at, or due
-    LEASED = "leased", "Leased"  # a worker holds it until lease_expires_at
-    DONE = "done", "Done"  # finished with an outcome
-    DEAD = "dead", "Dead"  # stopped; an operator decides (dead letters)
 
 
 OPEN_STATES = (JobState.PENDING, JobState.LEASED)
@@ -224,19 +222,6 @@ class JobKind(models.TextChoices):
     PURGE = "purge", "Purge attachments"
 
 
-class JobOutcome(models.TextChoices):
-    DELETED = "deleted", "Deleted"
-    PURGED = "purged", "Attachments purged"
-    # Some attachments were set aside: a legal hold over the deleted records'
-    # scope was placed before they were purged. A later sweep retries them
-    # once the hold is released (``downstream.purge.purge_requeue_released``).
-    PURGE_HELD = "purge_held", "Attachments set aside under a legal hold"
-    NOTHING_ELIGIBLE = "nothing_eligible", "Nothing eligible"
-    HELD = "held", "Held"
-    SCOPE_MISSING = "scope_missing", "Scope missing"
-    POLICY_WITHDRAWN = "policy_withdrawn", "Policy withdrawn"
-
-
 class CleanupJob(models.Model):
     """One partition of a sweep: (sweep, portfolio, property, record kind)."""
 
@@ -330,13 +315,14 @@ class CleanupJob(models.Model):
         self.enqueued_at = None
 
     def mark_retry(self, *, at) -> None:  # type: ignore[no-untyped-def]
-        self.state = JobState.PENDING
+        self.state = next_state(JobEvent.RETRY, self.state)
         self.available_at = at
         self._clear_lease()
         self.save(update_fields=[*self._RETRY_FIELDS, *self._LEASE_FIELDS])
 
     def mark_dead(self) -> None:
-        self.state = JobState.DEAD
+        # From leased (out of retries) or pending (an operator's cancel).
+        self.state = next_state(JobEvent.FAIL if self.state == JobState.LEASED else JobEvent.CANCEL, self.state)
         self._clear_lease()
         self.save(update_fields=["state", "attempt", "last_error_category", "last_error_class", *self._LEASE_FIELDS])
 

@@ -19,7 +19,7 @@ model instance per batch for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from django.db import connection
@@ -29,7 +29,6 @@ from cleanup_ops.models import (
     CleanupJob,
     DeletedAttachment,
     JobKind,
-    JobOutcome,
     JobState,
     LedgerEntry,
     RateBucket,
@@ -68,14 +67,16 @@ def least_greatest() -> tuple[str, str]:
     return ("LEAST", "GREATEST") if is_postgres() else ("MIN", "MAX")
 
 
-def execute(sql: str, params: Sequence[Any] = (), *, cur: Any = None) -> Any:
-    """Run one statement on ``cur`` (or a fresh cursor); returns the cursor
-    used when one was passed, else the fetched rows."""
+def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: Any = None) -> Any:
+    """Run one statement on ``cur`` (or a fresh cursor) with positional
+    (``%s``) or named (``%(name)s``) parameters; returns the cursor used when
+    one was passed, else the fetched rows."""
+    bound = dict(params) if isinstance(params, Mapping) else list(params)
     if cur is not None:
-        cur.execute(sql, list(params))
+        cur.execute(sql, bound)
         return cur
     with connection.cursor() as fresh:
-        fresh.execute(sql, list(params))
+        fresh.execute(sql, bound)
         return fresh.fetchall() if fresh.description else []
 
 
@@ -278,10 +279,16 @@ def retention_debt(*, table: str, timestamp_column: str, hold_sql: str, cutoffs:
 
 
 # --- The multi-partition batch --------------------------------------------------
-# One transaction over several small partitions: each statement carries a
-# list of partitions as a ``WITH g(...) AS (VALUES ...)`` list. PostgreSQL
-# needs the parameters' types spelled out there; SQLite must not get them
-# (its CAST to an unknown type name would turn a timestamp into a number).
+# One transaction over one or several partitions. Every statement takes named
+# parameters; the list of partitions is a table ``g`` (``rows_cte``): on
+# PostgreSQL one array parameter per column through ``unnest``, so the text is
+# the same whatever the number of partitions (psycopg parses it once and
+# caches it) and a group of 100 partitions quotes six arrays, not 600 values;
+# on SQLite (the demo) a ``VALUES`` list with one named parameter per cell.
+# PostgreSQL needs the types spelled out; SQLite must not get them (its CAST
+# to an unknown type name would turn a timestamp into a number).
+
+Columns = Sequence[tuple[str, str]]  # (name, PostgreSQL type)
 
 
 def typed(sql_type: str) -> str:
@@ -297,41 +304,114 @@ def placeholders(n: int) -> str:
     return ", ".join(["%s"] * n)
 
 
+def rows_cte(name: str, columns: Columns, rows: int) -> str:
+    """``name(col, …) AS (…)``, the body of a ``WITH`` over ``rows`` rows;
+    ``rows_params`` gives its parameters."""
+    names = ", ".join(column for column, _ in columns)
+    if is_postgres():
+        arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
+        return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
+    cells = ("(" + ", ".join(f"%({name}_{column}_{i})s" for column, _ in columns) + ")" for i in range(rows))
+    return f"{name}({names}) AS (VALUES {', '.join(cells)})"
+
+
+def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
+    """The parameters of ``rows_cte(name, columns, len(rows))``: each row an
+    object with an attribute (or a mapping with a key) per column."""
+
+    def cell(row: Any, column: str) -> Any:
+        return row[column] if isinstance(row, Mapping) else getattr(row, column)
+
+    if is_postgres():
+        return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
+    return {f"{name}_{column}_{i}": cell(row, column) for i, row in enumerate(rows) for column, _ in columns}
+
+
+def any_of(name: str, sql_type: str, values: int) -> str:
+    """``= ANY(array)`` on PostgreSQL, ``IN (…)`` on SQLite; ``any_params`` gives the parameters."""
+    if is_postgres():
+        return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
+    return "IN (" + ", ".join(f"%({name}_{i})s" for i in range(values)) + ")"
+
+
+def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
+    if is_postgres():
+        return {name: list(values)}
+    return {f"{name}_{i}": value for i, value in enumerate(values)}
+
+
+def named(statement: str, params: Sequence[Any], *, prefix: str) -> tuple[str, dict[str, Any]]:
+    """A fragment written with ``%s`` placeholders (the eligibility predicate)
+    turned into named ones, ``%(prefix_0)s`` …, for a statement that names its
+    parameters."""
+    parts = statement.split("%s")
+    if len(parts) - 1 != len(params):
+        raise ValueError(f"{prefix}: {len(parts) - 1} placeholders for {len(params)} parameters")
+    text = parts[0] + "".join(f"%({prefix}_{i})s{part}" for i, part in enumerate(parts[1:]))
+    return text, {f"{prefix}_{i}": value for i, value in enumerate(params)}
+
+
+FENCE_COLUMNS = "id, cursor, rows_deleted, rows_held"
+
+
 def group_lock_fenced(jobs: int) -> str:
-    """The cursors of those of the group's jobs whose lease is still ours,
-    rows locked in id order (two groups never wait on each other in a cycle)."""
+    """Those of the group's jobs whose lease is still ours — id, cursor and the
+    totals so far (the finishing outcome is decided from them) — rows locked
+    in id order (two groups never wait on each other in a cycle).
+    Parameters: ``ids`` (``any_params``), ``state``, ``token``, ``now``."""
     return (
-        f"SELECT id, cursor FROM {JOB} WHERE id IN ({placeholders(jobs)}) AND state = %s AND lease_token = %s"
-        f" AND lease_expires_at > %s ORDER BY id{for_update()}"
+        f"SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)} AND state = %(state)s"
+        f" AND lease_token = %(token)s AND lease_expires_at > %(now)s ORDER BY id{for_update()}"
     )
 
 
+SCOPE_COLUMNS: Columns = (
+    ("job_id", "bigint"),
+    ("property_id", "bigint"),
+    ("portfolio_id", "bigint"),
+    ("record_kind", "varchar"),
+)
+
+
 def group_scope_lock_and_policy(jobs: int) -> str:
-    """Per job: the active version of its portfolio's policy for its kind
-    (id, retention days, enabled, batch size; NULLs when none); property and portfolio rows ``FOR SHARE`` in property
-    id order. A job whose scope is gone returns no row."""
-    rows = values_list(jobs, ["bigint", "bigint", "bigint", "varchar"])
+    """Per job: the active version of its portfolio's policy for its kind (id,
+    retention days, enabled, batch size; NULLs when none); property and
+    portfolio rows ``FOR SHARE`` in property id order. A job whose scope is
+    gone returns no row. Parameters: ``g`` (``SCOPE_COLUMNS``), ``approved``."""
     return (
-        f"WITH g(job_id, property_id, portfolio_id, record_kind) AS (VALUES {rows})"
+        f"WITH {rows_cte('g', SCOPE_COLUMNS, jobs)}"
         f" SELECT g.job_id, v.id, v.retention_days, v.enabled, v.batch_size FROM g"
         f" JOIN {PROPERTY} p ON p.id = g.property_id"
         f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
         f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
-        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %s"
+        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
         f" ORDER BY p.id{for_share_of('p', 'po')}"
     )
 
 
 def ledger_lookup(operations: int) -> str:
-    return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id IN ({placeholders(operations)})"
+    """Parameters: ``ops`` (``any_params``)."""
+    return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"
 
 
 def partition_candidates(*, table: str, timestamp_column: str) -> str:
-    """One partition's next candidates after its cursor: (count, last id)."""
+    """One partition's next candidates after its cursor: (count, last id).
+    Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
     return (
-        f"SELECT COUNT(*), MAX(c.id) FROM (SELECT r.id FROM {table} r WHERE r.property_id = %s AND r.id > %s"
-        f" AND r.{timestamp_column} < %s ORDER BY r.property_id, r.id LIMIT %s) c"
+        f"SELECT COUNT(*), MAX(c.id) FROM (SELECT r.id FROM {table} r WHERE r.property_id = %(property_id)s"
+        f" AND r.id > %(after_id)s AND r.{timestamp_column} < %(cutoff)s ORDER BY r.property_id, r.id"
+        f" LIMIT %(lim)s) c"
     )
+
+
+CANDIDATE_COLUMNS: Columns = (
+    ("ord", "integer"),
+    ("job_id", "bigint"),
+    ("property_id", "bigint"),
+    ("after_id", "bigint"),
+    ("cutoff", "timestamptz"),
+    ("lim", "integer"),
+)
 
 
 def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
@@ -345,17 +425,25 @@ def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
     instead of counting a full batch for every partition leased. Returns
     (ord, job id, rows returned, candidates, last candidate id); when the
     global limit was reached the partition with the highest ``ord`` may be
-    cut short and is not counted this time. Parameters: the list (each row
-    with its partition's own limit, its batch size), the global limit."""
-    rows = values_list(jobs, ["integer", "bigint", "bigint", "bigint", "timestamptz", "integer"])
+    cut short and is not counted this time. Parameters: ``g``
+    (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
+    batch size), ``budget`` (the global limit)."""
     return (
-        f"WITH g(ord, job_id, property_id, after_id, cutoff, lim) AS (VALUES {rows})"
+        f"WITH {rows_cte('g', CANDIDATE_COLUMNS, jobs)}"
         f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
         f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
         f"SELECT r.id FROM {table} r WHERE r.property_id = g.property_id AND r.id > g.after_id"
-        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT g.lim) c ON true LIMIT %s) x"
-        f" GROUP BY x.ord, x.job_id"
+        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT g.lim) c ON true"
+        f" LIMIT %(budget)s) x GROUP BY x.ord, x.job_id"
     )
+
+
+DELETE_COLUMNS: Columns = (
+    ("property_id", "bigint"),
+    ("after_id", "bigint"),
+    ("last_id", "bigint"),
+    ("cutoff", "timestamptz"),
+)
 
 
 def group_delete(*, table: str, predicate: str, jobs: int, returning: str | None) -> str:
@@ -364,9 +452,10 @@ def group_delete(*, table: str, predicate: str, jobs: int, returning: str | None
     property and kind) and, for kinds with attachments, the document id and
     the record's id (the outbox keeps which record named which document).
     ``predicate`` is the eligibility predicate over ``table`` with the
-    cutoff ``g.cutoff``: the hold check is inside this statement."""
-    rows = values_list(jobs, ["bigint", "bigint", "bigint", "timestamptz"])
-    cte = f"WITH g(property_id, after_id, last_id, cutoff) AS (VALUES {rows})"
+    cutoff ``g.cutoff``, its parameters named (``named``): the hold check is
+    inside this statement. Parameters: ``g`` (``DELETE_COLUMNS``) and the
+    predicate's."""
+    cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
     extra = f", {table}.{returning}, {table}.id" if returning else ""
     in_range = (
         f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id AND {predicate}"
@@ -380,36 +469,58 @@ def group_delete(*, table: str, predicate: str, jobs: int, returning: str | None
     )
 
 
+LEDGER_COLUMNS: Columns = (
+    ("operation_id", "varchar"),
+    ("job_id", "bigint"),
+    ("portfolio_id", "bigint"),
+    ("property_id", "bigint"),
+    ("record_kind", "varchar"),
+    ("policy_version_id", "bigint"),
+    ("cutoff", "timestamptz"),
+    ("after_id", "bigint"),
+    ("last_id", "bigint"),
+    ("batch_limit", "integer"),
+    ("candidates", "integer"),
+    ("rows_deleted", "integer"),
+    ("applied_at", "timestamptz"),
+)
+
+
 def ledger_insert_many(rows: int) -> str:
-    one = "(" + placeholders(13) + ")"
-    return (
-        f"INSERT INTO {LEDGER} (operation_id, job_id, portfolio_id, property_id, record_kind,"
-        f" policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
-        f" VALUES {', '.join([one] * rows)}"
-    )
+    """One ledger row per applied batch. Parameters: ``g`` (``LEDGER_COLUMNS``)."""
+    names = ", ".join(column for column, _ in LEDGER_COLUMNS)
+    return f"WITH {rows_cte('g', LEDGER_COLUMNS, rows)} INSERT INTO {LEDGER} ({names}) SELECT {names} FROM g"
+
+
+ADVANCE_COLUMNS: Columns = (
+    ("job_id", "bigint"),
+    ("new_cursor", "bigint"),
+    ("add_batches", "integer"),
+    ("add_deleted", "bigint"),
+    ("add_held", "bigint"),
+    ("batch_size", "integer"),
+    ("state", "varchar"),
+    ("outcome", "varchar"),
+)
 
 
 def group_jobs_advance(jobs: int) -> str:
-    """Every job of the transaction in one statement: cursor, counts, lease
-    renewal, and — for those that finished — state ``done`` with their
-    outcome: a fixed one (``scope_missing``, ``policy_withdrawn``) or, from
-    the totals, ``deleted`` / ``held`` / ``nothing_eligible``."""
-    rows = values_list(jobs, ["bigint", "bigint", "bigint", "bigint", "bigint", "bigint", "varchar", "integer"])
-    finishing = "g.finish = 1"
+    """Every job of the transaction in one statement: cursor, counts, batch
+    size (0 keeps it), and the state and outcome ``lifecycle.after_batch``
+    decided. A job still leased has its lease renewed; a finished one has it
+    cleared and its finishing time set. Parameters: ``g``
+    (``ADVANCE_COLUMNS``), ``now``, ``renew`` (the new lease expiry)."""
+    leased = f"g.state = '{JobState.LEASED}'"
     return (
-        f"WITH g(job_id, new_cursor, d_batches, d_deleted, d_held, finish, fixed_outcome, size) AS (VALUES {rows})"
-        f" UPDATE {JOB} SET cursor = g.new_cursor, batches = batches + g.d_batches,"
-        f" batch_size = CASE WHEN g.size > 0 THEN g.size ELSE batch_size END,"
-        f" rows_deleted = rows_deleted + g.d_deleted, rows_held = rows_held + g.d_held,"
-        f" state = CASE WHEN {finishing} THEN '{JobState.DONE}' ELSE state END,"
-        f" outcome = CASE WHEN {finishing} THEN CASE WHEN g.fixed_outcome <> '' THEN g.fixed_outcome"
-        f" WHEN rows_deleted + g.d_deleted > 0 THEN '{JobOutcome.DELETED}'"
-        f" WHEN rows_held + g.d_held > 0 THEN '{JobOutcome.HELD}'"
-        f" ELSE '{JobOutcome.NOTHING_ELIGIBLE}' END ELSE outcome END,"
-        f" finished_at = CASE WHEN {finishing} THEN {typed('timestamptz')} ELSE finished_at END,"
-        f" lease_token = CASE WHEN {finishing} THEN NULL ELSE lease_token END,"
-        f" lease_owner = CASE WHEN {finishing} THEN '' ELSE lease_owner END,"
-        f" lease_expires_at = CASE WHEN {finishing} THEN NULL ELSE {typed('timestamptz')} END"
+        f"WITH {rows_cte('g', ADVANCE_COLUMNS, jobs)}"
+        f" UPDATE {JOB} SET cursor = g.new_cursor, batches = batches + g.add_batches,"
+        f" batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {JOB}.batch_size END,"
+        f" rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,"
+        f" state = g.state, outcome = g.outcome,"
+        f" finished_at = CASE WHEN {leased} THEN finished_at ELSE %(now)s END,"
+        f" lease_token = CASE WHEN {leased} THEN lease_token ELSE NULL END,"
+        f" lease_owner = CASE WHEN {leased} THEN lease_owner ELSE '' END,"
+        f" lease_expires_at = CASE WHEN {leased} THEN %(renew)s ELSE NULL END"
         f" FROM g WHERE {JOB}.id = g.job_id RETURNING {JOB}.id, {JOB}.state, {JOB}.outcome"
     )
 

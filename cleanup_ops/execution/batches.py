@@ -46,6 +46,7 @@ from django.utils import timezone
 from cleanup_ops import sql
 from cleanup_ops.downstream.urls import document_id_valid
 from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
+from cleanup_ops.lifecycle import JobAdvance, after_batch
 from cleanup_ops.models import (
     CleanupJob,
     DeletedAttachment,
@@ -120,6 +121,12 @@ def operation_id(
     return hashlib.sha256(raw.encode()).hexdigest()
 
 
+# Up to this many partitions of one kind count their candidates with one
+# statement each (planned with their own values: the keyset walk); more share
+# the lateral statement (one round trip, a generic plan).
+GROUP_STATEMENT_FROM = 4
+
+
 @dataclass
 class PartitionStep:
     """What one batch transaction did for one job of its group."""
@@ -174,22 +181,26 @@ def run_group_batch(
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
     with transaction.atomic(), connection.cursor() as cur:
-        cursors = _lock_group(cur, jobs=jobs, lease=lease, now=now)
+        fenced = _lock_group(cur, jobs=jobs, lease=lease, now=now)
         for job in jobs:
-            steps[job.id].lost = job.id not in cursors
-        live = [job for job in jobs if job.id in cursors]
+            steps[job.id].lost = job.id not in fenced
+        live = [job for job in jobs if job.id in fenced]
         policies = _lock_scopes_and_policies(cur, live)
-        # (job id, new cursor, batches, deleted, held, finish, fixed outcome, batch size or 0)
-        updates: list[tuple[int, int, int, int, int, int, str, int]] = []
+        updates: list[JobAdvance] = []
+
+        def advance(job_id: int, **change: Any) -> None:
+            cursor, deleted, held = fenced[job_id]
+            updates.append(after_batch(job_id=job_id, totals=(deleted, held), **{"new_cursor": cursor, **change}))
+
         work: list[_Work] = []
         for job in live:
-            after_id = cursors[job.id]
+            after_id = fenced[job.id][0]
             if job.id not in policies:
-                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.SCOPE_MISSING, 0))
+                advance(job.id, finish=True, fixed_outcome=JobOutcome.SCOPE_MISSING)
                 continue
             version_id, days, enabled, size = policies[job.id]
             if version_id is None or not enabled:
-                updates.append((job.id, after_id, 0, 0, 0, 1, JobOutcome.POLICY_WITHDRAWN, 0))
+                advance(job.id, finish=True, fixed_outcome=JobOutcome.POLICY_WITHDRAWN)
                 continue
             current_cutoff = job.slot - timedelta(days=days)
             cutoff, used_version = (
@@ -212,7 +223,7 @@ def run_group_batch(
             if item.operation in replayed:
                 # Already applied (by this job before a lost ack, or by the job a
                 # redrive replaced): skip it, never apply it twice.
-                updates.append((item.job.id, max(item.after_id, replayed[item.operation]), 0, 0, 0, 0, "", 0))
+                advance(item.job.id, new_cursor=max(item.after_id, replayed[item.operation]), finish=False)
             else:
                 fresh.append(item)
         _count_candidates(cur, fresh, budget=budget)
@@ -228,39 +239,44 @@ def run_group_batch(
             job = item.job
             if not item.candidates:
                 # Nothing left past the cutoff: done, outcome from the totals.
-                updates.append((job.id, item.after_id, 0, 0, 0, 1, "", item.limit))
+                advance(job.id, finish=True, batch_size=item.limit)
                 continue
             deleted = deleted_by_job.get(job.id, 0)
             steps[job.id].deleted = deleted
             steps[job.id].full = item.candidates >= item.limit
             ledger.append(
-                [
-                    item.operation,
-                    job.id,
-                    job.portfolio_id,
-                    job.property_id,
-                    job.record_kind,
-                    item.version_id,
-                    db_datetime(item.cutoff),
-                    item.after_id,
-                    item.last_id,
-                    item.limit,
-                    item.candidates,
-                    deleted,
-                    db_datetime(now),
-                ]
+                {
+                    "operation_id": item.operation,
+                    "job_id": job.id,
+                    "portfolio_id": job.portfolio_id,
+                    "property_id": job.property_id,
+                    "record_kind": job.record_kind,
+                    "policy_version_id": item.version_id,
+                    "cutoff": db_datetime(item.cutoff),
+                    "after_id": item.after_id,
+                    "last_id": item.last_id,
+                    "batch_limit": item.limit,
+                    "candidates": item.candidates,
+                    "rows_deleted": deleted,
+                    "applied_at": db_datetime(now),
+                }
             )
             # A short batch was the last one: finish now instead of paying for
             # an empty batch. Rows that become eligible later (inserted with
             # old timestamps after this point) are the next sweep's work.
-            finish = int(item.candidates < item.limit)
-            updates.append(
-                (job.id, int(item.last_id or 0), 1, deleted, item.candidates - deleted, finish, "", item.limit)
+            advance(
+                job.id,
+                new_cursor=int(item.last_id or 0),
+                finish=item.candidates < item.limit,
+                batches=1,
+                deleted=deleted,
+                held=item.candidates - deleted,
+                batch_size=item.limit,
             )
         if ledger:
-            sql.execute(sql.ledger_insert_many(len(ledger)), [v for row in ledger for v in row], cur=cur)
+            sql.execute(sql.ledger_insert_many(len(ledger)), sql.rows_params("g", sql.LEDGER_COLUMNS, ledger), cur=cur)
         if updates:
-            params = [v for row in updates for v in row] + [db_datetime(now), renew]
+            params = {**sql.rows_params("g", sql.ADVANCE_COLUMNS, updates), "now": db_datetime(now), "renew": renew}
             for job_id, state, outcome in sql.execute(sql.group_jobs_advance(len(updates)), params, cur=cur).fetchall():
                 steps[job_id].applied = True
                 if state == JobState.DONE:
@@ -277,29 +293,37 @@ def run_group_batch(
     return steps
 
 
-def _lock_group(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> dict[int, int]:
-    """The fence for a group: cursors of the jobs still ours; ``LeaseLost`` if none is."""
+def _lock_group(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> dict[int, tuple[int, int, int]]:
+    """The fence for a group: (cursor, rows deleted, rows held) of the jobs
+    still ours; ``LeaseLost`` if none is."""
     ids = [job.id for job in jobs]
-    rows = sql.execute(
-        sql.group_lock_fenced(len(ids)),
-        [*ids, JobState.LEASED, token_param(lease.token), db_datetime(now)],
-        cur=cur,
-    ).fetchall()
+    params = {
+        **sql.any_params("ids", ids),
+        "state": JobState.LEASED,
+        "token": token_param(lease.token),
+        "now": db_datetime(now),
+    }
+    rows = sql.execute(sql.group_lock_fenced(len(ids)), params, cur=cur).fetchall()
     if not rows:
         raise LeaseLost(ids[0])
-    return {int(job_id): int(cursor) for job_id, cursor in rows}
+    return {int(job_id): (int(cursor), int(deleted), int(held)) for job_id, cursor, deleted, held in rows}
 
 
 def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool, int]]:
     """Per job whose scope exists: (active version id or None, retention days, enabled, batch size)."""
     if not jobs:
         return {}
-    params: list[object] = []
-    for job in jobs:
-        params += [job.id, job.property_id, job.portfolio_id, job.record_kind]
-    rows = sql.execute(
-        sql.group_scope_lock_and_policy(len(jobs)), [*params, PolicyVersion.Status.APPROVED], cur=cur
-    ).fetchall()
+    scopes = [
+        {
+            "job_id": job.id,
+            "property_id": job.property_id,
+            "portfolio_id": job.portfolio_id,
+            "record_kind": job.record_kind,
+        }
+        for job in jobs
+    ]
+    params = {**sql.rows_params("g", sql.SCOPE_COLUMNS, scopes), "approved": PolicyVersion.Status.APPROVED}
+    rows = sql.execute(sql.group_scope_lock_and_policy(len(jobs)), params, cur=cur).fetchall()
     return {
         int(job_id): (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
         for job_id, vid, days, enabled, size in rows
@@ -310,7 +334,7 @@ def _replayed(cur: Any, work: list[_Work]) -> dict[str, int]:
     if not work:
         return {}
     operations = [item.operation for item in work]
-    rows = sql.execute(sql.ledger_lookup(len(operations)), operations, cur=cur).fetchall()
+    rows = sql.execute(sql.ledger_lookup(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
     return {op: int(last_id) for op, last_id in rows}
 
 
@@ -324,19 +348,21 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
         by_kind.setdefault(item.job.record_kind, []).append(item)
     for kind, items in by_kind.items():
         spec = get_spec(kind)
-        if sql.is_postgres() and len(items) > 1:
-            params: list[object] = []
-            for ord_, item in enumerate(items):
-                params += [
-                    ord_,
-                    item.job.id,
-                    item.job.property_id,
-                    item.after_id,
-                    db_datetime(item.cutoff),
-                    item.limit,
-                ]
+        if sql.is_postgres() and len(items) > GROUP_STATEMENT_FROM:
+            rows = [
+                {
+                    "ord": ord_,
+                    "job_id": item.job.id,
+                    "property_id": item.job.property_id,
+                    "after_id": item.after_id,
+                    "cutoff": db_datetime(item.cutoff),
+                    "lim": item.limit,
+                }
+                for ord_, item in enumerate(items)
+            ]
             statement = sql.group_candidates(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
-            found = sql.execute(statement, [*params, budget + 1], cur=cur).fetchall()
+            params = {**sql.rows_params("g", sql.CANDIDATE_COLUMNS, rows), "budget": budget + 1}
+            found = sql.execute(statement, params, cur=cur).fetchall()
             returned = sum(int(rows) for _, _, rows, _, _ in found)
             reached = max((int(ord_) for ord_, *_ in found), default=-1)
             cut = reached if returned > budget else None
@@ -344,19 +370,23 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                 if ord_ != cut:
                     items[ord_].candidates, items[ord_].last_id, items[ord_].counted = int(n), last, True
         else:
-            # One partition (a large one runs alone), or SQLite (the demo, no
-            # LATERAL): one query per partition, until a batch of rows is
+            # A few partitions (a large one runs alone), or SQLite (the demo,
+            # no LATERAL): one query per partition, until a batch of rows is
             # found. For one partition its values are known when PostgreSQL
             # plans it, so it walks the keyset index instead of sorting every
             # expired row of the property (as the lateral's generic plan does).
             statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
             seen = 0
             for item in items:
-                if seen > budget:
+                if seen >= budget:
                     break
-                n, last = sql.execute(
-                    statement, [item.job.property_id, item.after_id, db_datetime(item.cutoff), item.limit], cur=cur
-                ).fetchone()
+                params = {
+                    "property_id": item.job.property_id,
+                    "after_id": item.after_id,
+                    "cutoff": db_datetime(item.cutoff),
+                    "lim": item.limit,
+                }
+                n, last = sql.execute(statement, params, cur=cur).fetchone()
                 item.candidates, item.last_id, item.counted = int(n), last, True
                 seen += int(n)
 
@@ -371,13 +401,22 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
     for kind, items in by_kind.items():
         spec = get_spec(kind)
         job_of = {item.job.property_id: item.job.id for item in items}
-        predicate, predicate_params = eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table)
+        predicate, predicate_params = sql.named(
+            *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
+        )
         attachment = attachment_column(kind)
-        params: list[object] = []
-        for item in items:
-            params += [item.job.property_id, item.after_id, item.last_id, db_datetime(item.cutoff)]
+        ranges = [
+            {
+                "property_id": item.job.property_id,
+                "after_id": item.after_id,
+                "last_id": item.last_id,
+                "cutoff": db_datetime(item.cutoff),
+            }
+            for item in items
+        ]
         statement = sql.group_delete(table=spec.table, predicate=predicate, jobs=len(items), returning=attachment)
-        for row in sql.execute(statement, [*params, *predicate_params], cur=cur).fetchall():
+        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params}
+        for row in sql.execute(statement, params, cur=cur).fetchall():
             job_id = job_of[int(row[0])]
             deleted[job_id] = deleted.get(job_id, 0) + 1
             if attachment and row[1]:

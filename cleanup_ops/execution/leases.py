@@ -40,12 +40,11 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.db.models import F, Value
-from django.db.models.functions import Coalesce
 from django.utils import timezone
 
 from cleanup_ops import sql
 from cleanup_ops.dispatch import hint_due_at
+from cleanup_ops.lifecycle import JobEvent, leased_fields, next_state, released_fields
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
 from cleanup_ops.ratelimit import BucketConfig, global_buckets, portfolio_buckets, tokens_acquire, tokens_give_back
 from cleanup_ops.recovery.classification import LeaseLost
@@ -70,19 +69,6 @@ def lease_stripe(portfolio_id: int) -> int:
 
 def token_param(token: uuid.UUID) -> object:
     return CleanupJob._meta.get_field("lease_token").get_db_prep_value(token, connection)
-
-
-def _leased(*, token: uuid.UUID, owner: str, now: datetime) -> dict[str, Any]:
-    """The fields a lease writes (one job or a group)."""
-    return {
-        "state": JobState.LEASED,
-        "lease_token": token,
-        "lease_owner": owner[:100],
-        "lease_expires_at": now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS),
-        "leases": F("leases") + 1,
-        "enqueued_at": None,
-        "first_leased_at": Coalesce(F("first_leased_at"), Value(now)),
-    }
 
 
 def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease | None:
@@ -113,7 +99,9 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
             # Let the dispatcher send it again once a slot frees up.
             CleanupJob.objects.filter(pk=job_id).update(enqueued_at=None)
             return None
-        claimed = CleanupJob.objects.filter(pk=job_id).due(now=now).update(**_leased(token=token, owner=owner, now=now))
+        claimed = (
+            CleanupJob.objects.filter(pk=job_id).due(now=now).update(**leased_fields(token=token, owner=owner, now=now))
+        )
     return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
 
 
@@ -179,24 +167,24 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
                     break
         if not chosen:
             return None
-        CleanupJob.objects.filter(pk__in=chosen).update(**_leased(token=token, owner=owner, now=now))
+        CleanupJob.objects.filter(pk__in=chosen).update(**leased_fields(token=token, owner=owner, now=now))
     return GroupLease(lease=Lease(job_id=chosen[0], token=token, owner=owner), job_ids=chosen)
 
 
-def jobs_release(*, lease: Lease, job_ids: list[int], available_at: datetime | None = None) -> int:
+def jobs_release(
+    *, lease: Lease, job_ids: list[int], available_at: datetime | None = None, keep_place: bool = False
+) -> int:
     """Give back those of ``job_ids`` still held by ``lease`` (pending, cursors kept).
 
-    A release for later (a rate-limit deferral) also tells the broker when
-    the jobs become due, so an idle cluster takes them up then.
+    Released jobs are due again now, behind every job already waiting (the
+    lease pick takes the oldest ``available_at`` first), unless
+    ``keep_place``: jobs a slice leased but never reached keep their
+    ``available_at`` and so their place at the front. A release for later (a
+    rate-limit deferral) also tells the broker when the jobs become due, so
+    an idle cluster takes them up then.
     """
     held = CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token)
-    back = {
-        "state": JobState.PENDING,
-        "lease_token": None,
-        "lease_owner": "",
-        "lease_expires_at": None,
-        "available_at": available_at or timezone.now(),
-    }
+    back = released_fields(available_at=None if keep_place else available_at or timezone.now())
     if available_at is None:
         return held.update(**back)
     with transaction.atomic():
@@ -225,7 +213,8 @@ def lock_job(cur: Any, *, job_id: int, lease: Lease, now: datetime) -> int:
 
 def job_finish(cur: Any, *, job_id: int, outcome: str, now: datetime) -> None:
     """Done with an outcome, lease cleared; the caller holds the fenced row lock."""
-    sql.execute(sql.job_finish(), [JobState.DONE, outcome, db_datetime(now), job_id], cur=cur)
+    done = next_state(JobEvent.FINISH, JobState.LEASED)
+    sql.execute(sql.job_finish(), [done, outcome, db_datetime(now), job_id], cur=cur)
 
 
 def lease_renewal(now: datetime) -> object:

@@ -195,6 +195,11 @@ def job_run_slice(
     return result
 
 
+# The smallest shared transaction after one that could not take every
+# partition it covered.
+MIN_WINDOW = 2
+
+
 @dataclass
 class GroupSliceResult:
     leased: int = 0  # jobs the lease took
@@ -245,12 +250,21 @@ def group_run_slice(
     limit = min(batch_size, 1000) if batch_size else None
     jobs = jobs_load(pending)
     large: set[int] = set()
+    worked: set[int] = set()
+    # How many partitions the next shared transaction covers: all of them at
+    # first (small nightly partitions all fit one batch), then twice as many
+    # as the last one took, so a backlog (a partition or two fill a batch)
+    # does not fence, lock and replay-check every leased partition for each.
+    window = len(pending)
     started = time.monotonic()
     while pending:
         # A partition that filled its last batch takes the next one alone:
         # fencing, locking and replay-checking the whole group for it again
         # would cost more than its batch.
-        working = pending[:1] if pending[0] in large else pending
+        if pending[0] in large:
+            working = pending[:1]
+        else:
+            working = [job_id for job_id in pending if job_id not in large][:window]
         # Tokens only for the portfolios this transaction may touch (a large
         # partition alone spends its own portfolio's token, nobody else's).
         allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in working})
@@ -287,7 +301,8 @@ def group_run_slice(
             pending = []
             break
         result.transactions += 1
-        touched = {jobs[job_id].portfolio_id for job_id, step in steps.items() if step.applied}
+        applied = {job_id for job_id, step in steps.items() if step.applied}
+        touched = {jobs[job_id].portfolio_id for job_id in applied}
         if allowed - touched:
             group_tokens_unused(allowed - touched)
         for step in steps.values():
@@ -296,16 +311,25 @@ def group_run_slice(
                 result.finished += 1
         large = {job_id for job_id, step in steps.items() if step.full} | (large - set(steps))
         done = {job_id for job_id, step in steps.items() if step.outcome or step.lost}
-        # Large partitions first: the next transactions work them alone, one
-        # batch each, until the slice's budget is spent; the partitions not
-        # reached yet share a transaction once no large one is left (or in
-        # the next slice: a slice is short, and released jobs are due again
-        # at once).
-        pending = sorted((job_id for job_id in pending if job_id not in done), key=lambda j: j not in large)
+        worked |= applied
+        if len(working) > 1:
+            window = len(working) * 2 if applied >= set(working) else max(MIN_WINDOW, 2 * len(applied))
+        # Processor sharing: the partitions this transaction worked go to the
+        # back, so every leased partition gets a batch before any gets a
+        # second, and a large one never keeps the small ones waiting for its
+        # slice; those it did not reach keep their place at the front.
+        waiting = [job_id for job_id in pending if job_id not in done and job_id not in applied]
+        pending = waiting + [job_id for job_id in pending if job_id in applied and job_id not in done]
         if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
             break
     if pending:
-        jobs_release(lease=lease, job_ids=pending)
+        # Worked partitions are due again now, behind every waiting one; the
+        # ones this slice did not reach keep their place in the queue.
+        untouched = [job_id for job_id in pending if job_id not in worked]
+        if untouched:
+            jobs_release(lease=lease, job_ids=untouched, keep_place=True)
+        if len(untouched) < len(pending):
+            jobs_release(lease=lease, job_ids=[job_id for job_id in pending if job_id in worked])
     return result
 
 
