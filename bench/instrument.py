@@ -50,6 +50,7 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("cleanup_ops.execution.batches", "_replayed", "ledger lookup"),
     ("cleanup_ops.execution.batches", "_count_candidates", "candidates"),
     ("cleanup_ops.execution.batches", "_delete", "DELETE"),
+    ("cleanup_ops.execution.batches", "_count_and_delete_alone", "candidates + DELETE"),
     ("cleanup_ops.execution.leases", "jobs_release", "job release"),
     ("cleanup_ops.execution.leases", "job_release", "job release"),
     ("cleanup_ops.execution.leases", "group_tokens", "rate tokens"),
@@ -229,7 +230,10 @@ class StatementCounter:
             else:
                 cls = self.stack[-1]
                 # The ledger insert and the job update run in run_group_batch itself.
-                if text_class in ("ledger insert", "job update") and cls not in DATA_CLASSES:
+                if (
+                    text_class in ("ledger insert", "job update", "ledger insert + job update")
+                    and cls not in DATA_CLASSES
+                ):
                     cls = text_class
             c = self.counts
             c.calls[cls] += 1

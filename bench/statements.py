@@ -36,8 +36,10 @@ CLASSES = (
     "ledger lookup",
     "candidates",
     "DELETE",
+    "candidates + DELETE",
     "ledger insert",
     "job update",
+    "ledger insert + job update",
     "job release",
     "sweep status",
     "dispatcher",
@@ -54,7 +56,14 @@ CLASSES = (
 # Not statements the client sent: PostgreSQL's foreign-key triggers run one lookup per
 # inserted row, and pg_stat_statements lists them; they are shown, never counted.
 SERVER_INTERNAL = ("FK check (trigger)",)
-DATA_CLASSES = ("ledger lookup", "candidates", "DELETE", "ledger insert")
+DATA_CLASSES = (
+    "ledger lookup",
+    "candidates",
+    "DELETE",
+    "candidates + DELETE",
+    "ledger insert",
+    "ledger insert + job update",
+)
 
 # Text rules, first match wins, on the statement with double quotes removed and
 # whitespace collapsed, lower case. Written against the SQL in cleanup_ops/sql.py and
@@ -70,6 +79,8 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("fence", r"^select (id, )?cursor from cleanup_ops_cleanupjob"),
         ("scope lock + policy", r"for share of p, po"),
         ("ledger lookup", r"^select operation_id, last_id from cleanup_ops_ledgerentry"),
+        ("candidates + DELETE", r"^with c as \(select r\.id from .* d as \(delete from properties_"),
+        ("ledger insert + job update", r"written as \(insert into cleanup_ops_ledgerentry"),
         ("candidates", r"left join lateral \(select r\.id from|^select count\(\*\), max\(c\.id\) from \(select r\.id"),
         ("DELETE", r"^(with g\(.*\) )?delete from properties_"),
         ("ledger insert", r"^insert into cleanup_ops_ledgerentry"),

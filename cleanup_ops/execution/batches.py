@@ -226,14 +226,20 @@ def run_group_batch(
                 advance(item.job.id, new_cursor=max(item.after_id, replayed[item.operation]), finish=False)
             else:
                 fresh.append(item)
-        _count_candidates(cur, fresh, budget=budget)
-        chosen, taken = [], 0
-        for item in fresh:
-            if not item.counted or (item.candidates and chosen and taken + item.candidates > budget):
-                continue  # next transaction: this one is full
-            taken += item.candidates
-            chosen.append(item)
-        deleted_by_job, documents = _delete(cur, [item for item in chosen if item.candidates])
+        if len(fresh) == 1 and sql.is_postgres():
+            # Alone (a large partition's next batch): its candidates and its
+            # DELETE in one statement.
+            chosen = fresh
+            deleted_by_job, documents = _count_and_delete_alone(cur, fresh[0])
+        else:
+            _count_candidates(cur, fresh, budget=budget)
+            chosen, taken = [], 0
+            for item in fresh:
+                if not item.counted or (item.candidates and chosen and taken + item.candidates > budget):
+                    continue  # next transaction: this one is full
+                taken += item.candidates
+                chosen.append(item)
+            deleted_by_job, documents = _delete(cur, [item for item in chosen if item.candidates])
         ledger = []
         for item in chosen:
             job = item.job
@@ -273,11 +279,17 @@ def run_group_batch(
                 held=item.candidates - deleted,
                 batch_size=item.limit,
             )
-        if ledger:
-            sql.execute(sql.ledger_insert_many(len(ledger)), sql.rows_params("g", sql.LEDGER_COLUMNS, ledger), cur=cur)
         if updates:
             params = {**sql.rows_params("g", sql.ADVANCE_COLUMNS, updates), "now": db_datetime(now), "renew": renew}
-            for job_id, state, outcome in sql.execute(sql.group_jobs_advance(len(updates)), params, cur=cur).fetchall():
+            statement = sql.group_jobs_advance(len(updates))
+            if ledger and sql.is_postgres():
+                # Every job with a ledger row is among the updates.
+                statement = sql.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates))
+                params |= sql.rows_params("l", sql.LEDGER_COLUMNS, ledger)
+            elif ledger:
+                ledger_params = sql.rows_params("g", sql.LEDGER_COLUMNS, ledger)
+                sql.execute(sql.ledger_insert_many(len(ledger)), ledger_params, cur=cur)
+            for job_id, state, outcome in sql.execute(statement, params, cur=cur).fetchall():
                 steps[job_id].applied = True
                 if state == JobState.DONE:
                     steps[job_id].outcome = outcome
@@ -389,6 +401,38 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                 n, last = sql.execute(statement, params, cur=cur).fetchone()
                 item.candidates, item.last_id, item.counted = int(n), last, True
                 seen += int(n)
+
+
+def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict[int, list[tuple[str, int]]]]:
+    """``_count_candidates`` and ``_delete`` for one partition in one statement
+    (PostgreSQL): fills in its candidates and last id; returns what
+    ``_delete`` returns."""
+    kind = item.job.record_kind
+    spec = get_spec(kind)
+    predicate, predicate_params = sql.named(
+        *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
+    )
+    attachment = attachment_column(kind)
+    statement = sql.partition_count_and_delete(
+        table=spec.table, timestamp_column=spec.timestamp_column, predicate=predicate, returning=attachment
+    )
+    params = {
+        "property_id": item.job.property_id,
+        "after_id": item.after_id,
+        "cutoff": db_datetime(item.cutoff),
+        "lim": item.limit,
+        **predicate_params,
+    }
+    deleted = 0
+    named: list[tuple[str, int]] = []
+    for candidates, last_id, record_id, document_id in sql.execute(statement, params, cur=cur).fetchall():
+        if candidates is not None:
+            item.candidates, item.last_id, item.counted = int(candidates), last_id, True
+            continue
+        deleted += 1
+        if attachment and document_id:
+            named.append((document_id, int(record_id)))
+    return ({item.job.id: deleted} if deleted else {}), ({item.job.id: named} if named else {})
 
 
 def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[tuple[str, int]]]]:
