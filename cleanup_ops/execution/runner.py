@@ -268,7 +268,24 @@ def group_run_slice(
         # Tokens only for the portfolios this transaction may touch (a large
         # partition alone spends its own portfolio's token, nobody else's).
         allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in working})
-        deferred = [job_id for job_id in working if jobs[job_id].portfolio_id not in allowed]
+        left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in allowed]
+        # A token due within CLEANUP_TOKEN_WAIT_SECONDS (and within the
+        # slice's time) is waited for with the lease kept: giving the
+        # partition back and leasing it again would cost more statements than
+        # the batch the limit is there to slow down.
+        elapsed = time.monotonic() - started
+        soon = [
+            job_id
+            for job_id in left_out
+            if waits[jobs[job_id].portfolio_id] <= settings.CLEANUP_TOKEN_WAIT_SECONDS
+            and elapsed + waits[jobs[job_id].portfolio_id] < max_seconds
+        ]
+        deferred = [job_id for job_id in left_out if job_id not in set(soon)]
+        if soon and not allowed and not deferred:
+            time.sleep(min(waits[jobs[job_id].portfolio_id] for job_id in soon))
+            continue
+        if soon:
+            working = [job_id for job_id in working if job_id not in set(soon)]
         if deferred:
             # Each deferred partition waits for its own portfolio's token.
             by_wait: dict[float, list[int]] = {}
