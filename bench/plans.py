@@ -3,17 +3,22 @@ dataset, after admission, the statements of one 100-partition group transaction 
 timed in isolation, each in a transaction that is rolled back, median of ``REPEAT``:
 
 * **round trip**: ``SELECT 1`` (the floor of any statement);
-* **candidates**: the group candidate query (``sql.group_candidates``, keyset index
-  ``(property, id)``) against the same rows found through the due index
-  ``(property, timestamp, id)`` (an ``OFFSET 0`` subquery, then sorted by id): the first
-  walks every row of a partition up to the limit, the second only the expired ones;
-  in the nightly shape ~1 row in 100 is expired. Both return the same counts (checked);
-* **ledger insert**: ``sql.ledger_insert_many(100)`` (1,300 parameters) against the same
-  100 rows passed as 13 arrays through ``unnest`` (13 parameters), client time and
-  server time (``EXPLAIN ANALYZE``), to tell parameter handling from the insert itself;
-* **job update**: the group's finishing ``UPDATE`` of 100 job rows (``state`` changes:
-  every index of the job table gets a new entry) against an update of the same rows
-  that changes no indexed column (a HOT update), server time.
+* **candidates**: the group candidate query as ``_count_candidates`` runs it
+  (``sql.group_candidates``, named parameters, the partitions a ``g`` of arrays through
+  ``unnest``, keyset index ``(property, id)``) against the same statement (same ``g``,
+  same parameters) finding the rows through the due index ``(property, timestamp, id)``
+  (an ``OFFSET 0`` subquery, then sorted by id): the first walks every row of a
+  partition up to the limit, the second only the expired ones; in the nightly shape ~1
+  row in 100 is expired. Both return the same counts (checked);
+* **delete**: ``sql.group_delete`` over those partitions' candidate ranges, as
+  ``_delete`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
+* **ledger insert**: ``sql.ledger_insert_many(100)`` (13 arrays through ``unnest``, the
+  committed form) against the same 100 rows as a ``VALUES`` list of 1,300 scalar
+  parameters (built here), client time and server time (``EXPLAIN ANALYZE``), to tell
+  parameter handling from the insert itself;
+* **job update**: the group's finishing ``sql.group_jobs_advance`` of 100 job rows
+  (``state`` 'done', outcome 'deleted': every index of the job table gets a new entry)
+  against an update of the same rows that changes no indexed column (a HOT update).
 
 Internals of ``cleanup_ops`` are used by name; a statement that no longer exists is
 reported as skipped.
@@ -41,8 +46,9 @@ def _median_ms(fn: Any, repeat: int = REPEAT) -> float:
     return round(1000 * statistics.median(samples), 3)
 
 
-def _rolled_back(statement: str, params: list[Any]) -> Any:
-    """Run one statement in a transaction that is rolled back; returns its rows."""
+def _rolled_back(statement: str, params: list[Any] | dict[str, Any]) -> Any:
+    """Run one statement (positional or named parameters) in a transaction that is rolled
+    back; returns its rows."""
     from django.db import connection, transaction
 
     rows: list[Any] = []
@@ -60,7 +66,7 @@ def _rolled_back(statement: str, params: list[Any]) -> Any:
     return rows
 
 
-def _explain_ms(statement: str, params: list[Any]) -> tuple[float, float]:
+def _explain_ms(statement: str, params: list[Any] | dict[str, Any]) -> tuple[float, float]:
     """(planning ms, execution ms) of EXPLAIN ANALYZE, rolled back."""
     rows = _rolled_back("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
     plan = rows[0][0]
@@ -71,7 +77,7 @@ def _explain_ms(statement: str, params: list[Any]) -> tuple[float, float]:
     return float(plan[0]["Planning Time"]), float(plan[0]["Execution Time"])
 
 
-def _explain_text(statement: str, params: list[Any]) -> list[str]:
+def _explain_text(statement: str, params: list[Any] | dict[str, Any]) -> list[str]:
     rows = _rolled_back("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " + statement, params)
     return [r[0] for r in rows]
 
@@ -80,6 +86,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     from django.conf import settings
 
     from cleanup_ops import sql as pipeline_sql
+    from cleanup_ops.lifecycle import JobOutcome, JobState
     from cleanup_ops.models import CleanupJob
     from cleanup_ops.schedule import sweep_trigger
     from retention.eligibility import db_datetime
@@ -96,7 +103,8 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     out: dict[str, Any] = {"group": len(jobs)}
     out["round_trip_ms"] = _median_ms(lambda: sql("SELECT 1"))
 
-    # Candidates, one record kind's share of the group (as _count_candidates runs it).
+    # Candidates, one record kind's share of the group (as _count_candidates runs it:
+    # per-partition limit 1000, global limit budget + 1).
     kind = max({j[3] for j in jobs}, key=lambda k: sum(1 for j in jobs if j[3] == k))
     items = [j for j in jobs if j[3] == kind]
     spec = get_spec(kind)
@@ -104,62 +112,70 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         keyset = pipeline_sql.group_candidates(
             table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items)
         )
+        candidate_rows = [
+            {
+                "ord": ord_,
+                "job_id": job_id,
+                "property_id": prop,
+                "after_id": 0,
+                "cutoff": db_datetime(cutoff),
+                "lim": 1000,
+            }
+            for ord_, (job_id, _po, prop, _k, cutoff) in enumerate(items)
+        ]
+        full = {**pipeline_sql.rows_params("g", pipeline_sql.CANDIDATE_COLUMNS, candidate_rows), "budget": 1001}
+        # The same statement (same CTE ``g``, same parameters, same global limit), the
+        # rows found through the due index instead.
+        ts = spec.timestamp_column
+        due = (
+            f"WITH {pipeline_sql.rows_cte('g', pipeline_sql.CANDIDATE_COLUMNS, len(items))}"
+            " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
+            f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
+            f"SELECT d.id FROM (SELECT r.id FROM {spec.table} r WHERE r.property_id = g.property_id"
+            f" AND r.{ts} < g.cutoff AND r.id > g.after_id OFFSET 0) d ORDER BY d.id LIMIT g.lim) c ON true"
+            " LIMIT %(budget)s) x GROUP BY x.ord, x.job_id"
+        )
     except (AttributeError, TypeError) as exc:
         keyset = None
         out["candidates"] = f"skipped ({type(exc).__name__})"
     if keyset:
-        # The statement's own parameter layout: (job, property, after, cutoff) per partition
-        # and the limit, or (ord, job, property, after, cutoff) and the per-partition and
-        # global limits (3a3464e).
-        per_row = 5 if keyset.count("%s") == 5 * len(items) + 2 else 4
-        full: list[Any] = []
-        for ord_, (job_id, _po, prop, _k, cutoff) in enumerate(items):
-            full += ([ord_] if per_row == 5 else []) + [job_id, prop, 0, db_datetime(cutoff)]
-        full += [1000, 1001] if per_row == 5 else [1000]
-        rows = pipeline_sql.values_list(len(items), ["bigint", "bigint", "bigint", "timestamptz"])
-        ts = spec.timestamp_column
-        due = (
-            f"WITH g(job_id, property_id, after_id, cutoff) AS (VALUES {rows})"
-            f" SELECT g.job_id, COUNT(c.id), MAX(c.id) FROM g LEFT JOIN LATERAL ("
-            f"SELECT d.id FROM (SELECT r.id FROM {spec.table} r WHERE r.property_id = g.property_id"
-            f" AND r.{ts} < g.cutoff AND r.id > g.after_id OFFSET 0) d ORDER BY d.id LIMIT %s) c ON true"
-            " GROUP BY g.job_id"
-        )
-        due_params: list[Any] = []
-        for job_id, _po, prop, _k, cutoff in items:
-            due_params += [job_id, prop, 0, db_datetime(cutoff)]
-        due_params.append(1000)
 
         def by_job(result: list[Any]) -> dict[int, tuple[int, Any]]:
-            # (…, job id, [rows,] candidates, last id): the job id is 3rd or 4th from the end.
-            return {int(r[-4] if len(r) >= 5 else r[-3]): (int(r[-2]), r[-1]) for r in result}
+            # (ord, job id, rows returned, candidates, last id)
+            return {int(r[1]): (int(r[3]), r[4]) for r in result}
 
         found_rows = by_job(_rolled_back(keyset, full))
-        same = found_rows == by_job(_rolled_back(due, due_params))
+        same = found_rows == by_job(_rolled_back(due, full))
         out["candidates"] = {
             "kind": kind,
             "partitions": len(items),
             "keyset_index": _explain_ms(keyset, full),
-            "due_index": _explain_ms(due, due_params),
+            "due_index": _explain_ms(due, full),
             "keyset_client_ms": _median_ms(lambda: _rolled_back(keyset, full)),
-            "due_client_ms": _median_ms(lambda: _rolled_back(due, due_params)),
+            "due_client_ms": _median_ms(lambda: _rolled_back(due, full)),
             "same_result": same,
             "keyset_plan": _explain_text(keyset, full)[:26],
         }
-        # The group DELETE over the same partitions' candidate ranges.
+        # The group DELETE over the same partitions' candidate ranges (as _delete runs it).
         try:
+            from cleanup_ops.execution.batches import attachment_column
             from retention.eligibility import eligible_sql_for
 
             found = {job_id: last for job_id, (_n, last) in found_rows.items()}
-            live = [(job_id, prop, cutoff) for job_id, _po, prop, _k, cutoff in items if found.get(job_id)]
-            predicate, predicate_params = eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table)
-            statement = pipeline_sql.group_delete(table=spec.table, predicate=predicate, jobs=len(live), returning=None)
-            delete_params: list[Any] = []
-            for job_id, prop, cutoff in live:
-                delete_params += [prop, 0, found[job_id], db_datetime(cutoff)]
-            delete_params += predicate_params
+            ranges = [
+                {"property_id": prop, "after_id": 0, "last_id": found[job_id], "cutoff": db_datetime(cutoff)}
+                for job_id, _po, prop, _k, cutoff in items
+                if found.get(job_id)
+            ]
+            predicate, predicate_params = pipeline_sql.named(
+                *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
+            )
+            statement = pipeline_sql.group_delete(
+                table=spec.table, predicate=predicate, jobs=len(ranges), returning=attachment_column(kind)
+            )
+            delete_params = {**pipeline_sql.rows_params("g", pipeline_sql.DELETE_COLUMNS, ranges), **predicate_params}
             out["delete"] = {
-                "partitions": len(live),
+                "partitions": len(ranges),
                 "server": _explain_ms(statement, delete_params),
                 "client_ms": _median_ms(lambda: _rolled_back(statement, delete_params), repeat=5),
                 "plan": _explain_text(statement, delete_params)[:26],
@@ -167,83 +183,82 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         except (AttributeError, TypeError, ImportError) as exc:
             out["delete"] = f"skipped ({type(exc).__name__})"
 
-    # Ledger insert: 1,300 scalar parameters against 13 arrays.
+    # Ledger insert: the committed statement (13 arrays through unnest) against the same
+    # rows as a VALUES list of 1,300 scalar parameters.
     now = datetime.now(UTC)
-    ledger_rows = [
-        [
-            f"bench-plan-{job_id}-{time.monotonic_ns()}",
-            job_id,
-            po,
-            prop,
-            k,
-            None,
-            db_datetime(cutoff),
-            0,
-            1,
-            1000,
-            1,
-            1,
-            db_datetime(now),
-        ]
-        for job_id, po, prop, k, cutoff in jobs
-    ]
     versions = dict(
         sql(
             "SELECT id, policy_version_id FROM cleanup_ops_cleanupjob WHERE id = ANY(%s)",
             [[j[0] for j in jobs]],
         )
     )
-    for row in ledger_rows:
-        row[5] = versions[row[1]]
+    ledger_rows = [
+        {
+            "operation_id": f"bench-plan-{job_id}-{time.monotonic_ns()}",
+            "job_id": job_id,
+            "portfolio_id": po,
+            "property_id": prop,
+            "record_kind": k,
+            "policy_version_id": versions[job_id],
+            "cutoff": db_datetime(cutoff),
+            "after_id": 0,
+            "last_id": 1,
+            "batch_limit": 1000,
+            "candidates": 1,
+            "rows_deleted": 1,
+            "applied_at": db_datetime(now),
+        }
+        for job_id, po, prop, k, cutoff in jobs
+    ]
     try:
-        scalar = pipeline_sql.ledger_insert_many(len(ledger_rows))
+        arrays = pipeline_sql.ledger_insert_many(len(ledger_rows))
+        columns = pipeline_sql.LEDGER_COLUMNS
+        array_params = pipeline_sql.rows_params("g", columns, ledger_rows)
     except (AttributeError, TypeError) as exc:
-        scalar = None
+        arrays = None
         out["ledger_insert"] = f"skipped ({type(exc).__name__})"
-    if scalar:
-        flat = [v for row in ledger_rows for v in row]
-        columns = list(zip(*ledger_rows, strict=True))
-        types = [
-            "text",
-            "bigint",
-            "bigint",
-            "bigint",
-            "text",
-            "bigint",
-            "timestamptz",
-            "bigint",
-            "bigint",
-            "integer",
-            "integer",
-            "integer",
-            "timestamptz",
-        ]
-        arrays = (
-            "INSERT INTO cleanup_ops_ledgerentry (operation_id, job_id, portfolio_id, property_id, record_kind,"
-            " policy_version_id, cutoff, after_id, last_id, batch_limit, candidates, rows_deleted, applied_at)"
-            " SELECT * FROM unnest(" + ", ".join(f"%s::{t}[]" for t in types) + ")"
+    if arrays:
+        names = ", ".join(column for column, _ in columns)
+        values = pipeline_sql.values_list(len(ledger_rows), [sql_type for _, sql_type in columns])
+        scalar = (
+            f"WITH g({names}) AS (VALUES {values}) INSERT INTO cleanup_ops_ledgerentry ({names}) SELECT {names} FROM g"
         )
-        array_params = [list(c) for c in columns]
+        flat = [row[column] for row in ledger_rows for column, _ in columns]
         out["ledger_insert"] = {
             "rows": len(ledger_rows),
             "scalar_params": len(flat),
+            "array_params": len(array_params),
             "scalar_client_ms": _median_ms(lambda: _rolled_back(scalar, flat)),
             "scalar_server_ms": _explain_ms(scalar, flat),
             "arrays_client_ms": _median_ms(lambda: _rolled_back(arrays, array_params)),
             "arrays_server_ms": _explain_ms(arrays, array_params),
         }
 
-    # The finishing job update (state leased -> done: not HOT) against a HOT update.
+    # The finishing job update (state -> done: not HOT) against a HOT update.
     try:
         advance = pipeline_sql.group_jobs_advance(len(jobs))
+        finishing = [
+            {
+                "job_id": job_id,
+                "new_cursor": 1,
+                "add_batches": 1,
+                "add_deleted": 1,
+                "add_held": 0,
+                "batch_size": 1000,
+                "state": JobState.DONE.value,
+                "outcome": JobOutcome.DELETED.value,
+            }
+            for job_id, *_ in jobs
+        ]
+        adv_params = {
+            **pipeline_sql.rows_params("g", pipeline_sql.ADVANCE_COLUMNS, finishing),
+            "now": db_datetime(now),
+            "renew": db_datetime(now + timedelta(seconds=60)),
+        }
     except (AttributeError, TypeError) as exc:
         advance = None
         out["job_update"] = f"skipped ({type(exc).__name__})"
     if advance:
-        adv_params: list[Any] = []
-        for job_id, *_ in jobs:
-            adv_params += [job_id, 1, 1, 1, 0, 1, ""]
-        adv_params += [db_datetime(now), db_datetime(now + timedelta(seconds=60))]
         ids = [j[0] for j in jobs]
         hot = (
             "UPDATE cleanup_ops_cleanupjob SET batches = batches + 1, rows_deleted = rows_deleted + 1"
