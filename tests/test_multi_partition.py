@@ -219,6 +219,23 @@ class TestGroupSlices:
         assert LedgerEntry.objects.filter(property_id=big.pk).count() == 3
         assert LedgerEntry.objects.values("operation_id").distinct().count() == LedgerEntry.objects.count()
 
+    def test_a_portfolios_jobs_are_split_over_its_lease_slots_so_a_second_worker_finds_work(
+        self, active_policy, settings
+    ):
+        settings.CLEANUP_PORTFOLIO_MAX_LEASES = 2
+        props = estate(active_policy, ["A"], rows=1)
+        for n in range(10):
+            make_records(Property.objects.create(portfolio=props["A"].portfolio, name=f"H{n}"), "lease", 1, ended=OLD)
+        sweep_trigger(slot=SLOT, now=NOW)
+        first = jobs_lease_group(owner="w1", limit=100)
+        # Eleven due jobs, two slots: the first group takes six, the second the other five.
+        assert first is not None and len(first.job_ids) == 6
+        second = jobs_lease_group(owner="w2", limit=100)
+        assert second is not None and len(second.job_ids) == 5
+        assert not set(first.job_ids) & set(second.job_ids)
+        # Both slots are taken now: a third worker gets nothing in the portfolio.
+        assert jobs_lease_group(owner="w3", limit=100) is None
+
     def test_the_portfolio_cap_counts_lease_holders_not_jobs(self, active_policy, settings):
         settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
         props = estate(active_policy, ["A"], rows=1)

@@ -105,6 +105,11 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
     return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
 
 
+# A group lease takes at least this many of a portfolio's due jobs (when it
+# has them), however many lease slots the portfolio has left.
+GROUP_SHARE_MIN = 4
+
+
 @dataclass
 class GroupLease:
     """One lease (one token) over several jobs, worked in shared transactions."""
@@ -157,6 +162,14 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
                 continue
             seen.add((property_id, kind))
             queues.setdefault(portfolio_id, []).append(job_id)
+        # A portfolio's due jobs are split over the lease slots it has left:
+        # one group taking all of them would leave the portfolio's other slots
+        # nothing to work (in a backlog's tail, one big portfolio left, a
+        # second worker would stand idle).
+        # A few jobs stay together all the same (small ones share a transaction).
+        for portfolio_id, queue in queues.items():
+            share = -(-len(queue) // max(1, cap - holders.get(portfolio_id, 0)))
+            del queue[max(share, GROUP_SHARE_MIN) :]
         chosen: list[int] = []
         while queues and len(chosen) < limit:
             for portfolio_id in list(queues):
