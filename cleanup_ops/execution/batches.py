@@ -226,20 +226,31 @@ def run_group_batch(
                 advance(item.job.id, new_cursor=max(item.after_id, replayed[item.operation]), finish=False)
             else:
                 fresh.append(item)
-        if len(fresh) == 1 and sql.is_postgres():
-            # Alone (a large partition's next batch): its candidates and its
-            # DELETE in one statement.
-            chosen = fresh
-            deleted_by_job, documents = _count_and_delete_alone(cur, fresh[0])
-        else:
-            _count_candidates(cur, fresh, budget=budget)
-            chosen, taken = [], 0
-            for item in fresh:
-                if not item.counted or (item.candidates and chosen and taken + item.candidates > budget):
-                    continue  # next transaction: this one is full
-                taken += item.candidates
-                chosen.append(item)
-            deleted_by_job, documents = _delete(cur, [item for item in chosen if item.candidates])
+        chosen, taken = [], 0
+        deleted_by_job: dict[int, int] = {}
+        documents: dict[int, list[tuple[str, int]]] = {}
+        rest = fresh
+        if fresh and sql.is_postgres() and len(fresh) <= GROUP_STATEMENT_FROM:
+            # The first partition always goes: its candidates and its DELETE
+            # in one statement (alone, a large partition's next batch, that is
+            # the whole transaction's data work).
+            first, rest = fresh[0], fresh[1:]
+            deleted_by_job, documents = _count_and_delete_alone(cur, first)
+            chosen, taken = [first], first.candidates
+            if taken >= budget:
+                rest = []
+        _count_candidates(cur, rest, budget=budget - taken)
+        to_delete = []
+        for item in rest:
+            if not item.counted or (item.candidates and chosen and taken + item.candidates > budget):
+                continue  # next transaction: this one is full
+            taken += item.candidates
+            chosen.append(item)
+            if item.candidates:
+                to_delete.append(item)
+        more_deleted, more_documents = _delete(cur, to_delete)
+        deleted_by_job |= more_deleted
+        documents |= more_documents
         ledger = []
         for item in chosen:
             job = item.job
