@@ -66,15 +66,15 @@ class SweepQuerySet(models.QuerySet["Sweep"]):
             locked = self.select_for_update().filter(pk=sweep_id, status=SweepStatus.RUNNING).exists()
             if not locked:
                 return False
+            # One statement after the lock (its snapshot is taken after the
+            # lock is granted): finished only if no job of it is open.
             jobs = CleanupJob.objects.filter(sweep_id=sweep_id)
-            if jobs.open().exists():
-                return False
             status = Case(
                 When(Exists(jobs.filter(state=JobState.DEAD)), then=Value(SweepStatus.DRAINED_WITH_DEAD_LETTERS)),
                 default=Value(SweepStatus.DRAINED),
             )
-            self.filter(pk=sweep_id).update(status=status, finished_at=now)
-        return True
+            finished = self.filter(pk=sweep_id).exclude(Exists(jobs.open())).update(status=status, finished_at=now)
+        return finished == 1
 
     def reopen(self, *, sweep_ids: set[int]) -> None:
         """New work (a redrive, a re-queued purge) makes finished sweeps running
