@@ -62,9 +62,11 @@ for round in $(seq "$rounds"); do
     run base "$round" "${@}"
     run head "$round" "${@}"
 done
+# Each version's whole report, then the comparison. (A `| head` here would end the
+# script through SIGPIPE under pipefail before the comparison is printed.)
 for f in "$work"/out/*.txt; do
     echo "--- $(basename "$f")"
-    sed -n '/^===/,$p' "$f" | head -20
+    sed -n '/^===/,$p' "$f"
 done
 "$repo/.venv/bin/python" "$repo/bench/compare.py" \
     --label "$base_short" "$work"/out/base-*.txt --label "$head_short" "$work"/out/head-*.txt
