@@ -55,7 +55,7 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("cleanup_ops.execution.leases", "job_release", "job release"),
     ("cleanup_ops.execution.leases", "group_tokens", "rate tokens"),
     ("cleanup_ops.execution.leases", "wait_for_token", "rate tokens"),
-    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished", "sweep status"),
+    ("cleanup_ops.sweeps", "sweep_mark_drained_if_finished", "sweep status"),
     ("cleanup_ops.dispatch", "fair_due_job_ids", "dispatcher"),
     ("cleanup_ops.dispatch", "dispatch_due_jobs", "dispatcher"),
     ("cleanup_ops.recovery.failures", "job_fail", "failure/redrive"),
@@ -71,7 +71,7 @@ TIMED: tuple[tuple[str, str], ...] = (
     ("cleanup_ops.execution.leases", "jobs_lease_group"),
     ("cleanup_ops.execution.batches", "jobs_load"),
     ("cleanup_ops.execution.leases", "jobs_release"),
-    ("cleanup_ops.models", "SweepQuerySet.mark_drained_if_finished"),
+    ("cleanup_ops.sweeps", "sweep_mark_drained_if_finished"),
     ("cleanup_ops.dispatch", "fair_due_job_ids"),
 )
 

@@ -24,8 +24,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 from django.conf import settings
-from django.db import models, transaction
-from django.db.models import Case, Exists, Q, Value, When
+from django.db import models
+from django.db.models import Exists, Q
 
 from cleanup_ops.lifecycle import JobEvent, JobOutcome, JobState, next_state
 from retention.registry import RECORD_KIND_CHOICES
@@ -49,37 +49,10 @@ def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:
 
 
 class SweepQuerySet(models.QuerySet["Sweep"]):
-    def mark_drained_if_finished(self, *, sweep_id: int, now: datetime) -> bool:
-        """Mark a running sweep drained once none of its jobs is open; True if it was.
-
-        The sweep row is locked before the open jobs are counted. Whatever
-        gives a sweep new work (a redrive, a re-queued purge) updates that
-        row in the same transaction as the new job (``reopen``), so either
-        this check waits for that commit and then sees the job, or it commits
-        first and the reopen turns the sweep back to running: a sweep is
-        never left drained beside an open job.
-        """
-        # No savepoint: inside a batch transaction a failure here fails the
-        # batch anyway, and the savepoint's two statements ran for every
-        # finished partition.
-        with transaction.atomic(savepoint=False):
-            locked = self.select_for_update().filter(pk=sweep_id, status=SweepStatus.RUNNING).exists()
-            if not locked:
-                return False
-            # One statement after the lock (its snapshot is taken after the
-            # lock is granted): finished only if no job of it is open.
-            jobs = CleanupJob.objects.filter(sweep_id=sweep_id)
-            status = Case(
-                When(Exists(jobs.filter(state=JobState.DEAD)), then=Value(SweepStatus.DRAINED_WITH_DEAD_LETTERS)),
-                default=Value(SweepStatus.DRAINED),
-            )
-            finished = self.filter(pk=sweep_id).exclude(Exists(jobs.open())).update(status=status, finished_at=now)
-        return finished == 1
-
     def reopen(self, *, sweep_ids: set[int]) -> None:
         """New work (a redrive, a re-queued purge) makes finished sweeps running
         again. Called in the transaction that creates the work: its row
-        update is what ``mark_drained_if_finished`` serialises against."""
+        update is what ``sweeps.sweep_mark_drained_if_finished`` serialises against."""
         self.filter(pk__in=sweep_ids).exclude(status=SweepStatus.ADMITTING).update(
             status=SweepStatus.RUNNING, finished_at=None
         )

@@ -41,6 +41,7 @@ from django.utils import timezone
 from cleanup_ops.admission import sweep_admit
 from cleanup_ops.downstream.purge import purge_requeue_released
 from cleanup_ops.models import CleanupJob, Sweep, SweepStatus
+from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 
 logger = logging.getLogger(__name__)
 
@@ -185,7 +186,7 @@ def sweeps_reconcile(*, now: datetime | None = None) -> Reconciled:
         .values_list("pk", flat=True)
     )
     for sweep_id in finished:
-        Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=now)
+        sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now)
     drained = list(
         Sweep.objects.filter(pk__in=finished).exclude(status=SweepStatus.RUNNING).values_list("pk", flat=True)
     )

@@ -32,11 +32,14 @@ from cleanup_ops.models import (
     JobState,
     LedgerEntry,
     RateBucket,
+    Sweep,
+    SweepStatus,
 )
 from properties.models import Portfolio, Property
 from retention.models import PolicyVersion, RetentionPolicy
 
 JOB = CleanupJob._meta.db_table
+SWEEP = Sweep._meta.db_table
 LEDGER = LedgerEntry._meta.db_table
 BUCKET = RateBucket._meta.db_table
 PROPERTY = Property._meta.db_table
@@ -105,6 +108,29 @@ def job_finish() -> str:
     return (
         f"UPDATE {JOB} SET state = %s, outcome = %s, finished_at = %s, lease_token = NULL,"
         f" lease_owner = '', lease_expires_at = NULL WHERE id = %s"
+    )
+
+
+# --- Sweeps ---------------------------------------------------------------------
+
+
+def sweep_lock_running() -> str:
+    """Lock a running sweep's row (no row: not running). Parameters: ``sweep``."""
+    return f"SELECT id FROM {SWEEP} WHERE id = %(sweep)s AND status = '{SweepStatus.RUNNING}'{for_update()}"
+
+
+def sweep_finish_if_drained() -> str:
+    """Finish the sweep if none of its jobs is open: drained, or drained with
+    dead letters when one of its jobs is dead. Run after ``sweep_lock_running``
+    in the same transaction (a statement of its own, so its snapshot is taken
+    once the lock is held). Parameters: ``sweep``, ``now``."""
+    open_states = ", ".join(f"'{state}'" for state in OPEN_STATES)
+    return (
+        f"UPDATE {SWEEP} SET finished_at = %(now)s, status = CASE WHEN EXISTS (SELECT 1 FROM {JOB} j"
+        f" WHERE j.sweep_id = %(sweep)s AND j.state = '{JobState.DEAD}')"
+        f" THEN '{SweepStatus.DRAINED_WITH_DEAD_LETTERS}' ELSE '{SweepStatus.DRAINED}' END"
+        f" WHERE id = %(sweep)s AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.sweep_id = %(sweep)s"
+        f" AND j.state IN ({open_states}))"
     )
 
 

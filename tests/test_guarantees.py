@@ -45,6 +45,7 @@ from cleanup_ops.recovery.operator import (
     dead_letters_redrive_bulk,
 )
 from cleanup_ops.schedule import sweep_trigger
+from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.services import legal_hold_place, legal_hold_release
 
@@ -416,7 +417,7 @@ def test_a_sweep_is_not_marked_drained_while_a_redrive_gives_it_a_new_job(active
     job_run_slice(job_id=job_of(props["B"]).pk)
     Sweep.objects.filter(pk=result.sweep.pk).update(status=SweepStatus.RUNNING, finished_at=None)
     redriving = Held(lambda: dead_letter_redrive(letter_id=letter.pk, actor=operator_user, reason=REASON))
-    thread, outcome = in_thread(lambda: Sweep.objects.mark_drained_if_finished(sweep_id=result.sweep.pk, now=NOW))
+    thread, outcome = in_thread(lambda: sweep_mark_drained_if_finished(sweep_id=result.sweep.pk, now=NOW))
     while "pid" not in outcome:
         thread.join(0.01)
     wait_until_blocked(int(outcome["pid"]), by=redriving.pid)  # type: ignore[arg-type]

@@ -104,6 +104,7 @@ from cleanup_ops.recovery.classification import (
     parse_retry_after,
     retry_after_jitter,
 )
+from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.eligibility import holds_covering
 from retention.registry import REGISTRY, get_spec
 
@@ -359,7 +360,7 @@ def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
     with transaction.atomic(), connection.cursor() as cur:
         lock_job(cur, job_id=job.id, lease=lease, now=now)
         job_finish(cur, job_id=job.id, outcome=outcome, now=now)
-        Sweep.objects.mark_drained_if_finished(sweep_id=job.sweep_id, now=now)
+        sweep_mark_drained_if_finished(sweep_id=job.sweep_id, now=now)
     return outcome
 
 

@@ -29,7 +29,7 @@ f. Outbox: for record kinds with attachments the DELETE returns the deleted
 
 A batch with fewer candidates than the limit (or none) was the last one: the
 job is done with its outcome in that same transaction, and so is its sweep
-when no job of it is left open (``Sweep.objects.mark_drained_if_finished``).
+when no job of it is left open (``sweeps.sweep_mark_drained_if_finished``).
 """
 
 from __future__ import annotations
@@ -54,10 +54,10 @@ from cleanup_ops.models import (
     JobOutcome,
     JobState,
     PurgeRequest,
-    Sweep,
     scope_of,
 )
 from cleanup_ops.recovery.classification import LeaseLost
+from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.eligibility import db_datetime, eligible_sql_for
 from retention.models import PolicyVersion
 from retention.registry import get_spec
@@ -312,7 +312,7 @@ def run_group_batch(
         # A sweep whose last job finished here is finished in this same
         # transaction (under its row lock), so no crash leaves it running.
         for sweep_id in sorted({job.sweep_id for job in jobs if steps[job.id].outcome}):
-            Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=now)
+            sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now)
     return steps
 
 

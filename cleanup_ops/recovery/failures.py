@@ -21,13 +21,14 @@ from django.utils import timezone
 
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.execution.leases import Lease
-from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep, scope_of
+from cleanup_ops.models import CleanupJob, DeadLetter, JobState, scope_of
 from cleanup_ops.recovery.classification import (
     Classification,
     FailureCategory,
     backoff_delay,
     retry_after_jitter,
 )
+from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 
 
 def job_fail(*, lease: Lease, classification: Classification, now: datetime | None = None) -> bool:
@@ -77,5 +78,5 @@ def job_fail(*, lease: Lease, classification: Classification, now: datetime | No
         )
         # In the same transaction as the job's end: a sweep is finished
         # exactly when its last job is (a crash cannot leave it running).
-        Sweep.objects.mark_drained_if_finished(sweep_id=job.sweep_id, now=now)
+        sweep_mark_drained_if_finished(sweep_id=job.sweep_id, now=now)
     return True

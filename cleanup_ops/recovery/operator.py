@@ -61,6 +61,7 @@ from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, PipelinePause, Sweep, scope_of
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
+from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from properties.models import Portfolio
 from retention.scoping import portfolio_ids_q, portfolio_ids_where
 from retention.services import audit_event_record, require_text
@@ -445,7 +446,7 @@ def jobs_act(*, action: JobAction, actor: AbstractBaseUser | None, reason: str, 
             )
             result.jobs.append(job.pk)
         for sweep_id in sorted(sweeps):
-            Sweep.objects.mark_drained_if_finished(sweep_id=sweep_id, now=now)
+            sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now)
         if action == JobAction.RUN_NOW and result.jobs:
             dispatch_after_commit()
     return result

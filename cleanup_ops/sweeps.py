@@ -1,0 +1,36 @@
+"""Finishing a sweep: the moment its last open job ends.
+
+Protocol: the sweep row is locked (``FOR UPDATE``) before its open jobs are
+counted, in the transaction that ended a job. Whatever gives a sweep new work
+(a redrive, a re-queued purge) updates that row in the same transaction as the
+new job (``SweepQuerySet.reopen``), so either this check waits for that commit
+and then sees the job, or it commits first and the reopen turns the sweep back
+to running: a sweep is never left drained beside an open job, and two
+transactions ending a sweep's last two jobs at once serialise on the row, so
+the second sees the first's job done.
+
+Raw SQL (two statements, no savepoint): the batch transaction calls this for
+every partition that finishes, and through the ORM it cost about 3.6 ms a call.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from django.db import connection, transaction
+
+from cleanup_ops import sql
+from retention.eligibility import db_datetime
+
+
+def sweep_mark_drained_if_finished(*, sweep_id: int, now: datetime) -> bool:
+    """Mark a running sweep drained once none of its jobs is open; True if it was."""
+    # No savepoint: inside a batch transaction a failure here fails the batch anyway.
+    with transaction.atomic(savepoint=False):
+        if not sql.execute(sql.sweep_lock_running(), {"sweep": sweep_id}):
+            return False
+        with connection.cursor() as cur:
+            finished = sql.execute(
+                sql.sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=cur
+            ).rowcount
+    return finished == 1
