@@ -45,6 +45,7 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("cleanup_ops.execution.batches", "jobs_load", "job load"),
     ("cleanup_ops.execution.batches", "job_load", "job load"),
     ("cleanup_ops.execution.batches", "_lock_group", "fence"),
+    ("cleanup_ops.execution.batches", "_fence_scopes_and_policies", "fence + scope lock + policy"),
     ("cleanup_ops.execution.leases", "lock_job", "fence"),
     ("cleanup_ops.execution.batches", "_lock_scopes_and_policies", "scope lock + policy"),
     ("cleanup_ops.execution.batches", "_replayed", "ledger lookup"),

@@ -415,6 +415,32 @@ def group_scope_lock_and_policy(jobs: int) -> str:
     )
 
 
+def group_fence_scopes_and_policies(jobs: int) -> str:
+    """PostgreSQL: ``group_lock_fenced`` and ``group_scope_lock_and_policy``
+    in one statement, with the same lock order. The fence ``f`` locks the job
+    rows still ours in id order; the scope rows ``s`` are locked after a sort
+    by property id over a join that reads ``f`` whole, so every job row is
+    locked before any property or portfolio row, as with two statements. Per
+    job still ours: id, cursor, rows deleted, rows held, whether its scope
+    exists, and its policy's active version (id, days, enabled, batch size;
+    NULLs when none). Parameters: those of both statements."""
+    return (
+        f"WITH {rows_cte('g', SCOPE_COLUMNS, jobs)},"
+        f" f AS MATERIALIZED (SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
+        f" AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s"
+        f" ORDER BY id FOR UPDATE),"
+        f" s AS MATERIALIZED (SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+        f" FROM g JOIN f ON f.id = g.job_id"
+        f" JOIN {PROPERTY} p ON p.id = g.property_id"
+        f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
+        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
+        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
+        f" ORDER BY p.id FOR SHARE OF p, po)"
+        f" SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
+        f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN s ON s.job_id = f.id ORDER BY f.id"
+    )
+
+
 def ledger_lookup(operations: int) -> str:
     """Parameters: ``ops`` (``any_params``)."""
     return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"

@@ -181,11 +181,15 @@ def run_group_batch(
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
     with transaction.atomic(), connection.cursor() as cur:
-        fenced = _lock_group(cur, jobs=jobs, lease=lease, now=now)
+        if sql.is_postgres():
+            # Steps a (fence) and b-c (scope locks, policy) in one statement.
+            fenced, policies = _fence_scopes_and_policies(cur, jobs=jobs, lease=lease, now=now)
+        else:
+            fenced = _lock_group(cur, jobs=jobs, lease=lease, now=now)
+            policies = _lock_scopes_and_policies(cur, [job for job in jobs if job.id in fenced])
         for job in jobs:
             steps[job.id].lost = job.id not in fenced
         live = [job for job in jobs if job.id in fenced]
-        policies = _lock_scopes_and_policies(cur, live)
         updates: list[JobAdvance] = []
 
         def advance(job_id: int, **change: Any) -> None:
@@ -332,11 +336,8 @@ def _lock_group(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) ->
     return {int(job_id): (int(cursor), int(deleted), int(held)) for job_id, cursor, deleted, held in rows}
 
 
-def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool, int]]:
-    """Per job whose scope exists: (active version id or None, retention days, enabled, batch size)."""
-    if not jobs:
-        return {}
-    scopes = [
+def _scope_rows(jobs: list[JobRef]) -> list[dict[str, Any]]:
+    return [
         {
             "job_id": job.id,
             "property_id": job.property_id,
@@ -345,7 +346,40 @@ def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[i
         }
         for job in jobs
     ]
-    params = {**sql.rows_params("g", sql.SCOPE_COLUMNS, scopes), "approved": PolicyVersion.Status.APPROVED}
+
+
+Fenced = dict[int, tuple[int, int, int]]
+Policies = dict[int, tuple[int | None, int, bool, int]]
+
+
+def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> tuple[Fenced, Policies]:
+    """PostgreSQL: ``_lock_group`` and ``_lock_scopes_and_policies`` in one
+    statement, the locks taken in the same order (``sql.group_fence_scopes_and_policies``)."""
+    params = {
+        **sql.any_params("ids", [job.id for job in jobs]),
+        **sql.rows_params("g", sql.SCOPE_COLUMNS, _scope_rows(jobs)),
+        "state": JobState.LEASED,
+        "token": token_param(lease.token),
+        "now": db_datetime(now),
+        "approved": PolicyVersion.Status.APPROVED,
+    }
+    rows = sql.execute(sql.group_fence_scopes_and_policies(len(jobs)), params, cur=cur).fetchall()
+    if not rows:
+        raise LeaseLost(jobs[0].id)
+    fenced: Fenced = {}
+    policies: Policies = {}
+    for job_id, cursor, deleted, held, scoped, vid, days, enabled, size in rows:
+        fenced[int(job_id)] = (int(cursor), int(deleted), int(held))
+        if scoped:
+            policies[int(job_id)] = (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
+    return fenced, policies
+
+
+def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool, int]]:
+    """Per job whose scope exists: (active version id or None, retention days, enabled, batch size)."""
+    if not jobs:
+        return {}
+    params = {**sql.rows_params("g", sql.SCOPE_COLUMNS, _scope_rows(jobs)), "approved": PolicyVersion.Status.APPROVED}
     rows = sql.execute(sql.group_scope_lock_and_policy(len(jobs)), params, cur=cur).fetchall()
     return {
         int(job_id): (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
