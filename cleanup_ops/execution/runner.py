@@ -222,8 +222,9 @@ def group_run_slice(
 
     Each transaction covers as many of the leased partitions as fit in one
     batch of candidate rows (``run_group_batch``); partitions that finish
-    drop out, a large one runs alone. The slice is bounded like a single
-    job's (``CLEANUP_SLICE_BATCHES`` transactions or ``CLEANUP_SLICE_SECONDS``);
+    drop out, a large one runs alone. The slice is bounded by
+    ``CLEANUP_SLICE_SECONDS`` and ``max_batches`` transactions (by default
+    ``CLEANUP_SLICE_BATCHES`` per partition leased);
     what is left is released with its cursors. With rate limits configured a
     transaction takes one token per portfolio it touches and one global token
     (tokens drawn for portfolios it then leaves untouched go back); a
@@ -244,7 +245,11 @@ def group_run_slice(
         return result
     lease, pending = group.lease, list(group.job_ids)
     result.leased = len(pending)
-    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
+    # By default (the in-process drain) up to a slice's batches for each
+    # partition leased, within the seconds: with processor sharing every
+    # partition gets its turn inside the lease, and the drain leases and
+    # releases less often. A worker's turn passes its own budget.
+    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(pending)
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, 1000) if batch_size else None
@@ -381,7 +386,10 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     poll wait and a dispatcher call each; instead a turn leases due
     partitions in groups and works them in shared transactions. A turn is as
     bounded as one slice: ``CLEANUP_SLICE_BATCHES`` transactions or
-    ``CLEANUP_SLICE_SECONDS``.
+    ``CLEANUP_SLICE_SECONDS``, so that the due work of a small sweep spreads
+    over the workers and clusters that fetch its messages. (A turn bounded by
+    seconds alone measured about 10% faster on a 1M backlog with one worker,
+    but let one cluster's first turns take all of a small sweep.)
     """
     owner = owner or worker_name()
     deadline = time.monotonic() + settings.CLEANUP_SLICE_SECONDS
