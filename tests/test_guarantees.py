@@ -336,7 +336,7 @@ def test_a_large_partition_alone_spends_only_its_own_portfolios_tokens(active_po
     Lease.objects.filter(property_id=props["A"].pk).delete()
     make_records(props["A"], "lease", 25, ended=OLD)
     sweep_trigger(slot=SLOT, now=NOW)
-    result = group_run_slice(owner="w")
+    result = group_run_slice(owner="w", max_batches=20)  # a worker's turn
     # The first transaction drew a token each for A, B and C but held only
     # A's large batch: B's and C's tokens went back, so they ran next, and A
     # (no token left) was deferred to its own portfolio's refill.

@@ -80,3 +80,20 @@ def test_partitions_a_slice_never_reached_keep_their_place_and_worked_ones_go_be
     assert nxt is not None
     assert CleanupJob.objects.get(pk=nxt.job_ids[0]).property_id in untouched
     assert {props[n].pk for n in "ABC"} == set(after)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_the_drains_slice_ends_once_most_of_its_partitions_are_done(active_policy, settings):
+    settings.CLEANUP_BATCH_SIZE = 5
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
+    props = estate(active_policy, ["Big", "S1", "S2", "S3"], rows=6)
+    make_records(props["Big"], "lease", 24, ended=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    # The drain's default budget: a slice's batches per partition leased. Once
+    # the three small ones are done, the big one alone is not kept: it goes
+    # back (cursor kept) so the next lease also takes whatever else waits.
+    result = group_run_slice(owner="drain")
+    assert result.finished == 3
+    big = CleanupJob.objects.get(property_id=props["Big"].pk)
+    assert big.state == JobState.PENDING and 0 < big.rows_deleted < 30

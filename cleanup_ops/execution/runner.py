@@ -249,6 +249,10 @@ def group_run_slice(
     # partition leased, within the seconds: with processor sharing every
     # partition gets its turn inside the lease, and the drain leases and
     # releases less often. A worker's turn passes its own budget.
+    # The drain's slice also ends once fewer than half of the partitions it
+    # leased are left: holding on to a few large ones while other partitions
+    # wait unleased would undo the processor sharing.
+    refill_below = 0 if max_batches else (len(pending) + 1) // 2
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(pending)
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
@@ -343,6 +347,8 @@ def group_run_slice(
         waiting = [job_id for job_id in pending if job_id not in done and job_id not in applied]
         pending = waiting + [job_id for job_id in pending if job_id in applied and job_id not in done]
         if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
+            break
+        if len(pending) < refill_below:
             break
     if pending:
         # Worked partitions are due again now, behind every waiting one; the
