@@ -17,6 +17,7 @@ from cleanup_ops.execution.leases import jobs_lease_group
 from cleanup_ops.execution.runner import group_run_slice
 from cleanup_ops.models import CleanupJob, JobState, LedgerEntry
 from cleanup_ops.schedule import sweep_trigger
+from properties.models import Property
 
 from .conftest import make_records, utc
 from .conftest import one_property_portfolios as estate
@@ -36,15 +37,21 @@ def batch_order() -> list[int]:
     return list(LedgerEntry.objects.order_by("id").values_list("property_id", flat=True))
 
 
+def big_and_three_small(active_policy, settings) -> dict[str, Property]:  # type: ignore[no-untyped-def]
+    """Batches of 5; Big (30 rows: six batches) first in key order, as in a
+    backlog, then S1-S3 (6 rows: two batches each); one lease slot each."""
+    settings.CLEANUP_BATCH_SIZE = 5
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
+    props = estate(active_policy, ["Big", "S1", "S2", "S3"], rows=6)
+    make_records(props["Big"], "lease", 24, ended=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    return props
+
+
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
 def test_every_leased_partition_gets_a_batch_before_the_large_one_gets_its_third(active_policy, settings):
-    settings.CLEANUP_BATCH_SIZE = 5
-    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
-    # The big portfolio's partition comes first in key order, as in a backlog.
-    props = estate(active_policy, ["Big", "S1", "S2", "S3"], rows=6)
-    make_records(props["Big"], "lease", 24, ended=OLD)  # 30 rows: six batches
-    sweep_trigger(slot=SLOT, now=NOW)
+    props = big_and_three_small(active_policy, settings)
     result = group_run_slice(owner="w", max_batches=100)
     assert result.finished == 4
     order = batch_order()
@@ -85,11 +92,7 @@ def test_partitions_a_slice_never_reached_keep_their_place_and_worked_ones_go_be
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
 def test_the_drains_slice_ends_once_most_of_its_partitions_are_done(active_policy, settings):
-    settings.CLEANUP_BATCH_SIZE = 5
-    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
-    props = estate(active_policy, ["Big", "S1", "S2", "S3"], rows=6)
-    make_records(props["Big"], "lease", 24, ended=OLD)
-    sweep_trigger(slot=SLOT, now=NOW)
+    props = big_and_three_small(active_policy, settings)
     # The drain's default budget: a slice's batches per partition leased. Once
     # the three small ones are done, the big one alone is not kept: it goes
     # back (cursor kept) so the next lease also takes whatever else waits.
