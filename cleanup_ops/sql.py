@@ -379,18 +379,6 @@ def named(statement: str, params: Sequence[Any], *, prefix: str) -> tuple[str, d
 
 FENCE_COLUMNS = "id, cursor, rows_deleted, rows_held"
 
-
-def group_lock_fenced(jobs: int) -> str:
-    """Those of the group's jobs whose lease is still ours — id, cursor and the
-    totals so far (the finishing outcome is decided from them) — rows locked
-    in id order (two groups never wait on each other in a cycle).
-    Parameters: ``ids`` (``any_params``), ``state``, ``token``, ``now``."""
-    return (
-        f"SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)} AND state = %(state)s"
-        f" AND lease_token = %(token)s AND lease_expires_at > %(now)s ORDER BY id{for_update()}"
-    )
-
-
 SCOPE_COLUMNS: Columns = (
     ("job_id", "bigint"),
     ("property_id", "bigint"),
@@ -399,43 +387,32 @@ SCOPE_COLUMNS: Columns = (
 )
 
 
-def group_scope_lock_and_policy(jobs: int) -> str:
-    """Per job: the active version of its portfolio's policy for its kind (id,
-    retention days, enabled, batch size; NULLs when none); property and
-    portfolio rows ``FOR SHARE`` in property id order. A job whose scope is
-    gone returns no row. Parameters: ``g`` (``SCOPE_COLUMNS``), ``approved``."""
-    return (
-        f"WITH {rows_cte('g', SCOPE_COLUMNS, jobs)}"
-        f" SELECT g.job_id, v.id, v.retention_days, v.enabled, v.batch_size FROM g"
-        f" JOIN {PROPERTY} p ON p.id = g.property_id"
-        f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
-        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
-        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        f" ORDER BY p.id{for_share_of('p', 'po')}"
-    )
-
-
 def group_fence_scopes_and_policies(jobs: int) -> str:
-    """PostgreSQL: ``group_lock_fenced`` and ``group_scope_lock_and_policy``
-    in one statement, with the same lock order. The fence ``f`` locks the job
-    rows still ours in id order; the scope rows ``s`` are locked after a sort
-    by property id over a join that reads ``f`` whole, so every job row is
-    locked before any property or portfolio row, as with two statements. Per
-    job still ours: id, cursor, rows deleted, rows held, whether its scope
-    exists, and its policy's active version (id, days, enabled, batch size;
-    NULLs when none). Parameters: those of both statements."""
+    """Steps a-c of the batch for a group, in one statement. The fence ``f``:
+    those of the group's jobs whose lease is still ours — cursor and the
+    totals so far (the finishing outcome is decided from them) — rows locked
+    in id order (two groups never wait on each other in a cycle). The scope
+    ``s``: property and portfolio rows ``FOR SHARE`` (the hold race) in
+    property id order, and each job's active policy version. ``s`` is locked
+    after a sort over a join that reads ``f`` whole, so every job row is
+    locked before any property or portfolio row. Per job still ours: id,
+    cursor, rows deleted, rows held, whether its scope exists, and the
+    version (id, days, enabled, batch size; NULLs when none). On SQLite the
+    same statement without the locks. Parameters: ``g`` (``SCOPE_COLUMNS``),
+    ``ids`` (``any_params``), ``state``, ``token``, ``now``, ``approved``."""
+    materialized = "MATERIALIZED " if is_postgres() else ""
     return (
         f"WITH {rows_cte('g', SCOPE_COLUMNS, jobs)},"
-        f" f AS MATERIALIZED (SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
+        f" f AS {materialized}(SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
         f" AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s"
-        f" ORDER BY id FOR UPDATE),"
-        f" s AS MATERIALIZED (SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+        f" ORDER BY id{for_update()}),"
+        f" s AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
         f" FROM g JOIN f ON f.id = g.job_id"
         f" JOIN {PROPERTY} p ON p.id = g.property_id"
         f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
         f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
         f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        f" ORDER BY p.id FOR SHARE OF p, po)"
+        f" ORDER BY p.id{for_share_of('p', 'po')})"
         f" SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
         f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN s ON s.job_id = f.id ORDER BY f.id"
     )
@@ -446,14 +423,19 @@ def ledger_lookup(operations: int) -> str:
     return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"
 
 
-def partition_candidates(*, table: str, timestamp_column: str) -> str:
-    """One partition's next candidates after its cursor: (count, last id).
+def _next_candidates(*, table: str, timestamp_column: str) -> str:
+    """The ids of one partition's next candidates after its cursor (the keyset walk).
     Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
     return (
-        f"SELECT COUNT(*), MAX(c.id) FROM (SELECT r.id FROM {table} r WHERE r.property_id = %(property_id)s"
-        f" AND r.id > %(after_id)s AND r.{timestamp_column} < %(cutoff)s ORDER BY r.property_id, r.id"
-        f" LIMIT %(lim)s) c"
+        f"SELECT r.id FROM {table} r WHERE r.property_id = %(property_id)s AND r.id > %(after_id)s"
+        f" AND r.{timestamp_column} < %(cutoff)s ORDER BY r.property_id, r.id LIMIT %(lim)s"
     )
+
+
+def partition_candidates(*, table: str, timestamp_column: str) -> str:
+    """One partition's next candidates after its cursor: (count, last id).
+    Parameters: ``_next_candidates``'s."""
+    return f"SELECT COUNT(*), MAX(c.id) FROM ({_next_candidates(table=table, timestamp_column=timestamp_column)}) c"
 
 
 def partition_count_and_delete(*, table: str, timestamp_column: str, predicate: str, returning: str | None) -> str:
@@ -463,12 +445,10 @@ def partition_count_and_delete(*, table: str, timestamp_column: str, predicate: 
     NULL, NULL), then per deleted record (NULL, NULL, record id, document id
     or NULL). The candidates are read once (a CTE used twice is
     materialised), planned with the partition's own values: the keyset walk.
-    Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim`` and the
-    predicate's."""
+    Parameters: ``_next_candidates``'s and the predicate's."""
     document = f"{table}.{returning}" if returning else "NULL"
     return (
-        f"WITH c AS (SELECT r.id FROM {table} r WHERE r.property_id = %(property_id)s AND r.id > %(after_id)s"
-        f" AND r.{timestamp_column} < %(cutoff)s ORDER BY r.property_id, r.id LIMIT %(lim)s),"
+        f"WITH c AS ({_next_candidates(table=table, timestamp_column=timestamp_column)}),"
         f" d AS (DELETE FROM {table} USING c WHERE {table}.id = c.id AND {predicate}"
         f" RETURNING {table}.id, CAST({document} AS text) AS document_id)"
         f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c), CAST(NULL AS bigint), CAST(NULL AS text)"

@@ -26,11 +26,8 @@ from retention.eligibility import db_datetime
 def sweep_mark_drained_if_finished(*, sweep_id: int, now: datetime) -> bool:
     """Mark a running sweep drained once none of its jobs is open; True if it was."""
     # No savepoint: inside a batch transaction a failure here fails the batch anyway.
-    with transaction.atomic(savepoint=False):
-        if not sql.execute(sql.sweep_lock_running(), {"sweep": sweep_id}):
+    with transaction.atomic(savepoint=False), connection.cursor() as cur:
+        if sql.execute(sql.sweep_lock_running(), {"sweep": sweep_id}, cur=cur).fetchone() is None:
             return False
-        with connection.cursor() as cur:
-            finished = sql.execute(
-                sql.sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=cur
-            ).rowcount
-    return finished == 1
+        finished = sql.execute(sql.sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=cur)
+        return finished.rowcount == 1

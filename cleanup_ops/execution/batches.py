@@ -181,12 +181,8 @@ def run_group_batch(
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
     with transaction.atomic(), connection.cursor() as cur:
-        if sql.is_postgres():
-            # Steps a (fence) and b-c (scope locks, policy) in one statement.
-            fenced, policies = _fence_scopes_and_policies(cur, jobs=jobs, lease=lease, now=now)
-        else:
-            fenced = _lock_group(cur, jobs=jobs, lease=lease, now=now)
-            policies = _lock_scopes_and_policies(cur, [job for job in jobs if job.id in fenced])
+        # Steps a (fence) and b-c (scope locks, policy) in one statement.
+        fenced, policies = _fence_scopes_and_policies(cur, jobs=jobs, lease=lease, now=now)
         for job in jobs:
             steps[job.id].lost = job.id not in fenced
         live = [job for job in jobs if job.id in fenced]
@@ -320,22 +316,6 @@ def run_group_batch(
     return steps
 
 
-def _lock_group(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> dict[int, tuple[int, int, int]]:
-    """The fence for a group: (cursor, rows deleted, rows held) of the jobs
-    still ours; ``LeaseLost`` if none is."""
-    ids = [job.id for job in jobs]
-    params = {
-        **sql.any_params("ids", ids),
-        "state": JobState.LEASED,
-        "token": token_param(lease.token),
-        "now": db_datetime(now),
-    }
-    rows = sql.execute(sql.group_lock_fenced(len(ids)), params, cur=cur).fetchall()
-    if not rows:
-        raise LeaseLost(ids[0])
-    return {int(job_id): (int(cursor), int(deleted), int(held)) for job_id, cursor, deleted, held in rows}
-
-
 def _scope_rows(jobs: list[JobRef]) -> list[dict[str, Any]]:
     return [
         {
@@ -353,8 +333,11 @@ Policies = dict[int, tuple[int | None, int, bool, int]]
 
 
 def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> tuple[Fenced, Policies]:
-    """PostgreSQL: ``_lock_group`` and ``_lock_scopes_and_policies`` in one
-    statement, the locks taken in the same order (``sql.group_fence_scopes_and_policies``)."""
+    """The fence, the scope locks and the policy read
+    (``sql.group_fence_scopes_and_policies``): (cursor, rows deleted, rows
+    held) per job still ours, and per such job whose scope exists (active
+    version id or None, retention days, enabled, batch size); ``LeaseLost``
+    if no job is still ours."""
     params = {
         **sql.any_params("ids", [job.id for job in jobs]),
         **sql.rows_params("g", sql.SCOPE_COLUMNS, _scope_rows(jobs)),
@@ -373,18 +356,6 @@ def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, no
         if scoped:
             policies[int(job_id)] = (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
     return fenced, policies
-
-
-def _lock_scopes_and_policies(cur: Any, jobs: list[JobRef]) -> dict[int, tuple[int | None, int, bool, int]]:
-    """Per job whose scope exists: (active version id or None, retention days, enabled, batch size)."""
-    if not jobs:
-        return {}
-    params = {**sql.rows_params("g", sql.SCOPE_COLUMNS, _scope_rows(jobs)), "approved": PolicyVersion.Status.APPROVED}
-    rows = sql.execute(sql.group_scope_lock_and_policy(len(jobs)), params, cur=cur).fetchall()
-    return {
-        int(job_id): (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
-        for job_id, vid, days, enabled, size in rows
-    }
 
 
 def _replayed(cur: Any, work: list[_Work]) -> dict[str, int]:

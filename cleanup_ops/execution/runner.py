@@ -283,18 +283,17 @@ def group_run_slice(
         # partition back and leasing it again would cost more statements than
         # the batch the limit is there to slow down.
         elapsed = time.monotonic() - started
-        soon = [
+        wait_of = {job_id: waits[jobs[job_id].portfolio_id] for job_id in left_out}
+        soon = {
             job_id
-            for job_id in left_out
-            if waits[jobs[job_id].portfolio_id] <= settings.CLEANUP_TOKEN_WAIT_SECONDS
-            and elapsed + waits[jobs[job_id].portfolio_id] < max_seconds
-        ]
-        deferred = [job_id for job_id in left_out if job_id not in set(soon)]
+            for job_id, wait in wait_of.items()
+            if wait <= settings.CLEANUP_TOKEN_WAIT_SECONDS and elapsed + wait < max_seconds
+        }
+        deferred = [job_id for job_id in left_out if job_id not in soon]
         if soon and not allowed and not deferred:
-            time.sleep(min(waits[jobs[job_id].portfolio_id] for job_id in soon))
+            time.sleep(min(wait_of[job_id] for job_id in soon))
             continue
-        if soon:
-            working = [job_id for job_id in working if job_id not in set(soon)]
+        working = [job_id for job_id in working if job_id not in soon]
         if deferred:
             # Each deferred partition waits for its own portfolio's token.
             by_wait: dict[float, list[int]] = {}
