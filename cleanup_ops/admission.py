@@ -20,9 +20,8 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
-from django.utils import timezone
 
-from cleanup_ops import sql
+from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.models import CleanupJob, Sweep
 from properties.models import Portfolio
@@ -76,7 +75,7 @@ def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
     does not hold back the partition's next delete), and one count says how
     many were carried over instead.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic():
         sweep = Sweep.objects.select_for_update().get(pk=sweep_id)
         if sweep.status != Sweep.Status.ADMITTING:

@@ -43,10 +43,10 @@ from typing import Any
 from django.conf import settings
 from django.db import transaction
 from django.db.models import Count
-from django.utils import timezone
 from django_q.brokers import Broker, get_broker
 from django_q.tasks import async_task
 
+from cleanup_ops import clock
 from cleanup_ops.brokers import not_before
 from cleanup_ops.models import CleanupJob, JobKind, JobState, PipelinePause, not_waiting_in_broker_q
 
@@ -230,7 +230,7 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
     """Enqueue due jobs into each queue's free window; returns how many."""
     if settings.Q_CLUSTER.get("sync"):
         return 0  # sync mode runs tasks inline; dispatching from inside one would recurse
-    now = now or timezone.now()
+    now = now or clock.now()
     picked: dict[str, list[int]] = {}
     slots = None  # paused portfolios and taken lease slots, read once for every queue
     for queue, kinds in queues().items():
@@ -283,7 +283,7 @@ def hint_due_at(*, job_ids: list[int], at: datetime) -> None:
     if settings.Q_CLUSTER.get("sync") or not job_ids:
         return
     limit = broker_max_delay_seconds()
-    if limit is not None and (at - timezone.now()) > timedelta(seconds=limit):
+    if limit is not None and (at - clock.now()) > timedelta(seconds=limit):
         return
     kinds = dict(CleanupJob.objects.filter(pk__in=job_ids).values_list("id", "kind"))
     CleanupJob.objects.filter(pk__in=job_ids).update(enqueued_at=at)
@@ -307,7 +307,7 @@ def _send(queue: str, job_ids: list[int], *, at: datetime | None = None, stamp: 
     sends them instead of waiting a lease for a message that never left."""
     sent = 0
     try:
-        with not_before(at or timezone.now()):
+        with not_before(at or clock.now()):
             for job_id in job_ids:
                 _enqueue(queue, job_id)
                 sent += 1

@@ -315,6 +315,10 @@ class LedgerEntry(models.Model):
     batch_limit = models.PositiveIntegerField()
     candidates = models.PositiveIntegerField()
     rows_deleted = models.PositiveIntegerField()
+    # Candidates an active hold covered, counted from the hold itself. The
+    # rest of candidates − deleted is rows the application changed, moved or
+    # deleted while the batch ran: kept by nobody, so not "held".
+    rows_held = models.PositiveIntegerField(default=0)
     applied_at = models.DateTimeField()
 
     class Meta:

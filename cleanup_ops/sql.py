@@ -28,6 +28,7 @@ from cleanup_ops.models import (
     OPEN_STATES,
     CleanupJob,
     DeletedAttachment,
+    DocumentDisposition,
     JobKind,
     JobState,
     LedgerEntry,
@@ -148,6 +149,33 @@ def document_scopes_lock() -> str:
         f"SELECT p.id FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.id = p.portfolio_id"
         f" WHERE p.id IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)"
         f" ORDER BY p.id{for_share_of('p', 'po')}"
+    )
+
+
+DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)
+
+
+def dispositions_take(documents: int) -> str:
+    """A batch's part in each document's one decision: the ``DocumentDisposition``
+    row of every document its deleted records named, created or locked (an
+    ``ON CONFLICT DO UPDATE`` locks the row whether or not its condition lets
+    it update), in document id order, held until the batch commits. A purge
+    decides about a document only under that row's ``FOR UPDATE``, so the
+    deleted records it reads (``DeletedAttachment``, written in the same
+    batch) cannot grow while it decides: a batch naming the document either
+    committed before the purge took the row, or waits for the purge's
+    decision to end. A document already ``purged`` whose id a deleted record
+    names again was reused for a new file: it gets a fresh decision
+    (``pending``). Parameters: ``x`` (``DISPOSITION_COLUMNS``), ``pending``,
+    ``purged``."""
+    table = DocumentDisposition._meta.db_table
+    return (
+        f"WITH {rows_cte('x', DISPOSITION_COLUMNS, documents)}"
+        f" INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x"
+        # WHERE true: SQLite would otherwise read ON CONFLICT as a join's ON.
+        f" WHERE true ORDER BY x.document_id"
+        f" ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL"
+        f" WHERE {table}.state = %(purged)s"
     )
 
 
@@ -423,6 +451,32 @@ def ledger_lookup(operations: int) -> str:
     return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"
 
 
+POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", "bigint"), ("record_kind", "varchar"))
+
+
+def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
+    """Lock, then read: the policy decision of the batch, read by a statement
+    that starts once every scope lock is held (``group_fence_scopes_and_policies``
+    took them), so under READ COMMITTED it sees every version approved before
+    those locks were granted — and approving takes the portfolio row
+    ``FOR UPDATE``, so none can commit after them until the batch does. In
+    the same round trip, the replay lookup of the operation ids computed from
+    the first statement's reading of the policy (the caller looks again in
+    the rare case the two readings differ). Rows: (job id, version id, days,
+    enabled, batch size, NULL, NULL) per job, then (NULL, …, operation id,
+    last id) per ledger row found. Parameters: ``p`` (``POLICY_COLUMNS``),
+    ``ops`` (``any_params``), ``approved``."""
+    return (
+        f"WITH {rows_cte('p', POLICY_COLUMNS, jobs)}"
+        f" SELECT p.job_id, v.id, v.retention_days, v.enabled, v.batch_size,"
+        f" CAST(NULL AS varchar), CAST(NULL AS bigint) FROM p"
+        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = p.record_kind"
+        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
+        f" UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, operation_id, last_id FROM {LEDGER}"
+        f" WHERE operation_id {any_of('ops', 'varchar', operations)}"
+    )
+
+
 def _next_candidates(*, table: str, timestamp_column: str) -> str:
     """The ids of one partition's next candidates after its cursor (the keyset walk).
     Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
@@ -438,20 +492,30 @@ def partition_candidates(*, table: str, timestamp_column: str) -> str:
     return f"SELECT COUNT(*), MAX(c.id) FROM ({_next_candidates(table=table, timestamp_column=timestamp_column)}) c"
 
 
-def partition_count_and_delete(*, table: str, timestamp_column: str, predicate: str, returning: str | None) -> str:
+def partition_count_and_delete(
+    *, table: str, timestamp_column: str, predicate: str, held: str, returning: str | None
+) -> str:
     """PostgreSQL: one partition's next candidates and the DELETE of those the
     eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
-    admits, in one statement. Returns a row (candidates, last candidate id,
-    NULL, NULL), then per deleted record (NULL, NULL, record id, document id
-    or NULL). The candidates are read once (a CTE used twice is
+    admits, in one statement. The DELETE re-tests the scope (property and
+    portfolio) as well as the predicate: a row the application moved while
+    the DELETE waited for its row lock is re-checked by PostgreSQL as it is
+    now, and no longer matches. ``held`` is the hold test over alias ``r``:
+    the rows a hold kept are counted from the hold itself, never as
+    candidates minus deleted (a row the application extended or deleted
+    meanwhile was kept by nobody). Returns a row (candidates, last candidate
+    id, held, NULL), then per deleted record (NULL, NULL, record id, document
+    id or NULL). The candidates are read once (a CTE used twice is
     materialised), planned with the partition's own values: the keyset walk.
-    Parameters: ``_next_candidates``'s and the predicate's."""
+    Parameters: ``_next_candidates``'s, ``portfolio_id`` and the predicates'."""
     document = f"{table}.{returning}" if returning else "NULL"
     return (
         f"WITH c AS ({_next_candidates(table=table, timestamp_column=timestamp_column)}),"
-        f" d AS (DELETE FROM {table} USING c WHERE {table}.id = c.id AND {predicate}"
+        f" d AS (DELETE FROM {table} USING c WHERE {table}.id = c.id"
+        f" AND {table}.property_id = %(property_id)s AND {table}.portfolio_id = %(portfolio_id)s AND {predicate}"
         f" RETURNING {table}.id, CAST({document} AS text) AS document_id)"
-        f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c), CAST(NULL AS bigint), CAST(NULL AS text)"
+        f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c),"
+        f" (SELECT COUNT(*) FROM c JOIN {table} r ON r.id = c.id WHERE {held}), CAST(NULL AS text)"
         f" UNION ALL SELECT NULL, NULL, d.id, d.document_id FROM d"
     )
 
@@ -492,32 +556,69 @@ def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
 
 DELETE_COLUMNS: Columns = (
     ("property_id", "bigint"),
+    ("portfolio_id", "bigint"),
     ("after_id", "bigint"),
     ("last_id", "bigint"),
     ("cutoff", "timestamptz"),
 )
 
 
-def group_delete(*, table: str, predicate: str, jobs: int, returning: str | None) -> str:
-    """Delete the eligible rows of every partition's candidate range; returns
-    one row per deleted record: its property id (a group holds one job per
-    property and kind) and, for kinds with attachments, the document id and
-    the record's id (the outbox keeps which record named which document).
-    ``predicate`` is the eligibility predicate over ``table`` with the
-    cutoff ``g.cutoff``, its parameters named (``named``): the hold check is
-    inside this statement. Parameters: ``g`` (``DELETE_COLUMNS``) and the
-    predicate's."""
-    cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
-    extra = f", {table}.{returning}, {table}.id" if returning else ""
-    in_range = (
-        f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id AND {predicate}"
+def _in_range(table: str) -> str:
+    return f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id"
+
+
+def group_range_counts(*, table: str, timestamp_column: str, held: str, jobs: int) -> str:
+    """Per partition of ``g`` (``DELETE_COLUMNS``): the rows of its candidate
+    range past its cutoff, and of those the ones an active hold covers
+    (``held``, the hold test over alias ``r``). On PostgreSQL this is part of
+    ``group_delete``'s statement (the same snapshot as the DELETE); SQLite
+    (one writer at a time) runs it just before. Rows: (property id,
+    candidates, held)."""
+    return f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} {_range_counts_select(table, timestamp_column, held)}"
+
+
+def _range_counts_select(table: str, timestamp_column: str, held: str) -> str:
+    return (
+        f"SELECT g.property_id, COUNT(*) AS n, SUM(CASE WHEN {held} THEN 1 ELSE 0 END) AS held FROM g JOIN {table} r"
+        f" ON {_in_range('r')} AND r.portfolio_id = g.portfolio_id AND r.{timestamp_column} < g.cutoff"
+        f" GROUP BY g.property_id"
     )
+
+
+def group_delete(
+    *, table: str, timestamp_column: str, predicate: str, held: str, jobs: int, returning: str | None
+) -> str:
+    """Delete the eligible rows of every partition's candidate range; returns
+    one row per deleted record: (property id — a group holds one job per
+    property and kind —, document id, record id, NULL, NULL) for kinds with
+    attachments (NULLs otherwise), and on PostgreSQL then one row per
+    partition (property id, NULL, NULL, candidates, held) counted in this
+    statement's snapshot (``group_range_counts``): so deleted never exceeds
+    the candidates, even when the application inserted an old row into the
+    range after the candidates were first counted, and held counts rows a
+    hold covers, not a difference. ``predicate`` is the eligibility
+    predicate over ``table`` with the cutoff ``g.cutoff``, its parameters
+    named (``named``): the hold check is inside this statement, and so is
+    the scope (property and portfolio), re-tested on a row the application
+    changed while the DELETE waited for it. Parameters: ``g``
+    (``DELETE_COLUMNS``) and the predicates'."""
+    cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
+    extra = (
+        f"CAST({table}.{returning} AS text), {table}.id" if returning else "CAST(NULL AS text), CAST(NULL AS bigint)"
+    )
+    in_range = f"{_in_range(table)} AND {table}.portfolio_id = g.portfolio_id AND {predicate}"
     if is_postgres():
-        return f"{cte} DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.property_id{extra}"
-    # SQLite has no DELETE … USING.
+        return (
+            f"{cte}, d AS (DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.property_id, {extra}),"
+            f" k AS ({_range_counts_select(table, timestamp_column, held)})"
+            f" SELECT d.*, CAST(NULL AS bigint), CAST(NULL AS bigint) FROM d"
+            f" UNION ALL SELECT k.property_id, CAST(NULL AS text), CAST(NULL AS bigint), k.n,"
+            f" CAST(k.held AS bigint) FROM k"
+        )
+    # SQLite has no DELETE … USING and no DELETE inside a WITH.
     return (
         f"{cte} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
-        f" RETURNING {table}.property_id{extra}"
+        f" RETURNING {table}.property_id, {extra}, NULL, NULL"
     )
 
 
@@ -534,6 +635,7 @@ LEDGER_COLUMNS: Columns = (
     ("batch_limit", "integer"),
     ("candidates", "integer"),
     ("rows_deleted", "integer"),
+    ("rows_held", "integer"),
     ("applied_at", "timestamptz"),
 )
 

@@ -530,3 +530,18 @@ LOGGING = {
     "handlers": {"console": {"class": "logging.StreamHandler", "formatter": LOG_FORMAT}},
     "root": {"handlers": ["console"], "level": env.str("LOG_LEVEL", default="WARNING")},
 }
+
+# --- Clock, checkpoints and bounded waits (cleanup_ops.clock, cleanup_ops.checkpoints) ---
+# How often a process measures the database clock's offset from its own.
+CLEANUP_CLOCK_SYNC_SECONDS = env_float("CLEANUP_CLOCK_SYNC_SECONDS", 30.0, minimum=0.0)
+# How long placing a legal hold or approving a policy version waits for an
+# in-flight batch or purge of its scope before it fails with a message
+# naming what it waited for.
+CLEANUP_SCOPE_LOCK_WAIT_SECONDS = env_float("CLEANUP_SCOPE_LOCK_WAIT_SECONDS", 10.0, minimum=0.1)
+# PostgreSQL ends a session that sits idle inside a transaction this long: a
+# worker stalled mid-transaction (a GC pause, a frozen VM) gives its locks
+# back instead of blocking holds and approvals for as long as it stalls.
+CLEANUP_IDLE_IN_TRANSACTION_SECONDS = env_float("CLEANUP_IDLE_IN_TRANSACTION_SECONDS", 30.0, minimum=1.0)
+# Test-only: named checkpoints (cleanup_ops.checkpoints) at which a test may
+# hold a worker. Empty in production, where a checkpoint is a set lookup.
+CLEANUP_CHECKPOINTS = frozenset(env.list("CLEANUP_CHECKPOINTS", default=[]))

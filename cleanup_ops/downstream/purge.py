@@ -77,9 +77,8 @@ from typing import Any
 from django.conf import settings
 from django.db import connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Sum
-from django.utils import timezone
 
-from cleanup_ops import sql
+from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
 from cleanup_ops.execution.batches import JobRef, attachment_column
@@ -169,14 +168,14 @@ def purge_run(
                     raise InvalidDocumentId("purge request has invalid document ids")
                 progress.outcome = _purge_finish(job=job, lease=lease, request_id=request.id)
                 return
-            wait = docstore_hold_remaining(now=timezone.now().timestamp())
+            wait = docstore_hold_remaining(now=clock.now().timestamp())
             if wait > 0:
                 wait += retry_after_jitter()
             else:
                 wait = wait_for_token(job.portfolio_id, buckets=buckets)
             if wait > 0:
                 progress.deferred_seconds = wait
-                job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
+                job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
                 return
             if before_request:
                 before_request(job.id)
@@ -300,7 +299,7 @@ def document_held(document_id: str) -> bool:
 
 def _disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
     DocumentDisposition.objects.filter(document_id=document_id).update(
-        state=state, decided_by_id=request_id, decided_at=timezone.now()
+        state=state, decided_by_id=request_id, decided_at=clock.now()
     )
 
 
@@ -315,14 +314,14 @@ def document_still_referenced(document_id: str) -> bool:
 
 def _hold_all_purges(exc: DownstreamError) -> None:
     if exc.status in (429, 503) and exc.retry_after:
-        until = parse_retry_after(exc.retry_after, now=timezone.now())
+        until = parse_retry_after(exc.retry_after, now=clock.now())
         if until is not None:
             docstore_hold_until(until=until.timestamp())
 
 
 def _purge_advance(*, job: JobRef, lease: Lease, request: _Request, cursor: int, verdict: str, effect: str) -> int:
     """Fenced: record one document as done and renew the lease. Returns the new cursor."""
-    now = timezone.now()
+    now = clock.now()
     with transaction.atomic(), connection.cursor() as cur:
         current = lock_job(cur, job_id=job.id, lease=lease, now=now)
         if current != cursor:
@@ -354,7 +353,7 @@ _COUNTERS = {
 
 def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
     """Fenced: the job is done; ``purge_held`` when its request set documents aside."""
-    now = timezone.now()
+    now = clock.now()
     held = PurgeRequest.objects.filter(pk=request_id, documents_held__gt=0).exists()
     outcome = JobOutcome.PURGE_HELD if held else JobOutcome.PURGED
     with transaction.atomic(), connection.cursor() as cur:
@@ -376,7 +375,7 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
     document again under its lock, exactly like any purge. Returns the jobs
     created.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     jobs = []
     pending = PurgeRequest.objects.filter(documents_held__gt=0).order_by("id").values_list("id", "held_document_ids")
     for request_id, held in pending:

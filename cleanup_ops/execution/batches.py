@@ -41,15 +41,16 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.utils import timezone
 
-from cleanup_ops import sql
+from cleanup_ops import clock, sql
+from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.downstream.urls import document_id_valid
 from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
 from cleanup_ops.lifecycle import JobAdvance, after_batch
 from cleanup_ops.models import (
     CleanupJob,
     DeletedAttachment,
+    DispositionState,
     JobKind,
     JobOutcome,
     JobState,
@@ -58,8 +59,8 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.recovery.classification import LeaseLost
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
-from retention.eligibility import db_datetime, eligible_sql_for
-from retention.models import PolicyVersion
+from retention.eligibility import db_datetime, eligible_sql_for, hold_covers_sql
+from retention.models import MAX_BATCH_SIZE, PolicyVersion
 from retention.registry import get_spec
 
 
@@ -147,9 +148,13 @@ class _Work:
     version_id: int
     limit: int = 1000  # this partition's batch size
     operation: str = ""
-    candidates: int = 0
+    candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: int | None = None
     counted: bool = False
+    # Counted in the DELETE's own snapshot (what the ledger says): the rows
+    # of the range past the cutoff, and of those the ones a hold covers.
+    in_range: int = 0
+    held: int = 0
 
 
 def run_batch(*, job: JobRef, lease: Lease, limit: int | None = None, now: datetime | None = None) -> tuple[int, str]:
@@ -176,7 +181,7 @@ def run_group_batch(
     only when the lease is lost on every job; otherwise lost ones are
     reported and skipped.
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     budget = limit or settings.CLEANUP_BATCH_SIZE
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
@@ -192,32 +197,29 @@ def run_group_batch(
             cursor, deleted, held = fenced[job_id]
             updates.append(after_batch(job_id=job_id, totals=(deleted, held), **{"new_cursor": cursor, **change}))
 
+        checkpoint("batch.after_fence")
+        # The first statement's reading of the policies is only a guess: it
+        # may have waited for a scope lock with an older snapshot. The
+        # decision is the second statement's reading (lock, then read).
+        scoped = [job for job in live if job.id in policies]
+        guessed = [_plan(job, fenced[job.id][0], policies[job.id], limit, budget) for job in scoped]
+        guessed_ops = {item.operation for item in guessed if item is not None}
+        current, replayed = _policies_and_replayed(cur, scoped, sorted(guessed_ops))
+        checkpoint("batch.after_policy")
         work: list[_Work] = []
         for job in live:
-            after_id = fenced[job.id][0]
             if job.id not in policies:
                 advance(job.id, finish=True, fixed_outcome=JobOutcome.SCOPE_MISSING)
                 continue
-            version_id, days, enabled, size = policies[job.id]
-            if version_id is None or not enabled:
+            item = _plan(job, fenced[job.id][0], current[job.id], limit, budget)
+            if item is None:
                 advance(job.id, finish=True, fixed_outcome=JobOutcome.POLICY_WITHDRAWN)
                 continue
-            current_cutoff = job.slot - timedelta(days=days)
-            cutoff, used_version = (
-                (current_cutoff, version_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
-            )
-            # The policy's size, within the deployment's ceiling (one transaction's rows).
-            item = _Work(job, after_id, cutoff, used_version, limit=min(limit or size, budget, 1000))
-            item.operation = operation_id(
-                record_kind=job.record_kind,
-                property_id=job.property_id,
-                slot=job.slot,
-                cutoff=cutoff,
-                after_id=after_id,
-                limit=item.limit,
-            )
             work.append(item)
-        replayed = _replayed(cur, work)
+        unseen = [item.operation for item in work if item.operation not in guessed_ops]
+        if unseen:
+            # A version approved while the fence waited: its operations were not looked up yet.
+            replayed |= _replayed_operations(cur, unseen)
         fresh = []
         for item in work:
             if item.operation in replayed:
@@ -226,6 +228,7 @@ def run_group_batch(
                 advance(item.job.id, new_cursor=max(item.after_id, replayed[item.operation]), finish=False)
             else:
                 fresh.append(item)
+        checkpoint("batch.before_delete")
         chosen, taken = [], 0
         deleted_by_job: dict[int, int] = {}
         documents: dict[int, list[tuple[str, int]]] = {}
@@ -273,8 +276,9 @@ def run_group_batch(
                     "after_id": item.after_id,
                     "last_id": item.last_id,
                     "batch_limit": item.limit,
-                    "candidates": item.candidates,
+                    "candidates": item.in_range,
                     "rows_deleted": deleted,
+                    "rows_held": item.held,
                     "applied_at": db_datetime(now),
                 }
             )
@@ -287,7 +291,7 @@ def run_group_batch(
                 finish=item.candidates < item.limit,
                 batches=1,
                 deleted=deleted,
-                held=item.candidates - deleted,
+                held=item.held,
                 batch_size=item.limit,
             )
         if updates:
@@ -313,7 +317,35 @@ def run_group_batch(
         # transaction (under its row lock), so no crash leaves it running.
         for sweep_id in sorted({job.sweep_id for job in jobs if steps[job.id].outcome}):
             sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now)
+        checkpoint("batch.before_commit")
     return steps
+
+
+def _plan(
+    job: JobRef, after_id: int, policy: tuple[int | None, int, bool, int], limit: int | None, budget: int
+) -> _Work | None:
+    """A partition's next batch under ``policy`` (active version id, days,
+    enabled, batch size); None when no enabled version is active (withdrawn).
+    The cutoff is the earlier (stricter) of the admitted and the current
+    version's; the batch size the policy's, within the deployment's ceiling
+    (one transaction's rows)."""
+    version_id, days, enabled, size = policy
+    if version_id is None or not enabled:
+        return None
+    current_cutoff = job.slot - timedelta(days=days)
+    cutoff, used_version = (
+        (current_cutoff, version_id) if current_cutoff < job.cutoff else (job.cutoff, job.policy_version_id)
+    )
+    item = _Work(job, after_id, cutoff, used_version, limit=min(limit or size, budget, MAX_BATCH_SIZE))
+    item.operation = operation_id(
+        record_kind=job.record_kind,
+        property_id=job.property_id,
+        slot=job.slot,
+        cutoff=cutoff,
+        after_id=after_id,
+        limit=item.limit,
+    )
+    return item
 
 
 def _scope_rows(jobs: list[JobRef]) -> list[dict[str, Any]]:
@@ -358,10 +390,29 @@ def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, no
     return fenced, policies
 
 
-def _replayed(cur: Any, work: list[_Work]) -> dict[str, int]:
-    if not work:
-        return {}
-    operations = [item.operation for item in work]
+def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) -> tuple[Policies, dict[str, int]]:
+    """The second statement (``sql.policies_and_ledger_lookup``): each job's
+    active version as it is once the scope locks are held, and the last id of
+    each of ``operations`` already on the ledger."""
+    if not jobs:
+        return {}, {}
+    params = {
+        **sql.rows_params("p", sql.POLICY_COLUMNS, _scope_rows(jobs)),
+        **sql.any_params("ops", operations or [""]),
+        "approved": PolicyVersion.Status.APPROVED,
+    }
+    statement = sql.policies_and_ledger_lookup(jobs=len(jobs), operations=max(1, len(operations)))
+    policies: Policies = {}
+    replayed: dict[str, int] = {}
+    for job_id, vid, days, enabled, size, operation, last_id in sql.execute(statement, params, cur=cur).fetchall():
+        if operation is not None:
+            replayed[operation] = int(last_id)
+        else:
+            policies[int(job_id)] = (None if vid is None else int(vid), int(days or 0), bool(enabled), int(size or 1))
+    return policies, replayed
+
+
+def _replayed_operations(cur: Any, operations: list[str]) -> dict[str, int]:
     rows = sql.execute(sql.ledger_lookup(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
     return {op: int(last_id) for op, last_id in rows}
 
@@ -428,22 +479,28 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
     predicate, predicate_params = sql.named(
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
+    held, held_params = sql.named(*hold_covers_sql(kind, alias="r"), prefix="held")
     attachment = attachment_column(kind)
     statement = sql.partition_count_and_delete(
-        table=spec.table, timestamp_column=spec.timestamp_column, predicate=predicate, returning=attachment
+        table=spec.table, timestamp_column=spec.timestamp_column, predicate=predicate, held=held, returning=attachment
     )
     params = {
         "property_id": item.job.property_id,
+        "portfolio_id": item.job.portfolio_id,
         "after_id": item.after_id,
         "cutoff": db_datetime(item.cutoff),
         "lim": item.limit,
         **predicate_params,
+        **held_params,
     }
     deleted = 0
     named: list[tuple[str, int]] = []
     for candidates, last_id, record_id, document_id in sql.execute(statement, params, cur=cur).fetchall():
         if candidates is not None:
             item.candidates, item.last_id, item.counted = int(candidates), last_id, True
+            # One statement, one snapshot: the range is exactly the candidates
+            # (the first row's third column is the held count).
+            item.in_range, item.held = int(candidates), int(record_id)
             continue
         deleted += 1
         if attachment and document_id:
@@ -460,27 +517,48 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
         by_kind.setdefault(item.job.record_kind, []).append(item)
     for kind, items in by_kind.items():
         spec = get_spec(kind)
-        job_of = {item.job.property_id: item.job.id for item in items}
+        by_property = {item.job.property_id: item for item in items}
         predicate, predicate_params = sql.named(
             *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
         )
+        held, held_params = sql.named(*hold_covers_sql(kind, alias="r"), prefix="held")
         attachment = attachment_column(kind)
         ranges = [
             {
                 "property_id": item.job.property_id,
+                "portfolio_id": item.job.portfolio_id,
                 "after_id": item.after_id,
                 "last_id": item.last_id,
                 "cutoff": db_datetime(item.cutoff),
             }
             for item in items
         ]
-        statement = sql.group_delete(table=spec.table, predicate=predicate, jobs=len(items), returning=attachment)
-        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params}
-        for row in sql.execute(statement, params, cur=cur).fetchall():
-            job_id = job_of[int(row[0])]
+        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, **held_params}
+        if not sql.is_postgres():
+            # SQLite: the counts just before the DELETE (one writer at a time).
+            counts = sql.group_range_counts(
+                table=spec.table, timestamp_column=spec.timestamp_column, held=held, jobs=len(items)
+            )
+            for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
+                by_property[int(property_id)].in_range = int(n)
+                by_property[int(property_id)].held = int(n_held or 0)
+        statement = sql.group_delete(
+            table=spec.table,
+            timestamp_column=spec.timestamp_column,
+            predicate=predicate,
+            held=held,
+            jobs=len(items),
+            returning=attachment,
+        )
+        for property_id, document_id, record_id, n, n_held in sql.execute(statement, params, cur=cur).fetchall():
+            item = by_property[int(property_id)]
+            if n is not None:
+                item.in_range, item.held = int(n), int(n_held or 0)
+                continue
+            job_id = item.job.id
             deleted[job_id] = deleted.get(job_id, 0) + 1
-            if attachment and row[1]:
-                documents.setdefault(job_id, []).append((row[1], int(row[2])))
+            if attachment and document_id:
+                documents.setdefault(job_id, []).append((document_id, int(record_id)))
     return deleted, documents
 
 
@@ -529,6 +607,17 @@ def purge_outbox_write_many(
         keys = {request.key: request for request in requests}
         for pk, key in PurgeRequest.objects.filter(key__in=keys).values_list("pk", "key"):
             keys[key].pk = pk
+    # This batch's part in each named document's one decision (``sql.dispositions_take``).
+    named_documents = sorted(
+        {document_id for _, _, named in batches for document_id, _ in named if document_id_valid(document_id)}
+    )
+    if named_documents:
+        params = {
+            **sql.rows_params("x", sql.DISPOSITION_COLUMNS, [{"document_id": d} for d in named_documents]),
+            "pending": DispositionState.PENDING,
+            "purged": DispositionState.PURGED,
+        }
+        sql.execute(sql.dispositions_take(len(named_documents)), params)
     DeletedAttachment.objects.bulk_create(
         [
             DeletedAttachment(

@@ -24,7 +24,7 @@ Protocol:
   until one is there; a long wait defers the job rather than sleeping with
   the lease held.
 
-Time comes from ``django.utils.timezone.now()`` (never the database clock) so
+Time comes from ``django.utils.clock.now()`` (never the database clock) so
 tests control it with time-machine.
 """
 
@@ -40,9 +40,8 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
-from django.utils import timezone
 
-from cleanup_ops import sql
+from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.lifecycle import JobEvent, leased_fields, next_state, released_fields
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
@@ -74,7 +73,7 @@ def token_param(token: uuid.UUID) -> object:
 def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease | None:
     """Claim the job if it is due, not validly leased, not paused and its
     portfolio is under its lease cap; None when not."""
-    now = now or timezone.now()
+    now = now or clock.now()
     token = uuid.uuid4()
     with transaction.atomic():
         # The job row first, then the portfolio's cap lock: the same order as
@@ -130,7 +129,7 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
     portfolios' stripe locks, taken in stripe order), and at most one job per
     (property, kind).
     """
-    now = now or timezone.now()
+    now = now or clock.now()
     paused = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
     if None in paused:
         return None
@@ -197,7 +196,7 @@ def jobs_release(
     an idle cluster takes them up then.
     """
     held = CleanupJob.objects.filter(pk__in=job_ids, state=JobState.LEASED, lease_token=lease.token)
-    back = released_fields(available_at=None if keep_place else available_at or timezone.now())
+    back = released_fields(available_at=None if keep_place else available_at or clock.now())
     if available_at is None:
         return held.update(**back)
     with transaction.atomic():
@@ -237,10 +236,10 @@ def lease_renewal(now: datetime) -> object:
 
 def wait_for_token(portfolio_id: int, buckets: list[BucketConfig] | None = None) -> float:
     """0 once a token is taken; else the deferral, after at most one short wait."""
-    wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp(), buckets=buckets)
+    wait = tokens_acquire(portfolio_id=portfolio_id, now=clock.now().timestamp(), buckets=buckets)
     if 0 < wait <= settings.CLEANUP_TOKEN_WAIT_SECONDS:
         time.sleep(wait)
-        wait = tokens_acquire(portfolio_id=portfolio_id, now=timezone.now().timestamp(), buckets=buckets)
+        wait = tokens_acquire(portfolio_id=portfolio_id, now=clock.now().timestamp(), buckets=buckets)
     return wait
 
 
@@ -256,7 +255,7 @@ def group_tokens(portfolio_ids: set[int]) -> tuple[set[int], dict[int, float]]:
     the global one's). Without a global token every portfolio is left out.
     Unlimited rates cost no query. Tokens of allowed portfolios the
     transaction then leaves untouched go back (``group_tokens_unused``)."""
-    now = timezone.now().timestamp()
+    now = clock.now().timestamp()
     waits: dict[int, float] = {}
     for portfolio_id in sorted(portfolio_ids):
         wait = tokens_acquire(portfolio_id=portfolio_id, now=now, buckets=portfolio_buckets(portfolio_id))

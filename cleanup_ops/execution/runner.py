@@ -27,8 +27,8 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
-from django.utils import timezone
 
+from cleanup_ops import clock
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.downstream.purge import PurgeProgress, purge_run
 from cleanup_ops.execution.batches import job_load, jobs_load, run_batch, run_group_batch
@@ -144,7 +144,7 @@ def job_run_slice(
                     # No token soon: give the job back for later (not an attempt)
                     # rather than sleeping while holding the lease.
                     result.deferred_seconds = wait
-                    job_release(lease=lease, available_at=timezone.now() + timedelta(seconds=wait))
+                    job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
                     break
                 if before_batch:
                     before_batch(job_id)
@@ -160,7 +160,7 @@ def job_run_slice(
                     job_release(lease=lease)
                     break
     except Exception as exc:
-        classification = classify(exc, now=timezone.now())
+        classification = classify(exc, now=clock.now())
         result.error_category = classification.category
         if classification.category == FailureCategory.LEASE_LOST:
             result.lease_lost = True
@@ -300,7 +300,7 @@ def group_run_slice(
             for job_id in deferred:
                 by_wait.setdefault(waits[jobs[job_id].portfolio_id], []).append(job_id)
             for wait, ids in sorted(by_wait.items()):
-                jobs_release(lease=lease, job_ids=ids, available_at=timezone.now() + timedelta(seconds=wait))
+                jobs_release(lease=lease, job_ids=ids, available_at=clock.now() + timedelta(seconds=wait))
             result.deferred_seconds = max(result.deferred_seconds, *by_wait)
             gone = set(deferred)
             pending = [job_id for job_id in pending if job_id not in gone]
@@ -318,7 +318,7 @@ def group_run_slice(
                 "cleanup group of %s jobs: %s; running them one by one",
                 len(pending),
                 type(exc).__name__,
-                extra={"category": classify(exc, now=timezone.now()).category},
+                extra={"category": classify(exc, now=clock.now()).category},
             )
             jobs_release(lease=lease, job_ids=pending)
             result.fell_back = True
@@ -429,9 +429,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     # job (another worker's group took it, or its portfolio was at its cap),
     # un-mark it, so the dispatcher may send it again at once rather than
     # after a lease's length.
-    CleanupJob.objects.filter(pk=job_id, state=JobState.PENDING, enqueued_at__lte=timezone.now()).update(
-        enqueued_at=None
-    )
+    CleanupJob.objects.filter(pk=job_id, state=JobState.PENDING, enqueued_at__lte=clock.now()).update(enqueued_at=None)
     return turn
 
 
@@ -467,7 +465,7 @@ def cleanup_drain(
             continue
         # No delete job is due: purge jobs (and anything the group lease
         # leaves to single slices) in the dispatcher's fair order.
-        ids = fair_due_job_ids(now=timezone.now(), limit=20, exclude_enqueued=False)
+        ids = fair_due_job_ids(now=clock.now(), limit=20, exclude_enqueued=False)
         if not ids:
             if not CleanupJob.objects.open().exists() or time.monotonic() >= deadline:
                 break

@@ -17,8 +17,8 @@ from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import transaction
-from django.utils import timezone
 
+from cleanup_ops import clock
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.execution.leases import Lease
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, scope_of
@@ -33,7 +33,7 @@ from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 
 def job_fail(*, lease: Lease, classification: Classification, now: datetime | None = None) -> bool:
     """Record a failed attempt: schedule a retry or make a dead letter. True if dead."""
-    now = now or timezone.now()
+    now = now or clock.now()
     with transaction.atomic():
         job = (
             CleanupJob.objects.select_for_update()

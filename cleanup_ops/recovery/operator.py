@@ -54,8 +54,8 @@ from datetime import datetime
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError, IntegrityError, models, transaction
-from django.utils import timezone
 
+from cleanup_ops import clock
 from cleanup_ops.console_selectors.jobs import JobFilter
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, PipelinePause, Sweep, scope_of
@@ -273,7 +273,7 @@ def dead_letters_decide(
     redrive jobs created and the letters that could not be decided."""
     _require_perm(actor, _PERMISSION[decision])
     reason = operator_reason(reason)
-    now = timezone.now()
+    now = clock.now()
     locked = DeadLetter.objects.select_for_update().select_related("job")
     with transaction.atomic():
         if letter_id is not None:
@@ -337,7 +337,7 @@ def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id:
             if PipelinePause.objects.active().filter(portfolio_id=portfolio_id).exists():
                 raise IntegrityError("already paused")
             pause = PipelinePause.objects.create(
-                portfolio_id=portfolio_id, reason=reason, paused_by=actor, paused_at=timezone.now()
+                portfolio_id=portfolio_id, reason=reason, paused_by=actor, paused_at=clock.now()
             )
             audit_event_record(
                 actor=actor,
@@ -360,7 +360,7 @@ def pipeline_resume(*, actor: AbstractBaseUser | None, reason: str, portfolio_id
         pause = PipelinePause.objects.select_for_update().active().filter(portfolio_id=portfolio_id).first()
         if pause is None:
             raise ValidationError({"portfolio": "not paused"})
-        pause.mark_resumed(by=actor, at=timezone.now(), reason=reason)
+        pause.mark_resumed(by=actor, at=clock.now(), reason=reason)
         audit_event_record(
             actor=actor,
             action="pipeline.resumed",
@@ -415,7 +415,7 @@ def jobs_act(*, action: JobAction, actor: AbstractBaseUser | None, reason: str, 
     rows locked ``FOR UPDATE``; one audit event per job."""
     _require_perm(actor, JOB_ACTION_PERMISSION[action])
     reason = operator_reason(reason)
-    now = timezone.now()
+    now = clock.now()
     result = JobsActed()
     with transaction.atomic():
         matched = CleanupJob.objects.filter(job_filter.q())
