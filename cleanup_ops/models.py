@@ -316,7 +316,7 @@ class LedgerEntry(models.Model):
     candidates = models.PositiveIntegerField()
     rows_deleted = models.PositiveIntegerField()
     # Candidates an active hold covered, counted from the hold itself. The
-    # rest of candidates − deleted is rows the application changed, moved or
+    # rest of candidates minus deleted is rows the application changed, moved or
     # deleted while the batch ran: kept by nobody, so not "held".
     rows_held = models.PositiveIntegerField(default=0)
     applied_at = models.DateTimeField()

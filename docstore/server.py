@@ -7,7 +7,12 @@ Document endpoints (ids match ``^[A-Za-z0-9_-]{1,64}$``; anything else is 400):
 
 - ``PUT /documents/<id>``: create (201) or replace (200); the body is the content.
 - ``GET /documents/<id>``: 200 with the content, or 404.
+- ``HEAD /documents/<id>``: 200 or 404, no body (does the store have it?).
 - ``DELETE /documents/<id>``: needs an ``Idempotency-Key`` header (400 without).
+  With ``Fence-Deadline: <seconds since the epoch>`` it is applied only if
+  the store's clock has not passed that instant when it applies it; after
+  that it answers 412 with ``Fence-Expired: true`` and applies nothing (the
+  client's decision may no longer hold: its locks can be gone).
   The first request with a key is *applied*: 204 if the document existed and
   is now gone, 404 if there was nothing to delete. That status is stored under
   the key, and every later request with the same key gets it back without
@@ -301,6 +306,9 @@ class Handler(BaseHTTPRequestHandler):
     def do_PUT(self) -> None:
         self._route("PUT")
 
+    def do_HEAD(self) -> None:
+        self._route("HEAD")
+
     def do_DELETE(self) -> None:
         self._route("DELETE")
 
@@ -348,7 +356,7 @@ class Handler(BaseHTTPRequestHandler):
         wait = self.server.bucket.take()
         if wait > 0:
             return Answer(HTTPStatus.TOO_MANY_REQUESTS, headers={"Retry-After": str(max(1, int(wait + 0.999)))})
-        if method == "GET":
+        if method in ("GET", "HEAD"):
             content = store.get(doc_id)
             return Answer(HTTPStatus.NOT_FOUND) if content is None else Answer(HTTPStatus.OK, content)
         if method == "PUT":
@@ -356,6 +364,15 @@ class Handler(BaseHTTPRequestHandler):
         if method == "DELETE":
             if not key:
                 return Answer(HTTPStatus.BAD_REQUEST)
+            deadline = self.headers.get("Fence-Deadline")
+            if deadline is not None:
+                try:
+                    expired = time.time() > float(deadline)
+                except ValueError:
+                    return Answer(HTTPStatus.BAD_REQUEST)
+                if expired:
+                    # Not stored under the key: a retry under a fresh decision is applied.
+                    return Answer(HTTPStatus.PRECONDITION_FAILED, headers={"Fence-Expired": "true"})
             status, replayed = store.delete(doc_id, key=key, path=path)
             headers = {"Idempotent-Replayed": "true"} if replayed else {}
             return Answer(status, headers=headers, replayed=replayed, applied=not replayed)

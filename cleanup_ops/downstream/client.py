@@ -34,10 +34,15 @@ from cleanup_ops.recovery.classification import (
     DownstreamError,
     DownstreamTimeout,
     InvalidInput,
+    StaleDecision,
 )
 from config.urlcheck import docstore_url_check
 
 logger = logging.getLogger(__name__)
+
+# The header that fences a delete: the instant (seconds since the epoch) after
+# which the store must refuse it, because the decision's locks may be gone.
+FENCE_DEADLINE = "Fence-Deadline"
 
 
 class DocstoreNotConfigured(InvalidInput):
@@ -88,14 +93,23 @@ class DocstoreClient:
     def close(self) -> None:
         self._http.close()
 
-    def _send(self, method: str, document_id: str, *, idempotency_key: str, content: bytes | None = None):  # type: ignore[no-untyped-def]
+    def _send(  # type: ignore[no-untyped-def]
+        self,
+        method: str,
+        document_id: str,
+        *,
+        idempotency_key: str,
+        content: bytes | None = None,
+        deadline: float | None = None,
+    ):
         if not document_id_valid(document_id):
             # Never interpolate it: it may be a URL or a path traversal.
             raise InvalidDocumentId("document id rejected")
+        headers = {"Idempotency-Key": idempotency_key}
+        if deadline is not None:
+            headers[FENCE_DEADLINE] = f"{deadline:.3f}"
         try:
-            response = self._http.request(
-                method, f"/documents/{document_id}", headers={"Idempotency-Key": idempotency_key}, content=content
-            )
+            response = self._http.request(method, f"/documents/{document_id}", headers=headers, content=content)
         except httpx.TimeoutException as exc:
             raise DownstreamTimeout(type(exc).__name__) from None
         except httpx.TransportError as exc:
@@ -104,21 +118,36 @@ class DocstoreClient:
         logger.info("docstore %s %s -> %s", method, document_id, response.status_code)
         return response
 
-    def delete_document(self, document_id: str, *, idempotency_key: str) -> str:
+    def delete_document(self, document_id: str, *, idempotency_key: str, deadline: float | None = None) -> str:
         """Delete one document: ``"deleted"``, or ``"absent"`` when it was already gone (404).
 
+        ``deadline`` (seconds since the epoch, the database's clock) fences
+        the call: the store applies it only until then, and answers 412 with
+        ``Fence-Expired`` afterwards (``StaleDecision``, nothing applied).
         Any other answer raises ``DownstreamError`` (with ``Retry-After`` for
         429/503); ``DownstreamTimeout`` and ``DownstreamConnectionError`` when
         no answer came. Redirects (3xx) are not followed and raise too.
         """
-        response = self._send("DELETE", document_id, idempotency_key=idempotency_key)
+        response = self._send("DELETE", document_id, idempotency_key=idempotency_key, deadline=deadline)
         status = response.status_code
         if status == 404:
             return "absent"
+        if status == 412 and response.headers.get("Fence-Expired"):
+            raise StaleDecision(document_id)
         if 200 <= status < 300:
             return "deleted"
         retry_after = response.headers.get("Retry-After")
         raise DownstreamError(status, retry_after[:100] if retry_after else None)
+
+    def document_exists(self, document_id: str) -> bool:
+        """Does the store still have the document? (``HEAD``; the body is never read.)"""
+        response = self._send("HEAD", document_id, idempotency_key="exists")
+        if response.status_code == 404:
+            return False
+        if 200 <= response.status_code < 300:
+            return True
+        retry_after = response.headers.get("Retry-After")
+        raise DownstreamError(response.status_code, retry_after[:100] if retry_after else None)
 
     def put_document(self, document_id: str, content: bytes, *, idempotency_key: str) -> int:
         """Create or replace a document (demo seeding); returns the status."""

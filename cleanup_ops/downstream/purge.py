@@ -67,6 +67,7 @@ connection errors and timeouts back off and retry with the same key; other
 from __future__ import annotations
 
 import hashlib
+import logging
 import math
 import time
 from collections.abc import Callable
@@ -79,6 +80,7 @@ from django.db import connection, transaction
 from django.db.models import Count, Exists, F, OuterRef, Sum
 
 from cleanup_ops import clock, sql
+from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
 from cleanup_ops.execution.batches import JobRef, attachment_column
@@ -106,6 +108,8 @@ from cleanup_ops.recovery.classification import (
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.eligibility import holds_covering
 from retention.registry import REGISTRY, get_spec
+
+logger = logging.getLogger(__name__)
 
 Hook = Callable[[int], None]
 
@@ -232,25 +236,46 @@ def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id:
     with transaction.atomic(), connection.cursor() as cur:
         if outermost:
             # Backstop for the locks held across the call: PostgreSQL ends the
-            # session if the call somehow outlives the store's timeouts.
-            sql.execute(sql.transaction_idle_timeout(), [_lock_bound_ms()], cur=cur)
-        verdict = _purge_decide(request=request, document_id=document_id, cur=cur)
+            # session if it sits idle in this transaction longer than the
+            # call's bound — a stalled worker gives its locks back.
+            sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(_lock_bound_seconds() * 1000))], cur=cur)
+        verdict = _purge_decide(request=request, document_id=document_id, cur=cur, client=client)
         if verdict != CLEAR:
             return verdict, ""
-        effect = client.delete_document(document_id, idempotency_key=key)
+        deadline = _fence_deadline(cur)
+        checkpoint("purge.before_store_call")
+        effect = client.delete_document(document_id, idempotency_key=key, deadline=deadline)
+        checkpoint("purge.after_store_call")
         # Still under the document's lock: no other purge decides it meanwhile.
         _disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
         return verdict, effect
 
 
-def _lock_bound_ms() -> str:
+def _fence_deadline(cur: Any) -> float:
+    """The instant (database clock) until which the store may apply this
+    decision's DELETE: the last statement's end plus the session's idle
+    bound, less the clock skew allowed between the store and the database.
+
+    Why it holds: the decision's locks live as long as its session, and
+    PostgreSQL ends the session no earlier than the idle bound after its
+    last statement (this one); so a DELETE the store applies by its clock
+    before the deadline is applied, in real time, before the locks can be
+    gone — as long as the store's clock is within ``DOCSTORE_CLOCK_SKEW_SECONDS``
+    of the database's. A worker that stalls past it is refused (412), and
+    decides again under fresh locks."""
+    (database_now,) = sql.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())", cur=cur).fetchone()
+    return float(database_now) + _lock_bound_seconds() - settings.DOCSTORE_CLOCK_SKEW_SECONDS
+
+
+def _lock_bound_seconds() -> float:
     """The longest one call can take under the client's timeouts (pool, connect,
-    write, two reads), plus a margin: how long the share lock may be held."""
+    write, two reads), plus a margin and the clock skew allowed: how long
+    the decision's locks may be held idle, and the fencing deadline's span."""
     connect, read = settings.DOCSTORE_CONNECT_TIMEOUT, settings.DOCSTORE_READ_TIMEOUT
-    return str(math.ceil((2 * connect + 3 * read + 5) * 1000))
+    return 2 * connect + 3 * read + 5 + settings.DOCSTORE_CLOCK_SKEW_SECONDS
 
 
-def _purge_decide(*, request: _Request, document_id: str, cur: Any = None) -> str:
+def _purge_decide(*, request: _Request, document_id: str, cur: Any = None, client: DocstoreClient | None = None) -> str:
     """Inside the caller's transaction: the one decision about ``document_id``.
 
     The document's disposition row locked first (every purge of it waits
@@ -264,14 +289,30 @@ def _purge_decide(*, request: _Request, document_id: str, cur: Any = None) -> st
         .filter(document_id=document_id)
         .values_list("state", "decided_by_id")[0]
     )
+    checkpoint("purge.after_decision_lock")
     if state == DispositionState.PURGED:
         # This request's own earlier call (whose worker lost its lease before
         # moving the cursor) counts as purged here; another's as already gone.
         return PURGED_BY_US if decided_by == request.id else ALREADY
+    # Read after the document's lock: every batch that names the document
+    # takes that row too (``sql.dispositions_take``), so the deleted records
+    # read here are all there will be until this decision ends.
     locked = sql.execute(sql.document_scopes_lock(), [document_id], cur=cur)
     if cur is not None:
         locked.fetchall()
+    checkpoint("purge.after_scope_lock")
     if document_held(document_id):
+        if client is not None and not client.document_exists(document_id):
+            # The proof says what the store says: a file it no longer has
+            # (a call of an earlier decision applied after its locks were
+            # gone, or removed by other means) is not "set aside".
+            logger.warning(
+                "purge: document %s is under a legal hold but the store no longer has it",
+                document_id,
+                extra={"document_id": document_id, "purge_request_id": request.id},
+            )
+            _disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
+            return ALREADY
         _disposition_mark(document_id, state=DispositionState.SET_ASIDE, request_id=request.id)
         return HELD
     if document_still_referenced(document_id):

@@ -73,6 +73,12 @@ class DownstreamConnectionError(Exception):
     """No answer at all (refused, reset, DNS): retried with backoff like a 5xx."""
 
 
+class StaleDecision(Exception):
+    """The store refused a delete whose decision's fencing deadline had passed
+    (``Fence-Deadline``): the purge's locks may be gone, so nothing was
+    applied; the purge decides again."""
+
+
 class InvalidInput(Exception):
     """The job's policy or input cannot be executed as it stands."""
 
@@ -112,6 +118,8 @@ RULES: tuple[Rule, ...] = (
         RETRY,
         lambda e: isinstance(e, DownstreamTimeout | TimeoutError) or _status(e, lambda s: s == 408),
     ),
+    # Nothing was applied: decide again under fresh locks, like a timeout.
+    Rule(FailureCategory.TIMEOUT, RETRY, lambda e: isinstance(e, StaleDecision)),
     # A redirect is never followed (the destination comes from settings only),
     # so it is as final as a 4xx: an operator has to look at the store's setup.
     Rule(FailureCategory.DOWNSTREAM_REJECTED, DEAD, lambda e: _status(e, lambda s: 300 <= s < 500)),
