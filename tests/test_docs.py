@@ -280,8 +280,7 @@ def cited_test_problem(span: str, test_file: str | None) -> str | None:
 
 
 def github_slug(heading: str) -> str:
-    text = re.sub(r"[`*_]", "", heading.strip().lower())
-    text = re.sub(r"[^\w\- ]", "", text)
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower())
     return text.replace(" ", "-")
 
 
@@ -372,7 +371,23 @@ def test_the_checks_catch_what_is_false():
 
 # --- the configuration reference -----------------------------------------------------
 
-ENV_READERS = {"env_bool", "env_int", "env_float", "str", "list", "bool", "int", "float", "get", "getenv"}
+# The calls that read a variable: django-environ's and os.environ's, config/settings.py's
+# strict parsers, and its broker URL check (``_broker_url("Q_REDIS_URL", …)``).
+ENV_READERS = {"env_bool", "env_int", "env_float", "_broker_url", "str", "list", "bool", "int", "float"}
+ENV_READERS |= {"get", "getenv"}
+
+
+def literal_default(node: ast.expr | None) -> object:
+    """A default written as a literal or constant arithmetic (``6 * 3600``); ``...`` when computed."""
+    if node is None:
+        return None
+    try:
+        return ast.literal_eval(node)
+    except ValueError:
+        pass
+    if all(isinstance(part, ast.BinOp | ast.Constant | ast.operator | ast.expr_context) for part in ast.walk(node)):
+        return eval(compile(ast.Expression(node), "<default>", "eval"))  # noqa: S307 - constants only
+    return ...
 
 
 def environment_reads() -> dict[str, object]:
@@ -396,16 +411,11 @@ def environment_reads() -> dict[str, object]:
                 continue
             if not re.fullmatch(r"[A-Z][A-Z0-9_]+", first.value) or first.value == "DJANGO_SETTINGS_MODULE":
                 continue
-            default_node = node.args[1] if len(node.args) > 1 else None
+            default_node = node.args[1] if len(node.args) > 1 and name != "_broker_url" else None
             for keyword in node.keywords:
                 if keyword.arg == "default":
                     default_node = keyword.value
-            try:
-                default = ast.literal_eval(default_node) if default_node is not None else None
-            except ValueError:
-                default = ...
-            if receiver == "env" and name == "str" and default_node is None:
-                default = None
+            default = literal_default(default_node)
             reads.setdefault(first.value, default)
     return reads
 
