@@ -53,13 +53,22 @@ NOT_PYTHON_NAMES = {"retention.dead": "the RabbitMQ broker's dead-letter queue"}
 
 @cache
 def tracked_files() -> frozenset[str]:
-    listed = subprocess.run(
-        ["git", "ls-files", "--cached", "--others", "--exclude-standard"],  # noqa: S607
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout.split()
+    """The repository's files: git's list (tracked and not ignored), or a walk outside git."""
+    try:
+        listed = subprocess.run(
+            ["git", "ls-files", "--cached", "--others", "--exclude-standard"],  # noqa: S607
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.split()
+    except (OSError, subprocess.CalledProcessError):
+        skipped = {".git", ".venv", "var", "__pycache__", ".pytest_cache", ".ruff_cache"}
+        listed = [
+            str(path.relative_to(ROOT))
+            for path in ROOT.rglob("*")
+            if path.is_file() and not skipped & set(path.relative_to(ROOT).parts)
+        ]
     return frozenset(path for path in listed if (ROOT / path).exists())
 
 
