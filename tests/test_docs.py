@@ -610,3 +610,8 @@ refresh = getattr(settings, "CONSOLE_NEW_SECONDS", 3)
 )
 def test_the_settings_scan_sees_each_way_a_setting_is_read(name):
     assert name in set(environment_reads()) | django_settings_read_with_a_default() | product_settings_read()
+
+
+def test_the_readme_stays_a_front_door():
+    """At most 300 lines: depth belongs in docs/, by reader."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
