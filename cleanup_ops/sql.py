@@ -13,8 +13,8 @@ differences *in a statement's text* live in the small ``vendor`` helpers
 below: SQLite is the embedded demo database, it serialises writers, so its row
 locks are simply left out. Where the two databases take a different *path*
 (another statement, or none), the caller branches on ``is_postgres()``
-itself: ``execution/batches.py`` (three places), ``execution/leases.py``
-(two), ``downstream/purge.py``, ``selectors.py`` and ``health.py``.
+itself; today ``execution/batches.py``, ``execution/leases.py``,
+``downstream/purge.py``, ``selectors.py`` and ``health.py`` do.
 
 The ledger insert stays a named statement: through the ORM it would build a
 model instance per batch for nothing.
