@@ -20,7 +20,7 @@ worker only ever leases due work; every batch is fenced):
     once nothing has been due for ``CLEANUP_IDLE_EXIT_SECONDS``.
 
 Work becomes due in three ways and each is picked up within the mode's bound
-(README, "Fleet modes"): a sweep's jobs (admission), a retry's
+(docs/deploying.md, "Fleet modes"): a sweep's jobs (admission), a retry's
 ``available_at`` passing, and a redrive (a new job, due at once).
 """
 

@@ -1,4 +1,4 @@
-"""The pipeline's raw SQL and its vendor switches, in one place.
+"""The pipeline's raw SQL, by name, and its vendor switch.
 
 Why raw SQL at all: on the per-batch path every statement counts (an ORM query
 that builds model instances costs several plain round trips), and a few
@@ -9,9 +9,12 @@ else (admission's bulk insert, the admin, the API) uses the ORM.
 Each statement is a function named after what it does, returning the SQL text
 with ``%s`` placeholders; the callers pass the parameters. Table and column
 names come from the models' ``_meta``, never from input. The PostgreSQL/SQLite
-differences live in the small ``vendor`` helpers below and nowhere else: SQLite
-is the embedded demo database, it serialises writers, so its row locks are
-simply left out.
+differences *in a statement's text* live in the small ``vendor`` helpers
+below: SQLite is the embedded demo database, it serialises writers, so its row
+locks are simply left out. Where the two databases take a different *path*
+(another statement, or none), the caller branches on ``is_postgres()``
+itself; today ``execution/batches.py``, ``execution/leases.py``,
+``downstream/purge.py``, ``selectors.py`` and ``health.py`` do.
 
 The ledger insert stays a named statement: through the ORM it would build a
 model instance per batch for nothing.
@@ -237,9 +240,10 @@ def partitions_due(*, table: str, timestamp_column: str) -> str:
 def admit_partitions(*, table: str, timestamp_column: str) -> str:
     """One job per due partition of one kind with no open delete job elsewhere,
     in one set-based INSERT … SELECT; a key that exists (a crashed admission
-    being completed) is skipped. Parameters: slot, kind, key prefix, kind,
-    available at, created at, kind, sweep id (for the open-elsewhere test),
-    sweep id."""
+    being completed) is skipped. Ten parameters, in this order: slot, kind
+    (the policy's), sweep id, key prefix (the sweep's key), kind (the key's
+    last part), kind (the job's ``record_kind``), available at, created at,
+    then kind and sweep id (for the open-elsewhere test)."""
     cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
     text = typed("varchar")
     key = f"{text} || ':' || d.portfolio_id || ':' || d.property_id || ':' || {text}"

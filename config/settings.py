@@ -2,7 +2,7 @@
 
 Every variable is parsed strictly: a malformed value stops start-up with an
 ``ImproperlyConfigured`` that names the variable, rather than silently falling
-back to a default. See the README's configuration table for the full list.
+back to a default. ``docs/configuration.md`` lists every variable (a test checks it).
 """
 
 from __future__ import annotations
@@ -291,7 +291,7 @@ SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
 SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # A Prometheus on the host scrapes gunicorn directly over plain HTTP on
-# loopback (README, "Operations"): not redirected to HTTPS.
+# loopback (docs/deploying.md, "Operations"): not redirected to HTTPS.
 SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 X_FRAME_OPTIONS = "DENY"
 

@@ -4,8 +4,9 @@ Every record row carries both its property and its portfolio so that the
 eligibility predicate can match legal holds without a join (and tenant scoping
 can filter without one); on PostgreSQL a composite foreign key guarantees that
 the copy equals the property's portfolio (migration 0003). Each record
-table has an index on ``(property, retention timestamp, id)`` for the keyset
-scan a cleanup job runs per property.
+table has two indexes (``record_indexes``): ``(property, retention timestamp,
+id)`` for admission's "rows past the cutoff?", and ``(property, id)``
+including the timestamp for the keyset scan a cleanup job runs per property.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 from django.core.validators import RegexValidator
 from django.db import models
 
-# An attachment is a file in the document store (see cleanup_ops.purge); the
+# An attachment is a file in the document store (see cleanup_ops.downstream.purge); the
 # record keeps only the store's document id. Ids are strict so a record can
 # never smuggle a URL or a path into a request to the store.
 document_id_validator = RegexValidator(r"^[A-Za-z0-9_-]{1,64}\Z", "A document id is 1-64 letters, digits, '-' or '_'.")

@@ -1,8 +1,16 @@
-"""The record-kind registry: the one place that knows which tables expire.
+"""The record-kind registry: which tables expire, by which timestamp.
 
-Adding a record kind means adding one ``RecordKindSpec`` here (and the model
-it names); the policy choices, the eligibility predicate, admission and the
-delete statement all read from this mapping.
+The policy choices, the eligibility predicate, admission, the delete
+statement and the purge's reference check all read from this mapping. Adding
+a record kind is more than one ``RecordKindSpec`` here, though. Today it also
+takes the model (``properties/models.py``, with ``record_indexes`` and, for an
+attachment, ``document_id_field``), its admin (``retention/admin_domain.py``),
+the record builders of the demo seeder (``demo/services.py``) and of the tests
+(``tests/conftest.py``, ``make_records``), and migrations: the new table, its
+composite foreign key to the property on PostgreSQL (as
+``properties/migrations/0003_record_portfolio_matches_property.py`` adds for
+the others), and the ``record_kind`` choices of ``retention``'s and
+``cleanup_ops``'s models.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Tenant scoping: where a user may do what, defined once.
 
-The one rule (README, "Memberships and roles"): **a user may do X in the
+The one rule (docs/policies.md, "Memberships and roles"): **a user may do X in the
 portfolios where they hold a role that grants X's permission** — every
 portfolio for the platform's staff whose groups grant it, and for a
 customer's staff the portfolios of their memberships whose role grants it
