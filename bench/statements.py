@@ -35,9 +35,11 @@ CLASSES = (
     "scope lock + policy",
     "fence + scope lock + policy",
     "ledger lookup",
+    "policy + ledger lookup",
     "candidates",
     "DELETE",
     "candidates + DELETE",
+    "document dispositions",
     "ledger insert",
     "job update",
     "ledger insert + job update",
@@ -59,6 +61,7 @@ CLASSES = (
 SERVER_INTERNAL = ("FK check (trigger)",)
 DATA_CLASSES = (
     "ledger lookup",
+    "policy + ledger lookup",
     "candidates",
     "DELETE",
     "candidates + DELETE",
@@ -81,6 +84,11 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("fence + scope lock + policy", r"f as materialized \(select id, cursor"),
         ("scope lock + policy", r"for share of p, po"),
         ("ledger lookup", r"^select operation_id, last_id from cleanup_ops_ledgerentry"),
+        ("policy + ledger lookup", r"union all select null, null, null, null, null, operation_id, last_id"),
+        (
+            "document dispositions",
+            r"insert into cleanup_ops_documentdisposition .* on conflict \(document_id\) do update",
+        ),
         ("candidates + DELETE", r"^with c as \(select r\.id from .* d as \(delete from properties_"),
         ("ledger insert + job update", r"written as \(insert into cleanup_ops_ledgerentry"),
         ("candidates", r"left join lateral \(select r\.id from|^select count\(\*\), max\(c\.id\) from \(select r\.id"),

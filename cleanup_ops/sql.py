@@ -507,7 +507,9 @@ def partition_count_and_delete(
     now, and no longer matches. ``held`` is the hold test over alias ``r``:
     the rows a hold kept are counted from the hold itself, never as
     candidates minus deleted (a row the application extended or deleted
-    meanwhile was kept by nobody). Returns a row (candidates, last candidate
+    meanwhile was kept by nobody); it is written over ``c.id`` with the
+    partition's portfolio and property as parameters
+    (``eligibility.held_in_partition_sql``). Returns a row (candidates, last candidate
     id, held, NULL), then per deleted record (NULL, NULL, record id, document
     id or NULL). The candidates are read once (a CTE used twice is
     materialised), planned with the partition's own values: the keyset walk.
@@ -519,7 +521,7 @@ def partition_count_and_delete(
         f" AND {table}.property_id = %(property_id)s AND {table}.portfolio_id = %(portfolio_id)s AND {predicate}"
         f" RETURNING {table}.id, CAST({document} AS text) AS document_id)"
         f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c),"
-        f" (SELECT COUNT(*) FROM c JOIN {table} r ON r.id = c.id WHERE {held}), CAST(NULL AS text)"
+        f" (SELECT COUNT(*) FROM c WHERE {held}), CAST(NULL AS text)"
         f" UNION ALL SELECT NULL, NULL, d.id, d.document_id FROM d"
     )
 

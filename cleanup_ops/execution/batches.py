@@ -59,7 +59,7 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.recovery.classification import LeaseLost
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
-from retention.eligibility import db_datetime, eligible_sql_for, hold_covers_sql
+from retention.eligibility import db_datetime, eligible_sql_for, held_in_partition_sql
 from retention.models import MAX_BATCH_SIZE, PolicyVersion
 from retention.registry import get_spec
 
@@ -479,7 +479,10 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
     predicate, predicate_params = sql.named(
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
-    held, held_params = sql.named(*hold_covers_sql(kind, alias="r"), prefix="held")
+    held, held_params = sql.named(
+        *held_in_partition_sql(kind, id_sql="c.id", portfolio_sql="%(portfolio_id)s", property_sql="%(property_id)s"),
+        prefix="held",
+    )
     attachment = attachment_column(kind)
     statement = sql.partition_count_and_delete(
         table=spec.table, timestamp_column=spec.timestamp_column, predicate=predicate, held=held, returning=attachment
@@ -521,7 +524,10 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
         predicate, predicate_params = sql.named(
             *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
         )
-        held, held_params = sql.named(*hold_covers_sql(kind, alias="r"), prefix="held")
+        held, held_params = sql.named(
+            *held_in_partition_sql(kind, id_sql="r.id", portfolio_sql="g.portfolio_id", property_sql="g.property_id"),
+            prefix="held",
+        )
         attachment = attachment_column(kind)
         ranges = [
             {
