@@ -15,9 +15,13 @@ Protocol:
   portfolios a group pick spans — so thousands of due portfolios cannot
   exhaust PostgreSQL's lock table; two portfolios sharing a stripe only
   serialise their (short) lease transactions.
-- **Fencing.** Every write made under a lease first locks the job row *where
-  the lease token is ours and not expired* (``lock_job``): a worker whose
-  lease expired gets no row, raises ``LeaseLost`` and commits nothing.
+- **Fencing.** Every write to a job made under a lease first locks the job
+  row *where the lease token is ours and not expired* — the batch's first
+  statement for a whole group (``sql.group_fence_scopes_and_policies``), and
+  ``lock_job`` for the purge's cursor and the finishing writes: a worker
+  whose lease expired gets no row and commits nothing for that job (a purge's
+  decision about a document is fenced by the document's own lock and the
+  store's deadline instead, ``downstream.purge``).
 - **Release.** The job goes back to pending with its cursor kept, due now or
   at a later instant (a rate-limit deferral), only if the lease is still ours.
 - **Tokens.** ``wait_for_token`` takes a rate-limit token or says how long
