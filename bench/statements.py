@@ -92,7 +92,7 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("candidates + DELETE", r"^with c as \(select r\.id from .* d as \(delete from properties_"),
         ("ledger insert + job update", r"written as \(insert into cleanup_ops_ledgerentry"),
         ("candidates", r"left join lateral \(select r\.id from|^select count\(\*\), max\(c\.id\) from \(select r\.id"),
-        ("DELETE", r"^(with g\(.*\) )?delete from properties_"),
+        ("DELETE", r"^(with g\(.*\) )?delete from properties_|^with g\(.*\), d as \(delete from properties_"),
         ("ledger insert", r"^insert into cleanup_ops_ledgerentry"),
         ("job update", r"set cursor = g\.new_cursor|^update cleanup_ops_cleanupjob set cursor ="),
         ("lease/pick", r"pg_advisory_xact_lock|count\(distinct cleanup_ops_cleanupjob\.lease_token\)"),

@@ -40,7 +40,7 @@ from cleanup_ops.models import (
     SweepStatus,
 )
 from properties.models import Portfolio, Property
-from retention.models import PolicyVersion, RetentionPolicy
+from retention.models import LegalHold, PolicyVersion, RetentionPolicy
 
 JOB = CleanupJob._meta.db_table
 SWEEP = Sweep._meta.db_table
@@ -573,27 +573,39 @@ def _in_range(table: str) -> str:
     return f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id"
 
 
-def group_range_counts(*, table: str, timestamp_column: str, held: str, jobs: int) -> str:
+def group_range_counts(*, table: str, timestamp_column: str, jobs: int) -> str:
     """Per partition of ``g`` (``DELETE_COLUMNS``): the rows of its candidate
-    range past its cutoff, and of those the ones an active hold covers
-    (``held``, the hold test over alias ``r``). On PostgreSQL this is part of
-    ``group_delete``'s statement (the same snapshot as the DELETE); SQLite
-    (one writer at a time) runs it just before. Rows: (property id,
-    candidates, held)."""
-    return f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} {_range_counts_select(table, timestamp_column, held)}"
+    range past its cutoff, and of those the ones an active hold covers. On
+    PostgreSQL this is part of ``group_delete``'s statement (the same
+    snapshot as the DELETE); SQLite (one writer at a time) runs it just
+    before. Rows: (property id, candidates, held). Parameter: ``kind``."""
+    return f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} {_range_counts_select(table, timestamp_column)}"
 
 
-def _range_counts_select(table: str, timestamp_column: str, held: str) -> str:
+def _range_counts_select(table: str, timestamp_column: str) -> str:
+    """The counts of ``group_range_counts``. Held is counted from the holds,
+    not row by row: a hold over the partition's whole scope holds every row
+    of the range; otherwise the record holds of that scope whose record is in
+    the range (a handful of rows, however large the range). A record's
+    portfolio is its property's (the composite foreign key), so the range is
+    read by property alone — an index-only scan of the keyset index."""
+    holds = LegalHold._meta.db_table
+    scope = (
+        "h.released_at IS NULL AND h.portfolio_id = g.portfolio_id"
+        " AND (h.property_id IS NULL OR h.property_id = g.property_id)"
+        " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
+    )
+    in_range = f"{_in_range('r')} AND r.{timestamp_column} < g.cutoff"
     return (
-        f"SELECT g.property_id, COUNT(*) AS n, SUM(CASE WHEN {held} THEN 1 ELSE 0 END) AS held FROM g JOIN {table} r"
-        f" ON {_in_range('r')} AND r.portfolio_id = g.portfolio_id AND r.{timestamp_column} < g.cutoff"
-        f" GROUP BY g.property_id"
+        "SELECT x.property_id, x.n, CASE WHEN x.whole THEN x.n ELSE x.records END AS held FROM ("
+        f"SELECT g.property_id, (SELECT COUNT(*) FROM {table} r WHERE {in_range}) AS n,"
+        f" EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL) AS whole,"
+        f" (SELECT COUNT(DISTINCT r.id) FROM {holds} h JOIN {table} r ON r.id = h.record_id"
+        f" WHERE {scope} AND {in_range}) AS records FROM g) x WHERE x.n > 0"
     )
 
 
-def group_delete(
-    *, table: str, timestamp_column: str, predicate: str, held: str, jobs: int, returning: str | None
-) -> str:
+def group_delete(*, table: str, timestamp_column: str, predicate: str, jobs: int, returning: str | None) -> str:
     """Delete the eligible rows of every partition's candidate range; returns
     one row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL, NULL) for kinds with
@@ -607,7 +619,7 @@ def group_delete(
     named (``named``): the hold check is inside this statement, and so is
     the scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
-    (``DELETE_COLUMNS``) and the predicates'."""
+    (``DELETE_COLUMNS``), ``kind`` and the predicate's."""
     cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
     extra = (
         f"CAST({table}.{returning} AS text), {table}.id" if returning else "CAST(NULL AS text), CAST(NULL AS bigint)"
@@ -616,7 +628,7 @@ def group_delete(
     if is_postgres():
         return (
             f"{cte}, d AS (DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.property_id, {extra}),"
-            f" k AS ({_range_counts_select(table, timestamp_column, held)})"
+            f" k AS ({_range_counts_select(table, timestamp_column)})"
             f" SELECT d.*, CAST(NULL AS bigint), CAST(NULL AS bigint) FROM d"
             f" UNION ALL SELECT k.property_id, CAST(NULL AS text), CAST(NULL AS bigint), k.n,"
             f" CAST(k.held AS bigint) FROM k"

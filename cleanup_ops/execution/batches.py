@@ -538,10 +538,6 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
         predicate, predicate_params = sql.named(
             *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
         )
-        held, held_params = sql.named(
-            *held_in_partition_sql(kind, id_sql="r.id", portfolio_sql="g.portfolio_id", property_sql="g.property_id"),
-            prefix="held",
-        )
         attachment = attachment_column(kind)
         ranges = [
             {
@@ -553,12 +549,10 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             }
             for item in items
         ]
-        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, **held_params}
+        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, "kind": kind}
         if not sql.is_postgres():
             # SQLite: the counts just before the DELETE (one writer at a time).
-            counts = sql.group_range_counts(
-                table=spec.table, timestamp_column=spec.timestamp_column, held=held, jobs=len(items)
-            )
+            counts = sql.group_range_counts(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
@@ -566,7 +560,6 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             table=spec.table,
             timestamp_column=spec.timestamp_column,
             predicate=predicate,
-            held=held,
             jobs=len(items),
             returning=attachment,
         )
