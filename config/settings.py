@@ -234,6 +234,12 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.JSONRenderer",
         *(["rest_framework.renderers.BrowsableAPIRenderer"] if API_BROWSABLE else []),
     ],
+    # JSON that is too deep or not text is a 400 (retention.apiutils.StrictJSONParser).
+    "DEFAULT_PARSER_CLASSES": [
+        "retention.apiutils.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
