@@ -19,7 +19,7 @@ from django.utils.html import format_html
 
 from retention import admin_domain  # noqa: F401 - registers the domain models' admin (see there)
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
-from retention.inputs import MAX_TEXT_LENGTH
+from retention.inputs import MAX_TEXT_LENGTH, MIN_REASON_LENGTH, reason_problem
 from retention.models import (
     MAX_BATCH_SIZE,
     MIN_BATCH_SIZE,
@@ -44,9 +44,13 @@ from retention.services import (
     policy_version_submit,
 )
 
+# The services name their fields as the API does; the admin's forms call two of them otherwise.
+_FORM_FIELD = {"review_note": "note"}
+
 
 def _form_errors(form: forms.Form, exc: ValidationError) -> None:
     for field, errors in exc.message_dict.items():
+        field = _FORM_FIELD.get(field, field)
         form.add_error(field if field in form.fields else None, errors)
 
 
@@ -62,11 +66,25 @@ class PolicyVersionInline(admin.TabularInline):
         return False
 
 
-def free_text_field(*, required: bool = True) -> forms.CharField:
-    """A reason or note: at most ``MAX_TEXT_LENGTH`` characters (the browser
-    stops there too); control characters are refused by the middleware and
-    the service."""
-    return forms.CharField(required=required, max_length=MAX_TEXT_LENGTH, widget=forms.Textarea(attrs={"rows": 3}))
+def free_text_field(*, label: str = "Reason") -> forms.CharField:
+    """A reason or note: the one rule of ``retention.inputs.reason_problem``
+    (at most ``MAX_TEXT_LENGTH`` characters — the browser stops there too —
+    at least ``MIN_REASON_LENGTH`` visible ones, no control or format
+    characters), checked on the form so the error sits on the field and
+    names it as the page does; the service checks it again."""
+
+    def visible_reason(value: str) -> None:
+        problem = reason_problem(value, field=label)
+        if problem is not None:
+            raise ValidationError(problem)
+
+    return forms.CharField(
+        label=label,
+        max_length=MAX_TEXT_LENGTH,
+        validators=[visible_reason],
+        help_text=f"At least {MIN_REASON_LENGTH} visible characters; it goes into the audit trail.",
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )
 
 
 class NewVersionForm(forms.Form):
@@ -147,8 +165,15 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
 
 
 class ReviewForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
-    note = free_text_field(required=False)
+    """Nothing is preselected: approving or rejecting is a deliberate choice,
+    and either one needs a note (the service requires it too)."""
+
+    decision = forms.ChoiceField(
+        choices=[("approve", "Approve"), ("reject", "Reject")],
+        widget=forms.RadioSelect,
+        error_messages={"required": "Choose Approve or Reject."},
+    )
+    note = free_text_field(label="Note")
 
 
 @admin.register(PolicyVersion)
@@ -299,8 +324,14 @@ class LegalHoldAdmin(PortfolioScopedAdmin):
         except ValidationError:
             # The scope changed between the form's check and the placement under
             # the scope lock (the record was deleted meanwhile): nothing was
-            # written; show the form again, whose check now names the field.
-            return super().add_view(request, form_url, extra_context)
+            # written. The form checks every rule the service does, so showing
+            # it again names the field; should it raise again (the record came
+            # and went twice), say so rather than answer 500.
+            try:
+                return super().add_view(request, form_url, extra_context)
+            except ValidationError as exc:
+                messages.error(request, " ".join(" ".join(errors) for errors in exc.message_dict.values()))
+                return HttpResponseRedirect(request.get_full_path())
 
     def save_model(self, request: HttpRequest, obj: LegalHold, form: forms.ModelForm, change: bool) -> None:
         if change:

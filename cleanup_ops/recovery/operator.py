@@ -63,10 +63,9 @@ from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from properties.models import Portfolio
+from retention.inputs import MIN_REASON_LENGTH as MIN_REASON_LENGTH  # re-exported: the views read it here
 from retention.scoping import portfolio_ids_q, portfolio_ids_where
-from retention.services import audit_event_record, require_text
-
-MIN_REASON_LENGTH = 10
+from retention.services import audit_event_record, require_reason
 
 
 class Decision(models.TextChoices):
@@ -86,7 +85,7 @@ class DeadLetterNotOpen(Exception):
 
 
 def operator_reason(reason: str | None) -> str:
-    return require_text(reason or "", field="reason", min_length=MIN_REASON_LENGTH)
+    return require_reason(reason or "", field="reason")
 
 
 def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:

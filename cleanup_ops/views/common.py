@@ -18,7 +18,8 @@ from cleanup_ops.console_selectors.workers import live_job_kinds
 from cleanup_ops.dispatch import queues
 from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
 from retention.filters import FilterError
-from retention.inputs import InputError
+from retention.inputs import InputError, visible_length
+from retention.inputs import reason_problem as reason_rule_problem
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
 LETTER_VIEW = "cleanup_ops.view_deadletter"
@@ -92,6 +93,10 @@ def live_kinds_now(now: datetime) -> set[str]:
 def reason_problem(reason: str) -> str | None:
     """Why a decision's reason is refused (the services' own rule,
     ``MIN_REASON_LENGTH``), said before anything is attempted; None if it is fine."""
-    if len(reason.strip()) < MIN_REASON_LENGTH:
-        return f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail."
-    return None
+    problem = reason_rule_problem(reason, field="reason")
+    if problem is not None and visible_length(reason) < MIN_REASON_LENGTH:
+        return (
+            f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail"
+            " (spaces and invisible characters do not count)."
+        )
+    return problem
