@@ -180,7 +180,9 @@ class TestPoliciesAndHolds:
         Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
         created = client_for(manager).post(
-            f"/api/v1/policies/{policy.pk}/versions/", {"retention_days": 365, "reason": "baseline"}, format="json"
+            f"/api/v1/policies/{policy.pk}/versions/",
+            {"retention_days": 365, "reason": "baseline for leases"},
+            format="json",
         )
         assert created.status_code == 201 and created.json()["status"] == "in_review"
         version_id = created.json()["id"]
@@ -237,4 +239,4 @@ class TestPoliciesAndHolds:
             "/api/v1/legal-holds/", {"portfolio": portfolio.pk, "reason": "subpoena for the tests"}, format="json"
         )
         body = client_for(auditor).get("/api/v1/audit-events/?action=legal_hold.placed").json()
-        assert body["count"] == 1 and body["results"][0]["reason"] == "subpoena"
+        assert body["count"] == 1 and body["results"][0]["reason"] == "subpoena for the tests"

@@ -232,7 +232,12 @@ class TestRecordHoldScope:
         _, foreign_lease = other_scope
         client = APIClient()
         client.force_authenticate(reviewer)
-        body = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": foreign_lease.pk, "reason": "dispute"}
+        body = {
+            "portfolio": portfolio.pk,
+            "record_kind": "lease",
+            "record_id": foreign_lease.pk,
+            "reason": "dispute over the deposit",
+        }
         response = client.post("/api/v1/legal-holds/", body, format="json")
         assert response.status_code == 400 and list(response.json()) == ["record_id"]
         assert not LegalHold.objects.exists()
@@ -241,7 +246,12 @@ class TestRecordHoldScope:
         from django.urls import reverse
 
         client.force_login(reviewer)
-        form = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": 10**9, "reason": "dispute"}
+        form = {
+            "portfolio": portfolio.pk,
+            "record_kind": "lease",
+            "record_id": 10**9,
+            "reason": "dispute over the deposit",
+        }
         response = client.post(reverse("admin:retention_legalhold_add"), form)
         assert response.status_code == 200
         assert "record_id" in response.context["adminform"].form.errors
@@ -267,7 +277,12 @@ class TestRecordHoldScope:
 
         monkeypatch.setattr(retention_admin, "legal_hold_scope_validate", checked_before_the_delete)
         client.force_login(reviewer)
-        form = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": target, "reason": "dispute"}
+        form = {
+            "portfolio": portfolio.pk,
+            "record_kind": "lease",
+            "record_id": target,
+            "reason": "dispute over the deposit",
+        }
         response = client.post(reverse("admin:retention_legalhold_add"), form)
         assert response.status_code == 200
         assert "record_id" in response.context["adminform"].form.errors

@@ -10,8 +10,8 @@ from urllib.parse import urlencode
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -42,6 +42,7 @@ from cleanup_ops.views.common import (
     reason_problem,
     render_live,
 )
+from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
 from retention.filters import id_param, int_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
 from retention.registry import RECORD_KIND_CHOICES
@@ -178,7 +179,8 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
 
     GET shows the count, a breakdown and asks for a reason; POST with
     ``confirm=yes`` and the count shown (``expected``) applies ``jobs_act``.
-    If the number matching changed meanwhile, nothing happens and the page asks again."""
+    If the jobs matching are not the ones shown (their number, or their ids:
+    ``seen``, ``cleanup_ops.views.confirm``), nothing happens and the page asks again."""
     params = request.POST if request.method == "POST" else request.GET
     try:
         action = _parse_action(params.get("operation"))
@@ -198,8 +200,8 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
             errors.append(problem)
         elif count == 0:
             errors.append("No pending job matches this filter any more.")
-        elif expected != count:
-            errors.append(f"The number of pending jobs matching changed from {expected} to {count}; confirm again.")
+        elif changed := _bulk_selection_changed(params, matching, expected):
+            errors.append(changed)
         else:
             # The jobs seen are the jobs acted on: pinned by id.
             pinned = replace(job_filter, job_ids=tuple(matching.values_list("id", flat=True)))
@@ -227,8 +229,16 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
             "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
             "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [job_filter.portfolio_id]),
             "min_reason": MIN_REASON_LENGTH,
+            "seen": selection_digest(selection_ids(matching)),
         },
         status=400 if errors else 200,
+    )
+
+
+def _bulk_selection_changed(params: QueryDict, matching: QuerySet[CleanupJob], expected: int | None) -> str | None:
+    """Issue 30, item 13: the jobs matching now are the jobs the page showed, or why not."""
+    return selection_changed(
+        seen=params.get("seen", ""), ids=selection_ids(matching), expected=expected, noun="pending jobs"
     )
 
 
