@@ -1,0 +1,186 @@
+"""Issue 30: the console's figures and decisions after an incident — items
+3, 5, 7, 8, 9, 10, 11 and 13 (the browser walks are in
+``test_console_recovery_browser.py``)."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+from rest_framework.test import APIClient
+
+from cleanup_ops.console_selectors import JobFilter
+from cleanup_ops.execution.runner import job_run_slice
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
+from cleanup_ops.recovery.classification import DownstreamError
+from cleanup_ops.recovery.operator import JobAction, jobs_act
+from cleanup_ops.schedule import sweep_trigger
+from properties.models import Portfolio, Property
+from retention.models import AuditEvent, Membership
+
+from .conftest import make_records, make_user, utc
+
+pytestmark = pytest.mark.django_db
+
+NOW = utc("2026-08-21T02:30:00Z")
+OLD = utc("2020-01-01T00:00:00Z")
+REASON = "Birch and Acme: the store is back after the outage"
+
+
+def reject(job_id: int) -> None:
+    raise DownstreamError(400)
+
+
+@pytest.fixture
+def world(portfolio, active_policy, time_machine):  # type: ignore[no-untyped-def]
+    """Acme (two partitions) and Birch (one), every delete job dead-lettered by a store that answered 400."""
+    time_machine.move_to(NOW, tick=False)
+    birch = Portfolio.objects.create(name="Birch Estates", slug="birch")
+    active_policy(portfolio, "lease", 365)
+    active_policy(birch, "lease", 365)
+    for name in ("Harbour House", "Quay Court"):
+        make_records(Property.objects.create(portfolio=portfolio, name=name), "lease", 2, ended=OLD)
+    make_records(Property.objects.create(portfolio=birch, name="Birch Row"), "lease", 2, ended=OLD)
+    sweep_trigger()
+    jobs = list(CleanupJob.objects.order_by("id"))
+    for job in jobs:
+        job_run_slice(job_id=job.pk, before_batch=reject)
+    assert DeadLetter.objects.filter(status="open").count() == 3
+    return {"acme": portfolio, "birch": birch, "jobs": jobs, "sweep": Sweep.objects.get()}
+
+
+@pytest.fixture
+def op(operator_user) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(operator_user)
+    return client
+
+
+def customer_auditor(portfolio: Portfolio, name: str) -> Client:
+    user = make_user(name)
+    Membership.objects.create(user=user, portfolio=portfolio, role="auditor")
+    client = Client()
+    client.force_login(user)
+    return client
+
+
+def decide_one(op: Client, letter: DeadLetter, operation: str, reason: str) -> None:
+    response = op.post(
+        "/console/dead-letters/action/",
+        {"operation": operation, "letter": letter.pk, "reason": reason, "confirm": "yes"},
+    )
+    assert response.status_code == 302
+
+
+def bulk_confirm(op: Client, path: str, query: dict[str, str]) -> dict[str, str]:
+    """The confirmation page's form, as the browser would send it."""
+    page = op.get(path, query)
+    assert page.status_code == 200
+    return {**query, "confirm": "yes", "expected": str(page.context["count"]), "seen": page.context["seen"]}
+
+
+# --- Item 5 ---------------------------------------------------------------------------
+
+
+def test_a_bulk_redrive_over_two_customers_shows_neither_customer_the_operators_reason(world, op):
+    form = bulk_confirm(op, "/console/dead-letters/all-matching/", {"operation": "redrive"})
+    assert op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON}).status_code == 302
+    assert DeadLetter.objects.filter(status="redriven").count() == 3
+    acme_auditor = customer_auditor(world["acme"], "aud-acme")
+    api_user = make_user("aud-acme-api")
+    Membership.objects.create(user=api_user, portfolio=world["acme"], role="auditor")
+    api = APIClient()
+    api.force_authenticate(api_user)
+    for letter in DeadLetter.objects.filter(portfolio_id=world["acme"].pk):
+        assert REASON not in letter.resolution_reason
+        assert "covering 2 portfolios" in letter.resolution_reason
+        for path in (f"/console/dead-letters/{letter.pk}/", f"/console/jobs/{letter.job_id}/"):
+            body = acme_auditor.get(path).content.decode()
+            assert REASON not in body and "Birch" not in body, path
+        assert REASON not in api.get(f"/api/v1/dead-letters/{letter.pk}/").content.decode()
+    # The platform keeps the words, once, where only platform roles read them.
+    spanning = AuditEvent.objects.get(action="dead_letters.redriven")
+    assert spanning.reason == REASON and "portfolio_id" not in spanning.details
+    assert REASON in op.get("/console/audit/").content.decode()
+
+
+def test_a_bulk_run_now_over_two_customers_keeps_the_reason_out_of_each_customers_job_events(world, op):
+    # Pending work in both customers: the letters redriven one by one (each decision within one portfolio).
+    for letter in DeadLetter.objects.order_by("id"):
+        decide_one(op, letter, "redrive", "one at a time, own portfolio")
+    assert CleanupJob.objects.filter(state="pending").count() == 3
+    form = bulk_confirm(op, "/console/jobs/all-matching/", {"operation": "run_now"})
+    assert op.post("/console/jobs/all-matching/", {**form, "reason": REASON}).status_code == 302
+    events = AuditEvent.objects.filter(action="job.run_now")
+    assert events.count() == 3 and not events.filter(reason=REASON).exists()
+    assert AuditEvent.objects.get(action="jobs.run_now").reason == REASON
+    body = customer_auditor(world["birch"], "aud-birch").get("/console/audit/").content.decode()
+    assert "job.run_now" in body or "Run now" in body
+    assert REASON not in body
+
+
+def test_a_decision_within_one_portfolio_keeps_its_reason_on_the_letter(world, op):
+    acme = str(world["acme"].pk)
+    form = bulk_confirm(op, "/console/dead-letters/all-matching/", {"operation": "dismiss", "portfolio": acme})
+    op.post("/console/dead-letters/all-matching/", {**form, "reason": "Acme asked us to drop these"})
+    assert set(DeadLetter.objects.filter(status="dismissed").values_list("resolution_reason", flat=True)) == {
+        "Acme asked us to drop these"
+    }
+    assert not AuditEvent.objects.filter(action="dead_letters.dismissed").exists()
+
+
+# --- Item 9 ---------------------------------------------------------------------------
+
+
+def test_the_job_page_counts_the_failed_attempt_its_dead_letter_counts(world, op):
+    job = world["jobs"][0]
+    body = op.get(f"/console/jobs/{job.pk}/").content.decode()
+    assert "after 1 failed attempt(s)" in body
+    assert "0 failed" not in body
+    assert 'data-testid="job-attempts">1 failed' in body
+
+
+# --- Item 13 --------------------------------------------------------------------------
+
+
+def test_a_letter_that_appeared_after_the_confirmation_was_shown_is_not_decided(world, op):
+    acme = str(world["acme"].pk)
+    first, second = DeadLetter.objects.filter(portfolio_id=world["acme"].pk).order_by("id")
+    decide_one(op, first, "redrive", "the store is back, retry")
+    retried = CleanupJob.objects.get(redrive_of_id=first.job_id)
+    form = bulk_confirm(op, "/console/dead-letters/all-matching/", {"operation": "dismiss", "portfolio": acme})
+    assert form["expected"] == "1"  # the page shows the second letter
+    # Meanwhile the shown letter is decided elsewhere, and a new one appears: the count is 1 again.
+    decide_one(op, second, "dismiss", "decided elsewhere first")
+    jobs_act(
+        action=JobAction.CANCEL,
+        actor=None,
+        reason="cancelled from the shell",
+        job_filter=JobFilter(job_ids=(retried.pk,)),
+    )
+    newcomer = DeadLetter.objects.get(job=retried)
+    response = op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON})
+    assert response.status_code == 400
+    assert "changed since the page was shown" in response.content.decode()
+    assert DeadLetter.objects.get(pk=newcomer.pk).status == "open"
+
+
+def test_a_job_that_became_pending_after_the_confirmation_was_shown_is_not_run(world, op):
+    letters = list(DeadLetter.objects.order_by("id"))
+    for letter in letters[:2]:
+        decide_one(op, letter, "redrive", "the store is back, retry")
+    form = bulk_confirm(op, "/console/jobs/all-matching/", {"operation": "run_now"})
+    assert form["expected"] == "2"
+    first = CleanupJob.objects.filter(state="pending").order_by("id").first()
+    CleanupJob.objects.filter(pk=first.pk).update(state="done", finished_at=NOW)  # a worker finished it
+    decide_one(op, letters[2], "redrive", "the store is back, retry")
+    response = op.post("/console/jobs/all-matching/", {**form, "reason": REASON})
+    assert response.status_code == 400 and "changed since the page was shown" in response.content.decode()
+    assert not AuditEvent.objects.filter(action="job.run_now").exists()
+
+
+def test_a_confirmation_without_the_shown_selection_asks_again(world, op):
+    response = op.post(
+        "/console/dead-letters/all-matching/",
+        {"operation": "dismiss", "confirm": "yes", "expected": "3", "reason": REASON},
+    )
+    assert response.status_code == 400 and DeadLetter.objects.filter(status="open").count() == 3
