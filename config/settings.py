@@ -500,7 +500,15 @@ CACHES = {
 
 # --- Worker health (cleanup_health) ---------------------------------------------
 # A cluster is named on its host; two clusters on one host need two names.
-CLEANUP_CLUSTER_NAME = env.str("CLEANUP_CLUSTER_NAME", default="default").strip()
+# Unset, the name follows the queue the cluster serves ("default" for the
+# main queue, "purge" for Q_PURGE_CLUSTER): the delete and the purge cluster
+# of one host, both started without a name (as the demo's recovery says),
+# then keep a heartbeat row each instead of overwriting one. Two clusters of
+# the same queue on one host still need CLEANUP_CLUSTER_NAME.
+_SERVED_QUEUE = env.str("Q_CLUSTER_NAME", default="") or Q_QUEUE
+CLEANUP_CLUSTER_NAME = env.str(
+    "CLEANUP_CLUSTER_NAME", default="purge" if Q_QUEUE != _SERVED_QUEUE == Q_PURGE_CLUSTER else "default"
+).strip()
 if not CLEANUP_CLUSTER_NAME or len(CLEANUP_CLUSTER_NAME) > 100:
     raise ImproperlyConfigured(f"CLEANUP_CLUSTER_NAME: expected 1 to 100 characters, got {CLEANUP_CLUSTER_NAME!r}")
 # A worker writes its cluster's heartbeat at most this often (one UPSERT).
