@@ -4,15 +4,17 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
 from rest_framework.test import APIClient
 
 from cleanup_ops.console_selectors import JobFilter
 from cleanup_ops.execution.runner import job_run_slice
-from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep, WorkerHeartbeat
 from cleanup_ops.recovery.classification import DownstreamError
-from cleanup_ops.recovery.operator import JobAction, jobs_act
+from cleanup_ops.recovery.operator import JobAction, jobs_act, pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 from retention.models import AuditEvent, Membership
@@ -184,3 +186,39 @@ def test_a_confirmation_without_the_shown_selection_asks_again(world, op):
         {"operation": "dismiss", "confirm": "yes", "expected": "3", "reason": REASON},
     )
     assert response.status_code == 400 and DeadLetter.objects.filter(status="open").count() == 3
+
+
+# --- Item 7 ---------------------------------------------------------------------------
+
+
+def a_live_cluster(queue: str = "") -> WorkerHeartbeat:
+    return WorkerHeartbeat.objects.create(
+        host="worker-1",
+        cluster=queue or "default",
+        queue=queue,
+        pid=7,
+        started_at=NOW - timedelta(hours=1),
+        last_progress_at=NOW - timedelta(seconds=30),
+        updated_at=NOW - timedelta(seconds=30),
+    )
+
+
+def test_run_now_on_a_paused_portfolios_jobs_says_they_wait_for_the_resume_and_rows_say_paused(world, op):
+    a_live_cluster()
+    for letter in DeadLetter.objects.order_by("id"):
+        decide_one(op, letter, "redrive", "the store is back, retry")
+    pipeline_pause(actor=None, reason="Birch asked us to wait", portfolio_id=world["birch"].pk)
+    birch_job = CleanupJob.objects.get(portfolio_id=world["birch"].pk, state="pending")
+    response = op.post(f"/console/jobs/{birch_job.pk}/action/", {"operation": "run_now", "reason": REASON}, follow=True)
+    said = [str(m) for m in response.context["messages"]]
+    assert not any("as soon as a worker takes them" in m for m in said), said
+    assert any("will not run while portfolio Birch Estates is paused (Birch asked us to wait)" in m for m in said)
+    page = op.get(f"/console/jobs/{birch_job.pk}/").content.decode()
+    assert 'data-testid="job-paused"' in page
+    rows = op.get("/console/jobs/?state=pending").content.decode()
+    assert rows.count('data-testid="job-paused"') == 1  # Birch's job; Acme's two are not paused
+    form = bulk_confirm(op, "/console/jobs/all-matching/", {"operation": "run_now"})
+    done = op.post("/console/jobs/all-matching/", {**form, "reason": REASON}, follow=True)
+    said = [str(m) for m in done.context["messages"]]
+    assert "3 job(s) are due now. 2 of them run as soon as a worker takes them." in said
+    assert any("1 of these job(s) will not run while portfolio Birch Estates is paused" in m for m in said)

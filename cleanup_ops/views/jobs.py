@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import replace
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -21,11 +22,13 @@ from cleanup_ops.console_selectors import (
     JobFilter,
     job_detail,
     job_filter_parse,
+    jobs_mark_paused,
     jobs_page,
     portfolio_choices,
     portfolio_names,
     property_names,
 )
+from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
@@ -39,6 +42,7 @@ from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
+    live_kinds_now,
     reason_problem,
     render_live,
 )
@@ -65,6 +69,7 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
     job_filter = job_filter_parse(request.GET, strict=True)
     before = id_param(request.GET, "before", strict=True)
     result = jobs_page(job_filter, portfolio_ids=scope, before=before)
+    jobs_mark_paused(result.jobs)
     return render_live(
         request,
         "console/jobs.html",
@@ -87,6 +92,7 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
 
 def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
     detail = job_detail(job, scope_audit=lambda qs: scope_audit_events(qs, request.user))
+    jobs_mark_paused([job])
     return {
         "job": job,
         **detail,
@@ -161,7 +167,7 @@ def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
 
 def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ignore[no-untyped-def]
     if action == JobAction.RUN_NOW:
-        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+        _report_run_now(request, done)
     else:
         messages.success(
             request,
@@ -169,6 +175,23 @@ def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ign
         )
     if done.skipped:
         messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
+
+
+def _report_run_now(request: HttpRequest, done) -> None:  # type: ignore[no-untyped-def]
+    """Due now — and whether anything will take them: a paused portfolio's
+    jobs wait for a resume, and jobs whose queue has no live cluster wait for
+    one (the redrive's warnings, ``why_they_will_not_run``). Only the jobs
+    nothing blocks are said to run "as soon as a worker takes them"."""
+    now = timezone.now()
+    work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=list(done.jobs))
+    warnings = why_they_will_not_run(work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    if not warnings:
+        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+        return
+    tail = f" {work.runnable} of them run as soon as a worker takes them." if work.runnable > 0 else ""
+    messages.success(request, f"{len(done)} job(s) are due now.{tail}")
+    for warning in warnings:
+        messages.warning(request, warning)
 
 
 @login_required
