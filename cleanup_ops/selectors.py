@@ -37,6 +37,7 @@ from cleanup_ops.models import (
     live_lease_q,
     open_letter_q,
     open_q,
+    superseded_q,
     sweep_status_seen,
 )
 from cleanup_ops.ratelimit import effective_limits
@@ -205,7 +206,8 @@ def sweeps_seen(*, portfolio_ids: PortfolioScope) -> QuerySet[Sweep]:
     return qs.annotate(
         own_admitted=Count("jobs", filter=mine & Q(jobs__kind=JobKind.DELETE, jobs__redrive_of__isnull=True)),
         own_open=Count("jobs", filter=mine & Q(jobs__state__in=OPEN_STATES)),
-        own_dead=Count("jobs", filter=mine & Q(jobs__state=JobState.DEAD)),
+        own_dead=Count("jobs", filter=mine & Q(jobs__state=JobState.DEAD))
+        - Count("jobs", filter=mine & superseded_q("jobs__")),
         own_finished_at=Max("jobs__finished_at", filter=mine),
     )
 
@@ -269,13 +271,22 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None, portfolio_ids: Portfoli
         in_sweep=Count("id", filter=Q(sweep=sweep)),
         done=Count("id", filter=Q(sweep=sweep, state=JobState.DONE)),
         dead=Count("id", filter=Q(sweep=sweep, state=JobState.DEAD)),
+        superseded=Count("id", filter=superseded_q()),
+        superseded_in_sweep=Count("id", filter=Q(sweep=sweep) & superseded_q()),
         sweep_rows=Sum("rows_deleted", filter=Q(sweep=sweep)),
     )
+    # A dead job that was redriven is replaced by its redrive: counted
+    # neither as dead nor in the sweep's total, so the figures recover once
+    # the redrives are done (issue 30, item 8).
+    agg["state_dead"] -= agg["superseded"]
+    agg["dead"] -= agg["superseded_in_sweep"]
+    agg["in_sweep"] -= agg["superseded_in_sweep"]
     recent = LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - timedelta(hours=24))
     recent = recent.aggregate(n=Sum("rows_deleted"))
     finished = agg["done"] + agg["dead"]
     return {
         "jobs_by_state": {s: agg[f"state_{s}"] for s in JobState.values},
+        "jobs_redriven": agg["superseded"],
         "rows_deleted_24h": recent["n"] or 0,
         "leased": agg["leased"],
         "oldest_due_age_seconds": round((now - agg["oldest_due"]).total_seconds(), 1) if agg["oldest_due"] else None,
@@ -328,6 +339,7 @@ def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) 
         open=Count("id", filter=open_letter_q()),
         oldest=Min("last_seen_at", filter=open_letter_q()),
         last_24h=Count("id", filter=Q(last_seen_at__gte=now - timedelta(hours=24))),
+        decided_24h=Count("id", filter=Q(resolved_at__gte=now - timedelta(hours=24))),
         previous_24h=Count(
             "id", filter=Q(last_seen_at__gte=now - timedelta(hours=48), last_seen_at__lt=now - timedelta(hours=24))
         ),
@@ -336,6 +348,9 @@ def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) 
         "open": agg["open"],
         "oldest_open_age_seconds": round((now - agg["oldest"]).total_seconds(), 1) if agg["oldest"] else None,
         "new_last_24h": agg["last_24h"],
+        # What an operator decided in the same day: "36 new, 36 decided" reads
+        # as the recovery it is, where "+36 vs previous day" beside "open 0" did not.
+        "decided_last_24h": agg["decided_24h"],
         "growth_vs_previous_24h": agg["last_24h"] - agg["previous_24h"],
     }
 

@@ -222,3 +222,36 @@ def test_run_now_on_a_paused_portfolios_jobs_says_they_wait_for_the_resume_and_r
     said = [str(m) for m in done.context["messages"]]
     assert "3 job(s) are due now. 2 of them run as soon as a worker takes them." in said
     assert any("1 of these job(s) will not run while portfolio Birch Estates is paused" in m for m in said)
+
+
+# --- Item 8 ---------------------------------------------------------------------------
+
+
+def test_after_a_successful_redrive_the_sweep_the_state_cards_and_the_completion_recover(world, op):
+    before = op.get("/console/").content.decode()
+    assert "Drained with dead letters" in before and 'data-testid="completion">0%' in before
+    form = bulk_confirm(op, "/console/dead-letters/all-matching/", {"operation": "redrive"})
+    op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON})
+    for job in CleanupJob.objects.filter(redrive_of__isnull=False):
+        job_run_slice(job_id=job.pk)
+    sweep = Sweep.objects.get()
+    assert sweep.status == Sweep.Status.DRAINED
+    page = op.get("/console/").content.decode()
+    assert "Drained with dead letters" not in page
+    assert 'data-testid="jobs-dead">0<' in page and "3 more redriven" in page
+    assert 'data-testid="completion">100%' in page
+    assert 'data-testid="letters-open">0<' in page
+    assert "3 new and 3 decided in the last day" in page and "+3" not in page
+    assert "3/3 jobs finished" in page
+    sweeps = op.get("/console/sweeps/").content.decode()
+    assert "Drained with dead letters" not in sweeps
+    # A customer's staff see the same recovery in their own figures.
+    acme = customer_auditor(world["acme"], "aud-acme").get("/console/sweeps/").content.decode()
+    assert "Drained with dead letters" not in acme and "Drained" in acme
+
+
+def test_a_redrive_that_fails_again_keeps_the_sweep_drained_with_dead_letters(world, op):
+    letter = DeadLetter.objects.order_by("id").first()
+    decide_one(op, letter, "redrive", "the store is back, retry")
+    job_run_slice(job_id=CleanupJob.objects.get(redrive_of_id=letter.job_id).pk, before_batch=reject)
+    assert Sweep.objects.get().status == Sweep.Status.DRAINED_WITH_DEAD_LETTERS
