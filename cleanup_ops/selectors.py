@@ -427,8 +427,9 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
             portfolio_ids_q(portfolio_ids, field="policy__portfolio_id"),
             status=PolicyVersion.Status.APPROVED,
             enabled=True,
-        ).values_list("policy__portfolio_id", "policy__record_kind", "retention_days")
+        ).values_list("policy__portfolio_id", "policy__record_kind", "retention_days", "policy_id", "reviewed_at")
     )
+    late_since = _late_cutoffs(versions, now=now)
     deleted_recently = dict(
         LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - DEBT_GRACE)
         .values_list("record_kind")
@@ -437,7 +438,11 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
     )
     result = []
     for kind, spec in REGISTRY.items():
-        cutoffs = [(pid, now - timedelta(days=days)) for pid, k, days in versions if k == kind]
+        cutoffs = [
+            (pid, now - timedelta(days=days), late_since[policy_id])
+            for pid, k, days, policy_id, _ in versions
+            if k == kind
+        ]
         row = {"record_kind": kind, "overdue": 0, "held": 0, "overdue_beyond_grace": 0, "oldest_overdue_seconds": None}
         if cutoffs:
             row.update(_debt_for_kind(kind, spec, cutoffs))
@@ -461,11 +466,45 @@ def retention_debt_cached(*, now: datetime, portfolio_ids: PortfolioScope = None
     return cache.get_or_set(key, lambda: retention_debt(now=now, portfolio_ids=portfolio_ids), DEBT_CACHE_SECONDS)
 
 
-def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime]]) -> dict[str, Any]:
+# Before any record: nothing is late yet (a new policy approved within the grace).
+_NOTHING_LATE = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _late_cutoffs(versions: list[tuple[Any, ...]], *, now: datetime) -> dict[int, datetime]:
+    """Per policy: records with a timestamp before this are *late* (eligible
+    for longer than ``DEBT_GRACE``).
+
+    A record becomes eligible when its retention period ends *or* when the
+    version that made it eligible was approved, whichever is later: a
+    legitimate shortening approved a minute ago makes many records eligible
+    at once, and none of them can be a day late yet. So while the active
+    version is younger than the grace, only records the previous version
+    already made eligible more than the grace ago are late — none, if there
+    was no enabled previous version. One query, only when a version is that
+    young."""
+    late = {policy_id: now - timedelta(days=days) - DEBT_GRACE for _pid, _kind, days, policy_id, _at in versions}
+    young = [policy_id for *_, policy_id, at in versions if at is not None and at > now - DEBT_GRACE]
+    if not young:
+        return late
+    previous: dict[int, tuple[int, bool]] = {}
+    for policy_id, days, enabled in (
+        PolicyVersion.objects.filter(policy_id__in=young, status=PolicyVersion.Status.SUPERSEDED)
+        .order_by("policy_id", "-number")
+        .values_list("policy_id", "retention_days", "enabled")
+    ):
+        previous.setdefault(policy_id, (days, enabled))
+    for policy_id in young:
+        days, enabled = previous.get(policy_id, (0, False))
+        before = now - timedelta(days=days) - DEBT_GRACE if enabled else _NOTHING_LATE
+        late[policy_id] = min(late[policy_id], before)
+    return late
+
+
+def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime, datetime]]) -> dict[str, Any]:
     hold_sql, hold_params = hold_covers_sql(kind)
     params: list[object] = []
-    for pid, cutoff in cutoffs:
-        params += [pid, db_datetime(cutoff), db_datetime(cutoff - DEBT_GRACE)]
+    for pid, cutoff, late_cutoff in cutoffs:
+        params += [pid, db_datetime(cutoff), db_datetime(late_cutoff)]
     statement = sql.retention_debt(
         table=spec.table, timestamp_column=spec.timestamp_column, hold_sql=hold_sql, cutoffs=len(cutoffs)
     )

@@ -255,3 +255,54 @@ def test_a_redrive_that_fails_again_keeps_the_sweep_drained_with_dead_letters(wo
     decide_one(op, letter, "redrive", "the store is back, retry")
     job_run_slice(job_id=CleanupJob.objects.get(redrive_of_id=letter.job_id).pk, before_batch=reject)
     assert Sweep.objects.get().status == Sweep.Status.DRAINED_WITH_DEAD_LETTERS
+
+
+# --- Item 10 --------------------------------------------------------------------------
+
+
+def test_retention_debt_is_not_missed_minutes_after_a_legitimate_shortening(
+    portfolio, prop, manager, reviewer, time_machine, operator_user
+):
+    from cleanup_ops.selectors import retention_debt
+    from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
+
+    time_machine.move_to(utc("2026-07-01T00:00:00Z"), tick=False)
+    policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
+    first = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="one year for leases")
+    policy_version_approve(version_id=first.pk, reviewer=reviewer, note="agreed with legal, one year")
+    time_machine.move_to(NOW, tick=False)
+    make_records(prop, "lease", 5, ended=NOW - timedelta(days=200))  # eligible only under the shorter period
+    shorter = policy_version_submit(policy=policy, retention_days=100, author=manager, reason="minimise: 100 days")
+    policy_version_approve(version_id=shorter.pk, reviewer=reviewer, note="checked the impact, agreed")
+
+    time_machine.move_to(NOW + timedelta(minutes=5), tick=False)
+    lease = next(row for row in retention_debt(now=NOW + timedelta(minutes=5)) if row["record_kind"] == "lease")
+    assert (lease["overdue"], lease["overdue_beyond_grace"], lease["target_met"]) == (5, 0, True)
+    page = Client()
+    page.force_login(operator_user)
+    assert "MISSED" not in page.get("/console/").content.decode()
+
+    # A day and more later, with no sweep having run, they are late.
+    later = NOW + timedelta(hours=25)
+    time_machine.move_to(later, tick=False)
+    lease = next(row for row in retention_debt(now=later) if row["record_kind"] == "lease")
+    assert (lease["overdue_beyond_grace"], lease["target_met"]) == (5, False)
+
+
+def test_records_already_late_under_the_previous_period_stay_late_after_a_shortening(
+    portfolio, prop, manager, reviewer, time_machine
+):
+    from cleanup_ops.selectors import retention_debt
+    from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
+
+    time_machine.move_to(utc("2026-07-01T00:00:00Z"), tick=False)
+    policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
+    first = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="one year for leases")
+    policy_version_approve(version_id=first.pk, reviewer=reviewer, note="agreed with legal, one year")
+    time_machine.move_to(NOW, tick=False)
+    make_records(prop, "lease", 2, ended=NOW - timedelta(days=400))  # late under the year already
+    make_records(prop, "lease", 3, ended=NOW - timedelta(days=200))
+    shorter = policy_version_submit(policy=policy, retention_days=100, author=manager, reason="minimise: 100 days")
+    policy_version_approve(version_id=shorter.pk, reviewer=reviewer, note="checked the impact, agreed")
+    lease = next(row for row in retention_debt(now=NOW) if row["record_kind"] == "lease")
+    assert (lease["overdue"], lease["overdue_beyond_grace"]) == (5, 2)
