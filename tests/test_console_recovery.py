@@ -306,3 +306,30 @@ def test_records_already_late_under_the_previous_period_stay_late_after_a_shorte
     policy_version_approve(version_id=shorter.pk, reviewer=reviewer, note="checked the impact, agreed")
     lease = next(row for row in retention_debt(now=NOW) if row["record_kind"] == "lease")
     assert (lease["overdue"], lease["overdue_beyond_grace"]) == (5, 2)
+
+
+# --- Item 11 --------------------------------------------------------------------------
+
+
+def test_the_overview_during_the_incident_is_not_a_green_running_banner_and_shows_the_workers(world, op):
+    for letter in DeadLetter.objects.order_by("id")[:2]:
+        decide_one(op, letter, "redrive", "the store is back, retry")
+    pipeline_pause(actor=None, reason="Birch asked us to wait", portfolio_id=world["birch"].pk)
+    page = op.get("/console/").content.decode()
+    assert "Pipeline running" not in page
+    assert "Pipeline not paused, but it needs an operator" in page
+    assert "2 open job(s) (delete) have no worker" in page and "1 dead letter(s) wait for a decision" in page
+    # "none" beside "oldest due job" read as "no worker": it says the jobs cannot run.
+    assert 'data-testid="oldest-due">none can run<' in page
+    assert 'data-testid="workers-card"' in page
+    assert "none reporting — start one: <code>python manage.py qcluster</code>" in page
+
+
+def test_the_overview_reads_running_once_a_cluster_serves_the_work_and_no_letter_waits(world, op):
+    form = bulk_confirm(op, "/console/dead-letters/all-matching/", {"operation": "redrive"})
+    op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON})
+    a_live_cluster()
+    a_live_cluster("retention-purge")
+    page = op.get("/console/").content.decode()
+    assert 'data-testid="pipeline-state">Pipeline running<' in page
+    assert "1 reporting" in page and "none reporting" not in page

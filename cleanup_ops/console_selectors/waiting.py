@@ -137,6 +137,21 @@ def open_work(
     )
 
 
+def pipeline_attention(work: OpenWork, *, letters_open: int) -> list[str]:
+    """Why the pipeline, though not paused, is not simply "running": open
+    work that cannot run (a portfolio's pause, no cluster for its queue) and
+    open dead letters. Empty: nothing needs an operator."""
+    notes = []
+    if work.paused:
+        notes.append(f"{work.paused} open job(s) wait for a paused portfolio to be resumed")
+    if work.no_worker:
+        kinds = ", ".join(work.kinds_without_worker)
+        notes.append(f"{work.no_worker} open job(s) ({kinds}) have no worker: no cluster serving their queue reported")
+    if letters_open:
+        notes.append(f"{letters_open} dead letter(s) wait for a decision")
+    return notes
+
+
 def why_they_will_not_run(work: OpenWork, *, stale_seconds: float) -> list[str]:
     """Warnings for new work (a redrive, a run now) that nothing will take:
     its portfolio is paused, or no cluster serves its queue."""
