@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -422,12 +422,28 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
     (deleted in the last grace window, or overdue by less), and ``target_met``
     compares it with 0.99. One query per record kind.
     """
+    previous = PolicyVersion.objects.filter(
+        policy_id=OuterRef("policy_id"), status=PolicyVersion.Status.SUPERSEDED
+    ).order_by("-number")
     versions = list(
         PolicyVersion.objects.filter(
             portfolio_ids_q(portfolio_ids, field="policy__portfolio_id"),
             status=PolicyVersion.Status.APPROVED,
             enabled=True,
-        ).values_list("policy__portfolio_id", "policy__record_kind", "retention_days", "policy_id", "reviewed_at")
+        )
+        .annotate(
+            previous_days=Subquery(previous.values("retention_days")[:1]),
+            previous_enabled=Subquery(previous.values("enabled")[:1]),
+        )
+        .values_list(
+            "policy__portfolio_id",
+            "policy__record_kind",
+            "retention_days",
+            "policy_id",
+            "reviewed_at",
+            "previous_days",
+            "previous_enabled",
+        )
     )
     late_since = _late_cutoffs(versions, now=now)
     deleted_recently = dict(
@@ -440,7 +456,7 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
     for kind, spec in REGISTRY.items():
         cutoffs = [
             (pid, now - timedelta(days=days), late_since[policy_id])
-            for pid, k, days, policy_id, _ in versions
+            for pid, k, days, policy_id, *_ in versions
             if k == kind
         ]
         row = {"record_kind": kind, "overdue": 0, "held": 0, "overdue_beyond_grace": 0, "oldest_overdue_seconds": None}
@@ -479,24 +495,14 @@ def _late_cutoffs(versions: list[tuple[Any, ...]], *, now: datetime) -> dict[int
     legitimate shortening approved a minute ago makes many records eligible
     at once, and none of them can be a day late yet. So while the active
     version is younger than the grace, only records the previous version
-    already made eligible more than the grace ago are late — none, if there
-    was no enabled previous version. One query, only when a version is that
-    young."""
-    late = {policy_id: now - timedelta(days=days) - DEBT_GRACE for _pid, _kind, days, policy_id, _at in versions}
-    young = [policy_id for *_, policy_id, at in versions if at is not None and at > now - DEBT_GRACE]
-    if not young:
-        return late
-    previous: dict[int, tuple[int, bool]] = {}
-    for policy_id, days, enabled in (
-        PolicyVersion.objects.filter(policy_id__in=young, status=PolicyVersion.Status.SUPERSEDED)
-        .order_by("policy_id", "-number")
-        .values_list("policy_id", "retention_days", "enabled")
-    ):
-        previous.setdefault(policy_id, (days, enabled))
-    for policy_id in young:
-        days, enabled = previous.get(policy_id, (0, False))
-        before = now - timedelta(days=days) - DEBT_GRACE if enabled else _NOTHING_LATE
-        late[policy_id] = min(late[policy_id], before)
+    (``previous_days``, when it was enabled) already made eligible more than
+    the grace ago are late — none, if there was no enabled previous version."""
+    late = {}
+    for _pid, _kind, days, policy_id, approved_at, previous_days, previous_enabled in versions:
+        late[policy_id] = now - timedelta(days=days) - DEBT_GRACE
+        if approved_at is not None and approved_at > now - DEBT_GRACE:
+            before = now - timedelta(days=previous_days) - DEBT_GRACE if previous_enabled else _NOTHING_LATE
+            late[policy_id] = min(late[policy_id], before)
     return late
 
 

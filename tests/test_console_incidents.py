@@ -126,7 +126,7 @@ def test_a_sweep_whose_open_jobs_are_all_paused_is_forecast_blocked_naming_the_p
     assert "month-end freeze for Acme" in body and "Acme Lettings" in body
     assert "On track" not in body
     # The oldest due job is not "waiting for a worker": nothing that can run is due.
-    assert 'data-testid="oldest-due">none<' in body
+    assert 'data-testid="oldest-due">none can run<' in body
     assert "4 paused" in body
 
 

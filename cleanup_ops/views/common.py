@@ -14,7 +14,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from cleanup_ops.console_selectors.workers import live_job_kinds
+from cleanup_ops.console_selectors.workers import live_job_kinds, start_command
 from cleanup_ops.dispatch import queues
 from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
 from retention.filters import FilterError
@@ -88,6 +88,12 @@ def live_kinds_now(now: datetime) -> set[str]:
     """Job kinds whose queue has a cluster that reported lately (the forecast's
     and the "waiting" figures' notion of "a worker will take it")."""
     return live_job_kinds(now=now, queues=queues())
+
+
+def start_commands() -> dict[str, str]:
+    """Job kind -> the command that starts a cluster serving its queue (the
+    console's hint when no worker will run new work)."""
+    return {kind: start_command(queue) for queue, kinds in queues().items() for kind in kinds}
 
 
 def reason_problem(reason: str) -> str | None:

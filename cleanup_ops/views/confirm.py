@@ -35,10 +35,10 @@ def selection_changed(*, seen: str, ids: list[int], expected: int | None, noun: 
     """Why confirming must ask again (the ids matching now are not the ids
     shown), or ``None``. ``seen`` is the digest the page carried; a missing
     one (a form from before this check) counts as a change."""
-    if seen and seen == selection_digest(ids):
-        return None
     if expected is not None and expected != len(ids):
         return f"The number of {noun} matching changed from {expected} to {len(ids)}; check and confirm again."
+    if seen and seen == selection_digest(ids):
+        return None
     return (
         f"The {noun} matching changed since the page was shown (some appeared, some are gone),"
         f" though there are still {len(ids)}; check and confirm again."

@@ -45,6 +45,7 @@ from cleanup_ops.views.common import (
     reason_problem,
     redirect_back,
     render_live,
+    start_commands,
 )
 from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
 from retention.filters import int_param, text_param
@@ -276,5 +277,7 @@ def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     messages.success(request, format_html("Redrove {} dead letter(s): see {}.", len(ids), link))
     now = timezone.now()
     work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=ids)
-    for warning in why_they_will_not_run(work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS):
+    for warning in why_they_will_not_run(
+        work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
+    ):
         messages.warning(request, warning)

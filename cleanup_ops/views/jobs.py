@@ -45,6 +45,7 @@ from cleanup_ops.views.common import (
     live_kinds_now,
     reason_problem,
     render_live,
+    start_commands,
 )
 from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
 from retention.filters import id_param, int_param
@@ -184,7 +185,9 @@ def _report_run_now(request: HttpRequest, done) -> None:  # type: ignore[no-unty
     nothing blocks are said to run "as soon as a worker takes them"."""
     now = timezone.now()
     work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=list(done.jobs))
-    warnings = why_they_will_not_run(work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    warnings = why_they_will_not_run(
+        work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
+    )
     if not warnings:
         messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
         return
