@@ -54,6 +54,34 @@ def _form_errors(form: forms.Form, exc: ValidationError) -> None:
         form.add_error(field if field in form.fields else None, errors)
 
 
+def username_of(user: object) -> str:
+    """A user as text, never a link: the user admin answers 403 to everyone
+    but the platform's administrators, so a link would be an action the
+    reader cannot take (issue 30, item 12)."""
+    return getattr(user, "username", "") or "—"
+
+
+class AuditTrailHistory:
+    """A History page that shows the object's audit events and links the
+    audit trail. Versions and holds are written through the services, never
+    by the admin's own save, so Django's history would always say the object
+    "wasn't added via this admin site"; the audit trail is the history."""
+
+    audit_object_type = ""
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
+        events = scope_audit_events(
+            AuditEvent.objects.filter(object_type=self.audit_object_type, object_id=str(object_id)), request.user
+        ).select_related("actor")
+        query = f"?object_type__exact={self.audit_object_type}&q={object_id}"
+        context = {
+            "audit_events": list(events.order_by("created_at", "id")[:200]),
+            "audit_url": reverse("admin:retention_auditevent_changelist") + query,
+            **(extra_context or {}),
+        }
+        return super().history_view(request, object_id, context)  # type: ignore[misc]
+
+
 class PolicyVersionInline(admin.TabularInline):
     model = PolicyVersion
     fields = ["number", "retention_days", "batch_size", "enabled", "status", "author", "reviewer", "reviewed_at"]
@@ -109,6 +137,14 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: RetentionPolicy | None = None) -> list[str]:
         return ["portfolio", "record_kind"] if obj else []
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        policy = self.get_object_or_404(request, object_id)
+        # "Submit a new version" only where the reader may submit one (a reviewer may not).
+        may_submit = may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id)
+        return super().change_view(request, object_id, form_url, {"may_submit": may_submit, **(extra_context or {})})
 
     @admin.display(description="Active version")
     def active_version(self, obj: RetentionPolicy) -> str:
@@ -177,7 +213,7 @@ class ReviewForm(forms.Form):
 
 
 @admin.register(PolicyVersion)
-class PolicyVersionAdmin(PortfolioScopedAdmin):
+class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     portfolio_field = "policy__portfolio_id"
     list_display = [
         "id",
@@ -193,7 +229,41 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
     ]
     list_filter = ["status", "policy__record_kind", ("policy__portfolio", PortfolioListFilter)]
     list_select_related = ["policy__portfolio", "author", "reviewer"]
-    readonly_fields = [f.name for f in PolicyVersion._meta.fields]
+    # The page of a version is read-only: users as names (not links the
+    # reader could not follow), "enabled" in words (the form's help text
+    # "Unticked: the policy is withdrawn" beside a ticked box read as a
+    # contradiction).
+    fields = [
+        "policy",
+        "number",
+        "retention_days",
+        "batch_size",
+        "policy_state",
+        "status",
+        "author_name",
+        "reason",
+        "reviewer_name",
+        "reviewed_at",
+        "review_note",
+        "created_at",
+        "submitted_at",
+    ]
+    readonly_fields = fields
+    audit_object_type = "policy_version"
+
+    @admin.display(description="Policy")
+    def policy_state(self, obj: PolicyVersion) -> str:
+        if obj.enabled:
+            return "enabled: deletes records past their retention period"
+        return "withdrawn: deletes nothing"
+
+    @admin.display(description="Author")
+    def author_name(self, obj: PolicyVersion) -> str:
+        return username_of(obj.author)
+
+    @admin.display(description="Reviewer")
+    def reviewer_name(self, obj: PolicyVersion) -> str:
+        return username_of(obj.reviewer)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # new versions come from the policy page, through the service
@@ -220,6 +290,8 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
                 request.user, "retention.approve_policyversion", obj.policy.portfolio_id
             ):
                 return "awaiting a compliance reviewer"
+            if obj.status == PolicyVersion.Status.IN_REVIEW and obj.author_id == request.user.pk:
+                return "awaiting another reviewer (you wrote it)"  # four-eyes: not the author
             return self.review(obj)
 
         return [review if name == "review" else name for name in super().get_list_display(request)]
@@ -293,8 +365,9 @@ class ReleaseForm(forms.Form):
 
 
 @admin.register(LegalHold)
-class LegalHoldAdmin(PortfolioScopedAdmin):
+class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     form = PlaceHoldForm
+    audit_object_type = "legal_hold"
     list_display = ["id", "portfolio", "property", "record_kind", "record_id", "placed_by", "placed_at", "state"]
     list_filter = [("released_at", admin.EmptyFieldListFilter), "record_kind", ("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio", "property", "placed_by"]
@@ -310,10 +383,63 @@ class LegalHoldAdmin(PortfolioScopedAdmin):
             'active · <a href="{}">Release…</a>', reverse("admin:retention_legalhold_release", args=[obj.pk])
         )
 
+    # A hold's page once placed: read-only, users as names (see ``username_of``).
+    hold_fields = [
+        "portfolio",
+        "property",
+        "record_kind",
+        "record_id",
+        "reason",
+        "placed_by_name",
+        "placed_at",
+        "released_by_name",
+        "released_at",
+        "release_reason",
+    ]
+
+    def get_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
+        return list(self.hold_fields) if obj is not None else super().get_fields(request, obj)
+
     def get_readonly_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
-        if obj is None:
-            return []
-        return [f.name for f in LegalHold._meta.fields]
+        return list(self.hold_fields) if obj is not None else []
+
+    @admin.display(description="Placed by")
+    def placed_by_name(self, obj: LegalHold) -> str:
+        return username_of(obj.placed_by)
+
+    @admin.display(description="Released by")
+    def released_by_name(self, obj: LegalHold) -> str:
+        return username_of(obj.released_by)
+
+    def get_list_display(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+        """ "Release…" only where the reader may release (a manager sees the state alone)."""
+
+        @admin.display(description="State")
+        def state(obj: LegalHold) -> str:
+            if obj.is_active and not may_act_in(request.user, "retention.change_legalhold", obj.portfolio_id):
+                return "active"
+            return self.state(obj)
+
+        return [state if name == "state" else name for name in super().get_list_display(request)]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        """A placed hold is never edited: no Save buttons, and a POST changes
+        nothing and writes no history row (it said "changed successfully")."""
+        hold = self.get_object_or_404(request, object_id)
+        if request.method == "POST":
+            messages.info(request, "A legal hold is not edited once placed; release it from its own page.")
+            return HttpResponseRedirect(request.path)
+        context = {
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+            "show_delete": False,
+            "may_release": hold.is_active and may_act_in(request.user, "retention.change_legalhold", hold.portfolio_id),
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, context)
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False

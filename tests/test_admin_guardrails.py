@@ -14,7 +14,7 @@ from django_q.models import Failure, OrmQ, Success
 
 from cleanup_ops.recovery.operator import pipeline_pause
 from properties.models import Portfolio, Property
-from retention.models import AuditEvent, LegalHold, PolicyVersion
+from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion
 from retention.services import (
     legal_hold_place,
     legal_hold_release,
@@ -218,3 +218,72 @@ def test_the_api_refuses_an_approval_without_a_note_naming_it(in_review, second_
     response = api.post(f"/api/v1/policy-versions/{in_review.pk}/approve/", {}, format="json")
     assert response.status_code == 400 and list(response.json()) == ["note"]
     assert PolicyVersion.objects.get(pk=in_review.pk).status == PolicyVersion.Status.IN_REVIEW
+
+
+# --- Item 12 ------------------------------------------------------------------------
+
+
+@pytest.fixture
+def hold(portfolio, reviewer):  # type: ignore[no-untyped-def]
+    return legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="litigation pending")
+
+
+def test_a_manager_sees_no_release_link_and_a_reviewer_does(portfolio, hold, manager, reviewer):
+    Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")  # a customer's manager
+    changelist = reverse("admin:retention_legalhold_changelist")
+    release = reverse("admin:retention_legalhold_release", args=[hold.pk])
+    listed = client_for(manager).get(changelist)
+    assert listed.status_code == 200 and list(listed.context["cl"].result_list) == [hold]  # they see the hold…
+    assert release not in listed.content.decode()  # …but not an action they cannot take
+    assert release in client_for(reviewer).get(changelist).content.decode()
+    assert (
+        release
+        not in client_for(manager).get(reverse("admin:retention_legalhold_change", args=[hold.pk])).content.decode()
+    )
+
+
+def test_a_reviewer_sees_no_submit_link_on_a_policy_and_a_manager_does(portfolio, manager, reviewer):
+    Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")  # a customer's manager
+    policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
+    page = reverse("admin:retention_retentionpolicy_change", args=[policy.pk])
+    submit = reverse("admin:retention_retentionpolicy_new_version", args=[policy.pk])
+    assert submit not in client_for(reviewer).get(page).content.decode()
+    assert submit in client_for(manager).get(page).content.decode()
+
+
+def test_the_author_holding_the_reviewer_role_sees_no_review_link_for_their_own_version(in_review, manager, reviewer):
+    manager.groups.add(*reviewer.groups.all())
+    body = client_for(User.objects.get(pk=manager.pk)).get(reverse("admin:retention_policyversion_changelist"))
+    text = body.content.decode()
+    assert reverse("admin:retention_policyversion_review", args=[in_review.pk]) not in text
+    assert "awaiting another reviewer (you wrote it)" in text
+
+
+def test_a_version_page_names_users_without_links_and_says_enabled_in_words(in_review, second_reviewer):
+    page = client_for(second_reviewer).get(reverse("admin:retention_policyversion_change", args=[in_review.pk]))
+    text = page.content.decode()
+    assert "/admin/auth/user/" not in text and "manager" in text
+    assert "enabled: deletes records past their retention period" in text
+    assert "Unticked" not in text
+
+
+def test_a_placed_hold_shows_no_save_and_a_post_changes_nothing_and_writes_no_history(hold, reviewer):
+    from django.contrib.admin.models import LogEntry
+
+    client = client_for(reviewer)
+    url = reverse("admin:retention_legalhold_change", args=[hold.pk])
+    page = client.get(url).content.decode()
+    assert 'name="_save"' not in page and 'name="_continue"' not in page
+    response = client.post(url, {"reason": "edited in place"}, follow=True)
+    shown = [str(m) for m in response.context["messages"]]
+    assert not any("changed successfully" in m for m in shown), shown
+    assert not LogEntry.objects.exists()
+    assert LegalHold.objects.get(pk=hold.pk).reason == "litigation pending"
+
+
+def test_a_versions_history_is_its_audit_trail_with_a_link_to_it(in_review, second_reviewer):
+    page = client_for(second_reviewer).get(reverse("admin:retention_policyversion_history", args=[in_review.pk]))
+    text = page.content.decode()
+    assert "added via this admin site" not in text
+    assert "policy_version.submitted" in text and "shorten to 100 days" in text
+    assert reverse("admin:retention_auditevent_changelist") + "?object_type__exact=policy_version" in text
