@@ -28,15 +28,22 @@ from pathlib import Path
 import pytest
 from django.core.management import call_command
 from django.db import connection
+from django.utils import timezone
 from django_q.models import Schedule
 
-from cleanup_ops.models import CleanupJob, DeadLetter, PipelinePause
+from cleanup_ops.execution.runner import job_run_slice
+from cleanup_ops.models import CleanupJob, DeadLetter, PipelinePause, WorkerHeartbeat
+from cleanup_ops.recovery.classification import DownstreamError
+from cleanup_ops.recovery.operator import pipeline_pause
+from cleanup_ops.schedule import sweep_trigger
 from demo.services import DEMO_PASSWORD
 from harness.qcluster import QCluster
-from properties.models import Portfolio
+from properties.models import Portfolio, Property
+from retention.models import Membership
 
 from . import test_console_browser as browser_tests
-from .test_console_browser import CHROMIUM
+from .conftest import make_records, make_user, utc
+from .test_console_browser import CHROMIUM, PASSWORD, log_in
 
 browser = browser_tests.browser
 page = browser_tests.page
@@ -44,6 +51,8 @@ page = browser_tests.page
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_ARGS = ["--portfolios", "3", "--properties-per-portfolio", "2", "--records-per-property", "30", "--seed", "3"]
 REASON = "the document store answers again after the incident"
+BROWSER_REASON = "Birch's store is back, try it now"
+OLD = utc("2020-01-01T00:00:00Z")
 
 pytestmark = [
     pytest.mark.skipif(
@@ -181,3 +190,101 @@ def test_the_incident_demos_printed_recovery_followed_literally_ends_with_nothin
     assert page.get_by_test_id("letters-open").inner_text() == "0"
     workers = page.get_by_test_id("workers-card").inner_text()
     assert "none reporting" not in workers
+
+
+# --- Items 7, 11 and 12 -----------------------------------------------------------------
+
+
+@pytest.fixture
+def incident(portfolio, active_policy):  # type: ignore[no-untyped-def]
+    """Acme (Harbour House, one dead letter) and Birch (Birch Row, a pending job, Birch paused)."""
+    birch = Portfolio.objects.create(name="Birch Estates", slug="birch")
+    active_policy(portfolio, "lease", 365)
+    active_policy(birch, "lease", 365)
+    make_records(Property.objects.create(portfolio=portfolio, name="Harbour House"), "lease", 2, ended=OLD)
+    make_records(Property.objects.create(portfolio=birch, name="Birch Row"), "lease", 2, ended=OLD)
+    sweep_trigger()
+    acme_job = CleanupJob.objects.get(portfolio_id=portfolio.pk)
+    job_run_slice(job_id=acme_job.pk, before_batch=rejected)
+    pipeline_pause(actor=None, reason="Birch asked us to wait", portfolio_id=birch.pk)
+    return {"acme": portfolio, "birch": birch, "birch_job": CleanupJob.objects.get(portfolio_id=birch.pk)}
+
+
+def rejected(job_id: int) -> None:
+    raise DownstreamError(400)
+
+
+def a_live_cluster() -> WorkerHeartbeat:
+    now = timezone.now()
+    return WorkerHeartbeat.objects.create(
+        host="worker-1", cluster="default", queue="", pid=7, started_at=now, last_progress_at=now, updated_at=now
+    )
+
+
+def test_run_now_on_a_paused_portfolios_job_says_it_waits_for_the_resume_and_the_rows_say_paused(
+    page, incident
+) -> None:
+    a_live_cluster()
+    make_user("op", "operator")
+    log_in(page, "op")
+    job = incident["birch_job"]
+    page.goto(f"/console/jobs/{job.pk}/")
+    assert "paused" in page.get_by_test_id("job-paused").inner_text()
+    page.get_by_label("job action", exact=True).select_option("run_now")
+    page.get_by_label("job action reason").fill(BROWSER_REASON)
+    page.get_by_role("button", name="Apply").click()
+    page.wait_for_url(f"**/console/jobs/{job.pk}/")
+    said = " | ".join(page.get_by_test_id("message").all_inner_texts())
+    assert "as soon as a worker takes them" not in said
+    assert "will not run while portfolio Birch Estates is paused (Birch asked us to wait)" in said
+    page.goto("/console/jobs/?state=pending")
+    assert page.get_by_test_id(f"job-{job.pk}").get_by_test_id("job-paused").inner_text() == "paused"
+
+
+def test_the_overview_during_an_incident_says_what_needs_an_operator_and_shows_the_workers(page, incident) -> None:
+    make_user("op", "operator")
+    log_in(page, "op")
+    banner = page.get_by_test_id("pipeline-state").inner_text()
+    assert "Pipeline running" not in banner
+    assert "1 open job(s) wait for a paused portfolio to be resumed" in banner
+    assert "1 dead letter(s) wait for a decision" in banner
+    assert page.get_by_test_id("oldest-due").inner_text() == "none can run"
+    card = page.get_by_test_id("workers-card").inner_text()
+    assert "none reporting — start one: python manage.py qcluster" in card
+
+
+def test_a_customers_manager_sees_no_release_and_a_reviewer_no_submit_in_the_admin(page, incident) -> None:
+    from retention.services import legal_hold_place, retention_policy_get_or_create
+
+    acme = incident["acme"]
+    reviewer = make_user("rev-acme")
+    Membership.objects.create(user=reviewer, portfolio=acme, role="compliance_reviewer")
+    manager = make_user("pm-acme")
+    Membership.objects.create(user=manager, portfolio=acme, role="property_manager")
+    hold = legal_hold_place(portfolio=acme, placed_by=reviewer, reason="litigation pending")
+    policy = retention_policy_get_or_create(portfolio=acme, record_kind="lease")
+
+    log_in_admin(page, "pm-acme")
+    page.goto("/admin/retention/legalhold/")
+    row = page.locator("#result_list tbody tr").first
+    assert "active" in row.inner_text() and row.get_by_role("link", name="Release…").count() == 0
+    page.goto(f"/admin/retention/legalhold/{hold.pk}/change/")
+    assert page.get_by_role("button", name="Save").count() == 0
+    assert page.get_by_role("link", name="reviewer").count() == 0  # users as names, not 403 links
+    page.goto(f"/admin/retention/retentionpolicy/{policy.pk}/change/")
+    assert page.get_by_role("link", name="Submit a new version").is_visible()
+
+    page.context.clear_cookies()
+    log_in_admin(page, "rev-acme")
+    page.goto(f"/admin/retention/retentionpolicy/{policy.pk}/change/")
+    assert page.get_by_role("link", name="Submit a new version").count() == 0
+    page.goto("/admin/retention/legalhold/")
+    assert page.get_by_role("link", name="Release…").count() == 1
+
+
+def log_in_admin(tab, username: str) -> None:  # type: ignore[no-untyped-def]
+    tab.goto("/admin/login/")
+    tab.get_by_label("Username").fill(username)
+    tab.get_by_label("Password").fill(PASSWORD)
+    tab.get_by_role("button", name="Log in").click()
+    tab.wait_for_url("**/admin/")
