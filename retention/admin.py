@@ -373,7 +373,12 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     list_select_related = ["portfolio", "property", "placed_by"]
     # Autocomplete, not a raw id: its choices come from the (scoped) property
     # admin, and a raw-id widget would print the name of any id typed into it.
+    # The picker offers the chosen portfolio's properties only (its script).
     autocomplete_fields = ["property"]
+
+    class Media:
+        # After django.jQuery is defined (Django merges media keeping this order).
+        js = ["admin/js/vendor/jquery/jquery.min.js", "admin/js/jquery.init.js", "retention/hold_property_picker.js"]
 
     @admin.display(description="State")
     def state(self, obj: LegalHold) -> str:

@@ -141,6 +141,10 @@ def autocomplete_problem(request: HttpRequest) -> tuple[str, str] | None:
         problem = text_problem(request.GET.get(name, ""), field=name, max_length=MAX_FILTER_LENGTH)
         if problem is not None:
             return name, problem
+    # The legal hold form's property picker narrows by the chosen portfolio (an id, or nothing chosen yet).
+    portfolio = request.GET.get("portfolio", "")
+    if portfolio and (problem := id_problem(portfolio, field="portfolio", from_form=True)) is not None:
+        return "portfolio", problem
     return None
 
 

@@ -287,3 +287,15 @@ def test_a_versions_history_is_its_audit_trail_with_a_link_to_it(in_review, seco
     assert "added via this admin site" not in text
     assert "policy_version.submitted" in text and "shorten to 100 days" in text
     assert reverse("admin:retention_auditevent_changelist") + "?object_type__exact=policy_version" in text
+
+
+def test_the_hold_forms_property_autocomplete_narrows_to_the_chosen_portfolio(portfolio, prop, reviewer):
+    other = Portfolio.objects.create(name="Birch Estates", slug="birch")
+    Property.objects.create(portfolio=other, name="Birch Row")
+    client = client_for(reviewer)
+    base = "/admin/autocomplete/?app_label=retention&model_name=legalhold&field_name=property&term="
+    assert {r["text"] for r in client.get(base).json()["results"]} == {"Harbour House", "Birch Row"}
+    narrowed = client.get(f"{base}&portfolio={other.pk}").json()["results"]
+    assert [r["text"] for r in narrowed] == ["Birch Row"]
+    refused = client.get(f"{base}&portfolio=abc")
+    assert refused.status_code == 400 and b"portfolio" in refused.content

@@ -288,3 +288,17 @@ def log_in_admin(tab, username: str) -> None:  # type: ignore[no-untyped-def]
     tab.get_by_label("Password").fill(PASSWORD)
     tab.get_by_role("button", name="Log in").click()
     tab.wait_for_url("**/admin/")
+
+
+def test_the_hold_forms_property_picker_offers_the_chosen_portfolios_properties_only(page, incident) -> None:
+    """Item 1: the picker offered every property the user could see, whatever the portfolio."""
+    make_user("rev", "compliance_reviewer")
+    log_in_admin(page, "rev")
+    page.goto("/admin/retention/legalhold/add/")
+    page.get_by_label("Portfolio").select_option(label="Birch Estates")
+    page.locator(".field-property .select2-selection").click()
+    page.locator(".select2-search__field").fill("o")
+    options = page.locator(".select2-results__option")
+    options.first.wait_for()
+    page.wait_for_timeout(500)  # the search answers once per keystroke; let the last one land
+    assert options.all_inner_texts() == ["Birch Row"]
