@@ -333,3 +333,14 @@ def test_the_overview_reads_running_once_a_cluster_serves_the_work_and_no_letter
     page = op.get("/console/").content.decode()
     assert 'data-testid="pipeline-state">Pipeline running<' in page
     assert "1 reporting" in page and "none reporting" not in page
+
+
+def test_the_workers_page_says_how_to_start_a_cluster_for_each_queue(world, op):
+    """Item 2: nothing on screen said a purge cluster, DOCSTORE_URL or distinct names were needed."""
+    page = op.get("/console/workers/").content.decode()
+    assert "<code>python manage.py qcluster</code>" in page
+    assert (
+        "<code>Q_CLUSTER_NAME=retention-purge DOCSTORE_URL=&lt;the document store&gt; python manage.py qcluster</code>"
+        in page
+    )
+    assert "<code>purge</code> for the purge queue" in page
