@@ -40,12 +40,22 @@ class SweepStatus(models.TextChoices):
 
 def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:
     """A sweep's status as a customer's staff see it: from their own jobs'
-    counts (open, dead), so another customer's jobs never show through."""
+    counts (open, dead), so another customer's jobs never show through.
+    ``dead_jobs``: dead jobs that were not redriven (``superseded_q``)."""
     if status == SweepStatus.ADMITTING:
         return status
     if open_jobs:
         return SweepStatus.RUNNING
     return SweepStatus.DRAINED_WITH_DEAD_LETTERS if dead_jobs else SweepStatus.DRAINED
+
+
+def superseded_q(prefix: str = "") -> Q:
+    """Dead jobs whose dead letter was redriven: their work moved to the
+    redrive job, so figures of what is dead (the sweep's status, "jobs
+    dead", the completion rate) count the redrive instead. ``prefix``: the
+    path to the job (``"jobs__"`` from a sweep). A join on a one-to-one, so a
+    ``Count(filter=…)`` counts each job once."""
+    return Q(**{f"{prefix}state": JobState.DEAD, f"{prefix}dead_letter__status": DeadLetterStatus.REDRIVEN})
 
 
 class SweepQuerySet(models.QuerySet["Sweep"]):

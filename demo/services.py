@@ -152,7 +152,7 @@ def demo_data_seed(
                     author=own_staff[Membership.Role.PROPERTY_MANAGER],
                     reason="Demo baseline policy",
                 )
-                policy_version_approve(version_id=version.pk, reviewer=reviewer, note="Demo")
+                policy_version_approve(version_id=version.pk, reviewer=reviewer, note="Demo: seeded, approved")
             for q_index in range(properties_per_portfolio):
                 prop = Property.objects.create(portfolio=portfolio, name=f"P{p_index + 1}-Building {q_index + 1}")
                 result.properties += 1

@@ -39,6 +39,7 @@ from retention.apiutils import (
     filter_errors_as_400,
 )
 from retention.filters import audit_filter_parse
+from retention.inputs import MIN_REASON_LENGTH, reason_problem
 from retention.models import (
     MAX_BATCH_SIZE,
     MIN_BATCH_SIZE,
@@ -119,7 +120,15 @@ class NewVersionSerializer(serializers.Serializer):
 
 
 class ReviewSerializer(serializers.Serializer):
-    note = FreeTextField(required=False, allow_blank=True, default="")
+    note = FreeTextField(
+        help_text=f"Why: at least {MIN_REASON_LENGTH} visible characters (approving needs one as much as rejecting)."
+    )
+
+    def validate_note(self, value: str) -> str:
+        problem = reason_problem(value, field="note")
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class LegalHoldSerializer(serializers.ModelSerializer):
@@ -228,7 +237,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         request=ReviewSerializer,
         responses={
             200: PolicyVersionSerializer,
-            400: OpenApiResponse(description="not in review"),
+            400: OpenApiResponse(description="not in review, or note missing or too short"),
             403: OpenApiResponse(description="the author, or a role without the permission"),
             409: OpenApiResponse(description="another version of the policy was approved at the same moment"),
         },

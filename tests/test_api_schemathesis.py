@@ -104,7 +104,9 @@ def documented_operations() -> list[str]:
 def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
     """A row of every kind the API serves; returns their ids by collection."""
     version = active_policy(portfolio, "lease", 365)
-    policy_version_submit(policy=version.policy, retention_days=400, enabled=True, author=manager, reason="longer")
+    policy_version_submit(
+        policy=version.policy, retention_days=400, enabled=True, author=manager, reason="longer for the tests"
+    )
     make_records(prop, "lease", 3, ended=OLD)
     sweep_trigger()
 

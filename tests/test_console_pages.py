@@ -349,6 +349,7 @@ def test_redrive_all_matching_shows_the_count_asks_a_reason_and_decides_every_le
         "category": "downstream_rejected",
         "portfolio": world["acme"].pk,
         "expected": 2,
+        "seen": page.context["seen"],
         "confirm": "yes",
     }
     short = op.post("/console/dead-letters/all-matching/", {**form, "reason": "too short"})

@@ -20,8 +20,8 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.paginator import Paginator
-from django.db.models import Count
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -45,7 +45,9 @@ from cleanup_ops.views.common import (
     reason_problem,
     redirect_back,
     render_live,
+    start_commands,
 )
+from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
 from retention.filters import int_param, text_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, id_check, text_check
 from retention.models import AuditEvent
@@ -177,8 +179,9 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
 
     GET shows the count, a breakdown and asks for a reason; POST with
     ``confirm=yes`` decides with the same filter. If the number matching
-    changed since the page was shown (``expected``), nothing happens and the
-    page asks again."""
+    changed since the page was shown (``expected``), or the letters are not
+    the ones it showed (``seen``, ``cleanup_ops.views.confirm``), nothing
+    happens and the page asks again."""
     params = request.POST if request.method == "POST" else request.GET
     decision = _operation(params.get("operation"), request)
     if isinstance(decision, HttpResponse):
@@ -198,14 +201,11 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
             errors.append(problem)
         elif count == 0:
             errors.append("No open dead letter matches this filter any more.")
-        elif expected != count:
-            errors.append(
-                f"The number of open letters matching changed from {expected} to {count}; check and confirm again."
-            )
+        elif changed := _bulk_selection_changed(params, matching, expected):
+            errors.append(changed)
         else:
-            if text or portfolio_ids_where(request.user, perm) is not None:
-                # Never act beyond what was seen (the user's portfolios, the search): pin the letters.
-                letter_filter = replace(letter_filter, letter_ids=tuple(matching.values_list("id", flat=True)))
+            # Never act beyond what was seen (the letters shown, the user's portfolios, the search): pin them.
+            letter_filter = replace(letter_filter, letter_ids=tuple(matching.values_list("id", flat=True)))
             _decide(request, decision, letter_filter, reason, count)
             return HttpResponseRedirect(reverse("console:dead_letters") + "?" + urlencode(filters))
     breakdown = list(
@@ -227,8 +227,16 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
             "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
             "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [letter_filter.portfolio_id]),
             "min_reason": MIN_REASON_LENGTH,
+            "seen": selection_digest(selection_ids(matching)),
         },
         status=400 if errors else 200,
+    )
+
+
+def _bulk_selection_changed(params: QueryDict, matching: QuerySet[DeadLetter], expected: int | None) -> str | None:
+    """Issue 30, item 13: the letters matching now are the letters the page showed, or why not."""
+    return selection_changed(
+        seen=params.get("seen", ""), ids=selection_ids(matching), expected=expected, noun="open letters"
     )
 
 
@@ -269,5 +277,7 @@ def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     messages.success(request, format_html("Redrove {} dead letter(s): see {}.", len(ids), link))
     now = timezone.now()
     work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=ids)
-    for warning in why_they_will_not_run(work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS):
+    for warning in why_they_will_not_run(
+        work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
+    ):
         messages.warning(request, warning)
