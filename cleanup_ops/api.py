@@ -172,6 +172,8 @@ class DeadLetterSerializer(serializers.ModelSerializer):
             "sweep",
             "category",
             "error_class",
+            "http_status",
+            "message_class",
             "attempts",
             "first_seen_at",
             "last_seen_at",

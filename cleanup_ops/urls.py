@@ -19,6 +19,7 @@ urlpatterns = [
     path("dead-letters/<int:letter_id>/", views.dead_letter_page, name="dead_letter"),
     path("dead-letters/action/", views.dead_letter_action, name="dead_letter_action"),
     path("dead-letters/all-matching/", views.dead_letters_bulk, name="dead_letters_bulk"),
+    path("dead-letters/by-cause/", views.dead_letter_groups, name="dead_letter_groups"),
     path("workers/", views.workers_page, name="workers"),
     path("pauses/", views.pauses_page, name="pauses"),
     path("portfolios/<int:portfolio_id>/", views.portfolio_page, name="portfolio"),

@@ -118,7 +118,9 @@ class DocstoreClient:
         if 200 <= status < 300:
             return "deleted"
         retry_after = response.headers.get("Retry-After")
-        raise DownstreamError(status, retry_after[:100] if retry_after else None)
+        # The message class (the declared media type), never the body.
+        content_type = response.headers.get("Content-Type")
+        raise DownstreamError(status, retry_after[:100] if retry_after else None, content_type)
 
     def put_document(self, document_id: str, content: bytes, *, idempotency_key: str) -> int:
         """Create or replace a document (demo seeding); returns the status."""

@@ -322,3 +322,9 @@ def absolute(value: Any) -> Any:
         return abs(value)
     except TypeError:
         return value
+
+
+@register.filter
+def urlparams(params: Any) -> str:
+    """A mapping of parameters as a query string: ``?{{ group.params|urlparams }}``."""
+    return urlencode(params) if isinstance(params, Mapping) else ""

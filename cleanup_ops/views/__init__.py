@@ -29,6 +29,7 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_page,
     dead_letters_bulk,
 )
+from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
 from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
@@ -39,6 +40,7 @@ from cleanup_ops.views.workers import workers_page
 __all__ = [
     "audit_log",
     "dead_letter_action",
+    "dead_letter_groups",
     "dead_letter_inbox",
     "dead_letter_page",
     "dead_letters_bulk",

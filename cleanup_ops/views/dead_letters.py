@@ -29,6 +29,7 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_http_methods, require_POST
 
 from cleanup_ops.console_selectors import portfolio_choices, portfolio_names, property_names
+from cleanup_ops.console_selectors.letters import letter_facts
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import letter_search_q
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
@@ -108,7 +109,7 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
 def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
     """One dead letter: why it stopped, its job, sweep and portfolio, who
     decided what (its audit events), and redrive or dismiss with a reason."""
-    letters = DeadLetter.objects.select_related("job", "sweep", "resolved_by", "redrive_job")
+    letters = DeadLetter.objects.select_related("job", "job__purge_request", "sweep", "resolved_by", "redrive_job")
     letter = get_object_or_404(scope_queryset(letters, request.user, perm=LETTER_VIEW), pk=letter_id)
     events = scope_audit_events(
         AuditEvent.objects.filter(object_type="dead_letter", object_id=str(letter.pk)).select_related("actor"),
@@ -119,6 +120,7 @@ def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
         "console/dead_letter.html",
         {
             "letter": letter,
+            **letter_facts(letter),
             "events": list(events.order_by("id")[:50]),
             "names": portfolio_names([letter.portfolio_id]),
             "property_names": property_names([letter.property_id]),
