@@ -1,6 +1,6 @@
 """Dead letters that say why (issue 30, item 16): the store's HTTP status and
 message class (never a body), the documents affected and what to do; the
-inbox grouped by cause (category × status × record kind) with counts and one
+inbox grouped by cause (category, status, record kind) with counts and one
 decision per group through the bulk decision (reason, audit events)."""
 
 from __future__ import annotations

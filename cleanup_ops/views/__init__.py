@@ -29,8 +29,8 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_page,
     dead_letters_bulk,
 )
-from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
+from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
 from cleanup_ops.views.search import search_page

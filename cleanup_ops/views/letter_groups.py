@@ -1,4 +1,4 @@
-"""Dead letters grouped by cause (category × HTTP status × record kind), with
+"""Dead letters grouped by cause (category, HTTP status, record kind), with
 counts, what to do, and one decision per group.
 
 A group's decision is the inbox's bulk decision (``dead_letters_bulk``) with
