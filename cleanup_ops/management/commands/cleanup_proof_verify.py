@@ -15,7 +15,7 @@ class Command(BaseCommand):
     requires_system_checks: list[str] = []
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("file", help="a proof export (console: sweep page › proof; API: /sweeps/<id>/proof/)")
+        parser.add_argument("file", help="a proof export (console: sweep page, proof; API: /sweeps/<id>/proof/)")
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
     def handle(self, *args: object, **options: object) -> None:
