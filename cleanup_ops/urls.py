@@ -15,6 +15,7 @@ urlpatterns = [
     path("jobs/<int:job_id>/", views.job_page, name="job"),
     path("jobs/<int:job_id>/action/", views.job_action, name="job_action"),
     path("jobs/all-matching/", views.jobs_bulk, name="jobs_bulk"),
+    path("jobs/selected/", views.jobs_selected, name="jobs_selected"),
     path("dead-letters/", views.dead_letter_inbox, name="dead_letters"),
     path("dead-letters/<int:letter_id>/", views.dead_letter_page, name="dead_letter"),
     path("dead-letters/action/", views.dead_letter_action, name="dead_letter_action"),

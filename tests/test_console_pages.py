@@ -262,11 +262,11 @@ def test_the_job_filter_is_parsed_once_strictly_or_leniently():
 def test_the_jobs_list_filters_and_pages_back_by_id(world, op):
     acme = world["acme"].pk
     dead = op.get(f"/console/jobs/?state=dead&portfolio={acme}")
-    assert [j.pk for j in dead.context["result"].jobs] == [world["jobs"][1].pk, world["jobs"][0].pk]
+    assert [j.pk for j in dead.context["result"].rows] == [world["jobs"][1].pk, world["jobs"][0].pk]
     assert dead.context["result"].count == 2
     assert "Downstream rejected (4xx)" in dead.content.decode()
     birch = op.get(f"/console/jobs/?portfolio={world['birch'].pk}")
-    assert [j.pk for j in birch.context["result"].jobs] == [world["jobs"][3].pk]
+    assert [j.pk for j in birch.context["result"].rows] == [world["jobs"][3].pk]
     assert op.get("/console/jobs/?category=timeout").context["result"].count == 0
     from cleanup_ops import console_selectors
 
@@ -479,7 +479,7 @@ def test_a_customer_sees_only_their_portfolio_on_the_new_pages(world):
     client = Client()
     client.force_login(member)
     jobs = client.get("/console/jobs/")
-    assert [j.pk for j in jobs.context["result"].jobs] == [world["jobs"][3].pk]
+    assert [j.pk for j in jobs.context["result"].rows] == [world["jobs"][3].pk]
     assert b"Acme Lettings" not in jobs.content
     assert client.get(f"/console/jobs/{world['jobs'][0].pk}/").status_code == 404
     assert client.get(f"/console/jobs/{world['jobs'][3].pk}/").status_code == 200

@@ -328,3 +328,30 @@ def absolute(value: Any) -> Any:
 def urlparams(params: Any) -> str:
     """A mapping of parameters as a query string: ``?{{ group.params|urlparams }}``."""
     return urlencode(params) if isinstance(params, Mapping) else ""
+
+
+@register.simple_tag(takes_context=True)
+def sort_header(context: Any, text: str, name: str, css: str = "") -> str:
+    """A sortable column's ``<th>``: a link that sorts by it (the other way
+    when it is the current sort) and ``aria-sort`` on the current column.
+    Sorting starts again at the first page (``after``/``before`` dropped)."""
+    sort = context.get("result") or context.get("page")
+    current = getattr(sort, "sort", None)
+    if current is None:
+        return format_html('<th scope="col" class="{}">{}</th>', css, text)
+    params = {k: v for k, v in dict(context.get("filters") or {}).items() if k not in {"after", "before", "last"}}
+    params["sort"] = current.toggled(name)
+    state = ""
+    arrow = ""
+    if current.name == name:
+        state = "descending" if current.descending else "ascending"
+        arrow = " ▼" if current.descending else " ▲"
+    return format_html(
+        '<th scope="col" class="{}"{}><a href="?{}" data-sort="{}">{}<span aria-hidden="true">{}</span></a></th>',
+        css,
+        format_html(' aria-sort="{}"', state) if state else "",
+        urlencode(params),
+        name,
+        text,
+        arrow,
+    )

@@ -29,6 +29,7 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_page,
     dead_letters_bulk,
 )
+from cleanup_ops.views.job_selection import jobs_selected
 from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
 from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.overview import overview_page
@@ -48,6 +49,7 @@ __all__ = [
     "job_page",
     "jobs_bulk",
     "jobs_list",
+    "jobs_selected",
     "overview_page",
     "pause_toggle",
     "pauses_page",

@@ -90,6 +90,20 @@
     }
   });
 
+  // "Select all": a header checkbox with data-select-all="<name>" ticks (or
+  // unticks) every enabled checkbox of that name in its form. Delegated from
+  // the document, so it keeps working after a live refresh swaps the table.
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box || !box.getAttribute || !box.getAttribute("data-select-all")) return;
+    var scope = box.form || document;
+    var name = box.getAttribute("data-select-all");
+    var boxes = scope.querySelectorAll("input[type=checkbox][name='" + name + "']");
+    for (var i = 0; i < boxes.length; i++) {
+      if (!boxes[i].disabled) boxes[i].checked = box.checked;
+    }
+  });
+
   document.addEventListener("htmx:afterSwap", function () {
     failingSince = null;
     stamp();
