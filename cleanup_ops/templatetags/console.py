@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from cleanup_ops.checks import DEFAULT_REFRESH_SECONDS
 from cleanup_ops.models import DeadLetterStatus, JobKind, JobOutcome, JobState, SweepStatus
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.registry import REGISTRY
@@ -100,13 +101,15 @@ def ago(value: Any) -> str:
 
 @register.simple_tag
 def when(value: Any) -> str:
-    """``<time datetime="…" title="2026-08-21 02:00:00 UTC">3 min ago</time>``."""
+    """``<time datetime="…" title="2026-08-21 02:00:00 UTC">3 min ago</time>``;
+    ``static/console/console.js`` puts the exact time in the viewer's zone
+    (zone named) into the title."""
     at = _as_datetime(value)
     if at is None:
         return DASH
     exact = at.astimezone(UTC)
     return format_html(
-        '<time datetime="{}" title="{}">{}</time>',
+        '<time datetime="{}" title="{}" data-local="title">{}</time>',
         exact.isoformat(),
         exact.strftime("%Y-%m-%d %H:%M:%S UTC"),
         relative(at, now=timezone.now()),
@@ -115,8 +118,19 @@ def when(value: Any) -> str:
 
 @register.filter
 def utc(value: Any) -> str:
+    """An exact time: ``<time datetime="…">2026-08-21 02:00 UTC</time>``, which
+    ``static/console/console.js`` rewrites in the viewer's zone, the zone
+    named ("2026-08-21 04:00 CEST"); without script it stays in UTC, said so."""
     at = _as_datetime(value)
-    return DASH if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    if at is None:
+        return DASH
+    exact = at.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" data-local="text" title="{}">{}</time>',
+        exact.isoformat(),
+        exact.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        exact.strftime("%Y-%m-%d %H:%M UTC"),
+    )
 
 
 _LABELS: dict[str, dict[str, str]] = {
@@ -271,7 +285,7 @@ def live_attrs(context: Any) -> str:
     is switched off, or the operator is selecting or typing in the fragment.
     Coming back to the tab refreshes at once."""
     request = context["request"]
-    seconds = int(context.get("refresh_seconds") or 10)
+    seconds = int(context.get("refresh_seconds") or DEFAULT_REFRESH_SECONDS)
     return format_html(
         'id="live" hx-get="{}" hx-trigger="every {}s [consoleMayRefresh()], '
         'visibilitychange[consoleMayRefresh()] from:document" hx-target="this" hx-swap="outerHTML" '
