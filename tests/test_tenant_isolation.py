@@ -386,6 +386,9 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         "/console/jobs/?q=2026",
         "/console/dead-letters/?status=&q=2026",
         "/console/jobs/all-matching/?operation=cancel",
+        "/console/dead-letters/by-cause/",
+        f"/console/dead-letters/by-cause/?portfolio={other.pid}",
+        "/console/jobs/?sort=attempts&last=yes",
     ]
     for path in pages:
         response = client.get(path)
@@ -449,6 +452,14 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
             f"/console/jobs/{other.ids['job'][0]}/action/", {"operation": operation, "reason": "not needed any more"}
         )
         assert response.status_code in {403, 404}
+        response = client.post(
+            "/console/jobs/selected/",
+            {"operation": operation, "job": other.ids["job"], "reason": "not needed any more"},
+        )
+        assert response.status_code == 403
+    if reaches_console:
+        groups = client.get("/console/dead-letters/by-cause/")
+        assert sum(g["n"] for g in groups.context["groups"]) == 1  # their own open letter only
     assert not AuditEvent.objects.filter(object_type="job").exists()
     assert DeadLetter.objects.get(pk=other.ids["letter"][0]).status == "open"
     assert PipelinePause.objects.active().filter(portfolio_id=other.pid).exists()
@@ -460,7 +471,7 @@ def test_every_console_route_is_covered_by_the_isolation_test():
     covered = {
         "overview", "sweeps", "sweep", "sweep_proof", "jobs", "job", "dead_letters", "dead_letter",
         "dead_letter_action", "dead_letters_bulk", "workers", "pauses", "portfolio", "audit", "pause",
-        "job_action", "jobs_bulk", "search",
+        "job_action", "jobs_bulk", "search", "dead_letter_groups", "jobs_selected",
     }  # fmt: skip
     assert {p.name for p in urls.urlpatterns} == covered
 
