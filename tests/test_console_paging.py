@@ -160,3 +160,37 @@ def test_ticking_nothing_or_an_id_that_is_no_pending_job_asks_again(seven_jobs, 
     )
     assert response.status_code == 400 and "Tick at least one pending job." in response.content.decode()
     assert not DeadLetter.objects.exists()
+
+
+def test_another_customers_row_as_a_page_boundary_answers_like_a_missing_one(
+    portfolio, active_policy, time_machine, monkeypatch
+):
+    from retention.models import Membership
+
+    from .conftest import make_user
+
+    time_machine.move_to(NOW, tick=False)
+    monkeypatch.setattr("cleanup_ops.views.jobs.PAGE_SIZE", 3)
+    birch = Portfolio.objects.create(name="Birch", slug="birch")
+    for owner in (portfolio, birch):
+        active_policy(owner, "lease", 365)
+    for n in range(7):
+        make_records(Property.objects.create(portfolio=portfolio, name=f"Block {n}"), "lease", 1, ended=OLD)
+    make_records(Property.objects.create(portfolio=birch, name="Birch Row"), "lease", 1, ended=OLD)
+    sweep_trigger()
+    for n, job in enumerate(CleanupJob.objects.order_by("id")):
+        CleanupJob.objects.filter(pk=job.pk).update(attempt=n)
+    theirs = CleanupJob.objects.get(portfolio_id=birch.pk)
+    CleanupJob.objects.filter(pk=theirs.pk).update(
+        attempt=4, created_at=CleanupJob.objects.order_by("id")[3].created_at
+    )
+    auditor = make_user("acme-auditor")
+    Membership.objects.create(user=auditor, portfolio=portfolio, role="auditor")
+    client = Client()
+    client.force_login(auditor)
+    for sort in ("-id", "attempts", "-created"):
+        for boundary in ("after", "before"):
+            mine = client.get(reverse("console:jobs"), {"sort": sort, boundary: str(theirs.pk)})
+            missing = client.get(reverse("console:jobs"), {"sort": sort, boundary: "987654321"})
+            assert mine.status_code == missing.status_code == 200
+            assert shown(mine) == shown(missing) and position(mine) == position(missing) == "Jobs 1 to 3 of 7"

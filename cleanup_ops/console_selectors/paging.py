@@ -7,8 +7,8 @@ direction, so the order is total. Pages are reached from a row: ``after=<id>``
 is the page that follows row ``id`` in that order, ``before=<id>`` the page
 that precedes it, ``last=yes`` the last page. A boundary row is named by its
 id only; its sort value is read by a subquery, so a link never carries a
-value to parse. A boundary row that is gone (or not in the list any more)
-gives the first page, never an error.
+value to parse. A boundary row that is gone, not in the list any more, or
+not the reader's to see gives the first page, never an error.
 
 Every page costs three queries whatever its depth: the count, the page, and
 its position (the rows before its first one), which reads as "51 to 100 of 734".
@@ -20,7 +20,7 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Model, Q, QuerySet, Subquery
+from django.db.models import Q, QuerySet, Subquery
 
 from retention.filters import FilterError, choice_param, id_param
 
@@ -78,9 +78,13 @@ class KeysetPage:
         return len(self.rows)
 
 
-def _beyond(model: type[Model], sort: Sort, boundary: int, *, forward: bool) -> Q:
-    """Rows after (``forward``) or before row ``boundary`` in ``sort``'s order."""
-    value = Subquery(model._default_manager.filter(pk=boundary).values(sort.field)[:1])
+def _beyond(listed: QuerySet[Any], sort: Sort, boundary: int, *, forward: bool) -> Q:
+    """Rows after (``forward``) or before row ``boundary`` in ``sort``'s order.
+
+    The boundary's value is read from ``listed`` (the filtered, scoped list),
+    never from the whole table: a row the reader may not see (another
+    customer's) positions nothing and answers like a missing id."""
+    value = Subquery(listed.filter(pk=boundary).order_by().values(sort.field)[:1])
     later = sort.descending != (not forward)  # moving toward smaller values?
     op = "lt" if later else "gt"
     return Q(**{f"{sort.field}__{op}": value}) | Q(**{sort.field: value, f"id__{op}": boundary})
@@ -92,14 +96,13 @@ def keyset_page(queryset: QuerySet[Any], params: Mapping[str, Any], *, sort: Sor
     after = id_param(params, "after", strict=True)
     before = id_param(params, "before", strict=True)
     last = choice_param(params, "last", ["yes"], strict=True) == "yes"
-    model = queryset.model
     count = queryset.count()
     reverse = False
     page_qs = queryset
     if after is not None:
-        page_qs = queryset.filter(_beyond(model, sort, after, forward=True))
+        page_qs = queryset.filter(_beyond(queryset, sort, after, forward=True))
     elif before is not None:
-        page_qs, reverse = queryset.filter(_beyond(model, sort, before, forward=False)), True
+        page_qs, reverse = queryset.filter(_beyond(queryset, sort, before, forward=False)), True
     elif last:
         reverse = True
     rows = list(page_qs.order_by(*sort.ordering(reverse=reverse))[: size + 1])
@@ -114,7 +117,7 @@ def keyset_page(queryset: QuerySet[Any], params: Mapping[str, Any], *, sort: Sor
     start = 0
     if rows:
         first_page = after is None and before is None and not last
-        start = 1 if first_page else 1 + queryset.filter(_beyond(model, sort, rows[0].pk, forward=False)).count()
+        start = 1 if first_page else 1 + queryset.filter(_beyond(queryset, sort, rows[0].pk, forward=False)).count()
     has_previous = start > 1
     has_next = (more if not reverse else (start + len(rows) - 1 < count)) if rows else False
     return KeysetPage(
