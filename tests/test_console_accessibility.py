@@ -201,7 +201,7 @@ def get_pages(world: dict[str, Any]) -> dict[str, str]:
         if name in NOT_PAGES or name in POSTED:
             continue
         pages[name] = reverse(name, kwargs={p: ids[p] for p in params}) + extra.get(name, "")
-    pages["console:jobs (sorted, second page)"] = reverse("console:jobs") + "?sort=attempts&after=1"
+    pages["console:jobs (sorted, a later page)"] = reverse("console:jobs") + f"?sort=attempts&after={world['job'].pk}"
     pages["bad request (400)"] = reverse("console:jobs") + "?state=bogus"
     return pages
 
