@@ -10,6 +10,7 @@ class CleanupOpsConfig(AppConfig):
     def ready(self) -> None:
         from django_q.signals import post_spawn, pre_execute
 
+        from cleanup_ops import checks  # noqa: F401 - registers the console's system checks
         from cleanup_ops.health import heartbeat_on_spawn, heartbeat_on_task_start
         from cleanup_ops.selectors import kind_rows_per_second
         from retention.selectors import throughput_provider_set

@@ -475,6 +475,11 @@ class DeadLetter(models.Model):
     job = models.OneToOneField(CleanupJob, on_delete=models.PROTECT, related_name="dead_letter")
     category = models.CharField(max_length=30)
     error_class = models.CharField(max_length=100, blank=True, default="")
+    # The store's last answer, when the failure was one: its HTTP status and
+    # message class (the declared media type, ``classification.message_class_of``).
+    # Never a body.
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    message_class = models.CharField(max_length=100, blank=True, default="")
     attempts = models.PositiveIntegerField()
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()

@@ -43,7 +43,7 @@ from cleanup_ops.models import (
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.eligibility import db_datetime, hold_covers_sql
-from retention.filters import MAX_AGE_HOURS, choice_param, id_param, int_param
+from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 from retention.scoping import portfolio_ids_q
@@ -64,9 +64,19 @@ class DeadLetterFilter:
     sweep_id: int | None = None
     older_than_hours: int | None = None
     letter_ids: tuple[int, ...] | None = None
+    # A cause (``console_selectors.letters.letter_groups``): the store's HTTP
+    # status (``NO_HTTP_STATUS``: letters whose failure was no HTTP answer) and the record kind.
+    http_status: int | None = None
+    record_kind: str | None = None
 
     def q(self, *, now: datetime) -> Q:
         q = Q()
+        if self.http_status == NO_HTTP_STATUS:
+            q &= Q(http_status__isnull=True)
+        elif self.http_status is not None:
+            q &= Q(http_status=self.http_status)
+        if self.record_kind is not None:
+            q &= Q(record_kind=self.record_kind)
         if self.status is not None:
             q &= Q(status=self.status)
         if self.category is not None:
@@ -89,14 +99,22 @@ class DeadLetterFilter:
             "portfolio": self.portfolio_id,
             "sweep": self.sweep_id,
             "older_than_hours": self.older_than_hours,
+            "http_status": self.http_status,
+            "kind": self.record_kind,
         }
         return {name: str(value) for name, value in pairs.items() if value is not None}
+
+
+# ``http_status=0``: the letters whose failure was not an HTTP answer (a
+# timeout, an invalid input, a cancel), so that every cause is one filter.
+NO_HTTP_STATUS = 0
 
 
 def dead_letter_filter_parse(
     params: Mapping[str, Any], *, strict: bool, default_status: str | None = None
 ) -> DeadLetterFilter:
-    """``status``, ``category``, ``portfolio``, ``sweep``, ``older_than_hours``.
+    """``status``, ``category``, ``portfolio``, ``sweep``, ``older_than_hours``,
+    ``http_status`` (100 to 599, or 0 for "no HTTP answer"), ``kind`` (record kind).
 
     ``strict`` (the API and the console): an invalid value raises
     ``FilterError`` naming the parameter; ``older_than_hours`` is at most a
@@ -109,7 +127,18 @@ def dead_letter_filter_parse(
         portfolio_id=id_param(params, "portfolio", strict=strict),
         sweep_id=id_param(params, "sweep", strict=strict),
         older_than_hours=int_param(params, "older_than_hours", strict=strict, minimum=0, maximum=MAX_AGE_HOURS),
+        http_status=_http_status_param(params, strict=strict),
+        record_kind=choice_param(params, "kind", list(REGISTRY), strict=strict),
     )
+
+
+def _http_status_param(params: Mapping[str, Any], *, strict: bool) -> int | None:
+    value = int_param(params, "http_status", strict=strict, minimum=NO_HTTP_STATUS, maximum=599)
+    if value is not None and value != NO_HTTP_STATUS and value < 100:
+        if strict:
+            raise FilterError("http_status", "http_status must be 0 (no HTTP answer) or a status from 100 to 599.")
+        return None
+    return value
 
 
 def dead_letters(letter_filter: DeadLetterFilter, *, now: datetime | None = None) -> Any:

@@ -504,6 +504,14 @@ CACHES = {
     "django_q": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "django_q_cache"},
 }
 
+# --- Console ------------------------------------------------------------------------
+# How often a live console page re-fetches its figures, in seconds. Read from
+# the environment only when set: the default (5 s) lives in the app
+# (cleanup_ops.checks), whose system check reports a bad value at start-up.
+_console_refresh = env.str("CONSOLE_REFRESH_SECONDS", default=None)
+if _console_refresh is not None:
+    CONSOLE_REFRESH_SECONDS = _console_refresh.strip()
+
 # --- Worker health (cleanup_health) ---------------------------------------------
 # A cluster is named on its host; two clusters on one host need two names.
 # Unset, the name follows the queue the cluster serves ("default" for the

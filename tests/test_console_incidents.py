@@ -276,7 +276,7 @@ def test_a_bulk_redrive_links_to_its_new_jobs_and_warns_when_no_worker_will_run_
     assert f"/console/jobs/?id_min={new[0]}&amp;id_max={new[1]}&amp;redrives=yes" in body
     assert "No worker will run 2 of these job(s)" in body
     listed = op.get(f"/console/jobs/?id_min={new[0]}&id_max={new[1]}&redrives=yes")
-    assert [j.pk for j in listed.context["result"].jobs] == new[::-1]
+    assert [j.pk for j in listed.context["result"].rows] == new[::-1]
 
 
 # --- The ticked letters and the typed reason survive a refusal ------------------------------
@@ -316,7 +316,7 @@ def test_search_finds_jobs_letters_and_events_by_name_slot_id_and_category(world
     by_id = op.get(f"/console/search/?q={world['jobs'][3].pk}").context["results"]
     assert world["jobs"][3] in by_id.jobs
     assert op.get("/console/jobs/?q=birch").context["result"].count == 1
-    assert op.get("/console/dead-letters/?status=&q=acme").context["page"].paginator.count == 1
+    assert op.get("/console/dead-letters/?status=&q=acme").context["page"].count == 1
     assert op.get("/console/audit/?q=dismissed").context["page"].paginator.count == 1
     assert op.get("/console/search/?q=" + "x" * 101).status_code == 400
 

@@ -386,6 +386,8 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         "/console/jobs/?q=2026",
         "/console/dead-letters/?status=&q=2026",
         "/console/jobs/all-matching/?operation=cancel",
+        "/console/dead-letters/by-cause/",
+        "/console/jobs/?sort=attempts&last=yes",
     ]
     for path in pages:
         response = client.get(path)
@@ -413,6 +415,11 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
     assert_no_trace(response.content, other, "inbox", echo=(f'value="{other.pid}"', f"portfolio={other.pid}"))
     if response.status_code == 200:
         assert not list(response.context["page"])
+    # The letters by cause, narrowed to the other customer's portfolio: nothing but the filter typed in.
+    response = client.get(f"/console/dead-letters/by-cause/?portfolio={other.pid}")
+    assert_no_trace(response.content, other, "by cause", echo=(f"portfolio={other.pid}",))
+    if response.status_code == 200:
+        assert response.context["groups"] == []
     # Every role lands at /console/: the overview, or a landing page of where its roles lead.
     landing = client.get("/console/")
     assert landing.status_code == 200
@@ -449,6 +456,14 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
             f"/console/jobs/{other.ids['job'][0]}/action/", {"operation": operation, "reason": "not needed any more"}
         )
         assert response.status_code in {403, 404}
+        response = client.post(
+            "/console/jobs/selected/",
+            {"operation": operation, "job": other.ids["job"], "reason": "not needed any more"},
+        )
+        assert response.status_code == 403
+    if reaches_console:
+        groups = client.get("/console/dead-letters/by-cause/")
+        assert sum(g["n"] for g in groups.context["groups"]) == 1  # their own open letter only
     assert not AuditEvent.objects.filter(object_type="job").exists()
     assert DeadLetter.objects.get(pk=other.ids["letter"][0]).status == "open"
     assert PipelinePause.objects.active().filter(portfolio_id=other.pid).exists()
@@ -460,7 +475,7 @@ def test_every_console_route_is_covered_by_the_isolation_test():
     covered = {
         "overview", "sweeps", "sweep", "sweep_proof", "jobs", "job", "dead_letters", "dead_letter",
         "dead_letter_action", "dead_letters_bulk", "workers", "pauses", "portfolio", "audit", "pause",
-        "job_action", "jobs_bulk", "search",
+        "job_action", "jobs_bulk", "search", "dead_letter_groups", "jobs_selected",
     }  # fmt: skip
     assert {p.name for p in urls.urlpatterns} == covered
 

@@ -14,6 +14,7 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
+from cleanup_ops.checks import refresh_seconds as console_refresh_seconds
 from cleanup_ops.console_selectors.workers import live_job_kinds, start_command
 from cleanup_ops.dispatch import queues
 from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
@@ -55,8 +56,9 @@ LIVE_TARGET = "live"
 
 
 def refresh_seconds() -> int:
-    """How often a live page re-fetches its fragment (``CONSOLE_REFRESH_SECONDS``)."""
-    return int(getattr(settings, "CONSOLE_REFRESH_SECONDS", 10))
+    """How often a live page re-fetches its fragment (``CONSOLE_REFRESH_SECONDS``,
+    default 5 s; ``cleanup_ops.checks`` validates it)."""
+    return console_refresh_seconds()
 
 
 def render_live(request: HttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:

@@ -19,7 +19,6 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.paginator import Paginator
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
@@ -29,7 +28,9 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_http_methods, require_POST
 
 from cleanup_ops.console_selectors import portfolio_choices, portfolio_names, property_names
+from cleanup_ops.console_selectors.letters import letter_facts
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
+from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
 from cleanup_ops.console_selectors.search import letter_search_q
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, DeadLetter
@@ -54,6 +55,16 @@ from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
 
 BULK_BREAKDOWN_ROWS = 20
+# The inbox's sortable columns (``paging.sort_parse``): word → field.
+LETTER_SORTS = {
+    "id": "id",
+    "last_seen": "last_seen_at",
+    "first_seen": "first_seen_at",
+    "category": "category",
+    "kind": "record_kind",
+    "attempts": "attempts",
+    "status": "status",
+}
 
 
 def _can(request: HttpRequest) -> dict[str, bool]:
@@ -86,15 +97,16 @@ def _matching(request: HttpRequest, params, letter_filter: DeadLetterFilter, *, 
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
     letter_filter = dead_letter_filter_parse(request.GET, strict=True, default_status=DeadLetter.Status.OPEN)
     letters, text = _matching(request, request.GET, letter_filter, perm=LETTER_VIEW)
-    page = Paginator(letters.select_related("sweep"), PAGE_SIZE).get_page(request.GET.get("page"))
-    filters = letter_filter.as_params() | ({"q": text} if text else {})
+    sort = sort_parse(request.GET, LETTER_SORTS, default="-last_seen")
+    page = keyset_page(letters.select_related("sweep"), request.GET, sort=sort, size=PAGE_SIZE)
+    filters = letter_filter.as_params() | ({"q": text} if text else {}) | {"sort": sort.param}
     return render_live(
         request,
         "console/dead_letters.html",
         {
             "page": page,
-            "names": portfolio_names(letter.portfolio_id for letter in page),
-            "property_names": property_names(letter.property_id for letter in page),
+            "names": portfolio_names(letter.portfolio_id for letter in page.rows),
+            "property_names": property_names(letter.property_id for letter in page.rows),
             "portfolios": portfolio_choices(portfolio_ids=portfolio_ids_where(request.user, LETTER_VIEW)),
             "filters": filters,
             "categories": FailureCategory.choices,
@@ -110,7 +122,7 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
 def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
     """One dead letter: why it stopped, its job, sweep and portfolio, who
     decided what (its audit events), and redrive or dismiss with a reason."""
-    letters = DeadLetter.objects.select_related("job", "sweep", "resolved_by", "redrive_job")
+    letters = DeadLetter.objects.select_related("job", "job__purge_request", "sweep", "resolved_by", "redrive_job")
     letter = get_object_or_404(scope_queryset(letters, request.user, perm=LETTER_VIEW), pk=letter_id)
     events = scope_audit_events(
         AuditEvent.objects.filter(object_type="dead_letter", object_id=str(letter.pk)).select_related("actor"),
@@ -121,6 +133,7 @@ def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
         "console/dead_letter.html",
         {
             "letter": letter,
+            **letter_facts(letter),
             "events": list(events.order_by("id")[:50]),
             "names": portfolio_names([letter.portfolio_id]),
             "property_names": property_names([letter.property_id]),

@@ -23,11 +23,12 @@ from cleanup_ops.console_selectors import (
     job_detail,
     job_filter_parse,
     jobs_mark_paused,
-    jobs_page,
     portfolio_choices,
     portfolio_names,
     property_names,
 )
+from cleanup_ops.console_selectors.jobs import JOB_SORTS, jobs_listed
+from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
@@ -39,6 +40,7 @@ from cleanup_ops.recovery.operator import (
     jobs_in_reach,
 )
 from cleanup_ops.views.common import (
+    PAGE_SIZE,
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
@@ -48,7 +50,7 @@ from cleanup_ops.views.common import (
     start_commands,
 )
 from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
-from retention.filters import id_param, int_param
+from retention.filters import int_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
 from retention.registry import record_kind_choices
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
@@ -64,21 +66,22 @@ def _may(request: HttpRequest, action: JobAction) -> bool:
 @permission_required(VIEW_PERM, raise_exception=True)
 @bad_input_as_400
 def jobs_list(request: HttpRequest) -> HttpResponse:
-    """Jobs, newest first, filtered by sweep, state, portfolio, record kind,
-    failure category, job kind and free text (``q``); ``before`` pages back by id."""
+    """Jobs, newest first unless sorted by a column (``sort``), filtered by
+    sweep, state, portfolio, record kind, failure category, job kind and free
+    text (``q``); paged both ways with the position (``console_selectors.paging``)."""
     scope = portfolio_ids_where(request.user, VIEW_PERM)
     job_filter = job_filter_parse(request.GET, strict=True)
-    before = id_param(request.GET, "before", strict=True)
-    result = jobs_page(job_filter, portfolio_ids=scope, before=before)
-    jobs_mark_paused(result.jobs)
+    sort = sort_parse(request.GET, JOB_SORTS, default="-id")
+    result = keyset_page(jobs_listed(job_filter, portfolio_ids=scope), request.GET, sort=sort, size=PAGE_SIZE)
+    jobs_mark_paused(result.rows)
     return render_live(
         request,
         "console/jobs.html",
         {
             "result": result,
-            "filters": job_filter.as_params(),
-            "names": portfolio_names(job.portfolio_id for job in result.jobs),
-            "property_names": property_names(job.property_id for job in result.jobs),
+            "filters": job_filter.as_params() | {"sort": sort.param},
+            "names": portfolio_names(job.portfolio_id for job in result.rows),
+            "property_names": property_names(job.property_id for job in result.rows),
             "portfolios": portfolio_choices(portfolio_ids=scope),
             "sweeps": list(Sweep.objects.order_by("-slot").values("id", "key")[:30]),
             "states": JobState.choices,
@@ -87,6 +90,7 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
             "job_kinds": JobKind.choices,
             "can_run_now": _may(request, JobAction.RUN_NOW),
             "can_cancel": _may(request, JobAction.CANCEL),
+            "min_reason": MIN_REASON_LENGTH,
         },
     )
 
