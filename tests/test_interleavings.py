@@ -1,7 +1,7 @@
-"""Every checkpoint × every concurrent actor: hold a worker there, act, let go, check everything.
+"""Every checkpoint by every concurrent actor: hold a worker there, act, let go, check everything.
 
 The matrix is enumerated, not picked: ``cleanup_ops.checkpoints.ALL`` (the
-batch, purge, lease, redrive and pause paths) × ``ACTORS`` (the application,
+batch, purge, lease, redrive and pause paths) by ``ACTORS`` (the application,
 a reviewer, another worker, a new sweep, an operator, the worker's session
 killed). Each case:
 
@@ -251,15 +251,17 @@ class World:
     def _application_inserts_an_old_row(self, pid: int) -> Callable[[], Any]:
         a1 = self.a1
         return self._app(
-            lambda: Lease.objects.create(
-                portfolio_id=a1.portfolio_id,
-                property=a1,
-                unit="9",
-                tenant_name="N",
-                started_on=OLD.date(),
-                ended_on=OLD,
-                document_id="d-shared",
-            ).pk
+            lambda: (
+                Lease.objects.create(
+                    portfolio_id=a1.portfolio_id,
+                    property=a1,
+                    unit="9",
+                    tenant_name="N",
+                    started_on=OLD.date(),
+                    ended_on=OLD,
+                    document_id="d-shared",
+                ).pk
+            )
         )
 
     def _application_extends_a_lease(self, pid: int) -> Callable[[], Any]:
@@ -365,15 +367,15 @@ class World:
 
     def _operator_cancels(self, pid: int) -> Callable[[], Any]:
         job_id = self._job_for_actions()
-        return lambda: jobs_act(
-            action=JobAction.CANCEL, actor=None, reason=REASON, job_filter=JobFilter(job_ids=(job_id,))
-        ).jobs
+        return lambda: (
+            jobs_act(action=JobAction.CANCEL, actor=None, reason=REASON, job_filter=JobFilter(job_ids=(job_id,))).jobs
+        )
 
     def _operator_runs_now(self, pid: int) -> Callable[[], Any]:
         job_id = self._job_for_actions()
-        return lambda: jobs_act(
-            action=JobAction.RUN_NOW, actor=None, reason=REASON, job_filter=JobFilter(job_ids=(job_id,))
-        ).jobs
+        return lambda: (
+            jobs_act(action=JobAction.RUN_NOW, actor=None, reason=REASON, job_filter=JobFilter(job_ids=(job_id,))).jobs
+        )
 
     def _worker_session_killed(self, pid: int) -> Callable[[], Any]:
         def kill() -> Any:
