@@ -352,6 +352,15 @@ class History:
     def holds_at(self, at: datetime, *, before: bool = False) -> list[dict]:
         return [row for row in self._rows_at(["hold"], at, before=before).values() if row.get("released_at") is None]
 
+    def holds_active_between(self, start: datetime, end: datetime) -> list[dict]:
+        """Every hold active at some commit instant in [start, end]."""
+        seen: dict[int, dict] = {int(h["id"]): h for h in self.holds_at(start)}
+        for event in self.events:
+            if event.table == "hold" and start <= event.at <= end and event.op != "DELETE":
+                if (event.old or {}).get("released_at") is None:
+                    seen[int(event.new["id"])] = event.old or event.new
+        return list(seen.values())
+
     def pauses_at(self, at: datetime, *, before: bool = False) -> list[dict]:
         return [row for row in self._rows_at(["pause"], at, before=before).values() if row.get("resumed_at") is None]
 
@@ -399,6 +408,7 @@ class Expectations:
     pipeline_now: Callable[[datetime], datetime]  # the pipeline's (frozen) time at a commit instant
     store_deletes: list[tuple[str, datetime]]  # (document id, when the store applied its DELETE)
     store_documents: set[str]  # what the store still has at the end
+    since: datetime  # when the interleaving began (the worker started)
 
 
 def check_invariants(history: History, expect: Expectations) -> Violations:
@@ -432,12 +442,12 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             for row in ledger_by_xid.get(event.xid, [])
             if row["record_kind"] == record.kind and int(row["after_id"]) < record.id <= int(row["last_id"])
         ]
-        if not entries:
-            v.add(f"{where} deleted by a transaction with no ledger row for its range")
+        own = [row for row in entries if int(row["property_id"]) == record.property_id]
+        if not own:
+            others = sorted({int(row["property_id"]) for row in entries})
+            v.add(f"{where} deleted by a transaction with no ledger row of its property (others: {others})")
             continue
-        entry = entries[0]
-        if int(entry["property_id"]) != record.property_id:
-            v.add(f"{where} deleted by the ledger row of property {entry['property_id']}")
+        entry = own[0]
         job = jobs.get(int(entry["job_id"]))
         version = history.active_version_at(event.at, portfolio_id=record.portfolio_id, kind=record.kind)
         if version is None or not version["enabled"]:
@@ -458,7 +468,11 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
         row = event.new
         if int(row["rows_deleted"]) > int(row["candidates"]):
             v.add(f"ledger {row['operation_id'][:12]}: deleted {row['rows_deleted']} > candidates {row['candidates']}")
-        holds = history.holds_at(event.at)
+        # Held by a hold that was there before the case and still is (at
+        # least), or by one that was active at some moment since (at most).
+        before = {int(h["id"]) for h in history.holds_at(expect.since)}
+        holds = [h for h in history.holds_at(event.at) if int(h["id"]) in before]
+        ever = history.holds_active_between(expect.since, event.at)
         cutoff = _ts(row["cutoff"])
         in_range = [
             r
@@ -470,10 +484,12 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             and r.ts < cutoff
         ]
         held = [r for r in in_range if any(hold_covers(h, r) for h in holds)]
-        if int(row["rows_held"]) != len(held):
+        may_be_held = [r for r in in_range if any(hold_covers(h, r) for h in ever)]
+        if not len(held) <= int(row["rows_held"]) <= len(may_be_held):
             v.add(
                 f"ledger {row['operation_id'][:12]} (job {row['job_id']}): rows_held {row['rows_held']},"
-                f" but {len(held)} row(s) of its range were under an active hold {[r.id for r in held]}"
+                f" but {len(held)} to {len(may_be_held)} row(s) of its range were under an active hold"
+                f" {[r.id for r in may_be_held]}"
             )
     ops = list(LedgerEntry.objects.values_list("operation_id", flat=True))
     if len(ops) != len(set(ops)):
