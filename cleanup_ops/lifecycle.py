@@ -23,8 +23,9 @@ cancel (an operator)  pending                                 dead
 ``done`` and ``dead`` are final for the row: a redrive creates a new pending
 job (``recovery.operator``), and the partial unique index
 ``job_one_open_per_partition`` lets at most one open delete job exist per
-partition at any time. "Leased by us" is the fence (``leases.lock_job``): a
-worker whose lease expired matches no row and writes nothing.
+partition at any time. "Leased by us" is the fence (the batch's first statement,
+``sql.group_fence_scopes_and_policies``, and ``leases.lock_job`` elsewhere): a
+worker whose lease expired matches no row and writes nothing for that job.
 """
 
 from __future__ import annotations

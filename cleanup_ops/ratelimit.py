@@ -115,11 +115,14 @@ def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig]
     return 0.0
 
 
-def tokens_give_back(*, portfolio_ids: set[int]) -> None:
+def tokens_give_back(*, portfolio_ids: set[int], include_global: bool = False) -> None:
     """Return the portfolio tokens a transaction took but did not use (the
     portfolios of partitions it left for the next one): a token pays for the
-    batches of its own portfolio only."""
+    batches of its own portfolio only. ``include_global``: the transaction
+    touched no portfolio at all (or raised), so its global token goes back too."""
     buckets = [bucket for portfolio_id in sorted(portfolio_ids) for bucket in portfolio_buckets(portfolio_id)]
+    if include_global:
+        buckets += global_buckets()
     if not buckets:
         return
     with transaction.atomic(), connection.cursor() as cur:

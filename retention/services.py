@@ -3,17 +3,31 @@
 Legal-hold race (docs/architecture.md, "The legal-hold race"): placing a hold takes its scope's row lock
 ``FOR UPDATE`` (the portfolio row for a portfolio-wide hold, the property row
 otherwise). A cleanup batch takes the portfolio and property rows
-``FOR SHARE`` before its DELETE. Under READ COMMITTED the batch therefore
+``FOR SHARE`` before its DELETE, and a purge takes those of every deleted
+record that named its document. Under READ COMMITTED the batch therefore
 either sees the committed hold or commits before the hold is placed.
+
+Approving a version (or withdrawing a policy, which is approving a disabled
+one) takes its portfolio's row ``FOR UPDATE`` the same way, so a batch reads
+the policy after its scope locks and sees every approval committed before
+them; none commits while it runs.
+
+Bounded waits for people: these locks are waited for at most
+``CLEANUP_SCOPE_LOCK_WAIT_SECONDS`` (PostgreSQL's ``lock_timeout``, set for
+that one statement); then ``ScopeBusy`` says what it waited for. A stalled
+worker never blocks a reviewer for longer, and its own session is ended by
+PostgreSQL once it sits idle in its transaction past
+``CLEANUP_IDLE_IN_TRANSACTION_SECONDS``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db import IntegrityError, transaction
+from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Max
 from django.utils import timezone
 
@@ -58,6 +72,50 @@ def require_text(value: str, *, field: str, min_length: int = 1) -> str:
             raise ValidationError({field: f"{field} is required and cannot be blank."})
         raise ValidationError({field: f"{field} must be at least {min_length} characters (after trimming)."})
     return text
+
+
+class ScopeBusy(ValidationError):
+    """A scope lock was not granted within ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS``:
+    a cleanup batch or purge of that scope is in flight (or stalled)."""
+
+    def __init__(self, *, what: str, field: str) -> None:
+        seconds = settings.CLEANUP_SCOPE_LOCK_WAIT_SECONDS
+        super().__init__(
+            {
+                field: f"waited {seconds:g} s for the cleanup batch or purge working on {what} to finish; "
+                "nothing was saved. Try again in a moment."
+            }
+        )
+
+
+def scope_lock(*, portfolio_id: int, property_id: int | None, field: str) -> None:
+    """Lock a hold's or a version's scope row ``FOR UPDATE`` (the property row
+    when given, else the portfolio row), waiting at most
+    ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS``; ``ScopeBusy`` after that. Call inside
+    a transaction."""
+    model, pk, what = (
+        (Property, property_id, f"property {property_id}")
+        if property_id is not None
+        else (Portfolio, portfolio_id, f"portfolio {portfolio_id}")
+    )
+    if connection.vendor != "postgresql":
+        model.objects.select_for_update().filter(pk=pk).get()
+        return
+    timeout = str(max(1, round(settings.CLEANUP_SCOPE_LOCK_WAIT_SECONDS * 1000)))
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [timeout])
+        (previous, _) = cur.fetchone()
+        try:
+            # A savepoint, so a timeout leaves the caller's transaction usable
+            # for its own clean-up (it rolls back anyway: nothing is saved).
+            with transaction.atomic():
+                model.objects.select_for_update().filter(pk=pk).get()
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
+                raise ScopeBusy(what=what, field=field) from None
+            raise
+        finally:
+            cur.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
 
 
 def audit_event_record(
@@ -227,8 +285,11 @@ def _review_once(
 ) -> PolicyVersion:
     now = timezone.now()
     with transaction.atomic():
-        # Locks the version and (select_related) its policy's row: reviews of
-        # one policy are serialised here.
+        portfolio_id = PolicyVersion.objects.filter(pk=version_id).values_list("policy__portfolio_id", flat=True).get()
+        # The portfolio's scope lock first (a batch reads the policy after
+        # taking it FOR SHARE), then the version and (select_related) its
+        # policy's row: reviews of one policy are serialised there.
+        scope_lock(portfolio_id=portfolio_id, property_id=None, field="__all__")
         version = PolicyVersion.objects.select_for_update().select_related("policy").get(pk=version_id)
         if version.status != PolicyVersion.Status.IN_REVIEW:
             raise ValidationError({"status": f"policy version {version.pk} is {version.status}, not in review."})
@@ -297,12 +358,13 @@ def legal_hold_scope_validate(
         spec = get_spec(record_kind)
     except ValueError as exc:
         raise ValidationError({"record_kind": str(exc)}) from None
-    where = {"pk": record_id, "portfolio_id": portfolio.pk}
+    where = {"pk": record_id, spec.portfolio_field: portfolio.pk}
     scope = f"portfolio {portfolio.pk}"
     if property is not None:
-        where["property_id"] = property.pk
+        where[spec.property_field] = property.pk
         scope += f", property {property.pk}"
-    if isinstance(record_id, bool) or not isinstance(record_id, int) or not spec.model.objects.filter(**where).exists():
+    records = spec.model._default_manager.filter(**where)
+    if isinstance(record_id, bool) or not isinstance(record_id, int) or not records.exists():
         raise ValidationError({"record_id": f"there is no {spec.label.lower()} with id {record_id} in {scope}."})
 
 
@@ -327,10 +389,11 @@ def legal_hold_place(
         raise ValidationError({"property": f"property {property.pk} is not in portfolio {portfolio.pk}."})
     with transaction.atomic():
         # Scope lock: see the module docstring (the hold race).
-        if property is None:
-            Portfolio.objects.select_for_update().filter(pk=portfolio.pk).get()
-        else:
-            Property.objects.select_for_update().filter(pk=property.pk).get()
+        scope_lock(
+            portfolio_id=portfolio.pk,
+            property_id=property.pk if property else None,
+            field="property" if property else "portfolio",
+        )
         # Under the scope lock: a batch deleting the record either committed
         # before (the record is gone: refused) or waits for this hold.
         legal_hold_scope_validate(portfolio=portfolio, property=property, record_kind=record_kind, record_id=record_id)

@@ -363,10 +363,7 @@ def test_every_relative_link_reaches_a_file_and_heading():
 
 # Sections the code cites that do not exist yet, each with who fixes it; the
 # test fails once one is fixed, so the entry is removed with the fix.
-PENDING_SECTIONS = {
-    # The lead's rewrite of the batch path (issue 29) replaces this header.
-    ("cleanup_ops/execution/batches.py", "docs/architecture.md", "The execution protocol"),
-}
+PENDING_SECTIONS: set[tuple[str, str, str]] = set()
 
 
 def headings(path: Path) -> set[str]:

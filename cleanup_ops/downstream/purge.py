@@ -12,56 +12,66 @@ Protocol of a purge job's slice (the job is already leased by
       store's own buckets (``DOCSTORE_RATE_*``: global and per portfolio,
       apart from the delete buckets); no token soon → give the job back for
       later, again without counting an attempt;
-   b. **the decision about that document**, in one short transaction, whatever
-      request, scope or portfolio asks: lock the document's
+   b. **the decision about that document**, whatever request, scope or
+      portfolio asks (lock, then read): lock the document's
       ``DocumentDisposition`` row (``FOR UPDATE``; created on first use) —
-      every purge of that document id serialises here — then take the
-      scope lock of *every* deleted record that named it (their property and
-      portfolio rows ``FOR SHARE``, from ``DeletedAttachment``: the lock a
-      batch takes, which placing a hold takes ``FOR UPDATE``), then, in later
-      statements that see any hold waited for:
-      - already ``purged`` (by another request) → nothing to do, counted
-        as already gone;
+      every purge of that document id serialises here, and so does every
+      batch that deletes a record naming it (``sql.dispositions_take``), so
+      the deleted records read next cannot grow while this decides — then, in
+      a later statement, take the scope lock of *every* deleted record that
+      named it (their property and portfolio rows ``FOR SHARE``, from
+      ``DeletedAttachment``: the lock a batch takes, which placing a hold
+      takes ``FOR UPDATE``), then, in later statements that see any hold
+      waited for:
+      - already ``purged``: by another request, counted as already gone; by
+        this same request (a worker that lost its lease after the call),
+        counted as purged. Nothing is sent. (A purged id that a deleted
+        record names again was reused: the batch made it ``pending`` again.)
       - an active legal hold over any record that named the document —
         deleted by any batch, of any kind or property
-        (``retention.eligibility.holds_covering``) → the document is **set
-        aside** (disposition ``set_aside``; the request's
-        ``held_document_ids``/``documents_held``). It stays set aside until
+        (``retention.eligibility.holds_covering``) → ask the store whether
+        it still has the file (``HEAD``): if it does, the document is **set
+        aside** (disposition ``set_aside``); if not, it is recorded as
+        absent, never as set aside. A set-aside document stays so until
         every such hold is released; the next sweep then hands it to a new
         purge that decides again (``purge_requeue_released``);
       - any remaining record of any kind still naming the document id → the
         document is **skipped as still referenced** (``documents_referenced``)
         and never deleted: that record's own deletion purges it later;
    c. otherwise ``DELETE /documents/<id>`` with ``Idempotency-Key: <request
-      key>:<id>``. On PostgreSQL the check's transaction — and so its share
-      lock — stays open across this call, which is bounded by the store's
-      timeouts (``DOCSTORE_CONNECT_TIMEOUT``/``DOCSTORE_READ_TIMEOUT``, and
-      ``idle_in_transaction_session_timeout`` as a backstop): a hold placed
-      meanwhile waits for the call to end, so no hold commits between the
-      check and the store's answer. The job row is never locked during the
-      call. 2xx → deleted; 404 → already gone, also done;
-   d. one short transaction that locks the job row where the lease token is
-      still ours (fencing) and moves the cursor past the document, counting it.
-      A worker whose lease expired during the call commits nothing; whoever
-      holds the job next sends the same key again and the store answers from
-      its idempotency record without deleting anything twice. The
-      disposition becomes ``purged`` (final) in the decision's transaction.
+      key>:<id>`` and a **fencing deadline** (``Fence-Deadline``, on the
+      database's clock: the decision's last statement plus the session's idle
+      bound, less the allowed clock skew). On PostgreSQL the decision's
+      transaction — and so its locks — stays open across this call, which is
+      bounded by the store's timeouts; ``idle_in_transaction_session_timeout``
+      ends the session of a worker that stalls past that bound, and the store
+      refuses a DELETE that arrives after the deadline (412 →
+      ``StaleDecision``, retried under a fresh decision). So no hold commits
+      between the check and an applied DELETE. The job row is never locked
+      during the call. 2xx → deleted; 404 → already gone, also done. The
+      disposition becomes ``purged`` in the decision's transaction;
+   d. one short fenced transaction that locks the job row where the lease
+      token is still ours and moves the cursor past the document, counting it
+      (``documents_held``/``held_document_ids`` for a set-aside one). If the
+      lease was lost after the decision committed, the next holder finds the
+      disposition ``purged`` by this request and sends nothing; if the
+      decision's transaction did not commit, it decides again and sends the
+      same key, which the store answers from its idempotency record.
 3. Cursor at the end → the job is done, in the same fenced way: ``purged``, or
    ``purge_held`` when documents were set aside. If the outbox counted ids
    that failed validation, the job instead becomes a ``policy_or_input`` dead
    letter once the valid ones are done: the files of such records cannot be
    found safely and an operator has to look.
 
-What remains open: a request the client gave up on (a timeout) that the store
-applies later, after our transaction ended, can still land after a hold
-placed in between; and a record that starts naming a document id after the
-check (record writes do not take the scope lock). SQLite (the demo) has no row
-locks and serialises writers: the check commits before the call there.
+What remains open: a record that starts naming a document id after the
+check (record writes by the application take no lock of ours). SQLite (the
+demo) has no row locks and serialises writers: the check commits before the
+call there, and no deadline is sent.
 
 Failures are exceptions from the client and are classified by
 ``cleanup_ops.recovery.classification``: 429/503 wait for ``Retry-After``; other 5xx,
-connection errors and timeouts back off and retry with the same key; other
-4xx and redirects dead-letter as ``downstream_rejected``.
+connection errors, timeouts and stale decisions back off and retry with the
+same key; other 4xx and redirects dead-letter as ``downstream_rejected``.
 """
 
 from __future__ import annotations
@@ -83,7 +93,7 @@ from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
-from cleanup_ops.execution.batches import JobRef, attachment_column
+from cleanup_ops.execution.batches import JobRef
 from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
 from cleanup_ops.models import (
     CleanupJob,
@@ -107,7 +117,7 @@ from cleanup_ops.recovery.classification import (
 )
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.eligibility import holds_covering
-from retention.registry import REGISTRY, get_spec
+from retention.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
@@ -347,9 +357,9 @@ def _disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
 def document_still_referenced(document_id: str) -> bool:
     """Does any remaining record, of any kind with attachments, name ``document_id``?"""
     return any(
-        get_spec(kind).model.objects.filter(document_id=document_id).exists()
-        for kind in REGISTRY
-        if attachment_column(kind)
+        spec.model._default_manager.filter(**{spec.attachment_field: document_id}).exists()
+        for spec in REGISTRY.values()
+        if spec.attachment_field
     )
 
 

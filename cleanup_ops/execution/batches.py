@@ -1,35 +1,49 @@
-"""The batch transaction: one keyset slice of a delete job, applied exactly once.
+"""The batch transaction: keyset slices of one or many delete jobs, each applied exactly once.
 
-Protocol of ``run_batch`` (one database transaction; see
-``docs/architecture.md``, "The execution protocol"):
+Protocol of ``run_group_batch`` (one database transaction over the leased
+jobs of a group; ``run_batch`` is a group of one; see ``docs/architecture.md``,
+"Lock, then read" and "One batch, one transaction"):
 
-a. Lock the job row where the lease token is ours and not expired
-   (``leases.lock_job``, the fence): a worker whose lease expired commits
-   nothing.
-b. Lock the portfolio and property rows ``FOR SHARE``. Placing a legal hold
-   locks one of them ``FOR UPDATE``, so the DELETE below either sees the
-   committed hold or commits before the hold exists (the hold race). A missing
-   row ends the job as ``scope_missing``.
-c. Read the active policy version: none or withdrawn ends the job as
-   ``policy_withdrawn``; otherwise the cutoff is the earlier (stricter) of the
-   admitted one and the current one.
-d. Compute the operation id from (kind, property, cutoff, cursor, limit). If
-   the ledger already has it, move the cursor to that row's ``last_id`` and
-   stop (replay: redelivery, lost ack, redrive from an earlier cursor).
-e. Take the next ``limit`` candidate ids after the cursor, DELETE those the
-   eligibility predicate admits (the hold check is inside the statement),
-   insert the ledger row, advance the cursor past every candidate (held ones
-   too) and renew the lease.
-f. Outbox: for record kinds with attachments the DELETE returns the deleted
-   rows' document ids; when there are any, the same transaction writes one
-   ``PurgeRequest`` (key = the operation id), one ``purge`` job and one
-   ``DeletedAttachment`` per record (which record named which document). A held or
-   replayed batch deletes nothing and so purges nothing; a rolled-back batch
-   takes its outbox rows with it.
+a. **Fence and scope, one statement** (``sql.group_fence_scopes_and_policies``):
+   the job rows ``FOR UPDATE`` where the lease token is ours and not expired
+   (on the database's clock, ``cleanup_ops.clock``) — jobs whose lease is lost
+   drop out and are reported, ``LeaseLost`` only when none is left — then the
+   portfolio and property rows ``FOR SHARE``. Placing a legal hold or
+   approving a version locks one of them ``FOR UPDATE``, so nothing below
+   can be changed under the batch by either. A missing scope ends the job as
+   ``scope_missing``.
+b. **Policy, after the locks** (``sql.policies_and_ledger_lookup``): the
+   active version read by a statement that starts once every lock is held;
+   the first statement's reading is only the guess the replay lookup is made
+   with (looked up again when the two differ). None or withdrawn ends the job
+   as ``policy_withdrawn``; otherwise the cutoff is the earlier (stricter) of
+   the admitted one and the current one.
+c. **Replay**: the operation id from (kind, property, slot, cutoff, cursor,
+   limit). If the ledger already has it, move the cursor to that row's
+   ``last_id`` (redelivery, lost ack, redrive from an earlier cursor).
+d. **Delete**: the next ``limit`` candidate ids after the cursor; a DELETE of
+   those the eligibility predicate admits that also re-tests property and
+   portfolio (a row the application moved while the DELETE waited for it is
+   judged as it is now). The same statement counts, in its own snapshot, the
+   rows of the range (so deleted never exceeds candidates) and those an
+   active hold covers (the ledger's held: never candidates minus deleted).
+   Partitions are taken in order while their candidates fit in one
+   transaction's rows; the others wait, still leased, for the next one.
+e. **Ledger and cursor**: insert the ledger rows, advance the cursors past
+   every candidate (held ones too) and renew the lease, in one statement.
+f. **Outbox**: for record kinds with attachments the DELETE returns the
+   deleted rows' document ids; the same transaction takes each document's
+   disposition row (``sql.dispositions_take``: a purge deciding about that
+   document waits for this commit, or this batch for its decision) and writes
+   one ``PurgeRequest`` (key = the operation id), one ``purge`` job and one
+   ``DeletedAttachment`` per record. A held or replayed batch deletes nothing
+   and so purges nothing; a rolled-back batch takes its outbox rows with it.
 
 A batch with fewer candidates than the limit (or none) was the last one: the
 job is done with its outcome in that same transaction, and so is its sweep
 when no job of it is left open (``sweeps.sweep_mark_drained_if_finished``).
+Checkpoints (``cleanup_ops.checkpoints``) mark the steps for the
+interleaving tests.
 """
 
 from __future__ import annotations
@@ -59,7 +73,7 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.recovery.classification import LeaseLost
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
-from retention.eligibility import db_datetime, eligible_sql_for, hold_covers_sql
+from retention.eligibility import db_datetime, eligible_sql_for, held_in_partition_sql
 from retention.models import MAX_BATCH_SIZE, PolicyVersion
 from retention.registry import get_spec
 
@@ -439,7 +453,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                 }
                 for ord_, item in enumerate(items)
             ]
-            statement = sql.group_candidates(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
+            statement = sql.group_candidates(spec, jobs=len(items))
             params = {**sql.rows_params("g", sql.CANDIDATE_COLUMNS, rows), "budget": budget + 1}
             found = sql.execute(statement, params, cur=cur).fetchall()
             returned = sum(int(rows) for _, _, rows, _, _ in found)
@@ -454,7 +468,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
             # found. For one partition its values are known when PostgreSQL
             # plans it, so it walks the keyset index instead of sorting every
             # expired row of the property (as the lateral's generic plan does).
-            statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
+            statement = sql.partition_candidates(spec)
             seen = 0
             for item in items:
                 if seen >= budget:
@@ -479,11 +493,12 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
     predicate, predicate_params = sql.named(
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
-    held, held_params = sql.named(*hold_covers_sql(kind, alias="r"), prefix="held")
-    attachment = attachment_column(kind)
-    statement = sql.partition_count_and_delete(
-        table=spec.table, timestamp_column=spec.timestamp_column, predicate=predicate, held=held, returning=attachment
+    held, held_params = sql.named(
+        *held_in_partition_sql(kind, id_sql="c.id", portfolio_sql="%(portfolio_id)s", property_sql="%(property_id)s"),
+        prefix="held",
     )
+    attachment = attachment_column(kind)
+    statement = sql.partition_count_and_delete(spec, predicate=predicate, held=held)
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
@@ -521,7 +536,6 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
         predicate, predicate_params = sql.named(
             *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
         )
-        held, held_params = sql.named(*hold_covers_sql(kind, alias="r"), prefix="held")
         attachment = attachment_column(kind)
         ranges = [
             {
@@ -533,23 +547,14 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             }
             for item in items
         ]
-        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, **held_params}
+        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, "kind": kind}
         if not sql.is_postgres():
             # SQLite: the counts just before the DELETE (one writer at a time).
-            counts = sql.group_range_counts(
-                table=spec.table, timestamp_column=spec.timestamp_column, held=held, jobs=len(items)
-            )
+            counts = sql.group_range_counts(spec, jobs=len(items))
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
-        statement = sql.group_delete(
-            table=spec.table,
-            timestamp_column=spec.timestamp_column,
-            predicate=predicate,
-            held=held,
-            jobs=len(items),
-            returning=attachment,
-        )
+        statement = sql.group_delete(spec, predicate=predicate, jobs=len(items))
         for property_id, document_id, record_id, n, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n is not None:
@@ -562,16 +567,9 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
     return deleted, documents
 
 
-_ATTACHMENTS: dict[str, str | None] = {}
-
-
 def attachment_column(kind: str) -> str | None:
     """The document id column of a record kind, or None when it has no attachments."""
-    if kind not in _ATTACHMENTS:
-        model = get_spec(kind).model
-        field = next((f for f in model._meta.concrete_fields if f.name == "document_id"), None)
-        _ATTACHMENTS[kind] = field.column if field is not None else None
-    return _ATTACHMENTS[kind]
+    return get_spec(kind).attachment_column
 
 
 def purge_outbox_write_many(

@@ -15,17 +15,28 @@ Protocol:
   portfolios a group pick spans — so thousands of due portfolios cannot
   exhaust PostgreSQL's lock table; two portfolios sharing a stripe only
   serialise their (short) lease transactions.
-- **Fencing.** Every write made under a lease first locks the job row *where
-  the lease token is ours and not expired* (``lock_job``): a worker whose
-  lease expired gets no row, raises ``LeaseLost`` and commits nothing.
+- **Fencing.** Every write to a job made under a lease first locks the job
+  row *where the lease token is ours and not expired* — the batch's first
+  statement for a whole group (``sql.group_fence_scopes_and_policies``), and
+  ``lock_job`` for the purge's cursor and the finishing writes: a worker
+  whose lease expired gets no row and commits nothing for that job (a purge's
+  decision about a document is fenced by the document's own lock and the
+  store's deadline instead, ``downstream.purge``).
 - **Release.** The job goes back to pending with its cursor kept, due now or
   at a later instant (a rate-limit deferral), only if the lease is still ours.
 - **Tokens.** ``wait_for_token`` takes a rate-limit token or says how long
   until one is there; a long wait defers the job rather than sleeping with
   the lease held.
 
-Time comes from ``django.utils.clock.now()`` (never the database clock) so
-tests control it with time-machine.
+Time is the database's (``cleanup_ops.clock``): a lease's expiry, the
+holders counted against the cap and due-ness are compared with timestamps
+the database stores, and a worker whose clock runs ahead would otherwise see
+another's live lease as expired. Tests still move it with time-machine.
+
+Lock, then read: the cap and the pauses are read after the stripe locks, by
+statements that start once those locks are held; placing a pause takes the
+same stripe locks (``pause_locks``), so a pause either committed before a
+lease read it or waits for that lease transaction to end.
 """
 
 from __future__ import annotations
@@ -42,6 +53,7 @@ from django.conf import settings
 from django.db import connection, transaction
 
 from cleanup_ops import clock, sql
+from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.lifecycle import JobEvent, leased_fields, next_state, released_fields
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
@@ -66,6 +78,27 @@ def lease_stripe(portfolio_id: int) -> int:
     return portfolio_id % settings.CLEANUP_LEASE_LOCK_STRIPES
 
 
+def pause_locks(portfolio_id: int | None) -> None:
+    """The stripe locks a pause takes before it is written (PostgreSQL): its
+    portfolio's stripe, or every stripe for a pause of the whole pipeline —
+    the locks a lease holds while it reads the pauses. Waited for at most
+    ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS`` (a lease transaction takes
+    milliseconds; a stalled one is ended by the idle-in-transaction bound)."""
+    if not sql.is_postgres():
+        return
+    stripes = (
+        [lease_stripe(portfolio_id)] if portfolio_id is not None else list(range(settings.CLEANUP_LEASE_LOCK_STRIPES))
+    )
+    timeout = str(max(1, round(settings.CLEANUP_SCOPE_LOCK_WAIT_SECONDS * 1000)))
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [timeout])
+        (previous, _) = cur.fetchone()
+        try:
+            sql.execute(sql.lease_caps_lock(len(stripes)), [sql.LEASE_LOCK_NAMESPACE, *stripes], cur=cur)
+        finally:
+            cur.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
+
+
 def token_param(token: uuid.UUID) -> object:
     return CleanupJob._meta.get_field("lease_token").get_db_prep_value(token, connection)
 
@@ -86,6 +119,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
             return None
         if sql.is_postgres():
             sql.execute(sql.lease_cap_lock(), [sql.LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
+        checkpoint("lease.after_cap_lock")
         if PipelinePause.objects.covering(portfolio_id=portfolio_id).exists():
             return None
         leased_now = (
@@ -152,8 +186,14 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
         if sql.is_postgres():
             stripes = sorted({lease_stripe(p) for p in portfolios})
             sql.execute(sql.lease_caps_lock(len(stripes)), [sql.LEASE_LOCK_NAMESPACE, *stripes])
-            # Re-read under the locks: another worker may have taken the last slot.
+            checkpoint("lease_group.after_stripe_locks")
+            # Re-read under the locks: another worker may have taken the last
+            # slot, or an operator paused a portfolio since the pick.
             holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_holders_by_portfolio(now=now)
+            paused_now = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
+            if None in paused_now:
+                return None
+            rows = [row for row in rows if row[1] not in paused_now]
         queues: dict[int, list[int]] = {}
         seen: set[tuple[int, str]] = set()
         for job_id, portfolio_id, property_id, kind in rows:
@@ -243,9 +283,11 @@ def wait_for_token(portfolio_id: int, buckets: list[BucketConfig] | None = None)
     return wait
 
 
-def group_tokens_unused(portfolio_ids: set[int]) -> None:
-    """Give back the tokens of portfolios a transaction was allowed but did not touch."""
-    tokens_give_back(portfolio_ids=portfolio_ids)
+def group_tokens_unused(portfolio_ids: set[int], *, touched_none: bool = False) -> None:
+    """Give back the tokens of portfolios a transaction was allowed but did not
+    touch; with ``touched_none`` (it applied nothing, or raised) the global
+    token as well."""
+    tokens_give_back(portfolio_ids=portfolio_ids, include_global=touched_none)
 
 
 def group_tokens(portfolio_ids: set[int]) -> tuple[set[int], dict[int, float]]:

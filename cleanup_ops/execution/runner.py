@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from django.conf import settings
+from django.db import connection
 
-from cleanup_ops import clock
+from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.downstream.purge import PurgeProgress, purge_run
 from cleanup_ops.execution.batches import job_load, jobs_load, run_batch, run_group_batch
@@ -91,6 +92,33 @@ class SliceResult:
 BatchHook = Callable[[int], None]
 
 
+def worker_session_bound() -> None:
+    """PostgreSQL: end this worker's session once it sits idle inside a
+    transaction longer than ``CLEANUP_IDLE_IN_TRANSACTION_SECONDS``. A worker
+    that stalls mid-transaction (a GC pause, SIGSTOP, a frozen VM) then gives
+    its row locks back instead of blocking hold placement and approvals in
+    its portfolio for as long as it stalls; its transaction rolls back whole.
+    Set once per database connection (a purge's decision sets its own,
+    shorter bound for its transaction). A session that failed is replaced
+    first."""
+    if not sql.is_postgres():
+        return
+    if connection.errors_occurred and not connection.in_atomic_block:
+        # The last slice failed on the database (say PostgreSQL ended this
+        # session after a stall): reconnect if the session is gone, as
+        # django-q2 does between tasks — the drain runs many slices in one.
+        connection.close_if_unusable_or_obsolete()
+    connection.ensure_connection()
+    raw = connection.connection
+    if getattr(connection, "_cleanup_bounded_session", None) is raw:
+        return
+    milliseconds = str(round(settings.CLEANUP_IDLE_IN_TRANSACTION_SECONDS * 1000))
+    with connection.cursor() as cur:
+        cur.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", [milliseconds])
+    if not connection.in_atomic_block:
+        connection._cleanup_bounded_session = raw  # type: ignore[attr-defined]
+
+
 def job_run_slice(
     *,
     job_id: int,
@@ -109,6 +137,7 @@ def job_run_slice(
     result = SliceResult(job_id=job_id)
     if stop_requested():
         return result
+    worker_session_bound()
     lease = job_lease(job_id=job_id, owner=owner or worker_name())
     if lease is None:
         return result
@@ -240,6 +269,7 @@ def group_run_slice(
     result = GroupSliceResult()
     if stop_requested():
         return result
+    worker_session_bound()
     group = jobs_lease_group(owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS)
     if group is None:
         return result
@@ -311,9 +341,14 @@ def group_run_slice(
             steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
         except LeaseLost:
             logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(pending))
+            if allowed:
+                group_tokens_unused(allowed, touched_none=True)
             pending = []
             break
         except Exception as exc:
+            if allowed:
+                # Rolled back: it spent nothing, so its tokens (global too) go back.
+                group_tokens_unused(allowed, touched_none=True)
             logger.warning(
                 "cleanup group of %s jobs: %s; running them one by one",
                 len(pending),
@@ -329,7 +364,7 @@ def group_run_slice(
         applied = {job_id for job_id, step in steps.items() if step.applied}
         touched = {jobs[job_id].portfolio_id for job_id in applied}
         if allowed - touched:
-            group_tokens_unused(allowed - touched)
+            group_tokens_unused(allowed - touched, touched_none=not touched)
         for step in steps.values():
             result.rows_deleted += step.deleted
             if step.outcome:

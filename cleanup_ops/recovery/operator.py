@@ -56,8 +56,10 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError, IntegrityError, models, transaction
 
 from cleanup_ops import clock
+from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.console_selectors.jobs import JobFilter
 from cleanup_ops.dispatch import dispatch_after_commit
+from cleanup_ops.execution.leases import pause_locks
 from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, PipelinePause, Sweep, scope_of
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
@@ -284,6 +286,7 @@ def dead_letters_decide(
         else:
             chosen = letter_filter or DeadLetterFilter()
             letters = list(locked.open().filter(chosen.q(now=now)).order_by("id"))
+        checkpoint("redrive.after_lock")
         return _decide(letters, decision=decision, actor=actor, reason=reason, now=now, isolate=letter_id is None)
 
 
@@ -332,6 +335,10 @@ def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id:
     object_type, object_id = _pause_scope(portfolio_id)
     try:
         with transaction.atomic():
+            # The stripe locks a lease reads the pauses under (lock, then read):
+            # no lease commits after this pause without having seen it.
+            pause_locks(portfolio_id)
+            checkpoint("pause.after_lock")
             # The partial unique constraint guards this on PostgreSQL; SQLite
             # cannot express it (NULLS NOT DISTINCT), so check here as well.
             if PipelinePause.objects.active().filter(portfolio_id=portfolio_id).exists():
