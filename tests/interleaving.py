@@ -151,14 +151,18 @@ class InThread:
                 if checkpoints is not None:
                     checkpoints.close_side_connection()
 
-    def settle(self, observer: psycopg.Connection, *, timeout: float = WAIT_SECONDS) -> str:
+    def settle(
+        self, observer: psycopg.Connection, *, timeout: float = WAIT_SECONDS, ready: Callable[[], bool] | None = None
+    ) -> str:
         """``"done"`` once the thread finished, ``"waiting"`` once its session
         waits on a lock (any: a row, an advisory checkpoint), polled in
-        ``pg_stat_activity``."""
+        ``pg_stat_activity``; ``"ready"`` once ``ready()`` says so."""
 
         def state() -> str:
             if not self.thread.is_alive():
                 return "done"
+            if ready is not None and ready():
+                return "ready"
             row = observer.execute("SELECT cardinality(pg_blocking_pids(%s)) > 0", [self.pid]).fetchone()
             if row and row[0]:
                 return "waiting"

@@ -37,8 +37,9 @@ killed). Each case:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -127,6 +128,8 @@ class World:
     leases: dict[str, int] | None = None
     pre_hold: int | None = None
     letter: int | None = None
+    wrote: threading.Event = field(default_factory=threading.Event)
+    commit: threading.Event = field(default_factory=threading.Event)
 
     @property
     def path(self) -> str:
@@ -237,14 +240,28 @@ class World:
         one where its batch already ran (the purge path)."""
         return self.leases["Y1" if self.path == "purge" else "L1"]
 
+    @property
+    def in_flight(self) -> bool:
+        return self.actor.endswith(IN_FLIGHT)
+
     def act(self, worker_pid: int) -> Callable[[], Any]:
-        return getattr(self, "_" + self.actor.replace("-", "_"))(worker_pid)
+        name = self.actor.removesuffix(IN_FLIGHT)
+        return getattr(self, "_" + name.replace("-", "_"))(worker_pid)
 
     def _app(self, change: Callable[[], Any]) -> Callable[[], Any]:
+        """The application's write in its own transaction; in flight, the
+        transaction stays open (its row locks held) until the worker, let go,
+        has finished or waits on it."""
+        wrote, commit = self.wrote, self.commit
+
         def run() -> Any:
             with transaction.atomic():
                 set_actor("app")
-                return change()
+                result = change()
+                wrote.set()
+                if self.in_flight:
+                    assert commit.wait(60), "never told to commit"
+                return result
 
         return run
 
@@ -399,13 +416,21 @@ class World:
         return (ScopeBusy, ValidationError, PartitionBusy, DeadLetterNotOpen)
 
 
-ACTORS = (
+# The application's write left uncommitted while the worker resumes (it
+# commits once the worker has finished or waits on its row): the window
+# in which a statement re-checks a row that changed under it.
+IN_FLIGHT = "-in-flight"
+APPLICATION = (
     "application-inserts-an-old-row",
     "application-extends-a-lease",
     "application-moves-it-within-the-portfolio",
     "application-moves-it-to-another-portfolio",
     "application-edits-its-document-id",
     "application-deletes-it",
+)
+ACTORS = (
+    *APPLICATION,
+    *(actor + IN_FLIGHT for actor in APPLICATION),
     "reviewer-places-portfolio-hold",
     "reviewer-places-property-hold",
     "reviewer-places-kind-hold",
@@ -477,9 +502,22 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
         worker = InThread(subject, name="worker")
         worker_pid = hold.wait_for_worker(worker)
         acting = InThread(world.act(worker_pid), name="actor")
-        acting.settle(observer)
+        acting.settle(observer, ready=world.wrote.is_set)
     finally:
         hold.release()
+    if world.in_flight:
+        # The worker goes on while the write is in flight: until it has
+        # finished or waits on the application's row, then the write commits.
+        def worker_settled() -> bool:
+            if not worker.thread.is_alive():
+                return True
+            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()
+            return bool(blockers)
+
+        try:
+            poll(worker_settled, what="the worker to finish or wait on the application's row")
+        finally:
+            world.commit.set()
     worker.join()
     acting.join()
     observer.close()
