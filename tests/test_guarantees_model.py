@@ -305,7 +305,7 @@ class Guarantees(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 10_000))
     def release_hold(self, pick: int) -> None:
         hold = self.holds.pop(pick % len(self.holds))
-        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release")
+        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release of the hold")
 
     # --- rules: the pipeline ---------------------------------------------------
 
@@ -519,7 +519,10 @@ class Guarantees(RuleBasedStateMachine):
                     placing = InThread(
                         lambda: (
                             legal_hold_place(
-                                portfolio=target.portfolio, property=target, placed_by=self.reviewer, reason="meanwhile"
+                                portfolio=target.portfolio,
+                                property=target,
+                                placed_by=self.reviewer,
+                                reason="placed meanwhile by the model",
                             ).pk
                         ),
                         name="hold",
