@@ -252,8 +252,12 @@ def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id:
         verdict = _purge_decide(request=request, document_id=document_id, cur=cur, client=client)
         if verdict != CLEAR:
             return verdict, ""
-        deadline = _fence_deadline(cur)
         checkpoint("purge.before_store_call")
+        # Read right before the call, on the decision's own session: a session
+        # that ended while the worker stalled (its locks gone, whatever ended
+        # it) fails here and sends nothing; one that is alive now lives at
+        # least its idle bound past this statement, which the deadline spans.
+        deadline = _fence_deadline(cur)
         effect = client.delete_document(document_id, idempotency_key=key, deadline=deadline)
         checkpoint("purge.after_store_call")
         # Still under the document's lock: no other purge decides it meanwhile.
