@@ -134,6 +134,7 @@ class World:
     letter: int | None = None
     wrote: threading.Event = field(default_factory=threading.Event)
     commit: threading.Event = field(default_factory=threading.Event)
+    threads: tuple[Any, Any] = (None, None)
 
     @property
     def path(self) -> str:
@@ -489,6 +490,30 @@ def _db_now() -> datetime:
         observer.close()
 
 
+def _interleave(world: World, subject: Callable[[], Any], hold: CheckpointHold, observer: Any) -> None:
+    """Hold the worker at the checkpoint, let the actor act, let go (see the module docstring)."""
+    worker = InThread(subject, name="worker")
+    world.threads = (worker, None)
+    worker_pid = hold.wait_for_worker(worker)
+    acting = InThread(world.act(worker_pid), name="actor")
+    world.threads = (worker, acting)
+    acting.settle(observer, ready=world.wrote.is_set)
+    hold.release()
+    if world.in_flight:
+        # The worker goes on while the write is in flight: until it has
+        # finished or waits on the application's row, then the write commits.
+        def worker_settled() -> bool:
+            if not worker.thread.is_alive():
+                return True
+            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()
+            return bool(blockers)
+
+        poll(worker_settled, what="the worker to finish or wait on the application's row")
+        world.commit.set()
+    worker.join()
+    acting.join()
+
+
 @pytest.mark.parametrize("actor", ACTORS)
 @pytest.mark.parametrize("checkpoint", checkpoints.ALL)
 def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_meanwhile(
@@ -503,28 +528,12 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
     try:
-        worker = InThread(subject, name="worker")
-        worker_pid = hold.wait_for_worker(worker)
-        acting = InThread(world.act(worker_pid), name="actor")
-        acting.settle(observer, ready=world.wrote.is_set)
+        _interleave(world, subject, hold, observer)
     finally:
         hold.release()
-    if world.in_flight:
-        # The worker goes on while the write is in flight: until it has
-        # finished or waits on the application's row, then the write commits.
-        def worker_settled() -> bool:
-            if not worker.thread.is_alive():
-                return True
-            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()
-            return bool(blockers)
-
-        try:
-            poll(worker_settled, what="the worker to finish or wait on the application's row")
-        finally:
-            world.commit.set()
-    worker.join()
-    acting.join()
-    observer.close()
+        world.commit.set()
+        observer.close()
+    worker, acting = world.threads
     if worker.error is not None and not isinstance(worker.error, world.subject_may_raise()):
         raise worker.error
     if acting.error is not None and not isinstance(acting.error, world.actor_may_raise()):
