@@ -3,7 +3,7 @@
 The matrix is enumerated, not picked: ``cleanup_ops.checkpoints.ALL`` (the
 batch, purge, lease, redrive and pause paths) by ``ACTORS`` (the application,
 a reviewer, another worker, a new sweep, an operator, the worker's session
-killed): 12 checkpoints by 33 actors, 396 cases. Each case:
+killed): 12 checkpoints by 34 actors, 408 cases. Each case:
 
 1. builds a small estate (portfolios A with properties A1, A2 and B with B1;
    a few leases, most long expired, some naming files in the real document
@@ -229,7 +229,7 @@ class World:
         raise AssertionError(f"no subject for {self.checkpoint}")
 
     def subject_may_raise(self) -> tuple[type[BaseException], ...]:
-        if self.actor == "worker-session-killed":
+        if self.actor.startswith("worker-session-killed"):
             return (DatabaseError, InterfaceError)
         if self.path == "redrive":
             return (PartitionBusy, DeadLetterNotOpen)
@@ -414,6 +414,19 @@ class World:
 
         return kill
 
+    def _worker_session_killed_then_a_hold_commits(self, pid: int) -> Callable[[], Any]:
+        """The stalled worker's session ends (an operator's pg_terminate_backend,
+        a failover, a dropped connection: not only the idle-in-transaction
+        backstop), its locks go with it, and a portfolio-wide hold commits
+        before the worker resumes."""
+        kill, place = self._worker_session_killed(pid), self._hold(portfolio=self.a)
+
+        def run() -> Any:
+            kill()
+            return place()
+
+        return run
+
     def actor_may_raise(self) -> tuple[type[BaseException], ...]:
         # Waited for the held worker and gave up after the bounded wait; a
         # decision that another one made first (a letter decided, a partition
@@ -457,6 +470,7 @@ ACTORS = (
     "operator-cancels",
     "operator-runs-now",
     "worker-session-killed",
+    "worker-session-killed-then-a-hold-commits",
 )
 
 
