@@ -167,9 +167,9 @@ class Guarantees(RuleBasedStateMachine):
             for kind in KINDS:
                 policy = retention_policy_get_or_create(portfolio=portfolio, record_kind=kind)
                 version = policy_version_submit(
-                    policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="r"
+                    policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="r for the tests"
                 )
-                policy_version_approve(version_id=version.pk, reviewer=self.reviewer)
+                policy_version_approve(version_id=version.pk, reviewer=self.reviewer, note="approved for the tests")
             self.props += [Property.objects.create(portfolio=portfolio, name=f"B{p}{q}") for q in range(2)]
         self.slot = START - timedelta(days=1)
         self.records: dict[tuple[str, int], Record] = {}
@@ -279,7 +279,7 @@ class Guarantees(RuleBasedStateMachine):
             record_kind=kind,
             record_id=record_id,
             placed_by=self.reviewer,
-            reason="model hold",
+            reason="model hold for the tests",
         )
         self.holds.append(Hold(hold.pk, portfolio_obj.pk, target.pk if target else None, kind, record_id))
 
@@ -293,7 +293,11 @@ class Guarantees(RuleBasedStateMachine):
         prop = Property.objects.get(pk=record.property_id) if narrow != "portfolio" else None
         kind = record.kind if narrow == "kind" else ""
         hold = legal_hold_place(
-            portfolio=portfolio, property=prop, record_kind=kind, placed_by=self.reviewer, reason="late hold"
+            portfolio=portfolio,
+            property=prop,
+            record_kind=kind,
+            placed_by=self.reviewer,
+            reason="late hold for the tests",
         )
         self.holds.append(Hold(hold.pk, portfolio.pk, prop.pk if prop else None, kind, None))
 
@@ -301,7 +305,7 @@ class Guarantees(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 10_000))
     def release_hold(self, pick: int) -> None:
         hold = self.holds.pop(pick % len(self.holds))
-        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release")
+        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release of the hold")
 
     # --- rules: the pipeline ---------------------------------------------------
 
@@ -515,7 +519,10 @@ class Guarantees(RuleBasedStateMachine):
                     placing = InThread(
                         lambda: (
                             legal_hold_place(
-                                portfolio=target.portfolio, property=target, placed_by=self.reviewer, reason="meanwhile"
+                                portfolio=target.portfolio,
+                                property=target,
+                                placed_by=self.reviewer,
+                                reason="placed meanwhile by the model",
                             ).pk
                         ),
                         name="hold",

@@ -150,8 +150,10 @@ class World:
         self.b = Portfolio.objects.create(name="B", slug="b")
         for portfolio in (self.a, self.b):
             policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-            version = policy_version_submit(policy=policy, retention_days=DAYS, author=self.manager, reason="r")
-            policy_version_approve(version_id=version.pk, reviewer=self.reviewer)
+            version = policy_version_submit(
+                policy=policy, retention_days=DAYS, author=self.manager, reason="a policy of the suite"
+            )
+            policy_version_approve(version_id=version.pk, reviewer=self.reviewer, note="approved for the suite")
         self.a1 = Property.objects.create(portfolio=self.a, name="A1")
         self.a2 = Property.objects.create(portfolio=self.a, name="A2")
         self.b1 = Property.objects.create(portfolio=self.b, name="B1")
@@ -206,7 +208,7 @@ class World:
             kwargs["record_kind"] = "lease"
         elif scope == "record":
             kwargs |= {"property": self.b1, "record_kind": "lease", "record_id": self.leases["L4"]}
-        self.pre_hold = legal_hold_place(placed_by=self.reviewer, reason="placed before", **kwargs).pk
+        self.pre_hold = legal_hold_place(placed_by=self.reviewer, reason="placed before the case", **kwargs).pk
 
     # -- the worker held at the checkpoint ----------------------------------------------
 
@@ -309,7 +311,7 @@ class World:
 
     def _hold(self, **scope: Any) -> Callable[[], Any]:
         reviewer = self.reviewer
-        return lambda: legal_hold_place(placed_by=reviewer, reason="placed during", **scope).pk
+        return lambda: legal_hold_place(placed_by=reviewer, reason="placed during the case", **scope).pk
 
     def _reviewer_places_portfolio_hold(self, pid: int) -> Callable[[], Any]:
         return self._hold(portfolio=self.a)
@@ -325,7 +327,7 @@ class World:
 
     def _release(self, pid: int) -> Callable[[], Any]:
         hold, reviewer = self.pre_hold, self.reviewer
-        return lambda: legal_hold_release(hold_id=hold, released_by=reviewer, reason="released during").pk
+        return lambda: legal_hold_release(hold_id=hold, released_by=reviewer, reason="released during the case").pk
 
     _reviewer_releases_portfolio_hold = _release
     _reviewer_releases_property_hold = _release
@@ -338,9 +340,14 @@ class World:
 
         def run() -> Any:
             version = policy_version_submit(
-                policy=policy, retention_days=days, enabled=enabled, batch_size=batch_size, author=manager, reason="r"
+                policy=policy,
+                retention_days=days,
+                enabled=enabled,
+                batch_size=batch_size,
+                author=manager,
+                reason="a policy of the suite",
             )
-            return policy_version_approve(version_id=version.pk, reviewer=reviewer).pk
+            return policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved during the case").pk
 
         return run
 

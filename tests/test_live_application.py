@@ -162,7 +162,9 @@ def test_a_file_named_in_three_portfolios_stays_when_a_hold_on_the_last_one_comm
     settle(purge_a)
     # A portfolio-wide hold on B, covering B's lease that named the file.
     hold = InThread(
-        lambda: legal_hold_place(portfolio=props["B"].portfolio, placed_by=reviewer, reason="litigation").pk
+        lambda: (
+            legal_hold_place(portfolio=props["B"].portfolio, placed_by=reviewer, reason="litigation over the file").pk
+        )
     )
     settle(hold)
     maintenance.commit()
@@ -216,7 +218,7 @@ def test_a_purge_worker_stalled_past_its_session_deletes_no_file_under_a_hold_an
 
             poll(gone, timeout=60, what="PostgreSQL to end the stalled worker's session")
         # The decision's locks are gone: a hold on the property commits.
-        legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="subpoena")
+        legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="a subpoena for the file")
         worker.send_signal(signal.SIGCONT)
         worker.wait(timeout=60)
     finally:
@@ -255,7 +257,11 @@ def test_a_lease_moved_into_a_held_property_while_the_batch_waits_on_it_is_not_d
     batch = InThread(lambda: job_run_slice(job_id=job_of(a1).pk, owner="w"))
     assert settle(batch) == "waiting" and waits_on(batch, app.pid)
     # A hold on the annex commits first, then the move.
-    hold = InThread(lambda: legal_hold_place(portfolio=a1.portfolio, property=a2, placed_by=reviewer, reason="x"))
+    hold = InThread(
+        lambda: legal_hold_place(
+            portfolio=a1.portfolio, property=a2, placed_by=reviewer, reason="a hold on the destination"
+        )
+    )
     settle(hold)
     app.commit()
     for thread in (batch, hold):
@@ -302,7 +308,9 @@ def test_a_stricter_version_approved_while_the_batch_waits_for_its_scope_is_obey
     assert settle(batch) == "waiting" and waits_on(batch, admin.pid)
     policy = RetentionPolicy.objects.get(portfolio=prop.portfolio, record_kind="lease")
     version = policy_version_submit(policy=policy, retention_days=1000, author=manager, reason="keep longer")
-    approval = InThread(lambda: policy_version_approve(version_id=version.pk, reviewer=reviewer).pk)
+    approval = InThread(
+        lambda: policy_version_approve(version_id=version.pk, reviewer=reviewer, note="a stricter period approved").pk
+    )
     approval_state = settle(approval)
     admin.commit()
     for thread in (batch, approval):
