@@ -3,7 +3,7 @@
 The matrix is enumerated, not picked: ``cleanup_ops.checkpoints.ALL`` (the
 batch, purge, lease, redrive and pause paths) by ``ACTORS`` (the application,
 a reviewer, another worker, a new sweep, an operator, the worker's session
-killed): 12 checkpoints by 33 actors, 396 cases. Each case:
+killed): 12 checkpoints by 34 actors, 408 cases. Each case:
 
 1. builds a small estate (portfolios A with properties A1, A2 and B with B1;
    a few leases, most long expired, some naming files in the real document
@@ -134,6 +134,7 @@ class World:
     letter: int | None = None
     wrote: threading.Event = field(default_factory=threading.Event)
     commit: threading.Event = field(default_factory=threading.Event)
+    threads: tuple[Any, Any] = (None, None)
 
     @property
     def path(self) -> str:
@@ -230,7 +231,7 @@ class World:
         raise AssertionError(f"no subject for {self.checkpoint}")
 
     def subject_may_raise(self) -> tuple[type[BaseException], ...]:
-        if self.actor == "worker-session-killed":
+        if self.actor.startswith("worker-session-killed"):
             return (DatabaseError, InterfaceError)
         if self.path == "redrive":
             return (PartitionBusy, DeadLetterNotOpen)
@@ -420,6 +421,19 @@ class World:
 
         return kill
 
+    def _worker_session_killed_then_a_hold_commits(self, pid: int) -> Callable[[], Any]:
+        """The stalled worker's session ends (an operator's pg_terminate_backend,
+        a failover, a dropped connection: not only the idle-in-transaction
+        backstop), its locks go with it, and a portfolio-wide hold commits
+        before the worker resumes."""
+        kill, place = self._worker_session_killed(pid), self._hold(portfolio=self.a)
+
+        def run() -> Any:
+            kill()
+            return place()
+
+        return run
+
     def actor_may_raise(self) -> tuple[type[BaseException], ...]:
         # Waited for the held worker and gave up after the bounded wait; a
         # decision that another one made first (a letter decided, a partition
@@ -463,6 +477,7 @@ ACTORS = (
     "operator-cancels",
     "operator-runs-now",
     "worker-session-killed",
+    "worker-session-killed-then-a-hold-commits",
 )
 
 
@@ -496,6 +511,30 @@ def _db_now() -> datetime:
         observer.close()
 
 
+def _interleave(world: World, subject: Callable[[], Any], hold: CheckpointHold, observer: Any) -> None:
+    """Hold the worker at the checkpoint, let the actor act, let go (see the module docstring)."""
+    worker = InThread(subject, name="worker")
+    world.threads = (worker, None)
+    worker_pid = hold.wait_for_worker(worker)
+    acting = InThread(world.act(worker_pid), name="actor")
+    world.threads = (worker, acting)
+    acting.settle(observer, ready=world.wrote.is_set)
+    hold.release()
+    if world.in_flight:
+        # The worker goes on while the write is in flight: until it has
+        # finished or waits on the application's row, then the write commits.
+        def worker_settled() -> bool:
+            if not worker.thread.is_alive():
+                return True
+            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()
+            return bool(blockers)
+
+        poll(worker_settled, what="the worker to finish or wait on the application's row")
+        world.commit.set()
+    worker.join()
+    acting.join()
+
+
 @pytest.mark.parametrize("actor", ACTORS)
 @pytest.mark.parametrize("checkpoint", checkpoints.ALL)
 def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_meanwhile(
@@ -510,28 +549,12 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
     try:
-        worker = InThread(subject, name="worker")
-        worker_pid = hold.wait_for_worker(worker)
-        acting = InThread(world.act(worker_pid), name="actor")
-        acting.settle(observer, ready=world.wrote.is_set)
+        _interleave(world, subject, hold, observer)
     finally:
         hold.release()
-    if world.in_flight:
-        # The worker goes on while the write is in flight: until it has
-        # finished or waits on the application's row, then the write commits.
-        def worker_settled() -> bool:
-            if not worker.thread.is_alive():
-                return True
-            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()
-            return bool(blockers)
-
-        try:
-            poll(worker_settled, what="the worker to finish or wait on the application's row")
-        finally:
-            world.commit.set()
-    worker.join()
-    acting.join()
-    observer.close()
+        world.commit.set()
+        observer.close()
+    worker, acting = world.threads
     if worker.error is not None and not isinstance(worker.error, world.subject_may_raise()):
         raise worker.error
     if acting.error is not None and not isinstance(acting.error, world.actor_may_raise()):
