@@ -17,7 +17,7 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from retention import admin_domain  # noqa: F401 - registers the domain models' admin (see there)
+from retention.admin_domain import register_demo_domain
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 from retention.inputs import MAX_TEXT_LENGTH
 from retention.models import (
@@ -400,3 +400,7 @@ class MembershipAdmin(PortfolioScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
         for pk in queryset.values_list("pk", flat=True):
             membership_revoke(membership_id=pk, revoked_by=request.user)
+
+
+# The demo domain models' admin, when the demo's app is installed (see retention.admin_domain).
+register_demo_domain(admin.site)

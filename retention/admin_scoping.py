@@ -23,7 +23,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 
-from properties.models import Portfolio, Property
+from retention.domain import portfolio_model, property_model, property_portfolio_attname
 from retention.inputs import id_problem
 from retention.scoping import portfolios_where, scope_queryset
 
@@ -102,8 +102,13 @@ class PortfolioScopedAdmin(admin.ModelAdmin):
         related: type[Model] = db_field.related_model
         if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
             kwargs["widget"] = IdAutocompleteSelect(db_field, self.admin_site, using=kwargs.get("using"))
-        if related is Portfolio:
+        if related is portfolio_model():
             kwargs["queryset"] = portfolios_where(request.user, self.add_permission_name())
-        elif related is Property:
-            kwargs["queryset"] = scope_queryset(Property.objects.all(), request.user, perm=self.add_permission_name())
+        elif related is property_model():
+            kwargs["queryset"] = scope_queryset(
+                property_model()._default_manager.all(),
+                request.user,
+                perm=self.add_permission_name(),
+                field=property_portfolio_attname(),
+            )
         return super().formfield_for_foreignkey(db_field, request, **kwargs)

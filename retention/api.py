@@ -26,7 +26,6 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from properties.models import Portfolio, Property
 from retention.apiutils import (
     Conflict,
     FreeTextField,
@@ -38,6 +37,7 @@ from retention.apiutils import (
     call_service,
     filter_errors_as_400,
 )
+from retention.domain import portfolio_model, property_model, property_portfolio_attname
 from retention.filters import audit_filter_parse
 from retention.models import (
     MAX_BATCH_SIZE,
@@ -140,8 +140,10 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["placed_by", "placed_at", "released_by", "released_at", "release_reason"]
 
-    portfolio = StrictPrimaryKeyRelatedField(queryset=Portfolio.objects.none())
-    property = StrictPrimaryKeyRelatedField(queryset=Property.objects.none(), required=False, allow_null=True)
+    portfolio = StrictPrimaryKeyRelatedField(queryset=portfolio_model()._default_manager.none())
+    property = StrictPrimaryKeyRelatedField(
+        queryset=property_model()._default_manager.none(), required=False, allow_null=True
+    )
     record_id = IdField(required=False, allow_null=True)
     reason = FreeTextField()
 
@@ -154,7 +156,12 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         request = self.context.get("request")
         if request is not None:
             fields["portfolio"].queryset = portfolios_where(request.user, HOLD_ADD)
-            fields["property"].queryset = scope_queryset(Property.objects.all(), request.user, perm=HOLD_ADD)
+            fields["property"].queryset = scope_queryset(
+                property_model()._default_manager.all(),
+                request.user,
+                perm=HOLD_ADD,
+                field=property_portfolio_attname(),
+            )
         return fields
 
 

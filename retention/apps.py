@@ -6,3 +6,14 @@ from django.apps import AppConfig
 class RetentionConfig(AppConfig):
     name = "retention"
     verbose_name = "Retention"
+
+    def __init__(self, app_name: str, app_module: object) -> None:
+        super().__init__(app_name, app_module)
+        from retention.conf import RETENTION_SETTINGS, apply_defaults
+
+        # Before any model is imported: the models' foreign keys name
+        # settings.RETENTION_PORTFOLIO_MODEL (retention.conf).
+        apply_defaults(RETENTION_SETTINGS)
+
+    def ready(self) -> None:
+        from retention import checks  # noqa: F401 - registers the system checks
