@@ -4,7 +4,7 @@ Views are thin: they check the role (``RolePermission``), see only the
 portfolios where the user holds the read permission (``TenantScoped``:
 another customer's object is a 404), validate input with a serializer, call
 a ``retention.services`` function through ``call_service`` and render the
-result. The router is wired in ``config/urls.py``.
+result. The router is wired in ``cleanup_ops/urls.py``.
 
 Output serializers are read-only: the browsable API renders an action's form
 from ``get_serializer_class``, which is the action's *input* serializer (a
