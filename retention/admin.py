@@ -8,6 +8,8 @@ the active version and an impact preview, and never edited afterwards.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -19,6 +21,7 @@ from django.utils.html import format_html
 
 from retention.admin_domain import register_demo_domain
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
+from retention.domain import DISPLAY_FIELD, portfolio_model
 from retention.inputs import MAX_TEXT_LENGTH
 from retention.models import (
     MAX_BATCH_SIZE,
@@ -275,7 +278,7 @@ class LegalHoldAdmin(PortfolioScopedAdmin):
     list_select_related = ["portfolio", "property", "placed_by"]
     # Autocomplete, not a raw id: its choices come from the (scoped) property
     # admin, and a raw-id widget would print the name of any id typed into it.
-    autocomplete_fields = ["property"]
+    autocomplete_if_registered = ("property",)
 
     @admin.display(description="State")
     def state(self, obj: LegalHold) -> str:
@@ -382,8 +385,15 @@ class MembershipAdmin(PortfolioScopedAdmin):
     list_display = ["id", "user", "portfolio", "role", "created_at"]
     list_filter = ["role", ("portfolio", PortfolioListFilter)]
     list_select_related = ["user", "portfolio"]
-    search_fields = ["user__username", "portfolio__name"]
-    autocomplete_fields = ["user", "portfolio"]
+    search_fields = ["user__username"]
+    autocomplete_fields = ["user"]
+    autocomplete_if_registered = ("portfolio",)
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        # The customer's name, when the host's customer model has one.
+        has_name = DISPLAY_FIELD in {f.name for f in portfolio_model()._meta.concrete_fields}
+        return [*self.search_fields, *([f"portfolio__{DISPLAY_FIELD}"] if has_name else [])]
+
     fields = ["user", "portfolio", "role"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> list[str]:

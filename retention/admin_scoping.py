@@ -48,7 +48,7 @@ class PortfolioListFilter(admin.RelatedFieldListFilter):
 
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         where = portfolios_where(request.user, view_permission(model_admin.opts))
-        return [(p.pk, str(p)) for p in where.order_by("name", "pk")]
+        return sorted(((p.pk, str(p)) for p in where), key=lambda choice: (choice[1], choice[0]))
 
     def has_output(self) -> bool:
         # Django applies only the filters it shows and shows a related filter
@@ -60,6 +60,20 @@ class PortfolioListFilter(admin.RelatedFieldListFilter):
 class PortfolioScopedAdmin(admin.ModelAdmin):
     #: Lookup path from the model to its portfolio id.
     portfolio_field = "portfolio_id"
+    #: Foreign keys looked up by autocomplete when their model has an admin on
+    #: this site (it answers the lookups, scoped). The customer and site models
+    #: are the host's: whether it gives them an admin is its choice, so these
+    #: fall back to a select of the scoped choices instead of failing the
+    #: admin's checks (admin.E039).
+    autocomplete_if_registered: tuple[str, ...] = ()
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> Any:
+        registered = [
+            name
+            for name in self.autocomplete_if_registered
+            if self.admin_site.is_registered(self.opts.get_field(name).related_model)
+        ]
+        return [*super().get_autocomplete_fields(request), *registered]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return scope_queryset(

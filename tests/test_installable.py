@@ -1,0 +1,350 @@
+"""The product installs from a wheel into a host project of its own.
+
+``pip wheel`` of the repository builds a wheel of ``retention`` and
+``cleanup_ops`` (templates, static files, migrations; no tooling, no demo).
+Installed into a fresh virtualenv (the pinned requirements from PyPI, cached
+under ``/tmp`` by the hash of ``requirements.txt``; the wheel itself is
+reinstalled every run), a project made by ``django-admin startproject``
+with its own customer and site models (``accounts.Customer``,
+``sites.Building`` with a foreign key ``customer``, no ``name`` field)
+passes ``check`` and ``migrate`` on PostgreSQL, writes no migration for the
+product, and serves the console, its login, the API and ``/metrics`` under
+``/ops/``.
+
+Not here yet: a sweep and a drain over the host's own record models. That
+needs the record kinds from settings (``RETENTION_RECORD_KINDS``, issue 27
+item 2); this host has no record kinds, so the default registry's demo kinds
+are simply not installed.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import uuid
+import zipfile
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+TOOLING = ("bench/", "chaos/", "harness/", "tests/", "demo/", "config/", "properties/", "docstore/", "scripts/")
+
+
+def run(args: list[str], *, cwd: Path | None = None, env: dict[str, str] | None = None, timeout: int = 900) -> str:
+    result = subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=timeout)  # noqa: S603
+    assert result.returncode == 0, f"{' '.join(args)}\n{result.stdout}\n{result.stderr}"
+    return result.stdout + result.stderr
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    # Built from a copy: an in-tree build would leave build/ and *.egg-info in the checkout.
+    source = tmp_path_factory.mktemp("source") / "repo"
+    shutil.copytree(
+        ROOT,
+        source,
+        ignore=shutil.ignore_patterns(
+            ".venv", "var", ".git", "build", "dist", "*.egg-info", "__pycache__", "node_modules"
+        ),
+    )
+    out = tmp_path_factory.mktemp("dist")
+    run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", str(source), "-w", str(out)])
+    (built,) = out.glob("*.whl")
+    return built
+
+
+def test_the_wheel_holds_the_two_apps_with_templates_static_files_and_migrations_and_no_tooling(wheel):
+    names = zipfile.ZipFile(wheel).namelist()
+    packages = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
+    assert packages == {"retention", "cleanup_ops"}
+    for expected in (
+        "retention/migrations/0001_initial.py",
+        "cleanup_ops/migrations/0001_initial.py",
+        "cleanup_ops/templates/console/base.html",
+        "cleanup_ops/templates/console/login.html",
+        "cleanup_ops/templates/cleanup_ops/redoc.html",
+        "retention/templates/admin/retention/review_version.html",
+        "retention/templates/admin/retention/retentionpolicy/change_form.html",
+        "cleanup_ops/static/console/console.js",
+        "cleanup_ops/management/commands/cleanup_sweep.py",
+        "cleanup_ops/templatetags/console.py",
+    ):
+        assert expected in names
+    assert [name for name in names if name.startswith(TOOLING)] == []
+
+
+def test_the_demo_projects_url_check_is_the_apps_own():
+    # config/settings.py imports no app, so it keeps a copy of the allowlist
+    # check; both must accept and refuse the same URLs.
+    from cleanup_ops.downstream.urls import docstore_url_check as app_check
+    from config.urlcheck import docstore_url_check as demo_check
+
+    assert (
+        Path(ROOT / "config/urlcheck.py").read_text().split("def docstore_url_check", 1)[1]
+        == (Path(ROOT / "cleanup_ops/downstream/urls.py").read_text().split("def docstore_url_check", 1)[1])
+    )
+    for url in ("http://127.0.0.1:9000/", "ftp://127.0.0.1/", "http://user:pw@localhost/", "http://evil.example/"):
+        outcomes = []
+        for check in (app_check, demo_check):
+            try:
+                outcomes.append(check(url, schemes=["http"], hosts=["127.0.0.1", "localhost"]))
+            except ValueError as exc:
+                outcomes.append(str(exc))
+        assert outcomes[0] == outcomes[1]
+
+
+# --- a host project in a fresh virtualenv ---------------------------------------------
+
+
+def requirements_venv() -> Path:
+    """A virtualenv with requirements.txt installed, shared by runs with the same pins."""
+    digest = hashlib.sha256((ROOT / "requirements.txt").read_bytes() + sys.version.encode()).hexdigest()[:16]
+    venv = Path(f"/tmp/retention-host-venv-{digest}")
+    if (venv / ".ready").exists():
+        return venv
+    building = Path(f"{venv}.{uuid.uuid4().hex[:8]}")
+    run([sys.executable, "-m", "venv", str(building)])
+    run([str(building / "bin/python"), "-m", "pip", "install", "--quiet", "-r", str(ROOT / "requirements.txt")])
+    (building / ".ready").touch()
+    try:
+        building.rename(venv)
+    except OSError:  # another run finished first: use that one
+        shutil.rmtree(building, ignore_errors=True)
+    return venv
+
+
+def venv_python(venv: Path) -> str:
+    # A venv moved after creation keeps its interpreter; scripts' shebangs do
+    # not survive the move, so every tool runs as `python -m`.
+    return str(venv / "bin/python")
+
+
+HOST_SETTINGS = """
+
+# --- the retention cleanup console (docs/adopting.md) ------------------------------
+INSTALLED_APPS = [
+    "retention.admin_site.GuardedAdminConfig",
+    *[app for app in INSTALLED_APPS if app != "django.contrib.admin"],
+    "rest_framework",
+    "rest_framework.authtoken",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "django_htmx",
+    "django_q",
+    "axes",
+    "accounts",
+    "sites",
+    "retention",
+    "cleanup_ops",
+]
+MIDDLEWARE = [
+    MIDDLEWARE[0],
+    "retention.middleware.RefuseControlCharacters",
+    *MIDDLEWARE[1:],
+    "axes.middleware.AxesMiddleware",
+]
+AUTHENTICATION_BACKENDS = [
+    "axes.backends.AxesStandaloneBackend",
+    "django.contrib.auth.backends.ModelBackend",
+    "retention.backends.MembershipBackend",
+]
+LOGIN_URL = "login"
+LOGIN_REDIRECT_URL = "console:overview"
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "rest_framework.authentication.TokenAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+}
+Q_CLUSTER = {
+    "name": "retention",
+    "workers": 2,
+    "queue_limit": 2,
+    "bulk": 1,
+    "timeout": 120,
+    "retry": 480,
+    "max_attempts": 1,
+    "ack_failures": True,
+    "orm": "default",
+    "broker_class": "cleanup_ops.brokers.DelayableORM",
+}
+RETENTION_PORTFOLIO_MODEL = "accounts.Customer"
+RETENTION_PROPERTY_MODEL = "sites.Building"
+RETENTION_PROPERTY_PORTFOLIO_FIELD = "customer"
+DATABASES = {"default": DATABASE}
+ALLOWED_HOSTS = ["testserver"]
+"""
+
+HOST_MODELS = {
+    "accounts": """
+from django.db import models
+
+
+class Customer(models.Model):
+    title = models.CharField(max_length=100)
+
+    def __str__(self):
+        return f"customer {self.title}"
+""",
+    "sites": """
+from django.db import models
+
+
+class Building(models.Model):
+    customer = models.ForeignKey("accounts.Customer", on_delete=models.PROTECT, related_name="buildings")
+    street = models.CharField(max_length=100)
+
+    def __str__(self):
+        return self.street
+""",
+}
+
+HOST_URLS = """
+from django.contrib import admin
+from django.urls import include, path
+
+urlpatterns = [
+    path("admin/", admin.site.urls),
+    path("ops/", include("cleanup_ops.urls")),
+]
+"""
+
+# Run inside the host project: the product's pages under /ops/, for a visitor
+# and for a superuser, with a customer and a building of the host's own models.
+HOST_REQUESTS = """
+from django.contrib.auth import get_user_model
+from django.test import Client
+from accounts.models import Customer
+from sites.models import Building
+
+customer = Customer.objects.create(title="acme")
+Building.objects.create(customer=customer, street="1 Main St")
+client = Client()
+answers = {}
+response = client.get("/ops/console/")
+answers["console"] = (response.status_code, response.headers.get("Location", ""))
+answers["login"] = client.get(answers["console"][1]).status_code
+answers["metrics"] = client.get("/ops/metrics").status_code
+answers["api"] = client.get("/ops/api/v1/").status_code
+admin = get_user_model().objects.create_superuser("root", "root@example.com", "pw-123456789")
+client.force_login(admin)
+answers["overview"] = client.get("/ops/console/").status_code
+page = client.get(f"/ops/console/portfolios/{customer.pk}/")
+answers["portfolio"] = (page.status_code, "customer acme" in page.content.decode())
+answers["pauses"] = client.get("/ops/console/pauses/").status_code
+answers["admin"] = client.get("/admin/").status_code
+print(repr(answers))
+"""
+
+
+def database_setting(url: str, name: str) -> dict[str, object]:
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": parts.username or "",
+        "PASSWORD": parts.password or "",
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+    }
+
+
+@pytest.fixture
+def host_database():
+    """A database of its own on the suite's PostgreSQL server, dropped afterwards."""
+    import psycopg
+
+    url = os.environ["DATABASE_URL"]
+    name = f"host_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield database_setting(url, name)
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+
+
+@pytest.mark.postgres
+def test_a_host_project_with_its_own_customer_and_site_models_checks_migrates_and_serves_the_console(
+    wheel, host_database, tmp_path
+):
+    venv = requirements_venv()
+    python = venv_python(venv)
+    run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(wheel)])
+    project = tmp_path / "host"
+    project.mkdir()
+    run([python, "-m", "django", "startproject", "host", str(project)])
+    for app, models_py in HOST_MODELS.items():
+        run([python, "manage.py", "startapp", app], cwd=project)
+        (project / app / "models.py").write_text(models_py.lstrip())
+    settings_py = project / "host" / "settings.py"
+    settings_py.write_text(
+        settings_py.read_text() + f"\nDATABASE = {host_database!r}\n" + textwrap.dedent(HOST_SETTINGS)
+    )
+    (project / "host" / "urls.py").write_text(HOST_URLS.lstrip())
+    # Nothing of the repository on the path: only the installed wheel.
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "DJANGO_SETTINGS_MODULE": "host.settings"}
+    manage = [python, "manage.py"]
+    run([*manage, "makemigrations", "accounts", "sites"], cwd=project, env=env)
+
+    checked = run([*manage, "check", "--fail-level", "WARNING"], cwd=project, env=env)
+    assert "System check identified no issues" in checked
+    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
+    # The product's migrations follow the host's models: nothing to write.
+    run([*manage, "makemigrations", "--check", "--dry-run", "retention", "cleanup_ops"], cwd=project, env=env)
+    run([*manage, "createcachetable"], cwd=project, env=env)
+
+    answers = eval(run([*manage, "shell", "-c", HOST_REQUESTS], cwd=project, env=env).strip().splitlines()[-1])  # noqa: S307
+    assert answers["console"] == (302, "/ops/accounts/login/?next=/ops/console/")
+    assert answers["login"] == 200
+    assert answers["metrics"] in {401, 403}
+    assert answers["api"] in {401, 403}
+    assert answers["overview"] == 200
+    assert answers["portfolio"] == (200, True)
+    assert answers["pauses"] == 200
+    assert answers["admin"] == 200
+
+
+def test_a_host_project_missing_what_the_console_needs_is_told_the_line_to_add(wheel, tmp_path):
+    venv = requirements_venv()
+    python = venv_python(venv)
+    run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(wheel)])
+    project = tmp_path / "bare"
+    project.mkdir()
+    run([python, "-m", "django", "startproject", "bare", str(project)])
+    for app, models_py in HOST_MODELS.items():
+        run([python, "manage.py", "startapp", app], cwd=project)
+        (project / app / "models.py").write_text(models_py.lstrip())
+    settings_py = project / "bare" / "settings.py"
+    settings_py.write_text(
+        settings_py.read_text()
+        + textwrap.dedent(
+            """
+            INSTALLED_APPS += ["django_q", "accounts", "sites", "retention", "cleanup_ops"]
+            RETENTION_PORTFOLIO_MODEL = "accounts.Customer"
+            RETENTION_PROPERTY_MODEL = "sites.Building"
+            RETENTION_PROPERTY_PORTFOLIO_FIELD = "street"
+            CLEANUP_BATCH_SIZE = 5000
+            """
+        )
+    )
+    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "DJANGO_SETTINGS_MODULE": "bare.settings"}
+    result = subprocess.run(  # noqa: S603
+        [python, "manage.py", "check"], cwd=project, env=env, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode != 0
+    out = result.stdout + result.stderr
+    assert "CLEANUP_BATCH_SIZE: must be at most 1000, got 5000" in out
+    assert "RETENTION_PROPERTY_PORTFOLIO_FIELD: sites.Building has no foreign key 'street' to accounts.Customer" in out
+    assert "Q_CLUSTER: django-q2's configuration must name the queue and the workers." in out
+    assert "Add 'rest_framework' to INSTALLED_APPS." in out
+    assert "Add 'retention.middleware.RefuseControlCharacters' to MIDDLEWARE." in out
+    assert "Add 'retention.backends.MembershipBackend' to AUTHENTICATION_BACKENDS." in out
+    assert "Replace 'django.contrib.admin' with 'retention.admin_site.GuardedAdminConfig' in INSTALLED_APPS." in out
