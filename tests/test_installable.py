@@ -24,6 +24,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import textwrap
 import uuid
 import zipfile
@@ -105,7 +106,7 @@ def test_the_demo_projects_url_check_is_the_apps_own():
 def requirements_venv() -> Path:
     """A virtualenv with requirements.txt installed, shared by runs with the same pins."""
     digest = hashlib.sha256((ROOT / "requirements.txt").read_bytes() + sys.version.encode()).hexdigest()[:16]
-    venv = Path(f"/tmp/retention-host-venv-{digest}")
+    venv = Path(tempfile.gettempdir()) / f"retention-host-venv-{digest}"
     if (venv / ".ready").exists():
         return venv
     building = Path(f"{venv}.{uuid.uuid4().hex[:8]}")
