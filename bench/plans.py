@@ -109,9 +109,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     items = [j for j in jobs if j[3] == kind]
     spec = get_spec(kind)
     try:
-        keyset = pipeline_sql.group_candidates(
-            table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items)
-        )
+        keyset = pipeline_sql.group_candidates(spec, jobs=len(items))
         candidate_rows = [
             {
                 "ord": ord_,
@@ -158,22 +156,29 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         }
         # The group DELETE over the same partitions' candidate ranges (as _delete runs it).
         try:
-            from cleanup_ops.execution.batches import attachment_column
             from retention.eligibility import eligible_sql_for
 
             found = {job_id: last for job_id, (_n, last) in found_rows.items()}
             ranges = [
-                {"property_id": prop, "after_id": 0, "last_id": found[job_id], "cutoff": db_datetime(cutoff)}
-                for job_id, _po, prop, _k, cutoff in items
+                {
+                    "property_id": prop,
+                    "portfolio_id": portfolio,
+                    "after_id": 0,
+                    "last_id": found[job_id],
+                    "cutoff": db_datetime(cutoff),
+                }
+                for job_id, portfolio, prop, _k, cutoff in items
                 if found.get(job_id)
             ]
             predicate, predicate_params = pipeline_sql.named(
                 *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
             )
-            statement = pipeline_sql.group_delete(
-                table=spec.table, predicate=predicate, jobs=len(ranges), returning=attachment_column(kind)
-            )
-            delete_params = {**pipeline_sql.rows_params("g", pipeline_sql.DELETE_COLUMNS, ranges), **predicate_params}
+            statement = pipeline_sql.group_delete(spec, predicate=predicate, jobs=len(ranges))
+            delete_params = {
+                **pipeline_sql.rows_params("g", pipeline_sql.DELETE_COLUMNS, ranges),
+                **predicate_params,
+                "kind": kind,
+            }
             out["delete"] = {
                 "partitions": len(ranges),
                 "server": _explain_ms(statement, delete_params),

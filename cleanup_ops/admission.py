@@ -56,7 +56,7 @@ def partitions_due(*, slot: datetime) -> list[Partition]:
     (the rule is ``sql.partitions_due``, the same the admission inserts by)."""
     rows: list[tuple[int, int, str, int, object]] = []
     for kind, spec in REGISTRY.items():
-        statement = sql.partitions_due(table=spec.table, timestamp_column=spec.timestamp_column)
+        statement = sql.partitions_due(spec)
         rows += [
             (pf, prop, kind, vid, cutoff) for pf, prop, vid, cutoff in sql.execute(statement, [db_datetime(slot), kind])
         ]
@@ -84,12 +84,11 @@ def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
         carried_over = 0
         slot = db_datetime(sweep.slot)
         for kind, spec in REGISTRY.items():
-            columns = {"table": spec.table, "timestamp_column": spec.timestamp_column}
             sql.execute(
-                sql.admit_partitions(**columns),
+                sql.admit_partitions(spec),
                 [slot, kind, sweep.pk, sweep.key, kind, kind, db_datetime(now), db_datetime(now), kind, sweep.pk],
             )
-            carried_over += sql.execute(sql.count_carried_over(**columns), [slot, kind, kind, sweep.pk])[0][0]
+            carried_over += sql.execute(sql.count_carried_over(spec), [slot, kind, kind, sweep.pk])[0][0]
         admitted = CleanupJob.objects.filter(sweep=sweep).count()
         sweep.mark_admitted(jobs=admitted, carried_over=carried_over, at=now)
         dispatch_after_commit()

@@ -57,7 +57,7 @@ Q_CLUSTER_OPTIONS = {"ack_failures": True, "max_attempts": 1, "bulk": 1}
 
 @checks.register()
 def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    errors = setting_errors(SETTINGS, id_prefix="cleanup_ops")
+    errors = setting_errors(SETTINGS, id_prefix="cleanup_ops.settings")
     if errors:
         return errors
     if settings.DOCSTORE_URL:

@@ -28,7 +28,7 @@ from django.db import models
 from django.db.models import Exists, Q
 
 from cleanup_ops.lifecycle import JobEvent, JobOutcome, JobState, next_state
-from retention.registry import RECORD_KIND_CHOICES
+from retention.registry import record_kind_choices
 
 
 class SweepStatus(models.TextChoices):
@@ -215,7 +215,7 @@ class CleanupJob(models.Model):
     # and the job must still be able to say so (outcome scope_missing).
     portfolio_id = models.BigIntegerField()
     property_id = models.BigIntegerField()
-    record_kind = models.CharField(max_length=40, choices=RECORD_KIND_CHOICES)
+    record_kind = models.CharField(max_length=40, choices=record_kind_choices)
     policy_version = models.ForeignKey("retention.PolicyVersion", on_delete=models.PROTECT, related_name="+")
     cutoff = models.DateTimeField(help_text="Cutoff of the version admitted with the job.")
 

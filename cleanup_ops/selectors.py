@@ -451,9 +451,7 @@ def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime]]) ->
     params: list[object] = []
     for pid, cutoff in cutoffs:
         params += [pid, db_datetime(cutoff), db_datetime(cutoff - DEBT_GRACE)]
-    statement = sql.retention_debt(
-        table=spec.table, timestamp_column=spec.timestamp_column, hold_sql=hold_sql, cutoffs=len(cutoffs)
-    )
+    statement = sql.retention_debt(spec, hold_sql=hold_sql, cutoffs=len(cutoffs))
     rows = sql.execute(statement, [*params, *hold_params])
     oldest = None
     for _pid, cutoff, _overdue, _held, _late, min_ts in rows:

@@ -41,6 +41,7 @@ from cleanup_ops.models import (
 )
 from retention.domain import portfolio_model, property_model, property_portfolio_column
 from retention.models import LegalHold, PolicyVersion, RetentionPolicy
+from retention.registry import RecordKindSpec
 
 JOB = CleanupJob._meta.db_table
 SWEEP = Sweep._meta.db_table
@@ -209,7 +210,7 @@ def _slot_minus_retention() -> str:
     return "datetime(%s, '-' || v.retention_days || ' days')"
 
 
-def _partitions_due(*, table: str, timestamp_column: str) -> tuple[str, str]:
+def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
     """(CTE, WHERE) of the partitions of one kind due at a slot: every
     property of a portfolio whose active, enabled version of the kind's policy
     has a cutoff some row of the property is older than. Held rows count: such
@@ -221,7 +222,10 @@ def _partitions_due(*, table: str, timestamp_column: str) -> tuple[str, str]:
         f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.{PROPERTY_PORTFOLIO} AND rp.record_kind = %s"
         f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
     )
-    where = f"EXISTS (SELECT 1 FROM {table} r WHERE r.property_id = d.property_id AND r.{timestamp_column} < d.cutoff)"
+    where = (
+        f"EXISTS (SELECT 1 FROM {spec.table} r WHERE r.{spec.property_column} = d.property_id"
+        f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('d.cutoff')})"
+    )
     return cte, where
 
 
@@ -234,22 +238,22 @@ def _open_elsewhere() -> str:
     )
 
 
-def partitions_due(*, table: str, timestamp_column: str) -> str:
+def partitions_due(spec: RecordKindSpec) -> str:
     """(portfolio id, property id, version id, cutoff) of one kind; parameters: slot, kind."""
-    cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
+    cte, where = _partitions_due(spec)
     return f"{cte} SELECT d.portfolio_id, d.property_id, d.version_id, d.cutoff FROM due d WHERE {where}" + (
         " ORDER BY d.portfolio_id, d.property_id"
     )
 
 
-def admit_partitions(*, table: str, timestamp_column: str) -> str:
+def admit_partitions(spec: RecordKindSpec) -> str:
     """One job per due partition of one kind with no open delete job elsewhere,
     in one set-based INSERT … SELECT; a key that exists (a crashed admission
     being completed) is skipped. Ten parameters, in this order: slot, kind
     (the policy's), sweep id, key prefix (the sweep's key), kind (the key's
     last part), kind (the job's ``record_kind``), available at, created at,
     then kind and sweep id (for the open-elsewhere test)."""
-    cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
+    cte, where = _partitions_due(spec)
     text = typed("varchar")
     key = f"{text} || ':' || d.portfolio_id || ':' || d.property_id || ':' || {text}"
     return (
@@ -267,10 +271,10 @@ def admit_partitions(*, table: str, timestamp_column: str) -> str:
     )
 
 
-def count_carried_over(*, table: str, timestamp_column: str) -> str:
+def count_carried_over(spec: RecordKindSpec) -> str:
     """Due partitions of one kind skipped because a delete job of theirs is
     still open in another sweep. Parameters: slot, kind, kind, sweep id."""
-    cte, where = _partitions_due(table=table, timestamp_column=timestamp_column)
+    cte, where = _partitions_due(spec)
     return f"{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {_open_elsewhere()}"
 
 
@@ -311,10 +315,10 @@ def portfolio_fairness_pg() -> str:
     )
 
 
-def retention_debt(*, table: str, timestamp_column: str, hold_sql: str, cutoffs: int) -> str:
+def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
     """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
     timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
-    ts = timestamp_column
+    ts, table, prop = spec.timestamp_column, spec.table, spec.property_column
     if is_postgres():
         # Per property, an index range scan on (property, timestamp): the cost
         # follows the overdue rows, not the table. OFFSET 0 keeps the hold
@@ -323,14 +327,14 @@ def retention_debt(*, table: str, timestamp_column: str, hold_sql: str, cutoffs:
         source = (
             f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id CROSS JOIN LATERAL"
             f" (SELECT r.{ts} AS ts, {hold_sql} AS held FROM {table} r"
-            f" WHERE r.property_id = p.{PROPERTY_PK} AND r.{ts} < c.cutoff OFFSET 0) x"
+            f" WHERE r.{prop} = p.{PROPERTY_PK} AND r.{ts} < {spec.cutoff_sql('c.cutoff')} OFFSET 0) x"
         )
     else:
         row_sql = "(%s, %s, %s)"
         source = (
             f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
-            f" JOIN (SELECT r.property_id, r.{ts} AS ts, {hold_sql} AS held FROM {table} r) x"
-            f" ON x.property_id = p.{PROPERTY_PK} AND x.ts < c.cutoff"
+            f" JOIN (SELECT r.{prop} AS property_id, r.{ts} AS ts, {hold_sql} AS held FROM {table} r) x"
+            f" ON x.property_id = p.{PROPERTY_PK} AND x.ts < {spec.cutoff_sql('c.cutoff')}"
         )
     return (
         f"WITH c(portfolio_id, cutoff, late) AS (VALUES {', '.join([row_sql] * cutoffs)})"
@@ -486,24 +490,24 @@ def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
     )
 
 
-def _next_candidates(*, table: str, timestamp_column: str) -> str:
+def _next_candidates(spec: RecordKindSpec) -> str:
     """The ids of one partition's next candidates after its cursor (the keyset walk).
     Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
+    pk, prop = spec.pk_column, spec.property_column
     return (
-        f"SELECT r.id FROM {table} r WHERE r.property_id = %(property_id)s AND r.id > %(after_id)s"
-        f" AND r.{timestamp_column} < %(cutoff)s ORDER BY r.property_id, r.id LIMIT %(lim)s"
+        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE r.{prop} = %(property_id)s AND r.{pk} > %(after_id)s"
+        f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('%(cutoff)s')}"
+        f" ORDER BY r.{prop}, r.{pk} LIMIT %(lim)s"
     )
 
 
-def partition_candidates(*, table: str, timestamp_column: str) -> str:
+def partition_candidates(spec: RecordKindSpec) -> str:
     """One partition's next candidates after its cursor: (count, last id).
     Parameters: ``_next_candidates``'s."""
-    return f"SELECT COUNT(*), MAX(c.id) FROM ({_next_candidates(table=table, timestamp_column=timestamp_column)}) c"
+    return f"SELECT COUNT(*), MAX(c.id) FROM ({_next_candidates(spec)}) c"
 
 
-def partition_count_and_delete(
-    *, table: str, timestamp_column: str, predicate: str, held: str, returning: str | None
-) -> str:
+def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, held: str) -> str:
     """PostgreSQL: one partition's next candidates and the DELETE of those the
     eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
     admits, in one statement. The DELETE re-tests the scope (property and
@@ -519,12 +523,13 @@ def partition_count_and_delete(
     id or NULL). The candidates are read once (a CTE used twice is
     materialised), planned with the partition's own values: the keyset walk.
     Parameters: ``_next_candidates``'s, ``portfolio_id`` and the predicates'."""
-    document = f"{table}.{returning}" if returning else "NULL"
+    table, pk = spec.table, spec.pk_column
+    document = f"{table}.{spec.attachment_column}" if spec.attachment_column else "NULL"
     return (
-        f"WITH c AS ({_next_candidates(table=table, timestamp_column=timestamp_column)}),"
-        f" d AS (DELETE FROM {table} USING c WHERE {table}.id = c.id"
-        f" AND {table}.property_id = %(property_id)s AND {table}.portfolio_id = %(portfolio_id)s AND {predicate}"
-        f" RETURNING {table}.id, CAST({document} AS text) AS document_id)"
+        f"WITH c AS ({_next_candidates(spec)}),"
+        f" d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id"
+        f" AND {table}.{spec.property_column} = %(property_id)s AND {table}.{spec.portfolio_column} = %(portfolio_id)s"
+        f" AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
         f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c),"
         f" (SELECT COUNT(*) FROM c WHERE {held}), CAST(NULL AS text)"
         f" UNION ALL SELECT NULL, NULL, d.id, d.document_id FROM d"
@@ -541,7 +546,7 @@ CANDIDATE_COLUMNS: Columns = (
 )
 
 
-def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
+def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
     """Candidates of several partitions of one kind, in one statement, reading
     no more than one batch of rows in all.
 
@@ -555,12 +560,14 @@ def group_candidates(*, table: str, timestamp_column: str, jobs: int) -> str:
     cut short and is not counted this time. Parameters: ``g``
     (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
     batch size), ``budget`` (the global limit)."""
+    pk, prop = spec.pk_column, spec.property_column
     return (
         f"WITH {rows_cte('g', CANDIDATE_COLUMNS, jobs)}"
         f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
         f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
-        f"SELECT r.id FROM {table} r WHERE r.property_id = g.property_id AND r.id > g.after_id"
-        f" AND r.{timestamp_column} < g.cutoff ORDER BY r.property_id, r.id LIMIT g.lim) c ON true"
+        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE r.{prop} = g.property_id AND r.{pk} > g.after_id"
+        f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
+        f" ORDER BY r.{prop}, r.{pk} LIMIT g.lim) c ON true"
         f" LIMIT %(budget)s) x GROUP BY x.ord, x.job_id"
     )
 
@@ -574,20 +581,21 @@ DELETE_COLUMNS: Columns = (
 )
 
 
-def _in_range(table: str) -> str:
-    return f"{table}.property_id = g.property_id AND {table}.id > g.after_id AND {table}.id <= g.last_id"
+def _in_range(spec: RecordKindSpec, alias: str) -> str:
+    pk = spec.pk_column
+    return f"{alias}.{spec.property_column} = g.property_id AND {alias}.{pk} > g.after_id AND {alias}.{pk} <= g.last_id"
 
 
-def group_range_counts(*, table: str, timestamp_column: str, jobs: int) -> str:
+def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
     """Per partition of ``g`` (``DELETE_COLUMNS``): the rows of its candidate
     range past its cutoff, and of those the ones an active hold covers. On
     PostgreSQL this is part of ``group_delete``'s statement (the same
     snapshot as the DELETE); SQLite (one writer at a time) runs it just
     before. Rows: (property id, candidates, held). Parameter: ``kind``."""
-    return f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} {_range_counts_select(table, timestamp_column)}"
+    return f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} {_range_counts_select(spec)}"
 
 
-def _range_counts_select(table: str, timestamp_column: str) -> str:
+def _range_counts_select(spec: RecordKindSpec) -> str:
     """The counts of ``group_range_counts``. Held is counted from the holds,
     not row by row: a hold over the partition's whole scope holds every row
     of the range; otherwise the record holds of that scope whose record is in
@@ -600,17 +608,18 @@ def _range_counts_select(table: str, timestamp_column: str) -> str:
         " AND (h.property_id IS NULL OR h.property_id = g.property_id)"
         " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
     )
-    in_range = f"{_in_range('r')} AND r.{timestamp_column} < g.cutoff"
+    table, pk = spec.table, spec.pk_column
+    in_range = f"{_in_range(spec, 'r')} AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
     return (
         "SELECT x.property_id, x.n, CASE WHEN x.whole THEN x.n ELSE x.records END AS held FROM ("
         f"SELECT g.property_id, (SELECT COUNT(*) FROM {table} r WHERE {in_range}) AS n,"
         f" EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL) AS whole,"
-        f" (SELECT COUNT(DISTINCT r.id) FROM {holds} h JOIN {table} r ON r.id = h.record_id"
+        f" (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = h.record_id"
         f" WHERE {scope} AND {in_range}) AS records FROM g) x WHERE x.n > 0"
     )
 
 
-def group_delete(*, table: str, timestamp_column: str, predicate: str, jobs: int, returning: str | None) -> str:
+def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
     """Delete the eligible rows of every partition's candidate range; returns
     one row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL, NULL) for kinds with
@@ -625,15 +634,17 @@ def group_delete(*, table: str, timestamp_column: str, predicate: str, jobs: int
     the scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
     (``DELETE_COLUMNS``), ``kind`` and the predicate's."""
+    table, pk, prop = spec.table, spec.pk_column, spec.property_column
     cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
+    returning = spec.attachment_column
     extra = (
-        f"CAST({table}.{returning} AS text), {table}.id" if returning else "CAST(NULL AS text), CAST(NULL AS bigint)"
+        f"CAST({table}.{returning} AS text), {table}.{pk}" if returning else "CAST(NULL AS text), CAST(NULL AS bigint)"
     )
-    in_range = f"{_in_range(table)} AND {table}.portfolio_id = g.portfolio_id AND {predicate}"
+    in_range = f"{_in_range(spec, table)} AND {table}.{spec.portfolio_column} = g.portfolio_id AND {predicate}"
     if is_postgres():
         return (
-            f"{cte}, d AS (DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.property_id, {extra}),"
-            f" k AS ({_range_counts_select(table, timestamp_column)})"
+            f"{cte}, d AS (DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.{prop}, {extra}),"
+            f" k AS ({_range_counts_select(spec)})"
             f" SELECT d.*, CAST(NULL AS bigint), CAST(NULL AS bigint) FROM d"
             f" UNION ALL SELECT k.property_id, CAST(NULL AS text), CAST(NULL AS bigint), k.n,"
             f" CAST(k.held AS bigint) FROM k"
@@ -641,7 +652,7 @@ def group_delete(*, table: str, timestamp_column: str, predicate: str, jobs: int
     # SQLite has no DELETE … USING and no DELETE inside a WITH.
     return (
         f"{cte} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
-        f" RETURNING {table}.property_id, {extra}, NULL, NULL"
+        f" RETURNING {table}.{prop}, {extra}, NULL, NULL"
     )
 
 

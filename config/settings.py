@@ -138,6 +138,9 @@ INSTALLED_APPS = [
     "retention",
     "cleanup_ops",
     "demo",
+    # Apps a deployment adds beside these (the test suite adds its second
+    # schema, tests.schema_b: record kinds of other names and shapes).
+    *env.list("EXTRA_INSTALLED_APPS", default=[]),
 ]
 
 MIDDLEWARE = [

@@ -16,4 +16,6 @@ class RetentionConfig(AppConfig):
         apply_defaults(RETENTION_SETTINGS)
 
     def ready(self) -> None:
-        from retention import checks  # noqa: F401 - registers the system checks
+        # The system checks (registered on import): the record kinds', and
+        # the settings' and the customer and site models'.
+        from retention import checks, domain_checks  # noqa: F401

@@ -1,76 +1,161 @@
-"""System checks of retention's settings: every bad value is reported at start-up, naming the setting."""
+"""System checks of ``RETENTION_RECORD_KINDS``: a wrong configuration never reaches a sweep.
+
+Run by Django's check framework at start-up (``manage.py check``, ``runserver``,
+``migrate``, every management command). Each error names the setting, the
+kind and the field, and says what to do.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Mapping
 from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.core import checks
-from django.core.exceptions import FieldDoesNotExist
+from django.core.checks import CheckMessage, Error, Tags, Warning, register
 from django.db import models
 
-from retention.conf import RETENTION_SETTINGS, setting_errors
+from retention.registry import KIND_KEYS, configured_kinds
+
+KIND_NAME = re.compile(r"^[a-z][a-z0-9_]{0,39}$")
+SETTING = "RETENTION_RECORD_KINDS"
 
 
-@checks.register(checks.Tags.models)
-def retention_settings_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    errors = setting_errors(RETENTION_SETTINGS, id_prefix="retention")
-    if errors:
-        return errors
-    return _domain_errors()
+def _portfolio_label() -> str:
+    return str(getattr(settings, "RETENTION_PORTFOLIO_MODEL", "properties.Portfolio"))
 
 
-def _installed_model(name: str, number: int) -> tuple[type[models.Model] | None, list[checks.CheckMessage]]:
-    label = getattr(settings, name)
+def _property_label() -> str:
+    return str(getattr(settings, "RETENTION_PROPERTY_MODEL", "properties.Property"))
+
+
+def _error(kind: str, key: str, message: str, code: int) -> Error:
+    return Error(f"{SETTING}[{kind!r}][{key!r}]: {message}", id=f"retention.E{code:03d}")
+
+
+def _fk_to(model: type[models.Model], name: str, target_label: str) -> str | None:
+    """None when ``name`` is a foreign key of ``model`` to ``target_label``, else what is wrong."""
     try:
-        return apps.get_model(label), []
+        field = model._meta.get_field(name)
+    except Exception:
+        return f"{model._meta.label} has no field {name!r}"
+    if not isinstance(field, models.ForeignKey):
+        return f"{model._meta.label}.{name} is not a foreign key"
+    target = field.related_model
+    if target is None or target._meta.label_lower != target_label.lower():  # type: ignore[union-attr]
+        return f"{model._meta.label}.{name} points at {target}, not at {target_label}"
+    return None
+
+
+def check_kind(kind: str, entry: Any) -> list[CheckMessage]:
+    """Every problem of one kind's entry."""
+    if not KIND_NAME.match(str(kind)):
+        return [_error(str(kind), "name", "a kind's name is 1-40 of a-z, 0-9 and _, starting with a letter", 1)]
+    if not isinstance(entry, Mapping):
+        return [_error(kind, "entry", "expected a dict with model, timestamp, portfolio and property", 1)]
+    problems: list[CheckMessage] = []
+    unknown = sorted(set(entry) - set(KIND_KEYS))
+    if unknown:
+        problems.append(_error(kind, unknown[0], f"unknown key; expected some of {', '.join(KIND_KEYS)}", 1))
+    for key in ("model", "timestamp"):
+        if not entry.get(key):
+            problems.append(_error(kind, key, "required", 1))
+    if problems:
+        return problems
+    try:
+        model = apps.get_model(str(entry["model"]))
     except (LookupError, ValueError):
-        return None, [
-            checks.Error(
-                f"{name}: {label!r} is not a model of an installed app",
-                hint=f"Add its app to INSTALLED_APPS, or set {name} to your own model's label ('app_label.Model').",
-                id=f"retention.E1{number:02d}",
-            )
-        ]
-
-
-def _integer_key(name: str, model: type[models.Model], number: int) -> list[checks.CheckMessage]:
-    # Jobs, ledger rows and dead letters keep the customer's and the site's
-    # key as a bigint (they outlive the rows they name).
-    if isinstance(model._meta.pk, models.IntegerField | models.AutoField):
-        return []
-    return [
-        checks.Error(
-            f"{name}: {model._meta.label}'s primary key {model._meta.pk.name!r} is not an integer",
-            hint="The customer and site models need an integer (or bigint) primary key.",
-            id=f"retention.E1{number:02d}",
-        )
-    ]
-
-
-def _domain_errors() -> list[checks.CheckMessage]:
-    portfolio, errors = _installed_model("RETENTION_PORTFOLIO_MODEL", 1)
-    site, site_errors = _installed_model("RETENTION_PROPERTY_MODEL", 2)
-    errors += site_errors
-    if portfolio is not None:
-        errors += _integer_key("RETENTION_PORTFOLIO_MODEL", portfolio, 3)
-    if site is not None:
-        errors += _integer_key("RETENTION_PROPERTY_MODEL", site, 4)
-    if portfolio is None or site is None:
-        return errors
-    name = settings.RETENTION_PROPERTY_PORTFOLIO_FIELD
+        return [_error(kind, "model", f"no installed model {entry['model']!r} (expected 'app_label.ModelName')", 2)]
+    meta = model._meta
     try:
-        field = site._meta.get_field(name)
-    except FieldDoesNotExist:
-        field = None
-    if not isinstance(field, models.ForeignKey) or field.related_model is not portfolio:
-        errors.append(
-            checks.Error(
-                f"RETENTION_PROPERTY_PORTFOLIO_FIELD: {site._meta.label} has no foreign key {name!r} "
-                f"to {portfolio._meta.label}",
-                hint="Name the site model's ForeignKey to the customer model.",
-                id="retention.E105",
+        stamp = meta.get_field(str(entry["timestamp"]))
+    except Exception:
+        problems.append(_error(kind, "timestamp", f"{meta.label} has no field {entry['timestamp']!r}", 3))
+    else:
+        if not isinstance(stamp, models.DateField):
+            problems.append(
+                _error(kind, "timestamp", f"{meta.label}.{stamp.name} is not a DateField or DateTimeField", 3)
+            )
+    portfolio_problem = _fk_to(model, str(entry.get("portfolio", "portfolio")), _portfolio_label())
+    if portfolio_problem:
+        problems.append(_error(kind, "portfolio", portfolio_problem, 4))
+    prop = entry.get("property", "property")
+    if prop is None or "__" in str(prop):
+        problems.append(
+            _error(
+                kind,
+                "property",
+                "a kind without a property, or reached through a path, is not supported in this version: "
+                "give the record a foreign key to the property (copied from the path) and name it here",
+                5,
             )
         )
-    return errors
+    else:
+        property_problem = _fk_to(model, str(prop), _property_label())
+        if property_problem:
+            problems.append(_error(kind, "property", property_problem, 4))
+    pk = meta.pk
+    if not isinstance(pk, models.AutoField | models.BigAutoField | models.IntegerField | models.BigIntegerField):
+        problems.append(
+            _error(
+                kind,
+                "model",
+                f"{meta.label}'s primary key {pk.name if pk else None!r} is not an integer: "
+                "UUID and other keys are not supported in this version (the keyset cursor is a bigint)",
+                6,
+            )
+        )
+    attachment = entry.get("attachment")
+    if attachment is not None:
+        if not isinstance(attachment, Mapping) or not attachment.get("field"):
+            problems.append(_error(kind, "attachment", "expected {'field': <name of a CharField>}", 7))
+        elif attachment.get("storage"):
+            problems.append(
+                _error(
+                    kind,
+                    "attachment",
+                    "attachments in Django storages are not supported in this version; they are purged from "
+                    "the document store at DOCSTORE_URL (remove 'storage')",
+                    7,
+                )
+            )
+        else:
+            try:
+                field = meta.get_field(str(attachment["field"]))
+            except Exception:
+                problems.append(_error(kind, "attachment", f"{meta.label} has no field {attachment['field']!r}", 7))
+            else:
+                if not isinstance(field, models.CharField):
+                    problems.append(
+                        _error(kind, "attachment", f"{meta.label}.{field.name} is not a CharField (a document id)", 7)
+                    )
+    if not problems:
+        problems += _index_problems(kind, model, str(prop), str(entry["timestamp"]))
+    return problems
+
+
+def _index_problems(kind: str, model: type[models.Model], prop: str, timestamp: str) -> list[CheckMessage]:
+    """The keyset scan walks an index on (property, primary key); without it
+    every batch sorts the property's expired rows."""
+    meta = model._meta
+    pk = meta.pk.name  # type: ignore[union-attr]
+    wanted = [prop, pk]
+    declared = [list(index.fields[:2]) for index in meta.indexes] + [list(t[:2]) for t in meta.unique_together]
+    if wanted in declared or [prop, "pk"] in declared:
+        return []
+    name = f"{meta.db_table[:20]}_keyset_idx"
+    hint = f"add models.Index(fields={wanted!r}, include=[{timestamp!r}], name={name!r}) to {meta.label}.Meta.indexes"
+    message = f"{SETTING}[{kind!r}]: {meta.label} has no index on ({prop}, {pk}), which the keyset scan walks"
+    if not meta.managed:
+        # The table is not ours: the index may exist without being declared.
+        return [Warning(message, hint=hint + " (or create it on the table)", id="retention.W008")]
+    return [Error(message, hint=hint, id="retention.E008")]
+
+
+@register(Tags.models)
+def record_kinds_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    kinds = configured_kinds()
+    if not isinstance(kinds, Mapping) or not kinds:
+        return [Error(f"{SETTING}: expected a non-empty dict of record kinds", id="retention.E001")]
+    return [problem for kind, entry in kinds.items() for problem in check_kind(kind, entry)]

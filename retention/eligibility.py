@@ -30,14 +30,14 @@ def db_datetime(value: datetime) -> object:
 
 def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
     """``EXISTS (…)``: an active hold covers row ``alias`` of ``kind``."""
-    get_spec(kind)
+    spec = get_spec(kind)
     holds = LegalHold._meta.db_table
     sql = (
         f"EXISTS (SELECT 1 FROM {holds} h WHERE h.released_at IS NULL"
-        f" AND h.portfolio_id = {alias}.portfolio_id"
-        f" AND (h.property_id IS NULL OR h.property_id = {alias}.property_id)"
+        f" AND h.portfolio_id = {alias}.{spec.portfolio_column}"
+        f" AND (h.property_id IS NULL OR h.property_id = {alias}.{spec.property_column})"
         f" AND (h.record_kind = '' OR h.record_kind = %s)"
-        f" AND (h.record_id IS NULL OR h.record_id = {alias}.id))"
+        f" AND (h.record_id IS NULL OR h.record_id = {alias}.{spec.pk_column}))"
     )
     return sql, [kind]
 
@@ -91,7 +91,7 @@ def eligible_sql_for(kind: str, *, cutoff_sql: str, alias: str = "r") -> tuple[s
     any the expression itself takes."""
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind, alias=alias)
-    return f"{alias}.{spec.timestamp_column} < {cutoff_sql} AND NOT {hold_sql}", hold_params
+    return f"{alias}.{spec.timestamp_column} < {spec.cutoff_sql(cutoff_sql)} AND NOT {hold_sql}", hold_params
 
 
 def count_expired_and_held(
@@ -100,13 +100,13 @@ def count_expired_and_held(
     """(rows past the cutoff, of which held) in a portfolio or a property."""
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind)
-    where = [f"r.{spec.timestamp_column} < %s"]
+    where = [f"r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"]
     params: list[object] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
-        where.append("r.portfolio_id = %s")
+        where.append(f"r.{spec.portfolio_column} = %s")
         params.append(portfolio_id)
     if property_id is not None:
-        where.append("r.property_id = %s")
+        where.append(f"r.{spec.property_column} = %s")
         params.append(property_id)
     sql = (
         f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {hold_sql} THEN 1 ELSE 0 END), 0)"
@@ -124,7 +124,8 @@ def eligible_ids(kind: str, *, cutoff: datetime, property_id: int) -> list[int]:
     pred, params = eligible_sql(kind, cutoff=cutoff)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT r.id FROM {spec.table} r WHERE r.property_id = %s AND {pred} ORDER BY r.id",
+            f"SELECT r.{spec.pk_column} FROM {spec.table} r WHERE r.{spec.property_column} = %s AND {pred}"
+            f" ORDER BY r.{spec.pk_column}",
             [property_id, *params],
         )
         return [row[0] for row in cursor.fetchall()]

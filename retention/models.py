@@ -17,7 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
-from retention.registry import RECORD_KIND_CHOICES
+from retention.registry import record_kind_choices
 
 MIN_RETENTION_DAYS = 1
 MAX_RETENTION_DAYS = 36500
@@ -30,7 +30,7 @@ MAX_BATCH_SIZE = 1000
 
 class RetentionPolicy(models.Model):
     portfolio = models.ForeignKey(settings.RETENTION_PORTFOLIO_MODEL, on_delete=models.PROTECT, related_name="policies")
-    record_kind = models.CharField(max_length=40, choices=RECORD_KIND_CHOICES)
+    record_kind = models.CharField(max_length=40, choices=record_kind_choices)
     created_at = models.DateTimeField(auto_now_add=True)
 
     class Meta:
@@ -170,7 +170,7 @@ class LegalHold(models.Model):
     property = models.ForeignKey(
         settings.RETENTION_PROPERTY_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="legal_holds"
     )
-    record_kind = models.CharField(max_length=40, choices=RECORD_KIND_CHOICES, blank=True, default="")
+    record_kind = models.CharField(max_length=40, choices=record_kind_choices, blank=True, default="")
     record_id = models.BigIntegerField(null=True, blank=True)
     reason = models.TextField()
     placed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")

@@ -358,12 +358,13 @@ def legal_hold_scope_validate(
         spec = get_spec(record_kind)
     except ValueError as exc:
         raise ValidationError({"record_kind": str(exc)}) from None
-    where = {"pk": record_id, "portfolio_id": portfolio.pk}
+    where = {"pk": record_id, spec.portfolio_field: portfolio.pk}
     scope = f"portfolio {portfolio.pk}"
     if property is not None:
-        where["property_id"] = property.pk
+        where[spec.property_field] = property.pk
         scope += f", property {property.pk}"
-    if isinstance(record_id, bool) or not isinstance(record_id, int) or not spec.model.objects.filter(**where).exists():
+    records = spec.model._default_manager.filter(**where)
+    if isinstance(record_id, bool) or not isinstance(record_id, int) or not records.exists():
         raise ValidationError({"record_id": f"there is no {spec.label.lower()} with id {record_id} in {scope}."})
 
 

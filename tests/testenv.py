@@ -15,3 +15,6 @@ for _name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECUR
 # The browsable API is off in production unless API_BROWSABLE is set; the suite
 # turns it on so the route crawler proves its pages and forms clean.
 os.environ.setdefault("API_BROWSABLE", "true")
+# The second schema (tests/schema_b): record kinds unlike the demo's, which the
+# record-kind tests configure through RETENTION_RECORD_KINDS.
+os.environ.setdefault("EXTRA_INSTALLED_APPS", "tests.schema_b")

@@ -93,7 +93,7 @@ from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
-from cleanup_ops.execution.batches import JobRef, attachment_column
+from cleanup_ops.execution.batches import JobRef
 from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
 from cleanup_ops.models import (
     CleanupJob,
@@ -117,7 +117,7 @@ from cleanup_ops.recovery.classification import (
 )
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.eligibility import holds_covering
-from retention.registry import REGISTRY, get_spec
+from retention.registry import REGISTRY
 
 logger = logging.getLogger(__name__)
 
@@ -357,9 +357,9 @@ def _disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
 def document_still_referenced(document_id: str) -> bool:
     """Does any remaining record, of any kind with attachments, name ``document_id``?"""
     return any(
-        get_spec(kind).model.objects.filter(document_id=document_id).exists()
-        for kind in REGISTRY
-        if attachment_column(kind)
+        spec.model._default_manager.filter(**{spec.attachment_field: document_id}).exists()
+        for spec in REGISTRY.values()
+        if spec.attachment_field
     )
 
 

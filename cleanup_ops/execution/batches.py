@@ -453,7 +453,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                 }
                 for ord_, item in enumerate(items)
             ]
-            statement = sql.group_candidates(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
+            statement = sql.group_candidates(spec, jobs=len(items))
             params = {**sql.rows_params("g", sql.CANDIDATE_COLUMNS, rows), "budget": budget + 1}
             found = sql.execute(statement, params, cur=cur).fetchall()
             returned = sum(int(rows) for _, _, rows, _, _ in found)
@@ -468,7 +468,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
             # found. For one partition its values are known when PostgreSQL
             # plans it, so it walks the keyset index instead of sorting every
             # expired row of the property (as the lateral's generic plan does).
-            statement = sql.partition_candidates(table=spec.table, timestamp_column=spec.timestamp_column)
+            statement = sql.partition_candidates(spec)
             seen = 0
             for item in items:
                 if seen >= budget:
@@ -498,9 +498,7 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
         prefix="held",
     )
     attachment = attachment_column(kind)
-    statement = sql.partition_count_and_delete(
-        table=spec.table, timestamp_column=spec.timestamp_column, predicate=predicate, held=held, returning=attachment
-    )
+    statement = sql.partition_count_and_delete(spec, predicate=predicate, held=held)
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
@@ -552,17 +550,11 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
         params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, "kind": kind}
         if not sql.is_postgres():
             # SQLite: the counts just before the DELETE (one writer at a time).
-            counts = sql.group_range_counts(table=spec.table, timestamp_column=spec.timestamp_column, jobs=len(items))
+            counts = sql.group_range_counts(spec, jobs=len(items))
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
-        statement = sql.group_delete(
-            table=spec.table,
-            timestamp_column=spec.timestamp_column,
-            predicate=predicate,
-            jobs=len(items),
-            returning=attachment,
-        )
+        statement = sql.group_delete(spec, predicate=predicate, jobs=len(items))
         for property_id, document_id, record_id, n, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n is not None:
@@ -575,16 +567,9 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
     return deleted, documents
 
 
-_ATTACHMENTS: dict[str, str | None] = {}
-
-
 def attachment_column(kind: str) -> str | None:
     """The document id column of a record kind, or None when it has no attachments."""
-    if kind not in _ATTACHMENTS:
-        model = get_spec(kind).model
-        field = next((f for f in model._meta.concrete_fields if f.name == "document_id"), None)
-        _ATTACHMENTS[kind] = field.column if field is not None else None
-    return _ATTACHMENTS[kind]
+    return get_spec(kind).attachment_column
 
 
 def purge_outbox_write_many(

@@ -99,9 +99,15 @@ def worker_session_bound() -> None:
     its row locks back instead of blocking hold placement and approvals in
     its portfolio for as long as it stalls; its transaction rolls back whole.
     Set once per database connection (a purge's decision sets its own,
-    shorter bound for its transaction)."""
+    shorter bound for its transaction). A session that failed is replaced
+    first."""
     if not sql.is_postgres():
         return
+    if connection.errors_occurred and not connection.in_atomic_block:
+        # The last slice failed on the database (say PostgreSQL ended this
+        # session after a stall): reconnect if the session is gone, as
+        # django-q2 does between tasks — the drain runs many slices in one.
+        connection.close_if_unusable_or_obsolete()
     connection.ensure_connection()
     raw = connection.connection
     if getattr(connection, "_cleanup_bounded_session", None) is raw:

@@ -44,7 +44,7 @@ from cleanup_ops.views.common import (
 )
 from retention.filters import id_param, int_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
-from retention.registry import RECORD_KIND_CHOICES
+from retention.registry import record_kind_choices
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
 
 BULK_BREAKDOWN_ROWS = 20
@@ -75,7 +75,7 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
             "portfolios": portfolio_choices(portfolio_ids=scope),
             "sweeps": list(Sweep.objects.order_by("-slot").values("id", "key")[:30]),
             "states": JobState.choices,
-            "kinds": RECORD_KIND_CHOICES,
+            "kinds": record_kind_choices(),
             "categories": FailureCategory.choices,
             "job_kinds": JobKind.choices,
             "can_run_now": _may(request, JobAction.RUN_NOW),
