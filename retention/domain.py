@@ -46,26 +46,33 @@ def property_portfolio_field_name() -> str:
     return str(settings.RETENTION_PROPERTY_PORTFOLIO_FIELD)
 
 
-def property_portfolio_field() -> models.ForeignKey[Any, Any]:
-    """The site model's foreign key to the customer model (``RETENTION_PROPERTY_PORTFOLIO_FIELD``)."""
-    field = property_model()._meta.get_field(property_portfolio_field_name())
-    assert isinstance(field, models.ForeignKey), "checked at start-up by retention.checks"
-    return field
+def property_portfolio_field() -> models.ForeignKey[Any, Any] | None:
+    """The site model's foreign key to the customer model (``RETENTION_PROPERTY_PORTFOLIO_FIELD``);
+    None when there is no such field. Not raising here: modules read it at
+    import, and the system check (``retention.domain_checks``) is what names
+    a wrong setting."""
+    try:
+        field = property_model()._meta.get_field(property_portfolio_field_name())
+    except FieldDoesNotExist:
+        return None
+    return field if isinstance(field, models.ForeignKey) else None
 
 
 def property_portfolio_column() -> str:
     """The site table's column holding its customer's key (``portfolio_id`` in the demo)."""
-    return property_portfolio_field().column
+    field = property_portfolio_field()
+    return field.column if field is not None else f"{property_portfolio_field_name()}_id"
 
 
 def property_portfolio_attname() -> str:
     """The lookup of a site's customer key (``portfolio_id`` in the demo), for ``filter()``."""
-    return property_portfolio_field().attname
+    field = property_portfolio_field()
+    return field.attname if field is not None else f"{property_portfolio_field_name()}_id"
 
 
 def property_portfolio_id(site: models.Model) -> Any:
     """The customer key of one site, whatever the foreign key is called."""
-    return getattr(site, property_portfolio_field().attname)
+    return getattr(site, property_portfolio_attname())
 
 
 def view_permission(label: str) -> str:

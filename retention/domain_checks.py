@@ -20,9 +20,10 @@ from retention.conf import RETENTION_SETTINGS, setting_errors
 @checks.register(checks.Tags.models)
 def retention_settings_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors = setting_errors(RETENTION_SETTINGS, id_prefix="retention.settings")
-    if errors:
-        return errors
-    return _domain_errors()
+    named = {error.msg.split(":", 1)[0] for error in errors}
+    if named & {"RETENTION_PORTFOLIO_MODEL", "RETENTION_PROPERTY_MODEL", "RETENTION_PROPERTY_PORTFOLIO_FIELD"}:
+        return errors  # the models cannot be looked up with these values
+    return errors + _domain_errors()
 
 
 def _installed_model(name: str, number: int) -> tuple[type[models.Model] | None, list[checks.CheckMessage]]:
