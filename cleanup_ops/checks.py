@@ -163,7 +163,7 @@ def _template_warnings() -> list[checks.CheckMessage]:
 
 
 def _q_cluster_messages() -> list[checks.CheckMessage]:
-    cluster = getattr(settings, "Q_CLUSTER", None)
+    cluster = settings.Q_CLUSTER if hasattr(settings, "Q_CLUSTER") else None
     if not isinstance(cluster, dict) or "name" not in cluster or "workers" not in cluster:
         return [
             checks.Error(

@@ -10,8 +10,8 @@ same settings from the environment with the same defaults and stops start-up
 on a bad variable; the checks hold for it too.
 
 Why the defaults are filled in when the app config is created rather than in
-``ready()``: the models name ``settings.RETENTION_PORTFOLIO_MODEL`` in their
-foreign keys, and models are imported between the two.
+``ready()``: the models name the ``RETENTION_PORTFOLIO_MODEL`` setting in
+their foreign keys, and models are imported between the two.
 """
 
 from __future__ import annotations
