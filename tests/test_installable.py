@@ -366,3 +366,91 @@ def test_a_host_project_missing_what_the_console_needs_is_told_the_line_to_add(w
     assert "Add 'retention.middleware.RefuseControlCharacters' to MIDDLEWARE." in out
     assert "Add 'retention.backends.MembershipBackend' to AUTHENTICATION_BACKENDS." in out
     assert "Replace 'django.contrib.admin' with 'retention.admin_site.GuardedAdminConfig' in INSTALLED_APPS." in out
+
+
+# --- the apps' defaults and checks, in the demo project ---------------------------------
+
+
+def test_each_apps_default_is_the_demo_projects_default():
+    # The demo reads the same settings from the environment (config/settings.py);
+    # with no variable set, both must give the same value.
+    script = textwrap.dedent(
+        """
+        import django, json
+        django.setup()
+        from django.conf import settings
+        from cleanup_ops.defaults import SETTINGS
+        from retention.conf import RETENTION_SETTINGS
+        wrong = {s.name: [repr(getattr(settings, s.name)), repr(s.default)]
+                 for s in (*RETENTION_SETTINGS, *SETTINGS) if getattr(settings, s.name) != s.default}
+        print("WRONG", json.dumps(wrong))
+        """
+    )
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "DJANGO_SETTINGS_MODULE": "config.settings",
+        "SECRET_KEY": "x" * 50,
+        "DEBUG": "true",
+    }
+    printed = run([sys.executable, "-c", script], cwd=ROOT, env=env)
+    assert json.loads(printed.split("WRONG ", 1)[1]) == {}
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("CLEANUP_LEASE_JOBS", 0, "CLEANUP_LEASE_JOBS: must be at least 1, got 0"),
+        ("CLEANUP_SLICE_SECONDS", "fast", "CLEANUP_SLICE_SECONDS: expected a number, got 'fast'"),
+        ("CLEANUP_SCHEDULE", "every night", "CLEANUP_SCHEDULE: not a valid cron expression: 'every night'"),
+        ("METRICS_ALLOWED_IPS", ["localhost"], "METRICS_ALLOWED_IPS: 'localhost' is not an IP address"),
+        ("Q_BROKER", "kafka", "Q_BROKER: expected one of orm, redis, sqs, rabbitmq, got 'kafka'"),
+        ("DOCSTORE_URL", "http://evil.example/", "DOCSTORE_URL: host 'evil.example' is not in DOCSTORE_ALLOWED_HOSTS"),
+        ("DOCSTORE_READ_TIMEOUT", 59.0, "DOCSTORE_READ_TIMEOUT: connect + read timeout must stay under"),
+        ("CLEANUP_LIVENESS_STALE_SECONDS", 6, "CLEANUP_LIVENESS_STALE_SECONDS: must exceed"),
+    ],
+)
+def test_a_bad_pipeline_setting_is_a_system_check_error_naming_it(settings, name, value, message):
+    from cleanup_ops.checks import pipeline_settings_check
+
+    setattr(settings, name, value)
+    errors = [error.msg for error in pipeline_settings_check()]
+    assert any(error.startswith(message) for error in errors), errors
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "message"),
+    [
+        ("RETENTION_PORTFOLIO_MODEL", "billing.Account", "RETENTION_PORTFOLIO_MODEL: 'billing.Account' is not a model"),
+        ("RETENTION_PROPERTY_MODEL", "not a label", "RETENTION_PROPERTY_MODEL: expected a model label"),
+        (
+            "RETENTION_PROPERTY_PORTFOLIO_FIELD",
+            "name",
+            "RETENTION_PROPERTY_PORTFOLIO_FIELD: properties.Property has no foreign key 'name' to properties.Portfolio",
+        ),
+        ("CLEANUP_SCOPE_LOCK_WAIT_SECONDS", 0, "CLEANUP_SCOPE_LOCK_WAIT_SECONDS: must be a finite number >= 0.1"),
+    ],
+)
+def test_a_bad_retention_setting_is_a_system_check_error_naming_it(settings, name, value, message):
+    from retention.domain_checks import retention_settings_check
+
+    setattr(settings, name, value)
+    errors = [error.msg for error in retention_settings_check()]
+    assert any(error.startswith(message) for error in errors), errors
+
+
+def test_the_demo_project_passes_the_checks_of_what_the_console_needs():
+    from cleanup_ops.checks import host_project_check, pipeline_settings_check
+    from retention.domain_checks import retention_settings_check
+
+    assert [*host_project_check(), *pipeline_settings_check(), *retention_settings_check()] == []
+
+
+def test_a_project_without_the_guarded_admin_or_the_membership_backend_is_told_the_line_to_add(settings):
+    from cleanup_ops.checks import host_project_check
+
+    settings.AUTHENTICATION_BACKENDS = ["django.contrib.auth.backends.ModelBackend"]
+    settings.LOGIN_URL = "/nowhere/"
+    hints = [warning.hint for warning in host_project_check()]
+    assert "Add 'retention.backends.MembershipBackend' to AUTHENTICATION_BACKENDS." in hints
+    assert "Add 'axes.backends.AxesStandaloneBackend' to AUTHENTICATION_BACKENDS." in hints
+    assert any(hint.startswith("Set LOGIN_URL = 'login'") for hint in hints)
