@@ -27,7 +27,6 @@ the database's time. SQLite (the demo) runs on this host: its offset is 0.
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import threading
 import time
 from datetime import datetime, timedelta
@@ -44,7 +43,10 @@ class _Timespec(ctypes.Structure):
 _CLOCK_REALTIME = 0
 _libc_clock_gettime = None
 try:
-    _libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+    # The process's global symbol namespace (dlopen(NULL)), not libc's own
+    # handle: the clock_gettime every C caller of this process gets, so an
+    # interposed clock (libfaketime, as tests skew a worker) is the one read.
+    _libc = ctypes.CDLL(None, use_errno=True)
     _libc_clock_gettime = _libc.clock_gettime
     _libc_clock_gettime.argtypes = [ctypes.c_int, ctypes.POINTER(_Timespec)]
 except (OSError, AttributeError):  # pragma: no cover - no libc clock_gettime (not Linux or macOS)
