@@ -51,6 +51,30 @@ REQUIRED_BACKENDS = (
     ("django.contrib.auth.backends.ModelBackend", "logs users in"),
     ("retention.backends.MembershipBackend", "the permissions of a user's portfolio memberships"),
 )
+# REST_FRAMEWORK entries the API relies on: (key, value it must hold, why).
+REQUIRED_REST_FRAMEWORK = (
+    (
+        "DEFAULT_AUTHENTICATION_CLASSES",
+        "rest_framework.authentication.TokenAuthentication",
+        "the scheduler's trigger and scripts authenticate with a token",
+    ),
+    (
+        "DEFAULT_AUTHENTICATION_CLASSES",
+        "rest_framework.authentication.SessionAuthentication",
+        "the console's users reach the API with their session",
+    ),
+    (
+        "DEFAULT_PERMISSION_CLASSES",
+        "rest_framework.permissions.IsAuthenticated",
+        "the API root and schema answer only logged-in users",
+    ),
+    (
+        "DEFAULT_PAGINATION_CLASS",
+        "rest_framework.pagination.PageNumberPagination",
+        "the lists are paginated, as the schema says",
+    ),
+    ("DEFAULT_SCHEMA_CLASS", "drf_spectacular.openapi.AutoSchema", "the OpenAPI schema at api/v1/schema/"),
+)
 # django-q2 options the pipeline's correctness relies on (docs/architecture.md, "Working with django-q2").
 Q_CLUSTER_OPTIONS = {"ack_failures": True, "max_attempts": 1, "bulk": 1}
 
@@ -129,6 +153,7 @@ def host_project_check(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
     warnings += _missing("MIDDLEWARE", list(settings.MIDDLEWARE), REQUIRED_MIDDLEWARE, 3)
     warnings += _missing("AUTHENTICATION_BACKENDS", list(settings.AUTHENTICATION_BACKENDS), REQUIRED_BACKENDS, 4)
     warnings += _template_warnings()
+    warnings += _rest_framework_warnings()
     warnings += _q_cluster_messages()
     warnings += _login_url_warnings()
     return warnings
@@ -159,6 +184,28 @@ def _template_warnings() -> list[checks.CheckMessage]:
                     id="cleanup_ops.W006",
                 )
             )
+    return warnings
+
+
+def _rest_framework_warnings() -> list[checks.CheckMessage]:
+    configured = (settings.REST_FRAMEWORK if hasattr(settings, "REST_FRAMEWORK") else None) or {}
+    warnings: list[checks.CheckMessage] = []
+    for key, value, why in REQUIRED_REST_FRAMEWORK:
+        held = configured.get(key)
+        if held == value or (isinstance(held, list | tuple) and value in held):
+            continue
+        line = (
+            f"REST_FRAMEWORK[{key!r}] = [{value!r}, …]"
+            if key.endswith("CLASSES")
+            else f"REST_FRAMEWORK[{key!r}] = {value!r}"
+        )
+        warnings.append(
+            checks.Warning(
+                f"REST_FRAMEWORK: {key} does not name {value!r}; {why}.",
+                hint=f"Set {line}.",
+                id="cleanup_ops.W009",
+            )
+        )
     return warnings
 
 

@@ -165,6 +165,8 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
+    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
+    "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
 }
 Q_CLUSTER = {
@@ -408,6 +410,10 @@ def test_a_host_project_missing_what_the_console_needs_is_told_the_line_to_add(w
     assert "Add 'rest_framework' to INSTALLED_APPS." in out
     assert "Add 'retention.middleware.RefuseControlCharacters' to MIDDLEWARE." in out
     assert "Add 'retention.backends.MembershipBackend' to AUTHENTICATION_BACKENDS." in out
+    assert (
+        "Set REST_FRAMEWORK['DEFAULT_AUTHENTICATION_CLASSES'] = ['rest_framework.authentication.TokenAuthentication', …]."
+        in out
+    )
     assert "Replace 'django.contrib.admin' with 'retention.admin_site.GuardedAdminConfig' in INSTALLED_APPS." in out
 
 
