@@ -411,8 +411,8 @@ def test_a_host_project_missing_what_the_console_needs_is_told_the_line_to_add(w
     assert "Add 'retention.middleware.RefuseControlCharacters' to MIDDLEWARE." in out
     assert "Add 'retention.backends.MembershipBackend' to AUTHENTICATION_BACKENDS." in out
     assert (
-        "Set REST_FRAMEWORK['DEFAULT_AUTHENTICATION_CLASSES'] = ['rest_framework.authentication.TokenAuthentication', …]."
-        in out
+        "Set REST_FRAMEWORK['DEFAULT_AUTHENTICATION_CLASSES'] = "
+        "['rest_framework.authentication.TokenAuthentication', …]." in out
     )
     assert "Replace 'django.contrib.admin' with 'retention.admin_site.GuardedAdminConfig' in INSTALLED_APPS." in out
 
