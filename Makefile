@@ -37,6 +37,7 @@ demo: venv
 	$(PY) -c "import sqlite3; rows = sqlite3.connect('var/docstore.sqlite3').execute('select method, status, count(*) from requests group by 1, 2 order by 1, 2').fetchall(); print('Document store request log:', ', '.join(f'{m} {s}: {n}' for m, s, n in rows))"
 	@echo
 	@echo "Console and admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/console/ (operator; auditor-a sees customer a only) or /admin/ (reviewer; manager-a and reviewer-a see customer a only)"
+	@echo "Four-eyes review: lead-a is an author and a reviewer of customer a. Log in to /admin/ as manager-a and submit a new policy version; lead-a may approve it. Submit one as lead-a: lead-a cannot review it, reviewer-a can."
 
 # The demo, ending in an incident an operator can act on: a paused portfolio
 # (its sweep keeps running), dead letters from a document store that rejects

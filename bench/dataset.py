@@ -138,7 +138,7 @@ def build_scope() -> Scope:
         version = policy_version_submit(
             policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="benchmark policy"
         )
-        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="benchmark")
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="benchmark: seeded, approved")
     return Scope(portfolios[0].pk, [(p.pk, p.portfolio_id) for p in props], manager, reviewer)
 
 
@@ -165,7 +165,7 @@ def build_nightly_scope(portfolios: int = NIGHTLY_PORTFOLIOS, per_portfolio: int
             version = policy_version_submit(
                 policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="benchmark policy"
             )
-            policy_version_approve(version_id=version.pk, reviewer=reviewer, note="benchmark")
+            policy_version_approve(version_id=version.pk, reviewer=reviewer, note="benchmark: seeded, approved")
     return Scope(
         None,
         [(p.pk, p.portfolio_id) for p in props],

@@ -1,11 +1,22 @@
-"""Read-only admin for the worker clusters' heartbeats (operators and auditors may view them)."""
+"""Read-only admin for the worker clusters' heartbeats (operators and auditors may view them).
+
+django-q2's admin is view-only for operators (``retention.roles``): its
+"Resubmit selected tasks" action re-enqueues tasks and, on failed tasks,
+deletes their records, yet declares no permission, so Django offers it to
+anyone who may view the list. It is declared a change here, so the action
+is neither shown nor run without ``django_q.change_*`` (the admin site
+refuses any undeclared action to such a user as well).
+"""
 
 from __future__ import annotations
 
 from django.contrib import admin
 from django.http import HttpRequest
+from django_q import admin as django_q_admin
 
 from cleanup_ops.models import WorkerHeartbeat
+
+django_q_admin.resubmit_task.allowed_permissions = ("change",)  # type: ignore[attr-defined]
 
 
 @admin.register(WorkerHeartbeat)

@@ -17,6 +17,7 @@ Service errors map to HTTP: ``ValidationError`` → 400, ``PermissionDenied``
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from django.db.models import Count, QuerySet, Sum
@@ -30,20 +31,33 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cleanup_ops.console_selectors import JobFilter
 from cleanup_ops.metrics import timed_trigger
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
+    JOB_ACTION_PERMISSION,
     DeadLetterNotOpen,
+    Decision,
+    JobAction,
     PartitionBusy,
     dead_letter_dismiss,
     dead_letter_redrive,
+    dead_letters_decide,
+    jobs_act,
+    operator_reason,
     pipeline_pause,
     pipeline_resume,
 )
 from cleanup_ops.schedule import SlotError, slot_parse, sweep_trigger
-from cleanup_ops.selectors import dead_letter_filter_parse, overview, sweep_figures_seen, sweeps_seen
+from cleanup_ops.selectors import (
+    DeadLetterFilter,
+    dead_letter_filter_parse,
+    overview,
+    sweep_figures_seen,
+    sweeps_seen,
+)
 from retention import apiutils
 from retention.apiutils import (
     Conflict,
@@ -56,7 +70,7 @@ from retention.apiutils import (
     filter_errors_as_400,
     int_param,
 )
-from retention.scoping import may_act_in, portfolio_ids_q, portfolio_ids_where
+from retention.scoping import may_act_in, portfolio_ids_q, portfolio_ids_where, scope_queryset
 
 SWEEP_VIEW = "cleanup_ops.view_sweep"
 JOB_VIEW = "cleanup_ops.view_cleanupjob"
@@ -172,6 +186,8 @@ class DeadLetterSerializer(serializers.ModelSerializer):
             "sweep",
             "category",
             "error_class",
+            "http_status",
+            "message_class",
             "attempts",
             "first_seen_at",
             "last_seen_at",
@@ -187,6 +203,46 @@ class DeadLetterSerializer(serializers.ModelSerializer):
         ]
         # Related fields never take input here (no form lists jobs or users).
         read_only_fields = ["job", "sweep", "resolved_by", "redrive_job"]
+
+
+# At most this many ids in one bulk call: one transaction, one response.
+BULK_MAX_IDS = 1000
+
+
+class JobActionResultSerializer(serializers.Serializer):
+    job = JobSerializer()
+    dead_letter = serializers.IntegerField(allow_null=True, help_text="cancel: the job's new dead letter")
+
+
+class BulkLetterDecisionSerializer(ReasonSerializer):
+    """Decide the letters named by id, or every open letter matching a filter
+    (the inbox's: ``category``, ``http_status``, ``kind``, ``portfolio``,
+    ``sweep``, ``older_than_hours``), which then needs ``expected``: the
+    number of letters the caller saw, as the console's confirmation does."""
+
+    operation = serializers.ChoiceField(choices=Decision.choices)
+    letter_ids = serializers.ListField(
+        child=IdField(), required=False, allow_empty=False, max_length=BULK_MAX_IDS, help_text="the letters to decide"
+    )
+    filter = serializers.DictField(
+        child=FreeTextField(max_length=40), required=False, help_text="an inbox filter instead of ids"
+    )
+    expected = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+
+    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
+        if ("letter_ids" in attrs) == ("filter" in attrs):
+            raise ValidationError({"letter_ids": "give either letter_ids or filter, not both and not neither."})
+        if "filter" in attrs and "expected" not in attrs:
+            raise ValidationError({"expected": "a filter needs expected: the number of open letters it matched."})
+        return attrs
+
+
+class BulkLetterResultSerializer(serializers.Serializer):
+    decided = serializers.ListField(child=serializers.IntegerField())
+    jobs = serializers.ListField(child=serializers.IntegerField(), help_text="redrive: the new jobs")
+    failed = serializers.ListField(child=serializers.DictField(), help_text="letters still open, and why")
+    not_open = serializers.ListField(child=serializers.IntegerField(), help_text="matched but no longer open")
+    not_found = serializers.ListField(child=serializers.IntegerField(), help_text="ids that are no letter of yours")
 
 
 class PauseSerializer(ReasonSerializer):
@@ -277,9 +333,64 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
 
 
 class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
+    """Jobs; ``run-now`` and ``cancel`` act on one pending job with a reason
+    (``recovery.operator.jobs_act``, the console's service): 409 when the job
+    is no longer pending, 403 without the action's role in its portfolio,
+    404 for another customer's job as for a missing one."""
+
     serializer_class = JobSerializer
     permission_classes = [RolePermission]
-    required_perms = {"list": JOB_VIEW, "retrieve": JOB_VIEW}
+    required_perms = {
+        "list": JOB_VIEW,
+        "retrieve": JOB_VIEW,
+        "run_now": JOB_ACTION_PERMISSION[JobAction.RUN_NOW],
+        "cancel": JOB_ACTION_PERMISSION[JobAction.CANCEL],
+    }
+
+    def get_serializer_class(self) -> type[serializers.Serializer]:
+        return ReasonSerializer if self.action in {"run_now", "cancel"} else JobSerializer
+
+    def _act(self, request: Request, action: JobAction) -> Response:
+        job = self.get_object()
+        if not may_act_in(request.user, JOB_ACTION_PERMISSION[action], job.portfolio_id):
+            raise PermissionDenied(f"You may not {action.label.lower()} jobs of this portfolio.")
+        data = ReasonSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        done = call_service(
+            jobs_act,
+            action=action,
+            actor=request.user,
+            reason=data.validated_data["reason"],
+            job_filter=JobFilter(job_ids=(job.pk,)),
+        )
+        if not done.jobs:
+            raise Conflict(f"job {job.pk} is {job.get_state_display().lower()}, not pending.")
+        job.refresh_from_db()
+        return Response({"job": JobSerializer(job).data, "dead_letter": done.letters[0] if done.letters else None})
+
+    @extend_schema(
+        request=ReasonSerializer,
+        responses={
+            200: JobActionResultSerializer,
+            400: OpenApiResponse(description="reason missing or too short"),
+            409: OpenApiResponse(description="the job is not pending"),
+        },
+    )
+    @action(detail=True, methods=["post"], url_path="run-now")
+    def run_now(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
+        return self._act(request, JobAction.RUN_NOW)
+
+    @extend_schema(
+        request=ReasonSerializer,
+        responses={
+            200: JobActionResultSerializer,
+            400: OpenApiResponse(description="reason missing or too short"),
+            409: OpenApiResponse(description="the job is not pending"),
+        },
+    )
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
+        return self._act(request, JobAction.CANCEL)
 
     @extend_schema(
         parameters=[
@@ -312,10 +423,81 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         "retrieve": "cleanup_ops.view_deadletter",
         "redrive": "cleanup_ops.redrive_deadletter",
         "dismiss": "cleanup_ops.dismiss_deadletter",
+        # The operation's own permission is checked in ``bulk`` (it is in the body).
+        "bulk": "cleanup_ops.view_deadletter",
     }
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
+        if self.action == "bulk":
+            return BulkLetterDecisionSerializer
         return ReasonSerializer if self.action in {"redrive", "dismiss"} else DeadLetterSerializer
+
+    @extend_schema(
+        request=BulkLetterDecisionSerializer,
+        responses={
+            200: BulkLetterResultSerializer,
+            400: OpenApiResponse(description="invalid ids, filter or reason"),
+            403: OpenApiResponse(description="no permission for the operation"),
+            409: OpenApiResponse(description="the filter now matches another number of open letters than expected"),
+        },
+    )
+    @action(detail=False, methods=["post"])
+    def bulk(self, request: Request, **kwargs: Any) -> Response:
+        """Redrive or dismiss many letters with one reason: the inbox's bulk
+        decision (one audit event per letter). Only letters of portfolios
+        where the caller holds the operation's permission are decided; an id
+        of any other letter is reported in ``not_found``, like an id that
+        does not exist."""
+        data = BulkLetterDecisionSerializer(data=request.data)
+        data.is_valid(raise_exception=True)
+        decision = Decision(data.validated_data["operation"])
+        perm = f"cleanup_ops.{decision}_deadletter"
+        if not request.user.has_perm(perm):
+            raise PermissionDenied(f"You may not {decision} dead letters.")
+        if "letter_ids" in data.validated_data:
+            asked = sorted(set(data.validated_data["letter_ids"]))
+            matching = scope_queryset(DeadLetter.objects.filter(pk__in=asked), request.user, perm=perm)
+        else:
+            with filter_errors_as_400():
+                parsed = dead_letter_filter_parse(data.validated_data["filter"], strict=True)
+            letter_filter = replace(parsed, status=DeadLetter.Status.OPEN)
+            matching = scope_queryset(
+                DeadLetter.objects.filter(letter_filter.q(now=timezone.now())), request.user, perm=perm
+            )
+            asked = []
+        found = dict(matching.values_list("id", "status"))
+        if "filter" in data.validated_data and len(found) != data.validated_data["expected"]:
+            raise Conflict(
+                f"the filter matches {len(found)} open letter(s), not {data.validated_data['expected']}; "
+                "nothing was decided."
+            )
+        open_ids = tuple(sorted(i for i, s in found.items() if s == DeadLetter.Status.OPEN))
+        decided: list[DeadLetter] = []
+        jobs: list[CleanupJob] = []
+        failed: list[Any] = []
+        if open_ids:
+            decided, jobs, failed = call_service(
+                dead_letters_decide,
+                decision=decision,
+                actor=request.user,
+                reason=data.validated_data["reason"],
+                letter_filter=DeadLetterFilter(letter_ids=open_ids),
+            )
+        else:
+            # Nothing to decide, but a reason that would be refused is still refused.
+            call_service(operator_reason, reason=data.validated_data["reason"])
+        decided_ids = {letter.pk for letter in decided}
+        failed_ids = {failure.letter_id for failure in failed}
+        body = {
+            "decided": sorted(decided_ids),
+            "jobs": sorted(job.pk for job in jobs),
+            "failed": [
+                {"letter_id": f.letter_id, "error": f.error_class, "open_job_id": f.open_job_id} for f in failed
+            ],
+            "not_open": sorted(set(found) - decided_ids - failed_ids),
+            "not_found": [i for i in asked if i not in found],
+        }
+        return Response(body)
 
     @extend_schema(
         parameters=[

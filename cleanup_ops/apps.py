@@ -17,9 +17,15 @@ class CleanupOpsConfig(AppConfig):
         apply_defaults(SETTINGS)
 
     def ready(self) -> None:
+        from django.db.models.signals import post_migrate
         from django_q.signals import post_spawn, pre_execute
 
         from cleanup_ops import checks  # noqa: F401 - registers the system checks
+        from cleanup_ops.downstream.guard import guards_on_migrate
+
+        # The reference guard on the record tables (downstream.guard).
+        post_migrate.connect(guards_on_migrate, dispatch_uid="cleanup_ops.guards_on_migrate")
+
         from cleanup_ops.health import heartbeat_on_spawn, heartbeat_on_task_start
         from cleanup_ops.selectors import kind_rows_per_second
         from retention.selectors import throughput_provider_set

@@ -1,4 +1,4 @@
-"""System checks: the pipeline's settings, and what the host project must add for the console.
+"""System checks of the console's and the pipeline's settings, and of what a host project lacks.
 
 Errors (``cleanup_ops.E…``): a setting whose value breaks its rule
 (``cleanup_ops.defaults``), or two settings that contradict each other, named.
@@ -7,6 +7,15 @@ rely on that the project has not set up — an app, a middleware, an
 authentication backend, the guarded admin site, the login page, django-q2's
 cluster — each with the line to add. The demo project (``config/``) passes
 them all; ``tests/test_installable.py`` runs them in a fresh host project.
+They run at start-up (``runserver``, ``migrate``, ``qcluster``, ``manage.py check``).
+
+``CONSOLE_REFRESH_SECONDS``: how often a live page re-fetches its figures.
+Its default lives here, in the app (``DEFAULT_REFRESH_SECONDS``), so a host
+project that never names it gets 5 s; ``config/settings.py`` reads it from
+the environment when set. A value that is not a whole number from
+``MIN_REFRESH_SECONDS`` to ``MAX_REFRESH_SECONDS`` is an error naming the
+setting: a page refreshed every 0 s would hammer the database, one every
+hour is not live.
 """
 
 from __future__ import annotations
@@ -20,6 +29,52 @@ from django.core import checks
 from cleanup_ops.defaults import SETTINGS
 from cleanup_ops.downstream.urls import docstore_url_check
 from retention.conf import setting_errors
+
+DEFAULT_REFRESH_SECONDS = 5
+MIN_REFRESH_SECONDS = 1
+MAX_REFRESH_SECONDS = 600
+
+
+def refresh_problem(value: Any) -> str | None:
+    """Why ``value`` is no refresh interval, or None."""
+    if isinstance(value, bool):
+        return f"must be a whole number of seconds, got {value!r}"
+    if isinstance(value, str):
+        text = value.strip()
+        if not (text.isascii() and text.isdigit()):
+            return f"must be a whole number of seconds, got {value!r}"
+        value = int(text)
+    if not isinstance(value, int):
+        return f"must be a whole number of seconds, got {value!r}"
+    if not MIN_REFRESH_SECONDS <= value <= MAX_REFRESH_SECONDS:
+        return f"must be from {MIN_REFRESH_SECONDS} to {MAX_REFRESH_SECONDS} seconds, got {value}"
+    return None
+
+
+def refresh_seconds() -> int:
+    """The interval in force: the setting when valid, else the default (the
+    system check has reported the bad value)."""
+    value = getattr(settings, "CONSOLE_REFRESH_SECONDS", DEFAULT_REFRESH_SECONDS)
+    if refresh_problem(value) is not None:
+        return DEFAULT_REFRESH_SECONDS
+    return int(str(value).strip())
+
+
+@checks.register()
+def check_console_refresh(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    value = getattr(settings, "CONSOLE_REFRESH_SECONDS", DEFAULT_REFRESH_SECONDS)
+    problem = refresh_problem(value)
+    if problem is None:
+        return []
+    return [
+        checks.Error(
+            f"CONSOLE_REFRESH_SECONDS {problem}.",
+            hint=f"Set CONSOLE_REFRESH_SECONDS to a whole number from {MIN_REFRESH_SECONDS} to "
+            f"{MAX_REFRESH_SECONDS} (default {DEFAULT_REFRESH_SECONDS}), or leave it unset.",
+            id="cleanup_ops.E101",
+        )
+    ]
+
 
 GUARDED_ADMIN = "retention.admin_site.GuardedAdminConfig"
 
@@ -90,14 +145,14 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
                 settings.DOCSTORE_URL, schemes=settings.DOCSTORE_ALLOWED_SCHEMES, hosts=settings.DOCSTORE_ALLOWED_HOSTS
             )
         except ValueError as exc:
-            errors.append(checks.Error(str(exc), id="cleanup_ops.E101"))
+            errors.append(checks.Error(str(exc), id="cleanup_ops.E111"))
     if settings.DOCSTORE_CONNECT_TIMEOUT + settings.DOCSTORE_READ_TIMEOUT >= settings.CLEANUP_LEASE_SECONDS:
         # One request must fit in a lease, or every slow answer would end in a lost lease.
         errors.append(
             checks.Error(
                 "DOCSTORE_READ_TIMEOUT: connect + read timeout must stay under "
                 f"CLEANUP_LEASE_SECONDS ({settings.CLEANUP_LEASE_SECONDS})",
-                id="cleanup_ops.E102",
+                id="cleanup_ops.E112",
             )
         )
     floor = settings.CLEANUP_SLICE_SECONDS + settings.CLEANUP_HEARTBEAT_SECONDS
@@ -108,7 +163,7 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
             checks.Error(
                 "CLEANUP_LIVENESS_STALE_SECONDS: must exceed CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_SECONDS "
                 f"({floor:g}), got {settings.CLEANUP_LIVENESS_STALE_SECONDS}",
-                id="cleanup_ops.E103",
+                id="cleanup_ops.E113",
             )
         )
     return errors
@@ -218,7 +273,7 @@ def _q_cluster_messages() -> list[checks.CheckMessage]:
                 hint="Q_CLUSTER = {'name': 'retention', 'workers': 2, 'queue_limit': 2, 'bulk': 1, 'timeout': 120, "
                 "'retry': 480, 'max_attempts': 1, 'ack_failures': True, 'orm': 'default', "
                 "'broker_class': 'cleanup_ops.brokers.DelayableORM'}",
-                id="cleanup_ops.E104",
+                id="cleanup_ops.E114",
             )
         ]
     return [

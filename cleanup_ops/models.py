@@ -40,12 +40,22 @@ class SweepStatus(models.TextChoices):
 
 def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:
     """A sweep's status as a customer's staff see it: from their own jobs'
-    counts (open, dead), so another customer's jobs never show through."""
+    counts (open, dead), so another customer's jobs never show through.
+    ``dead_jobs``: dead jobs that were not redriven (``superseded_q``)."""
     if status == SweepStatus.ADMITTING:
         return status
     if open_jobs:
         return SweepStatus.RUNNING
     return SweepStatus.DRAINED_WITH_DEAD_LETTERS if dead_jobs else SweepStatus.DRAINED
+
+
+def superseded_q(prefix: str = "") -> Q:
+    """Dead jobs whose dead letter was redriven: their work moved to the
+    redrive job, so figures of what is dead (the sweep's status, "jobs
+    dead", the completion rate) count the redrive instead. ``prefix``: the
+    path to the job (``"jobs__"`` from a sweep). A join on a one-to-one, so a
+    ``Count(filter=…)`` counts each job once."""
+    return Q(**{f"{prefix}state": JobState.DEAD, f"{prefix}dead_letter__status": DeadLetterStatus.REDRIVEN})
 
 
 class SweepQuerySet(models.QuerySet["Sweep"]):
@@ -465,6 +475,11 @@ class DeadLetter(models.Model):
     job = models.OneToOneField(CleanupJob, on_delete=models.PROTECT, related_name="dead_letter")
     category = models.CharField(max_length=30)
     error_class = models.CharField(max_length=100, blank=True, default="")
+    # The store's last answer, when the failure was one: its HTTP status and
+    # message class (the declared media type, ``classification.message_class_of``).
+    # Never a body.
+    http_status = models.PositiveSmallIntegerField(null=True, blank=True)
+    message_class = models.CharField(max_length=100, blank=True, default="")
     attempts = models.PositiveIntegerField()
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()

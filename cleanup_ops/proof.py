@@ -5,8 +5,15 @@ deleted, the batch size it ran with (its policy version's; each ledger row
 keeps its own ``batch_limit``, which is part of its operation id), and
 ``digest`` = sha256 over the job's operation ids, sorted and joined by
 newlines. Per sweep: ``digest`` = sha256 over the job digests in job
-id order, joined by newlines. Anyone holding the ledger can recompute both;
-nothing in the export is a record's content.
+id order, joined by newlines. Nothing in the export is a record's content.
+
+The export also carries every operation id's *inputs* (``operation_inputs``
+per job: the keyset slice's ``after_id``, its ``limit`` and the ``cutoff``
+it ran with, beside the sweep's ``slot`` and the job's record kind and
+property), so an auditor without database access recomputes every operation
+id, every job digest and the sweep digest from the export alone
+(``cleanup_ops.proof_verify``; ``manage.py cleanup_proof_verify FILE``). The
+CSV carries them as ``# operation`` lines after the table, one per operation.
 
 The deleted records' attachments are summed under ``attachments``: purged,
 already gone, set aside under a legal hold placed after the batch (and how
@@ -23,6 +30,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+from datetime import UTC, datetime
 from typing import Any
 
 from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep, sweep_status_seen
@@ -71,13 +79,14 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
     )
     hashers: dict[int, Any] = {}
     counts: dict[int, int] = {}
+    inputs: dict[int, list[dict[str, Any]]] = {}
     ledger = (
         LedgerEntry.objects.filter(job__sweep=sweep, **in_scope)
         .order_by("job_id", "operation_id")
-        .values_list("job_id", "operation_id")
+        .values_list("job_id", "operation_id", "after_id", "last_id", "batch_limit", "cutoff")
         .iterator(chunk_size=5000)
     )
-    for job_id, operation_id in ledger:
+    for job_id, operation_id, after_id, last_id, limit, cutoff in ledger:
         hasher = hashers.get(job_id)
         if hasher is None:
             hasher = hashers[job_id] = hashlib.sha256()
@@ -85,6 +94,15 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
             hasher.update(b"\n")
         hasher.update(operation_id.encode())
         counts[job_id] = counts.get(job_id, 0) + 1
+        inputs.setdefault(job_id, []).append(
+            {
+                "operation_id": operation_id,
+                "after_id": after_id,
+                "last_id": last_id,
+                "limit": limit,
+                "cutoff": rfc3339(cutoff),
+            }
+        )
     rows = []
     for job in jobs:
         digest = (hashers.get(job["id"]) or hashlib.sha256()).hexdigest()
@@ -103,6 +121,7 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
                 "batch_size": job["batch_size"],
                 "operations": counts.get(job["id"], 0),
                 "digest": digest,
+                "operation_inputs": inputs.get(job["id"], []),
             }
         )
     sweep_digest = hashlib.sha256("\n".join(r["digest"] for r in rows).encode()).hexdigest()
@@ -124,6 +143,8 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
         "digest": sweep_digest,
         "digest_method": "sha256 of job digests (job id order, newline-joined); "
         "job digest = sha256 of its sorted operation ids, newline-joined",
+        "slot": rfc3339(sweep.slot),
+        "operation_id_method": OPERATION_ID_METHOD,
         # The deleted records' attachments: a purge job that set files aside
         # under a legal hold has the outcome purge_held.
         "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=portfolio_ids),
@@ -131,12 +152,32 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
     }
 
 
+OPERATION_ID_METHOD = (
+    "sha256 of retention:<record_kind>:<property_id>:<slot>:<cutoff>:<after_id>:<limit> "
+    "(slot and cutoff in RFC 3339 UTC with Z; the same as cleanup_ops.execution.batches.operation_id)"
+)
+
+
+def rfc3339(value: datetime) -> str:
+    """The form an operation id hashes a time in: UTC, ``Z``, microseconds only if any."""
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def proof_csv(proof: dict[str, Any]) -> str:
     out = io.StringIO()
-    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS)
+    writer = csv.DictWriter(out, fieldnames=CSV_FIELDS, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(proof["partitions"])
     out.write(f"# sweep {proof['key']} digest {proof['digest']} rows_deleted {proof['rows_deleted']}\n")
     attachments = " ".join(f"{name} {n}" for name, n in proof["attachments"].items())
     out.write(f"# attachments {attachments}\n")
+    # The operation ids' inputs (``proof_verify`` reads them back).
+    out.write(f"# slot {proof['slot']}\n")
+    out.write("# operations: job_id after_id last_id limit cutoff operation_id\n")
+    for partition in proof["partitions"]:
+        for op in partition["operation_inputs"]:
+            out.write(
+                f"# operation {partition['job_id']} {op['after_id']} {op['last_id']} {op['limit']} "
+                f"{op['cutoff']} {op['operation_id']}\n"
+            )
     return out.getvalue()

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.core.cache import cache
-from django.db.models import Count, Max, Min, Q, QuerySet, Sum
+from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -37,12 +37,13 @@ from cleanup_ops.models import (
     live_lease_q,
     open_letter_q,
     open_q,
+    superseded_q,
     sweep_status_seen,
 )
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.eligibility import db_datetime, hold_covers_sql
-from retention.filters import MAX_AGE_HOURS, choice_param, id_param, int_param
+from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 from retention.scoping import portfolio_ids_q
@@ -63,9 +64,19 @@ class DeadLetterFilter:
     sweep_id: int | None = None
     older_than_hours: int | None = None
     letter_ids: tuple[int, ...] | None = None
+    # A cause (``console_selectors.letters.letter_groups``): the store's HTTP
+    # status (``NO_HTTP_STATUS``: letters whose failure was no HTTP answer) and the record kind.
+    http_status: int | None = None
+    record_kind: str | None = None
 
     def q(self, *, now: datetime) -> Q:
         q = Q()
+        if self.http_status == NO_HTTP_STATUS:
+            q &= Q(http_status__isnull=True)
+        elif self.http_status is not None:
+            q &= Q(http_status=self.http_status)
+        if self.record_kind is not None:
+            q &= Q(record_kind=self.record_kind)
         if self.status is not None:
             q &= Q(status=self.status)
         if self.category is not None:
@@ -88,14 +99,22 @@ class DeadLetterFilter:
             "portfolio": self.portfolio_id,
             "sweep": self.sweep_id,
             "older_than_hours": self.older_than_hours,
+            "http_status": self.http_status,
+            "kind": self.record_kind,
         }
         return {name: str(value) for name, value in pairs.items() if value is not None}
+
+
+# ``http_status=0``: the letters whose failure was not an HTTP answer (a
+# timeout, an invalid input, a cancel), so that every cause is one filter.
+NO_HTTP_STATUS = 0
 
 
 def dead_letter_filter_parse(
     params: Mapping[str, Any], *, strict: bool, default_status: str | None = None
 ) -> DeadLetterFilter:
-    """``status``, ``category``, ``portfolio``, ``sweep``, ``older_than_hours``.
+    """``status``, ``category``, ``portfolio``, ``sweep``, ``older_than_hours``,
+    ``http_status`` (100 to 599, or 0 for "no HTTP answer"), ``kind`` (record kind).
 
     ``strict`` (the API and the console): an invalid value raises
     ``FilterError`` naming the parameter; ``older_than_hours`` is at most a
@@ -108,7 +127,18 @@ def dead_letter_filter_parse(
         portfolio_id=id_param(params, "portfolio", strict=strict),
         sweep_id=id_param(params, "sweep", strict=strict),
         older_than_hours=int_param(params, "older_than_hours", strict=strict, minimum=0, maximum=MAX_AGE_HOURS),
+        http_status=_http_status_param(params, strict=strict),
+        record_kind=choice_param(params, "kind", list(REGISTRY), strict=strict),
     )
+
+
+def _http_status_param(params: Mapping[str, Any], *, strict: bool) -> int | None:
+    value = int_param(params, "http_status", strict=strict, minimum=NO_HTTP_STATUS, maximum=599)
+    if value is not None and value != NO_HTTP_STATUS and value < 100:
+        if strict:
+            raise FilterError("http_status", "http_status must be 0 (no HTTP answer) or a status from 100 to 599.")
+        return None
+    return value
 
 
 def dead_letters(letter_filter: DeadLetterFilter, *, now: datetime | None = None) -> Any:
@@ -205,7 +235,8 @@ def sweeps_seen(*, portfolio_ids: PortfolioScope) -> QuerySet[Sweep]:
     return qs.annotate(
         own_admitted=Count("jobs", filter=mine & Q(jobs__kind=JobKind.DELETE, jobs__redrive_of__isnull=True)),
         own_open=Count("jobs", filter=mine & Q(jobs__state__in=OPEN_STATES)),
-        own_dead=Count("jobs", filter=mine & Q(jobs__state=JobState.DEAD)),
+        own_dead=Count("jobs", filter=mine & Q(jobs__state=JobState.DEAD))
+        - Count("jobs", filter=mine & superseded_q("jobs__")),
         own_finished_at=Max("jobs__finished_at", filter=mine),
     )
 
@@ -269,13 +300,22 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None, portfolio_ids: Portfoli
         in_sweep=Count("id", filter=Q(sweep=sweep)),
         done=Count("id", filter=Q(sweep=sweep, state=JobState.DONE)),
         dead=Count("id", filter=Q(sweep=sweep, state=JobState.DEAD)),
+        superseded=Count("id", filter=superseded_q()),
+        superseded_in_sweep=Count("id", filter=Q(sweep=sweep) & superseded_q()),
         sweep_rows=Sum("rows_deleted", filter=Q(sweep=sweep)),
     )
+    # A dead job that was redriven is replaced by its redrive: counted
+    # neither as dead nor in the sweep's total, so the figures recover once
+    # the redrives are done (issue 30, item 8).
+    agg["state_dead"] -= agg["superseded"]
+    agg["dead"] -= agg["superseded_in_sweep"]
+    agg["in_sweep"] -= agg["superseded_in_sweep"]
     recent = LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - timedelta(hours=24))
     recent = recent.aggregate(n=Sum("rows_deleted"))
     finished = agg["done"] + agg["dead"]
     return {
         "jobs_by_state": {s: agg[f"state_{s}"] for s in JobState.values},
+        "jobs_redriven": agg["superseded"],
         "rows_deleted_24h": recent["n"] or 0,
         "leased": agg["leased"],
         "oldest_due_age_seconds": round((now - agg["oldest_due"]).total_seconds(), 1) if agg["oldest_due"] else None,
@@ -328,6 +368,7 @@ def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) 
         open=Count("id", filter=open_letter_q()),
         oldest=Min("last_seen_at", filter=open_letter_q()),
         last_24h=Count("id", filter=Q(last_seen_at__gte=now - timedelta(hours=24))),
+        decided_24h=Count("id", filter=Q(resolved_at__gte=now - timedelta(hours=24))),
         previous_24h=Count(
             "id", filter=Q(last_seen_at__gte=now - timedelta(hours=48), last_seen_at__lt=now - timedelta(hours=24))
         ),
@@ -336,6 +377,9 @@ def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) 
         "open": agg["open"],
         "oldest_open_age_seconds": round((now - agg["oldest"]).total_seconds(), 1) if agg["oldest"] else None,
         "new_last_24h": agg["last_24h"],
+        # What an operator decided in the same day: "36 new, 36 decided" reads
+        # as the recovery it is, where "+36 vs previous day" beside "open 0" did not.
+        "decided_last_24h": agg["decided_24h"],
         "growth_vs_previous_24h": agg["last_24h"] - agg["previous_24h"],
     }
 
@@ -407,13 +451,30 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
     (deleted in the last grace window, or overdue by less), and ``target_met``
     compares it with 0.99. One query per record kind.
     """
+    previous = PolicyVersion.objects.filter(
+        policy_id=OuterRef("policy_id"), status=PolicyVersion.Status.SUPERSEDED
+    ).order_by("-number")
     versions = list(
         PolicyVersion.objects.filter(
             portfolio_ids_q(portfolio_ids, field="policy__portfolio_id"),
             status=PolicyVersion.Status.APPROVED,
             enabled=True,
-        ).values_list("policy__portfolio_id", "policy__record_kind", "retention_days")
+        )
+        .annotate(
+            previous_days=Subquery(previous.values("retention_days")[:1]),
+            previous_enabled=Subquery(previous.values("enabled")[:1]),
+        )
+        .values_list(
+            "policy__portfolio_id",
+            "policy__record_kind",
+            "retention_days",
+            "policy_id",
+            "reviewed_at",
+            "previous_days",
+            "previous_enabled",
+        )
     )
+    late_since = _late_cutoffs(versions, now=now)
     deleted_recently = dict(
         LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - DEBT_GRACE)
         .values_list("record_kind")
@@ -422,7 +483,11 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
     )
     result = []
     for kind, spec in REGISTRY.items():
-        cutoffs = [(pid, now - timedelta(days=days)) for pid, k, days in versions if k == kind]
+        cutoffs = [
+            (pid, now - timedelta(days=days), late_since[policy_id])
+            for pid, k, days, policy_id, *_ in versions
+            if k == kind
+        ]
         row = {"record_kind": kind, "overdue": 0, "held": 0, "overdue_beyond_grace": 0, "oldest_overdue_seconds": None}
         if cutoffs:
             row.update(_debt_for_kind(kind, spec, cutoffs))
@@ -446,11 +511,35 @@ def retention_debt_cached(*, now: datetime, portfolio_ids: PortfolioScope = None
     return cache.get_or_set(key, lambda: retention_debt(now=now, portfolio_ids=portfolio_ids), DEBT_CACHE_SECONDS)
 
 
-def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime]]) -> dict[str, Any]:
+# Before any record: nothing is late yet (a new policy approved within the grace).
+_NOTHING_LATE = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def _late_cutoffs(versions: list[tuple[Any, ...]], *, now: datetime) -> dict[int, datetime]:
+    """Per policy: records with a timestamp before this are *late* (eligible
+    for longer than ``DEBT_GRACE``).
+
+    A record becomes eligible when its retention period ends *or* when the
+    version that made it eligible was approved, whichever is later: a
+    legitimate shortening approved a minute ago makes many records eligible
+    at once, and none of them can be a day late yet. So while the active
+    version is younger than the grace, only records the previous version
+    (``previous_days``, when it was enabled) already made eligible more than
+    the grace ago are late — none, if there was no enabled previous version."""
+    late = {}
+    for _pid, _kind, days, policy_id, approved_at, previous_days, previous_enabled in versions:
+        late[policy_id] = now - timedelta(days=days) - DEBT_GRACE
+        if approved_at is not None and approved_at > now - DEBT_GRACE:
+            before = now - timedelta(days=previous_days) - DEBT_GRACE if previous_enabled else _NOTHING_LATE
+            late[policy_id] = min(late[policy_id], before)
+    return late
+
+
+def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime, datetime]]) -> dict[str, Any]:
     hold_sql, hold_params = hold_covers_sql(kind)
     params: list[object] = []
-    for pid, cutoff in cutoffs:
-        params += [pid, db_datetime(cutoff), db_datetime(cutoff - DEBT_GRACE)]
+    for pid, cutoff, late_cutoff in cutoffs:
+        params += [pid, db_datetime(cutoff), db_datetime(late_cutoff)]
     statement = sql.retention_debt(spec, hold_sql=hold_sql, cutoffs=len(cutoffs))
     rows = sql.execute(statement, [*params, *hold_params])
     oldest = None

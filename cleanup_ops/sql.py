@@ -30,6 +30,8 @@ from django.db import connection
 from cleanup_ops.models import (
     OPEN_STATES,
     CleanupJob,
+    DeadLetter,
+    DeadLetterStatus,
     DeletedAttachment,
     DocumentDisposition,
     JobKind,
@@ -46,6 +48,7 @@ from retention.registry import RecordKindSpec
 JOB = CleanupJob._meta.db_table
 SWEEP = Sweep._meta.db_table
 LEDGER = LedgerEntry._meta.db_table
+LETTER = DeadLetter._meta.db_table
 BUCKET = RateBucket._meta.db_table
 # The host's customer and site tables (retention.domain): their keys, and the
 # site's column naming its customer (RETENTION_PROPERTY_PORTFOLIO_FIELD).
@@ -131,13 +134,16 @@ def sweep_lock_running() -> str:
 
 def sweep_finish_if_drained() -> str:
     """Finish the sweep if none of its jobs is open: drained, or drained with
-    dead letters when one of its jobs is dead. Run after ``sweep_lock_running``
-    in the same transaction (a statement of its own, so its snapshot is taken
-    once the lock is held). Parameters: ``sweep``, ``now``."""
+    dead letters when one of its jobs is dead and not redriven (a redriven
+    job's work is its redrive's: once that is done, the sweep is drained).
+    Run after ``sweep_lock_running`` in the same transaction (a statement of
+    its own, so its snapshot is taken once the lock is held). Parameters:
+    ``sweep``, ``now``."""
     open_states = ", ".join(f"'{state}'" for state in OPEN_STATES)
     return (
         f"UPDATE {SWEEP} SET finished_at = %(now)s, status = CASE WHEN EXISTS (SELECT 1 FROM {JOB} j"
-        f" WHERE j.sweep_id = %(sweep)s AND j.state = '{JobState.DEAD}')"
+        f" WHERE j.sweep_id = %(sweep)s AND j.state = '{JobState.DEAD}' AND NOT EXISTS (SELECT 1 FROM {LETTER} d"
+        f" WHERE d.job_id = j.id AND d.status = '{DeadLetterStatus.REDRIVEN}'))"
         f" THEN '{SweepStatus.DRAINED_WITH_DEAD_LETTERS}' ELSE '{SweepStatus.DRAINED}' END"
         f" WHERE id = %(sweep)s AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.sweep_id = %(sweep)s"
         f" AND j.state IN ({open_states}))"

@@ -238,6 +238,12 @@ REST_FRAMEWORK = {
         "rest_framework.renderers.JSONRenderer",
         *(["rest_framework.renderers.BrowsableAPIRenderer"] if API_BROWSABLE else []),
     ],
+    # JSON that is too deep or not text is a 400 (retention.apiutils.StrictJSONParser).
+    "DEFAULT_PARSER_CLASSES": [
+        "retention.apiutils.StrictJSONParser",
+        "rest_framework.parsers.FormParser",
+        "rest_framework.parsers.MultiPartParser",
+    ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
         "rest_framework.authentication.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
@@ -499,9 +505,25 @@ CACHES = {
     "django_q": {"BACKEND": "django.core.cache.backends.db.DatabaseCache", "LOCATION": "django_q_cache"},
 }
 
+# --- Console ------------------------------------------------------------------------
+# How often a live console page re-fetches its figures, in seconds. Read from
+# the environment only when set: the default (5 s) lives in the app
+# (cleanup_ops.checks), whose system check reports a bad value at start-up.
+_console_refresh = env.str("CONSOLE_REFRESH_SECONDS", default=None)
+if _console_refresh is not None:
+    CONSOLE_REFRESH_SECONDS = _console_refresh.strip()
+
 # --- Worker health (cleanup_health) ---------------------------------------------
 # A cluster is named on its host; two clusters on one host need two names.
-CLEANUP_CLUSTER_NAME = env.str("CLEANUP_CLUSTER_NAME", default="default").strip()
+# Unset, the name follows the queue the cluster serves ("default" for the
+# main queue, "purge" for Q_PURGE_CLUSTER): the delete and the purge cluster
+# of one host, both started without a name (as the demo's recovery says),
+# then keep a heartbeat row each instead of overwriting one. Two clusters of
+# the same queue on one host still need CLEANUP_CLUSTER_NAME.
+_SERVED_QUEUE = env.str("Q_CLUSTER_NAME", default="") or Q_QUEUE
+CLEANUP_CLUSTER_NAME = env.str(
+    "CLEANUP_CLUSTER_NAME", default="purge" if Q_QUEUE != _SERVED_QUEUE == Q_PURGE_CLUSTER else "default"
+).strip()
 if not CLEANUP_CLUSTER_NAME or len(CLEANUP_CLUSTER_NAME) > 100:
     raise ImproperlyConfigured(f"CLEANUP_CLUSTER_NAME: expected 1 to 100 characters, got {CLEANUP_CLUSTER_NAME!r}")
 # A worker writes its cluster's heartbeat at most this often (one UPSERT).

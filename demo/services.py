@@ -14,6 +14,13 @@ to customers ``a``, ``b``, …, each with its own staff — ``manager-a``,
 ``reviewer-a``, ``auditor-a`` — members of that customer's portfolios only;
 each customer's baseline policies are authored by its manager and approved by
 its reviewer (four-eyes within the customer).
+
+To show four-eyes review itself, every customer also has a *lead*
+(``lead`` with one customer, ``lead-a``, ``lead-b``, … with more) who holds
+both an author role (property manager) and a reviewer role (compliance
+reviewer) in the customer's portfolios: the lead may approve a version the
+manager wrote, and the lead's own version waits for someone else — the admin
+refuses to let its author review it. The lead authors nothing at seeding time.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ PLATFORM_USERS = {"compliance_reviewer": "reviewer", "operator": "operator", "au
 # The single customer's property manager (customers=1): a member, not a group.
 SINGLE_CUSTOMER_MANAGER = "manager"
 DEMO_USERS = {"property_manager": SINGLE_CUSTOMER_MANAGER, **PLATFORM_USERS}
+# Each customer's author-and-reviewer (the four-eyes demo): lead, or lead-<letter>.
+LEAD = "lead"
+LEAD_ROLES = (Membership.Role.PROPERTY_MANAGER, Membership.Role.COMPLIANCE_REVIEWER)
 # Each customer's staff when there are several: <role prefix>-<customer letter>.
 CUSTOMER_STAFF = {
     Membership.Role.PROPERTY_MANAGER: "manager",
@@ -95,6 +105,13 @@ def _customer_staff(customers: int) -> list[dict[str, User]]:
     ]
 
 
+def _leads(customers: int) -> list[User]:
+    """Per customer, the user with both an author and a reviewer role."""
+    if customers == 1:
+        return [_demo_user(LEAD)]
+    return [_demo_user(f"{LEAD}-{_letter(c)}") for c in range(customers)]
+
+
 def _letter(customer: int) -> str:
     return "abcdefghijklmnopqrstuvwxyz"[customer]
 
@@ -116,8 +133,8 @@ def demo_data_seed(
         raise SeedError("--properties-per-portfolio must be at least 1")
     if records_per_property < 0:
         raise SeedError("--records-per-property must be 0 or more")
-    usernames = [*DEMO_USERS.values()] + [
-        f"{p}-{_letter(c)}" for c in range(customers) for p in CUSTOMER_STAFF.values()
+    usernames = [*DEMO_USERS.values(), LEAD] + [
+        f"{p}-{_letter(c)}" for c in range(customers) for p in [*CUSTOMER_STAFF.values(), LEAD]
     ]
     if Portfolio.objects.exists() or User.objects.filter(username__in=usernames).exists():
         raise SeedError("the database already holds portfolios or demo users; seed_demo only fills an empty database")
@@ -132,7 +149,8 @@ def demo_data_seed(
     with transaction.atomic():
         users = _platform_users()
         staff = _customer_staff(customers)
-        result.users = [user.username for user in [*users.values(), *(u for s in staff for u in s.values())]]
+        leads = _leads(customers)
+        result.users = [user.username for user in [*users.values(), *(u for s in staff for u in s.values()), *leads]]
         for p_index in range(portfolios):
             portfolio = Portfolio.objects.create(name=f"Portfolio {p_index + 1}", slug=f"portfolio-{p_index + 1}")
             result.portfolios += 1
@@ -141,6 +159,8 @@ def demo_data_seed(
             result.customers.setdefault(_letter(p_index % customers), []).append(portfolio.slug)
             for role, member in own_staff.items():
                 membership_grant(user=member, portfolio=portfolio, role=role, granted_by=None)
+            for role in LEAD_ROLES:
+                membership_grant(user=leads[p_index % customers], portfolio=portfolio, role=role, granted_by=None)
             # Four-eyes within the customer where it has a reviewer; else the platform's.
             reviewer = own_staff.get(Membership.Role.COMPLIANCE_REVIEWER, users["compliance_reviewer"])
             per_property = records_per_property * (skew if p_index == 0 else 1)
@@ -152,7 +172,7 @@ def demo_data_seed(
                     author=own_staff[Membership.Role.PROPERTY_MANAGER],
                     reason="Demo baseline policy",
                 )
-                policy_version_approve(version_id=version.pk, reviewer=reviewer, note="Demo")
+                policy_version_approve(version_id=version.pk, reviewer=reviewer, note="Demo: seeded, approved")
             for q_index in range(properties_per_portfolio):
                 prop = Property.objects.create(portfolio=portfolio, name=f"P{p_index + 1}-Building {q_index + 1}")
                 result.properties += 1

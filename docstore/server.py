@@ -36,6 +36,8 @@ clears them). They apply to ``DELETE`` requests only:
   (a client with a shorter read timeout sees a timeout although the effect
   happened);
 - ``redirect``: answer 307 with this ``Location``;
+- ``content_type``: with ``status``, answer with this ``Content-Type`` and a
+  short error body (which a client must never keep: tests look for it);
 - ``count``: how many requests the fault applies to (0: until cleared).
 
 Admin endpoints (loopback clients only): ``GET /_admin/requests`` (the request
@@ -68,7 +70,9 @@ from typing import Any
 
 DOCUMENT_PATH = re.compile(r"^/documents/([A-Za-z0-9_-]{1,64})$")
 MAX_BODY = 1 << 20
-FAULT_NAMES = ("latency", "status", "retry_after", "hang", "hang_after_apply", "redirect", "count")
+FAULT_NAMES = ("latency", "status", "retry_after", "hang", "hang_after_apply", "redirect", "content_type", "count")
+# The body of a ``content_type`` fault's answer: a canary a client must never store.
+FAULT_BODY = b'{"error": "docstore-fault-body-canary"}'
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS documents (id TEXT PRIMARY KEY, content BLOB NOT NULL, created_at REAL NOT NULL);
@@ -272,7 +276,7 @@ class Handler(BaseHTTPRequestHandler):
             for name, value in (headers or {}).items():
                 self.send_header(name, value)
             self.send_header("Content-Length", str(len(body)))
-            if body:
+            if body and not any(name.lower() == "content-type" for name in headers or {}):
                 self.send_header("Content-Type", "application/octet-stream")
             self.end_headers()
             if body and self.command != "HEAD":
@@ -352,6 +356,9 @@ class Handler(BaseHTTPRequestHandler):
             headers = {}
             if faults.get("retry_after"):
                 headers["Retry-After"] = _retry_after_value(str(faults["retry_after"]))
+            if faults.get("content_type"):
+                headers["Content-Type"] = str(faults["content_type"])
+                return Answer(int(faults["status"]), body=FAULT_BODY, headers=headers)
             return Answer(int(faults["status"]), headers=headers)
         wait = self.server.bucket.take()
         if wait > 0:

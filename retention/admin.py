@@ -22,7 +22,7 @@ from django.utils.html import format_html
 from retention.admin_domain import register_demo_domain
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 from retention.domain import DISPLAY_FIELD, portfolio_model
-from retention.inputs import MAX_TEXT_LENGTH
+from retention.inputs import MAX_TEXT_LENGTH, MIN_REASON_LENGTH, reason_problem
 from retention.models import (
     MAX_BATCH_SIZE,
     MIN_BATCH_SIZE,
@@ -47,10 +47,42 @@ from retention.services import (
     policy_version_submit,
 )
 
+# The services name their fields as the API does; the admin's forms call two of them otherwise.
+_FORM_FIELD = {"review_note": "note"}
+
 
 def _form_errors(form: forms.Form, exc: ValidationError) -> None:
     for field, errors in exc.message_dict.items():
+        field = _FORM_FIELD.get(field, field)
         form.add_error(field if field in form.fields else None, errors)
+
+
+def username_of(user: object) -> str:
+    """A user as text, never a link: the user admin answers 403 to everyone
+    but the platform's administrators, so a link would be an action the
+    reader cannot take (issue 30, item 12)."""
+    return getattr(user, "username", "") or "—"
+
+
+class AuditTrailHistory:
+    """A History page that shows the object's audit events and links the
+    audit trail. Versions and holds are written through the services, never
+    by the admin's own save, so Django's history would always say the object
+    "wasn't added via this admin site"; the audit trail is the history."""
+
+    audit_object_type = ""
+
+    def history_view(self, request: HttpRequest, object_id: str, extra_context: dict | None = None) -> HttpResponse:
+        events = scope_audit_events(
+            AuditEvent.objects.filter(object_type=self.audit_object_type, object_id=str(object_id)), request.user
+        ).select_related("actor")
+        query = f"?object_type__exact={self.audit_object_type}&q={object_id}"
+        context = {
+            "audit_events": list(events.order_by("created_at", "id")[:200]),
+            "audit_url": reverse("admin:retention_auditevent_changelist") + query,
+            **(extra_context or {}),
+        }
+        return super().history_view(request, object_id, context)  # type: ignore[misc]
 
 
 class PolicyVersionInline(admin.TabularInline):
@@ -65,11 +97,25 @@ class PolicyVersionInline(admin.TabularInline):
         return False
 
 
-def free_text_field(*, required: bool = True) -> forms.CharField:
-    """A reason or note: at most ``MAX_TEXT_LENGTH`` characters (the browser
-    stops there too); control characters are refused by the middleware and
-    the service."""
-    return forms.CharField(required=required, max_length=MAX_TEXT_LENGTH, widget=forms.Textarea(attrs={"rows": 3}))
+def free_text_field(*, label: str = "Reason") -> forms.CharField:
+    """A reason or note: the one rule of ``retention.inputs.reason_problem``
+    (at most ``MAX_TEXT_LENGTH`` characters — the browser stops there too —
+    at least ``MIN_REASON_LENGTH`` visible ones, no control or format
+    characters), checked on the form so the error sits on the field and
+    names it as the page does; the service checks it again."""
+
+    def visible_reason(value: str) -> None:
+        problem = reason_problem(value, field=label)
+        if problem is not None:
+            raise ValidationError(problem)
+
+    return forms.CharField(
+        label=label,
+        max_length=MAX_TEXT_LENGTH,
+        validators=[visible_reason],
+        help_text=f"At least {MIN_REASON_LENGTH} visible characters; it goes into the audit trail.",
+        widget=forms.Textarea(attrs={"rows": 3}),
+    )
 
 
 class NewVersionForm(forms.Form):
@@ -94,6 +140,14 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
 
     def get_readonly_fields(self, request: HttpRequest, obj: RetentionPolicy | None = None) -> list[str]:
         return ["portfolio", "record_kind"] if obj else []
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        policy = self.get_object_or_404(request, object_id)
+        # "Submit a new version" only where the reader may submit one (a reviewer may not).
+        may_submit = may_act_in(request.user, "retention.add_policyversion", policy.portfolio_id)
+        return super().change_view(request, object_id, form_url, {"may_submit": may_submit, **(extra_context or {})})
 
     @admin.display(description="Active version")
     def active_version(self, obj: RetentionPolicy) -> str:
@@ -150,12 +204,19 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
 
 
 class ReviewForm(forms.Form):
-    decision = forms.ChoiceField(choices=[("approve", "Approve"), ("reject", "Reject")])
-    note = free_text_field(required=False)
+    """Nothing is preselected: approving or rejecting is a deliberate choice,
+    and either one needs a note (the service requires it too)."""
+
+    decision = forms.ChoiceField(
+        choices=[("approve", "Approve"), ("reject", "Reject")],
+        widget=forms.RadioSelect,
+        error_messages={"required": "Choose Approve or Reject."},
+    )
+    note = free_text_field(label="Note")
 
 
 @admin.register(PolicyVersion)
-class PolicyVersionAdmin(PortfolioScopedAdmin):
+class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     portfolio_field = "policy__portfolio_id"
     list_display = [
         "id",
@@ -171,7 +232,41 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
     ]
     list_filter = ["status", "policy__record_kind", ("policy__portfolio", PortfolioListFilter)]
     list_select_related = ["policy__portfolio", "author", "reviewer"]
-    readonly_fields = [f.name for f in PolicyVersion._meta.fields]
+    # The page of a version is read-only: users as names (not links the
+    # reader could not follow), "enabled" in words (the form's help text
+    # "Unticked: the policy is withdrawn" beside a ticked box read as a
+    # contradiction).
+    fields = [
+        "policy",
+        "number",
+        "retention_days",
+        "batch_size",
+        "policy_state",
+        "status",
+        "author_name",
+        "reason",
+        "reviewer_name",
+        "reviewed_at",
+        "review_note",
+        "created_at",
+        "submitted_at",
+    ]
+    readonly_fields = fields
+    audit_object_type = "policy_version"
+
+    @admin.display(description="Policy")
+    def policy_state(self, obj: PolicyVersion) -> str:
+        if obj.enabled:
+            return "enabled: deletes records past their retention period"
+        return "withdrawn: deletes nothing"
+
+    @admin.display(description="Author")
+    def author_name(self, obj: PolicyVersion) -> str:
+        return username_of(obj.author)
+
+    @admin.display(description="Reviewer")
+    def reviewer_name(self, obj: PolicyVersion) -> str:
+        return username_of(obj.reviewer)
 
     def has_add_permission(self, request: HttpRequest) -> bool:
         return False  # new versions come from the policy page, through the service
@@ -198,6 +293,8 @@ class PolicyVersionAdmin(PortfolioScopedAdmin):
                 request.user, "retention.approve_policyversion", obj.policy.portfolio_id
             ):
                 return "awaiting a compliance reviewer"
+            if obj.status == PolicyVersion.Status.IN_REVIEW and obj.author_id == request.user.pk:
+                return "awaiting another reviewer (you wrote it)"  # four-eyes: not the author
             return self.review(obj)
 
         return [review if name == "review" else name for name in super().get_list_display(request)]
@@ -271,14 +368,21 @@ class ReleaseForm(forms.Form):
 
 
 @admin.register(LegalHold)
-class LegalHoldAdmin(PortfolioScopedAdmin):
+class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     form = PlaceHoldForm
+    audit_object_type = "legal_hold"
     list_display = ["id", "portfolio", "property", "record_kind", "record_id", "placed_by", "placed_at", "state"]
     list_filter = [("released_at", admin.EmptyFieldListFilter), "record_kind", ("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio", "property", "placed_by"]
     # Autocomplete, not a raw id: its choices come from the (scoped) property
     # admin, and a raw-id widget would print the name of any id typed into it.
+    # The picker offers the chosen portfolio's properties only (its script);
+    # an autocomplete when the site model has an admin (the demo's has).
     autocomplete_if_registered = ("property",)
+
+    class Media:
+        # After django.jQuery is defined (Django merges media keeping this order).
+        js = ["admin/js/vendor/jquery/jquery.min.js", "admin/js/jquery.init.js", "retention/hold_property_picker.js"]
 
     @admin.display(description="State")
     def state(self, obj: LegalHold) -> str:
@@ -288,10 +392,63 @@ class LegalHoldAdmin(PortfolioScopedAdmin):
             'active · <a href="{}">Release…</a>', reverse("admin:retention_legalhold_release", args=[obj.pk])
         )
 
+    # A hold's page once placed: read-only, users as names (see ``username_of``).
+    hold_fields = [
+        "portfolio",
+        "property",
+        "record_kind",
+        "record_id",
+        "reason",
+        "placed_by_name",
+        "placed_at",
+        "released_by_name",
+        "released_at",
+        "release_reason",
+    ]
+
+    def get_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
+        return list(self.hold_fields) if obj is not None else super().get_fields(request, obj)
+
     def get_readonly_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
-        if obj is None:
-            return []
-        return [f.name for f in LegalHold._meta.fields]
+        return list(self.hold_fields) if obj is not None else []
+
+    @admin.display(description="Placed by")
+    def placed_by_name(self, obj: LegalHold) -> str:
+        return username_of(obj.placed_by)
+
+    @admin.display(description="Released by")
+    def released_by_name(self, obj: LegalHold) -> str:
+        return username_of(obj.released_by)
+
+    def get_list_display(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+        """ "Release…" only where the reader may release (a manager sees the state alone)."""
+
+        @admin.display(description="State")
+        def state(obj: LegalHold) -> str:
+            if obj.is_active and not may_act_in(request.user, "retention.change_legalhold", obj.portfolio_id):
+                return "active"
+            return self.state(obj)
+
+        return [state if name == "state" else name for name in super().get_list_display(request)]
+
+    def change_view(
+        self, request: HttpRequest, object_id: str, form_url: str = "", extra_context: dict | None = None
+    ) -> HttpResponse:
+        """A placed hold is never edited: no Save buttons, and a POST changes
+        nothing and writes no history row (it said "changed successfully")."""
+        hold = self.get_object_or_404(request, object_id)
+        if request.method == "POST":
+            messages.info(request, "A legal hold is not edited once placed; release it from its own page.")
+            return HttpResponseRedirect(request.path)
+        context = {
+            "show_save": False,
+            "show_save_and_continue": False,
+            "show_save_and_add_another": False,
+            "show_delete": False,
+            "may_release": hold.is_active and may_act_in(request.user, "retention.change_legalhold", hold.portfolio_id),
+            **(extra_context or {}),
+        }
+        return super().change_view(request, object_id, form_url, context)
 
     def has_delete_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
@@ -302,8 +459,14 @@ class LegalHoldAdmin(PortfolioScopedAdmin):
         except ValidationError:
             # The scope changed between the form's check and the placement under
             # the scope lock (the record was deleted meanwhile): nothing was
-            # written; show the form again, whose check now names the field.
-            return super().add_view(request, form_url, extra_context)
+            # written. The form checks every rule the service does, so showing
+            # it again names the field; should it raise again (the record came
+            # and went twice), say so rather than answer 500.
+            try:
+                return super().add_view(request, form_url, extra_context)
+            except ValidationError as exc:
+                messages.error(request, " ".join(" ".join(errors) for errors in exc.message_dict.values()))
+                return HttpResponseRedirect(request.get_full_path())
 
     def save_model(self, request: HttpRequest, obj: LegalHold, form: forms.ModelForm, change: bool) -> None:
         if change:

@@ -13,10 +13,15 @@ have the host's own admin, which may scope its pages with
 
 from __future__ import annotations
 
+from typing import Any
+
 from django.apps import apps
 from django.contrib import admin
+from django.db.models import QuerySet
+from django.http import HttpRequest
 
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
+from retention.inputs import id_problem
 
 
 class PortfolioAdmin(PortfolioScopedAdmin):
@@ -30,6 +35,17 @@ class PropertyAdmin(PortfolioScopedAdmin):
     list_filter = [("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio"]
     search_fields = ["name"]
+
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
+        """An autocomplete (a legal hold's property picker) that sends the
+        chosen ``portfolio`` gets that portfolio's properties only
+        (``retention/static/retention/hold_property_picker.js``; the admin
+        site refuses a value that is not an id). The form still checks the pair."""
+        queryset, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        portfolio = request.GET.get("portfolio", "")
+        if request.path.endswith("/autocomplete/") and id_problem(portfolio, field="portfolio", from_form=True) is None:
+            queryset = queryset.filter(portfolio_id=int(portfolio))
+        return queryset, may_have_duplicates
 
 
 class RecordAdmin(PortfolioScopedAdmin):

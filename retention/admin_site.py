@@ -21,6 +21,12 @@ The change, history and delete pages of every model check the permission
 to view the model before looking the object up (Django does it the other way
 round, which tells a user without the permission which ids exist).
 
+A changelist action is a write: an action that declares no
+``allowed_permissions`` (django-q2's "Resubmit selected tasks", which also
+deletes failed-task records) is refused with a 403 to a user without the
+model's change permission, whatever the selection (``select_across`` too);
+Django would run it for anyone who may view the list.
+
 Autocomplete (``/admin/autocomplete/``) takes a ``term`` of at most
 ``MAX_FILTER_LENGTH`` characters. Control characters anywhere are refused
 earlier, by ``retention.middleware``. A 400 here renders a short page that
@@ -47,6 +53,7 @@ CHANGELIST_PARAMS = frozenset({"q", "o", "p", "all", "e", "_popup", "_to_field",
 
 # Kinds of value a changelist parameter takes.
 ID, YEAR, MONTH, DAY, TEXT = "id", "year", "month", "day", "text"
+INTEGER_KEYS = frozenset({"AutoField", "BigAutoField", "SmallAutoField", "IntegerField", "BigIntegerField"})
 RANGES = {YEAR: (1, 9998), MONTH: (1, 12), DAY: (1, 31)}
 
 
@@ -107,8 +114,24 @@ def changelist_problem(model_admin: admin.ModelAdmin, request: HttpRequest) -> t
             if (problem := value_problem(name, value, kind)) is not None:
                 return name, problem
     if request.method == "POST":
+        action = request.POST.get("action", "")
+        if action:
+            func = model_admin.get_actions(request).get(action, (None,))[0]
+            if (
+                func is not None
+                and not getattr(func, "allowed_permissions", ())
+                and not model_admin.has_change_permission(request)
+            ):
+                raise PermissionDenied
+        # Ids are integers where the model's key is (django-q2's task ids are text).
+        integer_key = model_admin.model._meta.pk.get_internal_type() in INTEGER_KEYS
         for value in request.POST.getlist("_selected_action"):
-            if (problem := id_problem(value, field="_selected_action", from_form=True)) is not None:
+            problem = (
+                id_problem(value, field="_selected_action", from_form=True)
+                if integer_key
+                else value_problem("_selected_action", value, TEXT)
+            )
+            if problem is not None:
                 return "_selected_action", problem
     return None
 
@@ -118,6 +141,10 @@ def autocomplete_problem(request: HttpRequest) -> tuple[str, str] | None:
         problem = text_problem(request.GET.get(name, ""), field=name, max_length=MAX_FILTER_LENGTH)
         if problem is not None:
             return name, problem
+    # The legal hold form's property picker narrows by the chosen portfolio (an id, or nothing chosen yet).
+    portfolio = request.GET.get("portfolio", "")
+    if portfolio and (problem := id_problem(portfolio, field="portfolio", from_form=True)) is not None:
+        return "portfolio", problem
     return None
 
 

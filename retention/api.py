@@ -39,6 +39,7 @@ from retention.apiutils import (
 )
 from retention.domain import portfolio_model, property_model, property_portfolio_attname
 from retention.filters import audit_filter_parse
+from retention.inputs import MIN_REASON_LENGTH, reason_problem
 from retention.models import (
     MAX_BATCH_SIZE,
     MIN_BATCH_SIZE,
@@ -48,6 +49,7 @@ from retention.models import (
     RetentionPolicy,
 )
 from retention.scoping import may_act_in, portfolios_where, scope_audit_events, scope_queryset
+from retention.selectors import policy_version_impact
 from retention.services import (
     ConcurrentApproval,
     legal_hold_place,
@@ -119,7 +121,15 @@ class NewVersionSerializer(serializers.Serializer):
 
 
 class ReviewSerializer(serializers.Serializer):
-    note = FreeTextField(required=False, allow_blank=True, default="")
+    note = FreeTextField(
+        help_text=f"Why: at least {MIN_REASON_LENGTH} visible characters (approving needs one as much as rejecting)."
+    )
+
+    def validate_note(self, value: str) -> str:
+        problem = reason_problem(value, field="note")
+        if problem is not None:
+            raise serializers.ValidationError(problem)
+        return value
 
 
 class LegalHoldSerializer(serializers.ModelSerializer):
@@ -206,6 +216,27 @@ class PolicyViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         return Response(PolicyVersionSerializer(version).data, status=status.HTTP_201_CREATED)
 
 
+class ImpactSerializer(serializers.Serializer):
+    """``retention.selectors.ImpactPreview``: what approving a version would change, as counts."""
+
+    active_days = serializers.IntegerField(allow_null=True)
+    active_enabled = serializers.BooleanField()
+    proposed_days = serializers.IntegerField()
+    proposed_enabled = serializers.BooleanField()
+    expired_now = serializers.IntegerField()
+    held_now = serializers.IntegerField()
+    eligible_now = serializers.IntegerField()
+    expired_after = serializers.IntegerField()
+    held_after = serializers.IntegerField()
+    eligible_after = serializers.IntegerField()
+    active_batch_size = serializers.IntegerField(allow_null=True)
+    proposed_batch_size = serializers.IntegerField()
+    batches_now = serializers.IntegerField()
+    batches_after = serializers.IntegerField()
+    rows_per_second = serializers.FloatField(allow_null=True)
+    seconds_after = serializers.FloatField(allow_null=True)
+
+
 class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     portfolio_field = "policy__portfolio_id"
     queryset = PolicyVersion.objects.order_by("-id")
@@ -216,10 +247,22 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         "retrieve": "retention.view_policyversion",
         "approve": "retention.approve_policyversion",
         "reject": "retention.approve_policyversion",
+        # The admin's review page shows it to whoever may see the version.
+        "impact": "retention.view_policyversion",
     }
 
     def get_serializer_class(self) -> type[serializers.Serializer]:
+        if self.action == "impact":
+            return ImpactSerializer
         return ReviewSerializer if self.action in {"approve", "reject"} else PolicyVersionSerializer
+
+    @extend_schema(responses={200: ImpactSerializer})
+    @action(detail=True, methods=["get"])
+    def impact(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response:
+        """The impact preview of approving this version (the admin's): rows
+        expired and held under the active version now and under this one,
+        counted in the version's portfolio only."""
+        return Response(ImpactSerializer(policy_version_impact(version=self.get_object())).data)
 
     def _review(self, request: Request, fn: Any) -> Response:
         version = self.get_object()
@@ -235,7 +278,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         request=ReviewSerializer,
         responses={
             200: PolicyVersionSerializer,
-            400: OpenApiResponse(description="not in review"),
+            400: OpenApiResponse(description="not in review, or note missing or too short"),
             403: OpenApiResponse(description="the author, or a role without the permission"),
             409: OpenApiResponse(description="another version of the policy was approved at the same moment"),
         },

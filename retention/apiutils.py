@@ -15,6 +15,7 @@ so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
@@ -22,7 +23,8 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
 from django.http import QueryDict
 from rest_framework import serializers, status
-from rest_framework.exceptions import APIException, PermissionDenied, ValidationError
+from rest_framework.exceptions import APIException, ParseError, PermissionDenied, ValidationError
+from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
 
@@ -30,6 +32,34 @@ from retention.filters import FilterError, id_param
 from retention.filters import choice_param as filters_choice_param
 from retention.inputs import CONTROL_FREE_PATTERN, MAX_ID, MAX_TEXT_LENGTH, id_problem
 from retention.scoping import scope_queryset
+
+
+class StrictJSONParser(JSONParser):
+    """DRF's JSON parser, answering 400 rather than 500 for two bodies it lets through:
+
+    - JSON nested so deeply that Python's parser runs out of stack
+      (50,000 ``[``): ``RecursionError``. Any logged-in user can send it, and
+      the session CSRF check parses the body before permissions run.
+    - A string holding a lone surrogate (``"\\ud800"``): valid JSON, not
+      valid text; an error message quoting it cannot be encoded.
+
+    Neither message quotes the body.
+    """
+
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: Any = None) -> Any:
+        try:
+            data = super().parse(stream, media_type, parser_context)
+        except RecursionError:
+            raise ParseError("JSON parse error - the body is nested too deeply.") from None
+        try:
+            json.dumps(data, ensure_ascii=False).encode("utf-8")
+        except RecursionError:
+            raise ParseError("JSON parse error - the body is nested too deeply.") from None
+        except UnicodeEncodeError:
+            raise ParseError(
+                "JSON parse error - a string holds a lone surrogate (\\ud800-\\udfff), not text."
+            ) from None
+        return data
 
 
 class Conflict(APIException):

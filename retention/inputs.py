@@ -11,6 +11,16 @@ request can never write what a form would have refused:
   Unicode category ``Cc`` except tab, line feed and carriage return, which a
   textarea sends. NUL in particular never reaches the database (PostgreSQL
   refuses it in text; SQLite would store it).
+- **Reasons** (a decision's reason, a review note, a hold's reason and its
+  release's): free text as above, *and* at least ``MIN_REASON_LENGTH``
+  visible characters — letters, digits, punctuation and symbols, so spaces,
+  combining marks and blank "letters" such as U+3164 (Hangul filler) do not
+  count — and no format characters (Unicode ``Cf``: zero-width spaces and
+  joiners U+200B-U+200D, U+2060, U+FEFF, the soft hyphen U+00AD, and the
+  bidirectional overrides and isolates such as U+202E). One rule for every
+  reason, whichever route it came by: a reason is what a later reader of the
+  audit trail relies on, and text that renders as nothing or reorders itself
+  on screen is not one.
 - **Ids**: integers only, from 1 to ``MAX_ID`` (PostgreSQL's ``bigint``).
   In JSON an id is a JSON integer — ``"755"``, ``755.0``, ``1.5``, ``true``
   and ``1e400`` are refused, never rounded or coerced. In a query string or
@@ -29,6 +39,8 @@ from typing import Any
 MAX_ID = 2**63 - 1
 #: The longest reason or note the product stores (audit trail included).
 MAX_TEXT_LENGTH = 2000
+#: The fewest visible characters a reason or a review note may have (``reason_problem``).
+MIN_REASON_LENGTH = 10
 #: The longest search term or free-text filter value the console and admin take.
 MAX_FILTER_LENGTH = 200
 
@@ -58,6 +70,36 @@ def text_problem(value: str, *, field: str, max_length: int = MAX_TEXT_LENGTH) -
         return f"{field} must be at most {max_length} characters (got {len(value)})."
     if has_control_characters(value):
         return f"{field} must not contain control characters (such as NUL)."
+    return None
+
+
+# Letters the Unicode standard classes as letters (Lo) but that render blank:
+# the Hangul fillers and the braille blank. They do not count as visible.
+_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+_VISIBLE_CATEGORIES = frozenset("LNPS")
+
+
+def visible_length(text: str) -> int:
+    """How many characters of ``text`` a reader sees: letters, digits,
+    punctuation and symbols, not spaces, marks, format characters or blanks."""
+    return sum(1 for ch in text if unicodedata.category(ch)[0] in _VISIBLE_CATEGORIES and ch not in _BLANK_LETTERS)
+
+
+def reason_problem(value: str, *, field: str, min_length: int = MIN_REASON_LENGTH) -> str | None:
+    """Why ``value`` is not an acceptable reason (or review note) for ``field``, or ``None``."""
+    problem = text_problem(value, field=field)
+    if problem is not None:
+        return problem
+    if any(unicodedata.category(ch) == "Cf" for ch in value):
+        return (
+            f"{field} must not contain invisible formatting characters"
+            " (zero-width spaces, soft hyphens, direction overrides)."
+        )
+    if visible_length(value) < min_length:
+        return (
+            f"{field} must have at least {min_length} visible characters; it goes into the audit trail"
+            " (spaces and invisible characters do not count)."
+        )
     return None
 
 

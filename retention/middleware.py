@@ -9,11 +9,16 @@ admin (search ``q``, autocomplete ``term``, filters), API (as JSON,
 this a NUL reaches PostgreSQL, which refuses it in text with an error (a
 500), or SQLite, which stores it. JSON bodies are checked by the API's
 serializers (``retention.apiutils.FreeTextField``).
+
+The path is checked too: a control character (``%00``) or a lone surrogate
+in it answers 400 naming ``path`` before any view looks it up (an admin
+object id ``%00`` reached PostgreSQL, which refuses NUL in text).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
+from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse, QueryDict
 from django.urls import NoReverseMatch, reverse
@@ -42,12 +47,30 @@ def _is_api(path: str) -> bool:
         return False
 
 
+def path_problem(request: HttpRequest) -> bool:
+    """Whether the path holds a control character, a lone surrogate, or bytes
+    that are not UTF-8. ``%ED%A0%80`` is how a lone surrogate arrives over
+    HTTP; Django keeps bytes that are not UTF-8 percent-encoded in
+    ``request.path``, where a view would take them as an id or a name. (No
+    route of ours has a literal ``%`` in it, so nothing valid is refused.)"""
+    path = request.path
+    if has_control_characters(path) or any("\ud800" <= ch <= "\udfff" for ch in path):
+        return True
+    try:
+        unquote_to_bytes(path).decode("utf-8")
+    except UnicodeDecodeError:
+        return True
+    return False
+
+
 class RefuseControlCharacters:
     def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
         self.get_response = get_response
 
     def __call__(self, request: HttpRequest) -> HttpResponse:
-        field = control_character_field(request.GET)
+        # "path": a control character, a lone surrogate or bytes that are not UTF-8.
+        field = "path" if path_problem(request) else None
+        field = field or control_character_field(request.GET)
         if field is None and request.method == "POST" and request.content_type in FORM_TYPES:
             field = control_character_field(request.POST)
         if field is not None:

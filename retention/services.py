@@ -32,7 +32,7 @@ from django.db.models import Max, Model
 from django.utils import timezone
 
 from retention.domain import portfolio_model, property_model, property_portfolio_id
-from retention.inputs import MAX_TEXT_LENGTH, text_problem
+from retention.inputs import MAX_TEXT_LENGTH, reason_problem, text_problem
 from retention.models import (
     MAX_BATCH_SIZE,
     MAX_RETENTION_DAYS,
@@ -62,16 +62,17 @@ def free_text(value: str, *, field: str) -> str:
     return value.strip()
 
 
-def require_text(value: str, *, field: str, min_length: int = 1) -> str:
-    """The trimmed text, or a ValidationError naming ``field`` (reasons, notes):
-    blank, shorter than ``min_length``, longer than ``MAX_TEXT_LENGTH`` or
-    holding control characters."""
-    text = free_text(value or "", field=field)
-    if len(text) < min_length:
-        if min_length <= 1:
-            raise ValidationError({field: f"{field} is required and cannot be blank."})
-        raise ValidationError({field: f"{field} must be at least {min_length} characters (after trimming)."})
-    return text
+def require_reason(value: str, *, field: str) -> str:
+    """The trimmed reason (or review note), or a ValidationError naming
+    ``field``: free text (``free_text``) with at least ``MIN_REASON_LENGTH``
+    visible characters and no format characters (``retention.inputs.reason_problem``).
+    Every reason and note of every route passes here: one rule for all."""
+    if not isinstance(value, str):
+        raise ValidationError({field: f"{field} must be text."})
+    problem = reason_problem(value, field=field)
+    if problem is not None:
+        raise ValidationError({field: problem})
+    return value.strip()
 
 
 class ScopeBusy(ValidationError):
@@ -180,7 +181,7 @@ def policy_version_submit(
     to ``CLEANUP_BATCH_SIZE``."""
     days = _validate_retention_days(retention_days)
     size = None if batch_size is None else _validate_batch_size(batch_size)
-    reason = require_text(reason, field="reason")
+    reason = require_reason(reason, field="reason")
     now = timezone.now()
     with transaction.atomic():
         # The policy row lock serialises version numbering.
@@ -238,7 +239,6 @@ class ConcurrentApproval(Exception):
 
 
 def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool) -> PolicyVersion:
-    note = free_text(note, field="review_note")
     if not reviewer.has_perm("retention.approve_policyversion"):
         raise PermissionDenied("You do not have permission to review policy versions.")
     # Four-eyes within a customer: a customer's reviewer reviews only in the
@@ -246,6 +246,10 @@ def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: 
     portfolio_id = PolicyVersion.objects.filter(pk=version_id).values_list("policy__portfolio_id", flat=True).first()
     if portfolio_id is not None and not may_act_in(reviewer, "retention.approve_policyversion", portfolio_id):
         raise PermissionDenied("You are not a compliance reviewer of this policy's portfolio.")
+    # Approving needs a written note as much as rejecting: it is the record
+    # of why a retention period changed (checked after the permission, so a
+    # user who may not review learns nothing from the answer).
+    note = require_reason(note, field="review_note")
     # The active version as this approval starts: if another approval of the
     # same policy commits while this one waits for the policy's row lock, the
     # active version it finds there differs, and this one is the conflict.
@@ -328,13 +332,12 @@ def _review_once(
     return version
 
 
-def policy_version_approve(*, version_id: int, reviewer: AbstractBaseUser, note: str = "") -> PolicyVersion:
+def policy_version_approve(*, version_id: int, reviewer: AbstractBaseUser, note: str) -> PolicyVersion:
     """Make a version active; the previously active one is superseded atomically."""
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=True)
 
 
 def policy_version_reject(*, version_id: int, reviewer: AbstractBaseUser, note: str) -> PolicyVersion:
-    note = require_text(note, field="review_note")
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=False)
 
 
@@ -350,6 +353,10 @@ def legal_hold_scope_validate(
     One message for "no such record" and "a record of another portfolio", so
     the answer never tells whether an id exists elsewhere.
     """
+    # A property of another portfolio would make a hold that protects nothing
+    # it names (the scope lock and the delete both key on the pair).
+    if property is not None and property.portfolio_id != portfolio.pk:
+        raise ValidationError({"property": f"{property} is not a property of {portfolio}; choose one of its own."})
     if record_id is None:
         return
     if not record_kind:
@@ -377,7 +384,7 @@ def legal_hold_place(
     record_kind: str = "",
     record_id: int | None = None,
 ) -> LegalHold:
-    reason = require_text(reason, field="reason")
+    reason = require_reason(reason, field="reason")
     if record_kind:
         try:
             get_spec(record_kind)
@@ -386,7 +393,7 @@ def legal_hold_place(
     if record_id is not None and not record_kind:
         raise ValidationError({"record_kind": "record_kind is required when record_id is given."})
     if property is not None and property_portfolio_id(property) != portfolio.pk:
-        raise ValidationError({"property": f"property {property.pk} is not in portfolio {portfolio.pk}."})
+        raise ValidationError({"property": f"{property} is not a property of {portfolio}; choose one of its own."})
     with transaction.atomic():
         # Scope lock: see the module docstring (the hold race).
         scope_lock(
@@ -423,7 +430,7 @@ def legal_hold_place(
 
 
 def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: str) -> LegalHold:
-    reason = require_text(reason, field="reason")
+    reason = require_reason(reason, field="reason")
     with transaction.atomic():
         hold = LegalHold.objects.select_for_update().get(pk=hold_id)
         if not hold.is_active:

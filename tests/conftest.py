@@ -133,7 +133,7 @@ def active_policy(manager: User, reviewer: User) -> ActivePolicy:
         version = policy_version_submit(
             policy=policy, retention_days=days, enabled=enabled, author=manager, reason="test policy"
         )
-        return policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        return policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
 
     return make
 
@@ -219,8 +219,8 @@ def make_lease_estate(*, portfolios: int = 3, properties: int = 2, rows: int = 4
     for p_index in range(portfolios):
         portfolio = Portfolio.objects.create(name=f"P{p_index}", slug=f"p{p_index}")
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r for the tests")
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
         for q in range(properties):
             prop = Property.objects.create(portfolio=portfolio, name=f"B{q}")
             make_records(prop, "lease", rows, ended=utc("2020-01-01T00:00:00Z"))

@@ -29,9 +29,11 @@ def in_review(portfolio, prop, manager, reviewer, active_policy):
         )
         for d in (50, 500, 1500, 2000)
     ]
-    legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=leases[3].pk, placed_by=reviewer, reason="x")
+    legal_hold_place(
+        portfolio=portfolio, record_kind="lease", record_id=leases[3].pk, placed_by=reviewer, reason="x for the tests"
+    )
     policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-    return policy_version_submit(policy=policy, retention_days=100, author=manager, reason="shorten")
+    return policy_version_submit(policy=policy, retention_days=100, author=manager, reason="shorten for the tests")
 
 
 def test_the_review_page_shows_the_change_and_its_impact(client, in_review, second_reviewer):
@@ -49,7 +51,7 @@ def test_the_review_page_shows_the_change_and_its_impact(client, in_review, seco
 def test_a_reviewer_approves_through_the_confirmation_page(client, in_review, second_reviewer):
     client.force_login(second_reviewer)
     url = reverse("admin:retention_policyversion_review", args=[in_review.pk])
-    response = client.post(url, {"decision": "approve", "note": "fine"})
+    response = client.post(url, {"decision": "approve", "note": "fine, for the tests"})
     assert response.status_code == 302
     in_review.refresh_from_db()
     assert in_review.status == PolicyVersion.Status.APPROVED

@@ -180,21 +180,29 @@ class TestPoliciesAndHolds:
         Membership.objects.create(user=manager, portfolio=portfolio, role="property_manager")
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
         created = client_for(manager).post(
-            f"/api/v1/policies/{policy.pk}/versions/", {"retention_days": 365, "reason": "baseline"}, format="json"
+            f"/api/v1/policies/{policy.pk}/versions/",
+            {"retention_days": 365, "reason": "baseline for leases"},
+            format="json",
         )
         assert created.status_code == 201 and created.json()["status"] == "in_review"
         version_id = created.json()["id"]
         assert (
-            client_for(manager).post(f"/api/v1/policy-versions/{version_id}/approve/", {}, format="json").status_code
+            client_for(manager)
+            .post(f"/api/v1/policy-versions/{version_id}/approve/", {"note": "approved for the tests"}, format="json")
+            .status_code
             == 403
         )
-        approved = client_for(reviewer).post(f"/api/v1/policy-versions/{version_id}/approve/", {}, format="json")
+        approved = client_for(reviewer).post(
+            f"/api/v1/policy-versions/{version_id}/approve/", {"note": "approved for the tests"}, format="json"
+        )
         assert approved.status_code == 200 and approved.json()["status"] == "approved"
 
     def test_the_author_gets_403_even_with_the_reviewer_role(self, portfolio, reviewer):
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=30, author=reviewer, reason="mine")
-        response = client_for(reviewer).post(f"/api/v1/policy-versions/{version.pk}/approve/", {}, format="json")
+        version = policy_version_submit(policy=policy, retention_days=30, author=reviewer, reason="mine for the tests")
+        response = client_for(reviewer).post(
+            f"/api/v1/policy-versions/{version.pk}/approve/", {"note": "approved for the tests"}, format="json"
+        )
         assert response.status_code == 403
         version.refresh_from_db()
         assert version.status == PolicyVersion.Status.IN_REVIEW
@@ -212,7 +220,7 @@ class TestPoliciesAndHolds:
         api = client_for(reviewer)
         placed = api.post(
             "/api/v1/legal-holds/",
-            {"portfolio": portfolio.pk, "property": prop.pk, "reason": "subpoena"},
+            {"portfolio": portfolio.pk, "property": prop.pk, "reason": "subpoena for the tests"},
             format="json",
         )
         assert placed.status_code == 201
@@ -228,7 +236,7 @@ class TestPoliciesAndHolds:
 
     def test_audit_events_are_listed_and_filtered(self, portfolio, prop, reviewer, auditor):
         client_for(reviewer).post(
-            "/api/v1/legal-holds/", {"portfolio": portfolio.pk, "reason": "subpoena"}, format="json"
+            "/api/v1/legal-holds/", {"portfolio": portfolio.pk, "reason": "subpoena for the tests"}, format="json"
         )
         body = client_for(auditor).get("/api/v1/audit-events/?action=legal_hold.placed").json()
-        assert body["count"] == 1 and body["results"][0]["reason"] == "subpoena"
+        assert body["count"] == 1 and body["results"][0]["reason"] == "subpoena for the tests"

@@ -49,7 +49,7 @@ from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
-from properties.models import Portfolio
+from properties.models import Portfolio, Property
 from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPolicy
 from retention.services import legal_hold_place, policy_version_submit
 
@@ -104,14 +104,18 @@ def documented_operations() -> list[str]:
 def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
     """A row of every kind the API serves; returns their ids by collection."""
     version = active_policy(portfolio, "lease", 365)
-    policy_version_submit(policy=version.policy, retention_days=400, enabled=True, author=manager, reason="longer")
+    policy_version_submit(
+        policy=version.policy, retention_days=400, enabled=True, author=manager, reason="longer for the tests"
+    )
     make_records(prop, "lease", 3, ended=OLD)
+    # A second partition whose job stays pending: run now and cancel can succeed.
+    make_records(Property.objects.create(portfolio=portfolio, name="Pending Row"), "lease", 1, ended=OLD)
     sweep_trigger()
 
     def rejected(job_id: int) -> None:
         raise DownstreamError(400)
 
-    job_run_slice(job_id=CleanupJob.objects.get().pk, before_batch=rejected)
+    job_run_slice(job_id=CleanupJob.objects.order_by("id").first().pk, before_batch=rejected)
     holder = make_user("hold-reviewer", "compliance_reviewer")
     legal_hold_place(portfolio=portfolio, property=prop, reason="litigation 2026-17", placed_by=holder)
     pipeline_pause(actor=None, reason="seeded portfolio pause", portfolio_id=portfolio.pk)  # so resume can succeed
@@ -180,6 +184,10 @@ def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[i
                 refs = {name: seeded[name][0] for name in ("portfolio", "property") if name in case.body}
                 if "portfolio_id" in case.body:  # resume the seeded (paused) portfolio, pause another
                     refs["portfolio_id"] = seeded["unpaused" if case.path.endswith("/pause/") else "portfolio"][0]
+                if case.path.endswith("/dead-letters/bulk/"):  # ids of seeded letters, not a filter too
+                    case.body.pop("filter", None)
+                    refs["letter_ids"] = seeded["dead-letters"]
+                    refs["reason"] = "a generated decision, long enough"
                 if "reason" in case.body and len(str(case.body["reason"]).strip()) < 10:
                     refs["reason"] = "a generated decision, long enough"  # operator reasons need 10+ characters
                 case.body = {**case.body, **refs}

@@ -17,6 +17,7 @@ answers 4xx with a message naming the field.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from typing import Any
 
@@ -136,8 +137,8 @@ def build() -> dict[str, Any]:
     membership_grant(user=manager, portfolio=portfolio, role="property_manager", granted_by=None)
     membership_grant(user=reviewer, portfolio=portfolio, role="compliance_reviewer", granted_by=None)
     policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="first")
-    policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="first for the tests")
+    policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
     make_records(prop, "lease", 3, ended=OLD)
     sweep_trigger()
 
@@ -145,8 +146,8 @@ def build() -> dict[str, Any]:
         raise DownstreamError(400)
 
     job_run_slice(job_id=CleanupJob.objects.get().pk, before_batch=reject)
-    in_review = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
-    hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="subpoena")
+    in_review = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer for the tests")
+    hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="subpoena for the tests")
     return {
         "root": root,
         "operator": operator,
@@ -373,7 +374,7 @@ def test_a_legal_hold_form_with_a_property_that_is_not_an_id_is_no_server_error(
     client = client_for(world["root"])
     before = snapshot()
     path = reverse("admin:retention_legalhold_add")
-    data = {"portfolio": world["portfolio"].pk, "property": "abc", "reason": "subpoena"}
+    data = {"portfolio": world["portfolio"].pk, "property": "abc", "reason": "subpoena for the tests"}
     response = getattr(client, method)(path, data)
     assert response.status_code == 200
     if method == "post":
@@ -437,3 +438,89 @@ def test_every_lookup_a_real_filter_uses_is_accepted(world):
     ):
         assert client.get(path).status_code == 200, path
     assert Lease.objects.exists() and AuditEvent.objects.exists() and RetentionPolicy.objects.exists()
+
+
+# --- Regression: issue 30, item 6 (and its bad-input coverage of every route) ---------
+
+NUL = "%00"
+SURROGATE = "%ED%A0%80"  # U+D800 encoded as UTF-8 would be: a lone surrogate, not text
+DEEP_JSON = "[" * 50_000 + "]" * 50_000
+
+
+def every_route_with(value: str) -> list[str]:
+    """Each route of the resolver with ``value`` in every parameter, or (a
+    route without parameters) appended to its path."""
+    from .test_route_crawler import fill, routes
+
+    urls = []
+    for route in routes():
+        if route.params:
+            urls.append(fill(route, dict.fromkeys(route.params, value)))
+        else:
+            path = fill(route, {}).split("?")[0]
+            urls.append(path + value if path.endswith("/") else f"{path}/{value}")
+    return sorted(set(urls))
+
+
+@pytest.mark.parametrize("value", [NUL, SURROGATE], ids=["nul", "lone-surrogate"])
+def test_a_nul_or_a_lone_surrogate_in_the_path_of_any_route_is_a_400_naming_the_path(world, value):
+    clients = {user: client_for(world[user]) for user in ("root", "operator")}
+    before = snapshot()
+    for user, client in clients.items():
+        for url in every_route_with(value):
+            for method in ("get", "post"):
+                response = getattr(client, method)(url)
+                assert response.status_code == 400, f"{method.upper()} {url} as {user}: {response.status_code}"
+                assert b"path" in response.content, url
+    assert snapshot() == before
+
+
+def test_an_admin_object_id_that_is_nul_is_a_400_not_a_server_error(world):
+    for model in ("django_q/failure", "django_q/success", "retention/legalhold"):
+        response = client_for(world["root"]).get(f"/admin/{model}/{NUL}/change/")
+        assert_refused_naming(response, "path")
+
+
+def test_json_nested_50000_deep_posted_to_any_route_is_a_4xx_never_a_server_error(world):
+    """Any logged-in user could send it: the session CSRF check parses the
+    body before permissions. Every API route answers 4xx; no route 5xx."""
+    from .test_route_crawler import fill, routes
+
+    clients = [client_for(world["operator"]), client_for(User.objects.get(username="pm"))]
+    before = snapshot()
+    for client in clients:
+        client.handler.enforce_csrf_checks = True  # the path that parsed the body first…
+        client.cookies["csrftoken"] = "a" * 32  # …once the browser holds a CSRF cookie
+        for route in routes():
+            url = fill(route, {p: ("json" if p == "format" else "1") for p in route.params})
+            response = client.post(url, DEEP_JSON, content_type="application/json")
+            assert response.status_code < 500, f"POST {url}: {response.status_code}"
+            if url.startswith("/api/") and route.name != "api-root":
+                assert 400 <= response.status_code < 500, f"POST {url}: {response.status_code}"
+    assert snapshot() == before
+
+
+def test_a_deeply_nested_json_body_is_a_400_that_says_so(world):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(world["operator"])
+    response = api.post(
+        f"/api/v1/dead-letters/{world['letter'].pk}/redrive/", DEEP_JSON, content_type="application/json"
+    )
+    assert response.status_code == 400 and "nested too deeply" in response.json()["detail"]
+
+
+@pytest.mark.parametrize("field", ["record_kind", "reason"])
+def test_a_lone_surrogate_in_a_json_field_is_a_400_that_does_not_quote_it(world, field):
+    from rest_framework.test import APIClient
+
+    api = APIClient()
+    api.force_authenticate(world["root"])
+    body = {"portfolio": world["portfolio"].pk, "record_kind": "lease", "reason": "a long enough reason"}
+    raw = json.dumps(body).replace(f'"{field}": "', f'"{field}": "\\ud800', 1)
+    before = snapshot()
+    response = api.post("/api/v1/legal-holds/", raw, content_type="application/json")
+    assert response.status_code == 400
+    assert "surrogate" in response.json()["detail"]
+    assert snapshot() == before

@@ -41,8 +41,10 @@ def clock(time_machine):  # type: ignore[no-untyped-def]
 
 
 def new_version(policy, manager, reviewer, *, days: int = 365, size: int | None = None) -> PolicyVersion:  # type: ignore[no-untyped-def]
-    version = policy_version_submit(policy=policy, retention_days=days, batch_size=size, author=manager, reason="r")
-    return policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    version = policy_version_submit(
+        policy=policy, retention_days=days, batch_size=size, author=manager, reason="r for the tests"
+    )
+    return policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
 
 
 class TestReview:
@@ -52,12 +54,14 @@ class TestReview:
         from django.core.exceptions import PermissionDenied
 
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, batch_size=50, author=reviewer, reason="r")
+        version = policy_version_submit(
+            policy=policy, retention_days=365, batch_size=50, author=reviewer, reason="r for the tests"
+        )
         assert version.status == PolicyVersion.Status.IN_REVIEW and version.batch_size == 50
         with pytest.raises(PermissionDenied, match="four-eyes"):
-            policy_version_approve(version_id=version.pk, reviewer=reviewer)
+            policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
         assert policy_version_active(policy_id=policy.pk) is None
-        policy_version_approve(version_id=version.pk, reviewer=second_reviewer)
+        policy_version_approve(version_id=version.pk, reviewer=second_reviewer, note="approved for the tests")
         assert policy_version_active(policy_id=policy.pk).batch_size == 50
         details = list(
             AuditEvent.objects.filter(object_id=str(version.pk)).order_by("id").values_list("action", "details")
@@ -82,7 +86,9 @@ class TestReview:
     ):
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
         with pytest.raises(ValidationError) as info:
-            policy_version_submit(policy=policy, retention_days=365, batch_size=bad, author=manager, reason="r")
+            policy_version_submit(
+                policy=policy, retention_days=365, batch_size=bad, author=manager, reason="r for the tests"
+            )
         assert "batch_size" in info.value.message_dict
         assert not PolicyVersion.objects.exists() and not AuditEvent.objects.exists()
 
@@ -159,7 +165,7 @@ class TestSurfaces:
         new_version(policy, manager, reviewer, size=10)
         make_records(prop, "lease", 25, ended=OLD)
         proposed = policy_version_submit(
-            policy=policy, retention_days=365, batch_size=7, author=manager, reason="narrower"
+            policy=policy, retention_days=365, batch_size=7, author=manager, reason="narrower for the tests"
         )
         second = make_user("reviewer-two", "compliance_reviewer")
         client = Client()

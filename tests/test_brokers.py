@@ -221,7 +221,11 @@ def estate(docstore) -> dict[str, object]:  # type: ignore[no-untyped-def]
     held = list(Lease.objects.filter(property=props[0]).order_by("id").values_list("id", flat=True)[1 : HELD + 1])
     for record_id in held:
         legal_hold_place(
-            portfolio=props[0].portfolio, record_kind="lease", record_id=record_id, placed_by=reviewer, reason="hold"
+            portfolio=props[0].portfolio,
+            record_kind="lease",
+            record_id=record_id,
+            placed_by=reviewer,
+            reason="hold for the tests",
         )
     held_documents = set(
         Lease.objects.filter(pk__in=held, document_id__isnull=False).values_list("document_id", flat=True)

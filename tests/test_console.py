@@ -39,7 +39,9 @@ def grow(active_policy, reviewer, *, portfolios: int, properties: int) -> None: 
         for j in range(properties):
             prop = Property.objects.create(portfolio=portfolio, name=f"B{j}")
             ids += make_records(prop, "lease", 3, ended=OLD)
-        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x")
+        legal_hold_place(
+            portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x for the tests"
+        )
 
 
 def run_everything(sweep_slot: str) -> None:

@@ -183,7 +183,9 @@ def test_an_auditor_sees_the_overview_and_charts_but_no_redrive_controls(page, d
     assert not auditor.has_perm("cleanup_ops.redrive_deadletter")
     log_in(page, "audra")
 
-    assert page.get_by_test_id("pipeline-state").inner_text() == "Pipeline running"
+    # An open dead letter waits for a decision: not a green "Pipeline running" (issue 30, item 11).
+    banner = page.get_by_test_id("pipeline-state").inner_text()
+    assert banner.startswith("Pipeline not paused") and "1 dead letter(s) wait for a decision" in banner
     assert page.locator('svg[aria-label="rows deleted per hour"]').is_visible()
     assert page.locator('svg[aria-label="failed attempts by category"]').is_visible()
     assert page.get_by_role("heading", name="Retention debt").is_visible()

@@ -126,7 +126,7 @@ def test_a_sweep_whose_open_jobs_are_all_paused_is_forecast_blocked_naming_the_p
     assert "month-end freeze for Acme" in body and "Acme Lettings" in body
     assert "On track" not in body
     # The oldest due job is not "waiting for a worker": nothing that can run is due.
-    assert 'data-testid="oldest-due">none<' in body
+    assert 'data-testid="oldest-due">none can run<' in body
     assert "4 paused" in body
 
 
@@ -214,7 +214,13 @@ def test_bulk_run_now_acts_on_every_pending_job_matching_and_asks_again_when_the
     acme = world["acme"].pk
     shown = op.get(f"/console/jobs/all-matching/?operation=run_now&portfolio={acme}")
     assert shown.status_code == 200 and shown.context["count"] == 3
-    form = {"operation": "run_now", "portfolio": acme, "confirm": "yes", "reason": REASON}
+    form = {
+        "operation": "run_now",
+        "portfolio": acme,
+        "confirm": "yes",
+        "reason": REASON,
+        "seen": shown.context["seen"],
+    }
     stale = op.post("/console/jobs/all-matching/", {**form, "expected": 2})
     assert stale.status_code == 400 and "changed from 2 to 3" in stale.content.decode()
     assert not AuditEvent.objects.filter(action="job.run_now").exists()
@@ -225,7 +231,8 @@ def test_bulk_run_now_acts_on_every_pending_job_matching_and_asks_again_when_the
 
 
 def test_bulk_cancel_by_search_cancels_only_what_the_search_matched(world, op):
-    form = {"operation": "cancel", "q": "Quay Court", "confirm": "yes", "reason": REASON, "expected": 1}
+    seen = op.get("/console/jobs/all-matching/", {"operation": "cancel", "q": "Quay Court"}).context["seen"]
+    form = {"operation": "cancel", "q": "Quay Court", "confirm": "yes", "reason": REASON, "expected": 1, "seen": seen}
     op.post("/console/jobs/all-matching/", form)
     letter = DeadLetter.objects.get()
     assert Property.objects.get(pk=letter.property_id).name == "Quay Court"
@@ -262,13 +269,14 @@ def test_a_bulk_redrive_links_to_its_new_jobs_and_warns_when_no_worker_will_run_
     for job in world["jobs"][:2]:
         job_run_slice(job_id=job.pk, before_batch=lambda job_id: (_ for _ in ()).throw(DownstreamError(400)))
     assert DeadLetter.objects.count() == 2
-    form = {"operation": "redrive", "confirm": "yes", "reason": REASON, "expected": 2}
+    seen = op.get("/console/dead-letters/all-matching/?operation=redrive").context["seen"]
+    form = {"operation": "redrive", "confirm": "yes", "reason": REASON, "expected": 2, "seen": seen}
     body = op.post("/console/dead-letters/all-matching/", form, follow=True).content.decode()
     new = sorted(CleanupJob.objects.filter(redrive_of__isnull=False).values_list("id", flat=True))
     assert f"/console/jobs/?id_min={new[0]}&amp;id_max={new[1]}&amp;redrives=yes" in body
     assert "No worker will run 2 of these job(s)" in body
     listed = op.get(f"/console/jobs/?id_min={new[0]}&id_max={new[1]}&redrives=yes")
-    assert [j.pk for j in listed.context["result"].jobs] == new[::-1]
+    assert [j.pk for j in listed.context["result"].rows] == new[::-1]
 
 
 # --- The ticked letters and the typed reason survive a refusal ------------------------------
@@ -308,7 +316,7 @@ def test_search_finds_jobs_letters_and_events_by_name_slot_id_and_category(world
     by_id = op.get(f"/console/search/?q={world['jobs'][3].pk}").context["results"]
     assert world["jobs"][3] in by_id.jobs
     assert op.get("/console/jobs/?q=birch").context["result"].count == 1
-    assert op.get("/console/dead-letters/?status=&q=acme").context["page"].paginator.count == 1
+    assert op.get("/console/dead-letters/?status=&q=acme").context["page"].count == 1
     assert op.get("/console/audit/?q=dismissed").context["page"].paginator.count == 1
     assert op.get("/console/search/?q=" + "x" * 101).status_code == 400
 

@@ -92,7 +92,7 @@ def test_the_forecast_names_the_pause_that_holds_the_open_work(page, estate) -> 
     assert "2 open job(s) of Acme Lettings wait: the portfolio is paused" in text
     assert "month-end freeze for Acme" in text and "Birch migrates its data" in text
     assert "On track" not in page.locator("main").inner_text()
-    assert page.get_by_test_id("oldest-due").inner_text() == "none"
+    assert page.get_by_test_id("oldest-due").inner_text() == "none can run"  # not "none", read as "no worker"
     assert page.get_by_test_id("waiting-paused").inner_text() == "3 paused"
 
 

@@ -262,11 +262,11 @@ def test_the_job_filter_is_parsed_once_strictly_or_leniently():
 def test_the_jobs_list_filters_and_pages_back_by_id(world, op):
     acme = world["acme"].pk
     dead = op.get(f"/console/jobs/?state=dead&portfolio={acme}")
-    assert [j.pk for j in dead.context["result"].jobs] == [world["jobs"][1].pk, world["jobs"][0].pk]
+    assert [j.pk for j in dead.context["result"].rows] == [world["jobs"][1].pk, world["jobs"][0].pk]
     assert dead.context["result"].count == 2
     assert "Downstream rejected (4xx)" in dead.content.decode()
     birch = op.get(f"/console/jobs/?portfolio={world['birch'].pk}")
-    assert [j.pk for j in birch.context["result"].jobs] == [world["jobs"][3].pk]
+    assert [j.pk for j in birch.context["result"].rows] == [world["jobs"][3].pk]
     assert op.get("/console/jobs/?category=timeout").context["result"].count == 0
     from cleanup_ops import console_selectors
 
@@ -349,6 +349,7 @@ def test_redrive_all_matching_shows_the_count_asks_a_reason_and_decides_every_le
         "category": "downstream_rejected",
         "portfolio": world["acme"].pk,
         "expected": 2,
+        "seen": page.context["seen"],
         "confirm": "yes",
     }
     short = op.post("/console/dead-letters/all-matching/", {**form, "reason": "too short"})
@@ -459,7 +460,7 @@ def test_a_cluster_without_progress_while_due_work_waits_is_shown_wedged(world, 
 def test_a_live_page_answers_the_poller_with_its_fragment_only(world, op):
     full = op.get("/console/jobs/")
     assert b"<html" in full.content and b'id="live"' in full.content
-    assert b'hx-trigger="every 10s [consoleMayRefresh()]' in full.content
+    assert b'hx-trigger="every 5s [consoleMayRefresh()]' in full.content
     fragment = op.get("/console/jobs/", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="live")
     body = fragment.content.decode()
     assert body.lstrip().startswith('<div id="live"') and "<html" not in body
@@ -479,7 +480,7 @@ def test_a_customer_sees_only_their_portfolio_on_the_new_pages(world):
     client = Client()
     client.force_login(member)
     jobs = client.get("/console/jobs/")
-    assert [j.pk for j in jobs.context["result"].jobs] == [world["jobs"][3].pk]
+    assert [j.pk for j in jobs.context["result"].rows] == [world["jobs"][3].pk]
     assert b"Acme Lettings" not in jobs.content
     assert client.get(f"/console/jobs/{world['jobs'][0].pk}/").status_code == 404
     assert client.get(f"/console/jobs/{world['jobs'][3].pk}/").status_code == 200

@@ -521,7 +521,9 @@ class TestHoldsAndReferencesAtPurgeTime:
     ):
         other = Property.objects.create(portfolio=portfolio, name="Annex")
         legal_hold_place(portfolio=portfolio, property=other, placed_by=reviewer, reason="another building")
-        legal_hold_place(portfolio=portfolio, record_kind="maintenance_record", placed_by=reviewer, reason="claims")
+        legal_hold_place(
+            portfolio=portfolio, record_kind="maintenance_record", placed_by=reviewer, reason="claims for the tests"
+        )
         elsewhere = Portfolio.objects.create(name="Elsewhere", slug="elsewhere")
         legal_hold_place(portfolio=elsewhere, placed_by=reviewer, reason="another customer")
         assert job_run_slice(job_id=purge_job.pk).outcome == JobOutcome.PURGED
@@ -536,17 +538,21 @@ class TestHoldsAndReferencesAtPurgeTime:
 
         ids, _ = leases_with_files
         with pytest.raises(ValidationError) as info:
-            legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x")
+            legal_hold_place(
+                portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="x for the tests"
+            )
         assert "record_id" in info.value.message_dict
         # A hold on a record that still exists (elsewhere) does not stop this purge…
         survivor = make_records(prop, "lease", 1, ended=NOW)[0]
-        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=survivor, placed_by=reviewer, reason="y")
+        legal_hold_place(
+            portfolio=portfolio, record_kind="lease", record_id=survivor, placed_by=reviewer, reason="y for the tests"
+        )
         # …but one written by other means (before the check existed) on a deleted record does.
         LegalHold.objects.create(
             portfolio=portfolio,
             record_kind="lease",
             record_id=ids[0],
-            reason="legacy",
+            reason="legacy for the tests",
             placed_by=reviewer,
             placed_at=NOW,
         )
@@ -584,7 +590,9 @@ class TestPurgeAndHoldRace:
             try:
                 pids["hold"] = backend_pid()
                 with transaction.atomic():
-                    legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late")
+                    legal_hold_place(
+                        portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late for the tests"
+                    )
                     hold_open.set()
                     assert commit_hold.wait(20)
             except BaseException as exc:  # pragma: no cover - reported below
@@ -642,7 +650,9 @@ class TestPurgeAndHoldRace:
             try:
                 pids["hold"] = backend_pid()
                 placed.append(
-                    legal_hold_place(portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late")
+                    legal_hold_place(
+                        portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late for the tests"
+                    )
                 )
             except BaseException as exc:  # pragma: no cover - reported below
                 errors.append(exc)

@@ -35,7 +35,9 @@ def swept(portfolio, active_policy, reviewer, time_machine):
     make_records(props[1], "tenant_activity", 4, ended=OLD)
     from retention.services import legal_hold_place
 
-    legal_hold_place(portfolio=portfolio, property=props[1], record_kind="lease", placed_by=reviewer, reason="x")
+    legal_hold_place(
+        portfolio=portfolio, property=props[1], record_kind="lease", placed_by=reviewer, reason="x for the tests"
+    )
     return run_json("cleanup_sweep", "--slot", "2026-08-21T02:00Z")
 
 

@@ -133,8 +133,12 @@ class TestBatches:
         active_policy(portfolio, "lease", 365)
         ids = make_records(prop, "lease", 6, ended=OLD)
         job = admit()
-        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[2], placed_by=reviewer, reason="x")
-        legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=ids[4], placed_by=reviewer, reason="y")
+        legal_hold_place(
+            portfolio=portfolio, record_kind="lease", record_id=ids[2], placed_by=reviewer, reason="x for the tests"
+        )
+        legal_hold_place(
+            portfolio=portfolio, record_kind="lease", record_id=ids[4], placed_by=reviewer, reason="y for the tests"
+        )
         drain_job(job.pk, batch_size=2)
         assert remaining_ids(prop, "lease") == {ids[2], ids[4]}
         job.refresh_from_db()
@@ -149,7 +153,11 @@ class TestBatches:
         # A hold on the first two rows: a cursor that stopped at held rows would stall here.
         for record_id in first[:2]:
             legal_hold_place(
-                portfolio=portfolio, record_kind="lease", record_id=record_id, placed_by=reviewer, reason="h"
+                portfolio=portfolio,
+                record_kind="lease",
+                record_id=record_id,
+                placed_by=reviewer,
+                reason="h for the tests",
             )
         loaded = job_load(job.pk)
         lease = job_lease(job_id=job.pk, owner="t")
@@ -237,8 +245,8 @@ class TestConcurrency:
         from retention.services import retention_policy_get_or_create
 
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r for the tests")
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
         make_records(prop, "lease", 40, ended=OLD)
         return admit(), prop, reviewer
 
@@ -314,7 +322,9 @@ class TestConcurrency:
             try:
                 pids["hold"] = backend_pid()
                 with transaction.atomic():
-                    legal_hold_place(portfolio=prop.portfolio, placed_by=reviewer, reason="urgent", **hold_scope)
+                    legal_hold_place(
+                        portfolio=prop.portfolio, placed_by=reviewer, reason="urgent for the tests", **hold_scope
+                    )
                     hold_open.set()
                     assert commit_hold.wait(20)  # the barrier: commit only once the batch is seen waiting
             except BaseException as exc:

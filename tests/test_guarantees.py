@@ -153,7 +153,11 @@ class TestOneDecisionPerDocument:
         self, shared, portfolio, prop, reviewer, docstore, first
     ):
         legal_hold_place(
-            portfolio=portfolio, property=prop, record_kind="maintenance_record", placed_by=reviewer, reason="audit"
+            portfolio=portfolio,
+            property=prop,
+            record_kind="maintenance_record",
+            placed_by=reviewer,
+            reason="audit for the tests",
         )
         second = "lease" if first == "maintenance_record" else "maintenance_record"
         for kind in (first, second):
@@ -167,7 +171,11 @@ class TestOneDecisionPerDocument:
         self, shared, portfolio, prop, reviewer, docstore, clock
     ):
         hold = legal_hold_place(
-            portfolio=portfolio, property=prop, record_kind="maintenance_record", placed_by=reviewer, reason="audit"
+            portfolio=portfolio,
+            property=prop,
+            record_kind="maintenance_record",
+            placed_by=reviewer,
+            reason="audit for the tests",
         )
         for job in shared.values():
             job_run_slice(job_id=job.pk)
@@ -204,7 +212,11 @@ class TestOneDecisionPerDocument:
         # must wait for it, then see it.
         placing = Held(
             lambda: legal_hold_place(
-                portfolio=portfolio, property=prop, record_kind="maintenance_record", placed_by=reviewer, reason="x"
+                portfolio=portfolio,
+                property=prop,
+                record_kind="maintenance_record",
+                placed_by=reviewer,
+                reason="x for the tests",
             )
         )
         thread, outcome = in_thread(lambda: job_run_slice(job_id=shared["lease"].pk).outcome)
@@ -360,8 +372,9 @@ def test_a_group_lease_over_hundreds_of_portfolios_takes_at_most_one_lock_per_st
     portfolio = Portfolio.objects.create(name="P", slug="p")
     policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
     version = policy_version_approve(
-        version_id=policy_version_submit(policy=policy, retention_days=1, author=manager, reason="r").pk,
+        version_id=policy_version_submit(policy=policy, retention_days=1, author=manager, reason="r for the tests").pk,
         reviewer=reviewer,
+        note="approved for the tests",
     )
     sweep = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=SLOT)
     # 400 due jobs of 400 portfolios (scope ids are plain ids: no rows needed to lease).

@@ -12,7 +12,14 @@ unique or no document), placing and releasing holds of every scope at any
 moment (so also between a delete and its purge), sweeps, group slices,
 single slices and purge slices with any batch size, two workers at once, a
 worker that leases and vanishes, the clock moving past leases and backoffs,
-failures that retry or dead-letter, redrives and dismissals.
+failures that retry or dead-letter, redrives and dismissals. The application
+that owns the records is an actor too: it moves records to another property
+or portfolio, moves their timestamps, edits or clears their document ids,
+deletes them and inserts old rows — between steps, and while a batch's
+DELETE waits on the very row it is writing (a hold on the destination
+placed meanwhile). And a worker stalls at a checkpoint of the batch or
+purge path past its session (PostgreSQL ends it, as the idle-in-transaction
+backstop would; a hold may commit while it is stalled) and then resumes.
 
 After every step, against the model:
 
@@ -20,8 +27,10 @@ After every step, against the model:
 - no document left the store while a surviving record names it or an active
   hold covers any record (deleted or alive, of any kind or property) that
   named it;
-- no operation id twice; a ledger row counts a row as held only when an
-  active hold kept it (its candidates that survive are exactly its held rows);
+- no operation id twice; deleted <= candidates; a ledger row's held count is
+  exactly the rows of its range, past its cutoff, that survive under an
+  active hold (never a difference: a row the application extended or moved
+  away is not "held");
 - at most one open delete job per partition; no portfolio over its lease cap;
 - every sweep whose jobs are all finished is finished, and none before.
 
@@ -41,6 +50,7 @@ import pytest
 import time_machine
 from django.conf import settings as django_settings
 from django.db import connection, connections
+from django.test.utils import override_settings
 from django.utils import timezone
 from hypothesis import HealthCheck
 from hypothesis import settings as hypothesis_settings
@@ -71,6 +81,7 @@ from retention.services import (
 )
 
 from .conftest import make_records, make_user, utc
+from .interleaving import CheckpointHold, InThread, poll, raw_connection
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
@@ -84,6 +95,9 @@ WITH_FILES = ("lease", "maintenance_record")
 AGES = {"old": None, "borderline": timedelta(days=RETENTION_DAYS - 2), "young": timedelta(days=30)}
 CAP = 2
 REASON = "model-based test decision"
+# Where a stalled worker stops (cleanup_ops.checkpoints): inside a batch's
+# transaction, and a purge's decision right before its store call.
+STALL_AT = ("batch.after_policy", "batch.before_delete", "batch.before_commit", "purge.before_store_call")
 EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "20"))
 STEPS = int(os.environ.get("MODEL_STEPS", "40"))
 
@@ -153,9 +167,9 @@ class Guarantees(RuleBasedStateMachine):
             for kind in KINDS:
                 policy = retention_policy_get_or_create(portfolio=portfolio, record_kind=kind)
                 version = policy_version_submit(
-                    policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="r"
+                    policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="r for the tests"
                 )
-                policy_version_approve(version_id=version.pk, reviewer=self.reviewer)
+                policy_version_approve(version_id=version.pk, reviewer=self.reviewer, note="approved for the tests")
             self.props += [Property.objects.create(portfolio=portfolio, name=f"B{p}{q}") for q in range(2)]
         self.slot = START - timedelta(days=1)
         self.records: dict[tuple[str, int], Record] = {}
@@ -165,6 +179,7 @@ class Guarantees(RuleBasedStateMachine):
         self.abandoned = None
         self.docs_seen: set[str] = set()
         self.ledger_seen = 0
+        self.unsettled: set[tuple[str, int]] = set()  # records the application changed during a batch
 
     def teardown(self) -> None:
         self.clock.stop()
@@ -264,7 +279,7 @@ class Guarantees(RuleBasedStateMachine):
             record_kind=kind,
             record_id=record_id,
             placed_by=self.reviewer,
-            reason="model hold",
+            reason="model hold for the tests",
         )
         self.holds.append(Hold(hold.pk, portfolio_obj.pk, target.pk if target else None, kind, record_id))
 
@@ -278,7 +293,11 @@ class Guarantees(RuleBasedStateMachine):
         prop = Property.objects.get(pk=record.property_id) if narrow != "portfolio" else None
         kind = record.kind if narrow == "kind" else ""
         hold = legal_hold_place(
-            portfolio=portfolio, property=prop, record_kind=kind, placed_by=self.reviewer, reason="late hold"
+            portfolio=portfolio,
+            property=prop,
+            record_kind=kind,
+            placed_by=self.reviewer,
+            reason="late hold for the tests",
         )
         self.holds.append(Hold(hold.pk, portfolio.pk, prop.pk if prop else None, kind, None))
 
@@ -286,7 +305,7 @@ class Guarantees(RuleBasedStateMachine):
     @rule(pick=st.integers(0, 10_000))
     def release_hold(self, pick: int) -> None:
         hold = self.holds.pop(pick % len(self.holds))
-        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release")
+        legal_hold_release(hold_id=hold.id, released_by=self.reviewer, reason="model release of the hold")
 
     # --- rules: the pipeline ---------------------------------------------------
 
@@ -400,21 +419,211 @@ class Guarantees(RuleBasedStateMachine):
                 job.record_kind,
             )
 
+    # --- rules: the application that owns the records --------------------------
+
+    def _alive(self, pick: int) -> Record | None:
+        alive = sorted(self.records.values(), key=lambda r: (r.kind, r.id))
+        return alive[pick % len(alive)] if alive else None
+
+    def _application_change(self, record: Record, change: str, prop: int, age: str) -> tuple[str, list, dict]:
+        """The statement the application runs for ``change``, and what it makes of the record."""
+        spec = get_spec(record.kind)
+        if change == "move" or (change == "document" and record.kind not in WITH_FILES):
+            target = self.props[prop]
+            return (
+                f"UPDATE {spec.table} SET property_id = %s, portfolio_id = %s WHERE id = %s",
+                [target.pk, target.portfolio_id, record.id],
+                {"property_id": target.pk, "portfolio_id": target.portfolio_id},
+            )
+        if change == "timestamp":
+            ts = {"old": OLD, "borderline": START - AGES["borderline"], "young": START - AGES["young"]}.get(
+                age, self.now + timedelta(days=30)
+            )
+            return (f"UPDATE {spec.table} SET {spec.timestamp_column} = %s WHERE id = %s", [ts, record.id], {"ts": ts})
+        if change == "document" and record.kind in WITH_FILES:
+            document_id = None if age == "young" else f"{self.prefix}-s{prop % 3}"
+            if document_id and document_id not in self.docs_seen:
+                self.store.create(document_id)
+                self.docs_seen.add(document_id)
+            return (
+                f"UPDATE {spec.table} SET document_id = %s WHERE id = %s",
+                [document_id, record.id],
+                {"document_id": document_id},
+            )
+        return (f"DELETE FROM {spec.table} WHERE id = %s", [record.id], {})
+
+    def _applied(self, record: Record, fields: dict) -> None:
+        key = (record.kind, record.id)
+        if not fields:
+            self.records.pop(key, None)  # the application deleted it: not the cleanup's deletion
+            return
+        for name, value in fields.items():
+            setattr(record, name, value)
+
+    @precondition(lambda self: self.records)
+    @rule(
+        pick=st.integers(0, 10_000),
+        change=st.sampled_from(["move", "timestamp", "document", "delete"]),
+        prop=st.integers(0, 3),
+        age=st.sampled_from([*AGES, "future"]),
+    )
+    def the_application_writes_a_record(self, pick: int, change: str, prop: int, age: str) -> None:
+        """A move to another property (perhaps of the other portfolio), a new
+        timestamp, a new or cleared document id, or a delete, between steps."""
+        record = self._alive(pick)
+        statement, params, fields = self._application_change(record, change, prop, age)
+        with connection.cursor() as cur:
+            cur.execute(statement, params)
+        self._applied(record, fields)
+
+    @precondition(lambda self: self.records)
+    @rule(
+        pick=st.integers(0, 10_000),
+        change=st.sampled_from(["move", "timestamp", "document", "delete", "insert"]),
+        prop=st.integers(0, 3),
+        age=st.sampled_from([*AGES, "future"]),
+        hold_there=st.booleans(),
+    )
+    def the_application_writes_a_row_a_batch_waits_on(
+        self, pick: int, change: str, prop: int, age: str, hold_there: bool
+    ) -> None:
+        """The application's write is in flight (its row locked) while a group
+        slice runs: the batch's DELETE waits on that row, perhaps a hold on the
+        destination commits meanwhile, then the application commits."""
+        record = self._alive(pick)
+        app = raw_connection(autocommit=False)
+        inserted: list[int] = []
+        try:
+            if change == "insert":
+                target = self.props[prop]
+                row = app.execute(
+                    "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
+                    " VALUES (%s, %s, '1', 'T', %s, %s) RETURNING id",
+                    [target.portfolio_id, target.pk, OLD.date(), OLD],
+                ).fetchone()
+                inserted.append(int(row[0]))
+            else:
+                statement, params, fields = self._application_change(record, change, prop, age)
+                app.execute(statement, params)
+            size = self.batch_size
+            worker = InThread(
+                lambda: group_run_slice(owner="w3", max_jobs=4, max_batches=2, batch_size=size), name="batch"
+            )
+            observer = raw_connection()
+            hold_first = False
+            try:
+                batch_state = worker.settle(observer)
+                placing = None
+                if hold_there:
+                    target = self.props[prop]
+                    placing = InThread(
+                        lambda: (
+                            legal_hold_place(
+                                portfolio=target.portfolio,
+                                property=target,
+                                placed_by=self.reviewer,
+                                reason="placed meanwhile by the model",
+                            ).pk
+                        ),
+                        name="hold",
+                    )
+                    # Committed while the batch still waits: it binds the batch.
+                    hold_first = batch_state == "waiting" and placing.settle(observer) == "done"
+            finally:
+                observer.close()
+            app.commit()
+        finally:
+            app.close()
+        worker.join()
+        worker.reraise()
+        if hold_there and hold_first:
+            placing.join()
+            placing.reraise()
+            target = self.props[prop]
+            self.holds.append(Hold(int(placing.result), target.portfolio_id, target.pk, "", None))
+        if change == "insert":
+            target = self.props[prop]
+            self.records[("lease", inserted[0])] = Record(
+                "lease", inserted[0], target.portfolio_id, target.pk, OLD, None
+            )
+        else:
+            self._applied(record, fields)
+            self.unsettled.add((record.kind, record.id))
+        if hold_there and not hold_first:
+            # The hold waited for the batch (or came after it): what the batch
+            # deleted went before the hold existed.
+            self._account_deletions()
+            placing.join()
+            placing.reraise()
+            target = self.props[prop]
+            self.holds.append(Hold(int(placing.result), target.portfolio_id, target.pk, "", None))
+
+    # --- rules: a worker stalled past its session ------------------------------
+
+    @rule(
+        at=st.sampled_from(
+            ["batch.after_policy", "batch.before_delete", "batch.before_commit", "purge.before_store_call"]
+        ),
+        hold=st.one_of(st.none(), st.integers(0, 3)),
+    )
+    def a_worker_stalls_past_its_session_and_resumes(self, at: str, hold: int | None) -> None:
+        """A worker stops at a checkpoint (a GC pause, SIGSTOP, a frozen VM)
+        with its transaction open; PostgreSQL ends its session meanwhile (the
+        idle-in-transaction backstop), perhaps a hold on a property commits
+        while it is stalled, and then the worker resumes."""
+        purge = at.startswith("purge")
+        due = self._due(JobKind.PURGE) if purge else []
+        if purge and not due:
+            return
+        size = self.batch_size
+        with override_settings(CLEANUP_CHECKPOINTS=frozenset({at})):
+            stop = CheckpointHold(at)
+            try:
+                if purge:
+                    worker = InThread(lambda: job_run_slice(job_id=due[0], owner="stalled", max_batches=2), name="w")
+                else:
+                    worker = InThread(
+                        lambda: group_run_slice(owner="stalled", max_jobs=3, max_batches=2, batch_size=size), name="w"
+                    )
+                try:
+                    pid = stop.wait_for_worker(worker)
+                except AssertionError:
+                    worker.join()
+                    worker.reraise()
+                    return  # nothing to do at that checkpoint (no due work, nothing to send)
+                observer = raw_connection()
+                try:
+                    observer.execute("SELECT pg_terminate_backend(%s)", [pid])
+                    poll(
+                        lambda: not observer.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
+                        what="the stalled session to end",
+                    )
+                finally:
+                    observer.close()
+                if hold is not None:
+                    self.place_hold(prop=hold, portfolio=0, kind="", one_record=False, pick=0)
+            finally:
+                stop.release()
+            worker.join()  # it resumes on a dead session: it fails, commits nothing
+
     # --- the promises, after every step ---------------------------------------
 
-    @invariant()
-    def promises_hold(self) -> None:
+    def _account_deletions(self) -> None:
+        """Records deleted since the last look: past the cutoff, under no active hold."""
         cutoff = self._cutoff()
         alive: set[tuple[str, int]] = set()
         for kind in KINDS:
             alive |= {(kind, i) for i in get_spec(kind).model.objects.values_list("id", flat=True)}
-        # Records deleted in this step: past the cutoff, under no active hold.
         for key in [k for k in self.records if k not in alive]:
             record = self.records.pop(key)
             assert record.ts < cutoff, f"{key} deleted before its cutoff"
             held_by = [h for h in self.holds if h.covers(record)]
             assert not held_by, f"{key} deleted under hold(s) {held_by}"
             self.deleted.append(record)
+
+    @invariant()
+    def promises_hold(self) -> None:
+        self._account_deletions()
         # Documents that left the store in this step.
         docs = self._store_docs()
         gone = (self.docs_seen & getattr(self, "_docs_before", self.docs_seen)) - docs
@@ -436,10 +645,25 @@ class Guarantees(RuleBasedStateMachine):
                 and entry.after_id < r.id <= entry.last_id
                 and r.ts < entry.cutoff
             ]
-            assert entry.candidates - entry.rows_deleted == len(survivors), (entry.operation_id, survivors)
-            for record in survivors:
-                assert any(h.covers(record) for h in self.holds), f"{record} counted held with no hold"
+            held = [r for r in survivors if any(h.covers(r) for h in self.holds)]
+            # A record the application changed while this step's batch ran may
+            # count either way (the batch's snapshot saw it before or after).
+            unsettled = [
+                r
+                for key, r in self.records.items()
+                if key in self.unsettled
+                and r.kind == entry.record_kind
+                and entry.after_id < r.id <= entry.last_id
+                and any(h.covers(r) for h in self.holds)
+            ]
+            strict = [r for r in held if (r.kind, r.id) not in self.unsettled]
+            assert entry.rows_deleted <= entry.candidates, (entry.operation_id, entry.rows_deleted, entry.candidates)
+            assert len(strict) <= entry.rows_held <= len(strict) + len(unsettled), (
+                f"ledger {entry.operation_id[:12]}: rows_held {entry.rows_held},"
+                f" held survivors {[r.id for r in held]}, changed meanwhile {[r.id for r in unsettled]}"
+            )
             self.ledger_seen = entry.pk
+        self.unsettled = set()
         # One open delete job per partition; no portfolio over its cap.
         open_by_partition: dict[tuple[int, int, str], int] = {}
         for row in CleanupJob.objects.open().deletes().values_list("portfolio_id", "property_id", "record_kind"):

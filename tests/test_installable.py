@@ -75,6 +75,8 @@ def test_the_wheel_holds_the_two_apps_with_templates_static_files_and_migrations
         "retention/templates/admin/retention/review_version.html",
         "retention/templates/admin/retention/retentionpolicy/change_form.html",
         "cleanup_ops/static/console/console.js",
+        "cleanup_ops/static/console/console.css",
+        "retention/static/retention/hold_property_picker.js",
         "cleanup_ops/management/commands/cleanup_sweep.py",
         "cleanup_ops/templatetags/console.py",
     ):

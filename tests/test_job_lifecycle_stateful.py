@@ -55,7 +55,11 @@ class JobLifecycle(RuleBasedStateMachine):
         self.held = {ids[3], ids[7]}
         for record_id in self.held:
             legal_hold_place(
-                portfolio=portfolio, record_kind="lease", record_id=record_id, placed_by=self.reviewer, reason="h"
+                portfolio=portfolio,
+                record_kind="lease",
+                record_id=record_id,
+                placed_by=self.reviewer,
+                reason="h for the tests",
             )
         # Two more small partitions, so group leases have company.
         for name in ("C", "D"):
@@ -233,8 +237,8 @@ def test_the_job_life_cycle_keeps_the_invariants_under_any_sequence_of_events():
     JobLifecycle.reviewer = make_user("r", "compliance_reviewer")
     JobLifecycle.operator = make_user("o", "operator")
     policy = retention_policy_get_or_create(portfolio=Portfolio.objects.create(name="P", slug="p"), record_kind="lease")
-    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-    policy_version_approve(version_id=version.pk, reviewer=JobLifecycle.reviewer)
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r for the tests")
+    policy_version_approve(version_id=version.pk, reviewer=JobLifecycle.reviewer, note="approved for the tests")
     run_state_machine_as_test(
         JobLifecycle,
         settings=settings(

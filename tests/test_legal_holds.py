@@ -75,7 +75,9 @@ def test_a_property_hold_excludes_exactly_that_propertys_rows(world, portfolio, 
 
 def test_a_record_kind_hold_excludes_exactly_that_kind(world, portfolio, reviewer):
     props, ids = world
-    legal_hold_place(portfolio=portfolio, record_kind="maintenance_record", placed_by=reviewer, reason="claim")
+    legal_hold_place(
+        portfolio=portfolio, record_kind="maintenance_record", placed_by=reviewer, reason="claim for the tests"
+    )
     result = eligible_everywhere(props)
     for (prop_id, kind), expected in ids.items():
         assert result[(prop_id, kind)] == ([] if kind == "maintenance_record" else expected)
@@ -83,7 +85,9 @@ def test_a_record_kind_hold_excludes_exactly_that_kind(world, portfolio, reviewe
 
 def test_a_property_and_kind_hold_excludes_only_their_intersection(world, portfolio, reviewer):
     props, ids = world
-    legal_hold_place(portfolio=portfolio, property=props[1], record_kind="lease", placed_by=reviewer, reason="claim")
+    legal_hold_place(
+        portfolio=portfolio, property=props[1], record_kind="lease", placed_by=reviewer, reason="claim for the tests"
+    )
     result = eligible_everywhere(props)
     for key, expected in ids.items():
         assert result[key] == ([] if key == (props[1].pk, "lease") else expected)
@@ -92,7 +96,9 @@ def test_a_property_and_kind_hold_excludes_only_their_intersection(world, portfo
 def test_a_single_record_hold_excludes_only_that_record_and_not_same_id_of_another_kind(world, portfolio, reviewer):
     props, ids = world
     target = ids[(props[0].pk, "lease")][1]
-    legal_hold_place(portfolio=portfolio, record_kind="lease", record_id=target, placed_by=reviewer, reason="dispute")
+    legal_hold_place(
+        portfolio=portfolio, record_kind="lease", record_id=target, placed_by=reviewer, reason="dispute for the tests"
+    )
     result = eligible_everywhere(props)
     for key, expected in ids.items():
         if key == (props[0].pk, "lease"):
@@ -121,7 +127,7 @@ def test_a_released_hold_excludes_nothing(world, portfolio, reviewer):
 
 def test_counts_report_expired_and_held_rows(world, portfolio, reviewer):
     props, _ = world
-    legal_hold_place(portfolio=portfolio, property=props[0], placed_by=reviewer, reason="dispute")
+    legal_hold_place(portfolio=portfolio, property=props[0], placed_by=reviewer, reason="dispute for the tests")
     assert count_expired_and_held("lease", cutoff=CUTOFF, portfolio_id=portfolio.pk) == (6, 3)
     assert count_expired_and_held("lease", cutoff=CUTOFF, property_id=props[1].pk) == (3, 0)
 
@@ -136,14 +142,14 @@ def test_a_blank_hold_reason_is_refused_and_nothing_is_written(portfolio, review
 
 def test_an_unknown_record_kind_on_a_hold_is_refused(portfolio, reviewer):
     with pytest.raises(ValidationError) as info:
-        legal_hold_place(portfolio=portfolio, record_kind="invoice", placed_by=reviewer, reason="x")
+        legal_hold_place(portfolio=portfolio, record_kind="invoice", placed_by=reviewer, reason="x for the tests")
     assert "record_kind" in info.value.message_dict
     assert not LegalHold.objects.exists()
 
 
 def test_a_record_hold_without_a_kind_is_refused(portfolio, reviewer):
     with pytest.raises(ValidationError) as info:
-        legal_hold_place(portfolio=portfolio, record_id=5, placed_by=reviewer, reason="x")
+        legal_hold_place(portfolio=portfolio, record_id=5, placed_by=reviewer, reason="x for the tests")
     assert "record_kind" in info.value.message_dict
 
 
@@ -153,7 +159,7 @@ def test_a_property_from_another_portfolio_is_refused(portfolio, reviewer):
     other = Portfolio.objects.create(name="Other", slug="other")
     foreign = Property.objects.create(portfolio=other, name="Elsewhere")
     with pytest.raises(ValidationError) as info:
-        legal_hold_place(portfolio=portfolio, property=foreign, placed_by=reviewer, reason="x")
+        legal_hold_place(portfolio=portfolio, property=foreign, placed_by=reviewer, reason="x for the tests")
     assert "property" in info.value.message_dict
 
 
@@ -164,9 +170,9 @@ def test_release_needs_a_reason_and_cannot_happen_twice(portfolio, reviewer):
     assert "reason" in info.value.message_dict
     hold.refresh_from_db()
     assert hold.is_active
-    legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="settled")
+    legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="settled for the tests")
     with pytest.raises(ValidationError, match="already released"):
-        legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="again")
+        legal_hold_release(hold_id=hold.pk, released_by=reviewer, reason="again for the tests")
 
 
 class TestRecordHoldScope:
@@ -187,7 +193,7 @@ class TestRecordHoldScope:
         props, ids = world
         target = ids[(props[1].pk, "lease")][0]
         scope = {"portfolio": portfolio, "property": props[1], "record_kind": "lease", "record_id": target}
-        hold = legal_hold_place(**scope, placed_by=reviewer, reason="dispute")
+        hold = legal_hold_place(**scope, placed_by=reviewer, reason="dispute for the tests")
         assert (hold.record_kind, hold.record_id) == ("lease", target)
 
     @pytest.mark.parametrize("case", ["no_such_id", "other_kind", "other_portfolio", "other_property"])
@@ -212,7 +218,7 @@ class TestRecordHoldScope:
             },
         }[case]
         with pytest.raises(ValidationError) as info:
-            legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="dispute", **kwargs)
+            legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="dispute for the tests", **kwargs)
         assert list(info.value.message_dict) == ["record_id"]
         message = info.value.message_dict["record_id"][0]
         assert f"id {kwargs['record_id']} in portfolio {portfolio.pk}" in message
@@ -226,7 +232,12 @@ class TestRecordHoldScope:
         _, foreign_lease = other_scope
         client = APIClient()
         client.force_authenticate(reviewer)
-        body = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": foreign_lease.pk, "reason": "dispute"}
+        body = {
+            "portfolio": portfolio.pk,
+            "record_kind": "lease",
+            "record_id": foreign_lease.pk,
+            "reason": "dispute over the deposit",
+        }
         response = client.post("/api/v1/legal-holds/", body, format="json")
         assert response.status_code == 400 and list(response.json()) == ["record_id"]
         assert not LegalHold.objects.exists()
@@ -235,7 +246,12 @@ class TestRecordHoldScope:
         from django.urls import reverse
 
         client.force_login(reviewer)
-        form = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": 10**9, "reason": "dispute"}
+        form = {
+            "portfolio": portfolio.pk,
+            "record_kind": "lease",
+            "record_id": 10**9,
+            "reason": "dispute over the deposit",
+        }
         response = client.post(reverse("admin:retention_legalhold_add"), form)
         assert response.status_code == 200
         assert "record_id" in response.context["adminform"].form.errors
@@ -261,7 +277,12 @@ class TestRecordHoldScope:
 
         monkeypatch.setattr(retention_admin, "legal_hold_scope_validate", checked_before_the_delete)
         client.force_login(reviewer)
-        form = {"portfolio": portfolio.pk, "record_kind": "lease", "record_id": target, "reason": "dispute"}
+        form = {
+            "portfolio": portfolio.pk,
+            "record_kind": "lease",
+            "record_id": target,
+            "reason": "dispute over the deposit",
+        }
         response = client.post(reverse("admin:retention_legalhold_add"), form)
         assert response.status_code == 200
         assert "record_id" in response.context["adminform"].form.errors

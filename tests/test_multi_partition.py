@@ -125,8 +125,10 @@ def test_each_partition_of_a_shared_batch_behaves_as_alone_under_concurrent_chan
         from retention.models import RetentionPolicy
 
         policy = RetentionPolicy.objects.get(portfolio=withdrawn, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=365, enabled=False, author=manager, reason="w")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        version = policy_version_submit(
+            policy=policy, retention_days=365, enabled=False, author=manager, reason="w for the tests"
+        )
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
 
     in_other_connection(withdraw)
 
@@ -140,7 +142,10 @@ def test_each_partition_of_a_shared_batch_behaves_as_alone_under_concurrent_chan
         try:
             with transaction.atomic():
                 legal_hold_place(
-                    portfolio=props["Held"].portfolio, property=props["Held"], placed_by=reviewer, reason="urgent"
+                    portfolio=props["Held"].portfolio,
+                    property=props["Held"],
+                    placed_by=reviewer,
+                    reason="urgent for the tests",
                 )
                 hold_locked.set()
                 assert release_hold.wait(30)

@@ -37,8 +37,8 @@ def world(portfolio, prop, active_policy, time_machine, reviewer):
     job_run_slice(job_id=CleanupJob.objects.get().pk, before_batch=reject)
     author = make_user("author", "property_manager")
     policy = RetentionPolicy.objects.get()
-    version = policy_version_submit(policy=policy, retention_days=400, author=author, reason="longer")
-    hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="subpoena")
+    version = policy_version_submit(policy=policy, retention_days=400, author=author, reason="longer for the tests")
+    hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="subpoena for the tests")
     return {
         "sweep": Sweep.objects.get().pk,
         "job": CleanupJob.objects.get().pk,

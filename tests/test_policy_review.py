@@ -28,8 +28,8 @@ def policy(portfolio):
 
 
 def test_submitting_a_version_puts_it_in_review_with_the_next_number_and_an_audit_event(policy, manager):
-    first = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
-    second = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
+    first = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline for the tests")
+    second = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer for the tests")
     assert (first.number, second.number) == (1, 2)
     assert first.status == PolicyVersion.Status.IN_REVIEW
     event = AuditEvent.objects.get(action="policy_version.submitted", object_id=str(second.pk))
@@ -38,26 +38,26 @@ def test_submitting_a_version_puts_it_in_review_with_the_next_number_and_an_audi
 
 
 def test_the_author_cannot_approve_their_own_version(policy, reviewer):
-    version = policy_version_submit(policy=policy, retention_days=365, author=reviewer, reason="mine")
+    version = policy_version_submit(policy=policy, retention_days=365, author=reviewer, reason="mine for the tests")
     with pytest.raises(PermissionDenied, match="four-eyes"):
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
     version.refresh_from_db()
     assert version.status == PolicyVersion.Status.IN_REVIEW
     assert policy_version_active(policy_id=policy.pk) is None
 
 
 def test_a_user_without_the_approve_permission_cannot_approve(policy, manager, operator_user):
-    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline for the tests")
     with pytest.raises(PermissionDenied):
-        policy_version_approve(version_id=version.pk, reviewer=operator_user)
+        policy_version_approve(version_id=version.pk, reviewer=operator_user, note="approved for the tests")
     assert policy_version_active(policy_id=policy.pk) is None
 
 
 def test_approval_supersedes_the_previous_active_version_atomically(policy, manager, reviewer):
-    v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
-    policy_version_approve(version_id=v1.pk, reviewer=reviewer)
-    v2 = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer")
-    policy_version_approve(version_id=v2.pk, reviewer=reviewer, note="ok")
+    v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline for the tests")
+    policy_version_approve(version_id=v1.pk, reviewer=reviewer, note="approved for the tests")
+    v2 = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer for the tests")
+    policy_version_approve(version_id=v2.pk, reviewer=reviewer, note="ok for the tests")
 
     v1.refresh_from_db()
     assert v1.status == PolicyVersion.Status.SUPERSEDED
@@ -67,16 +67,16 @@ def test_approval_supersedes_the_previous_active_version_atomically(policy, mana
 
 
 def test_the_database_refuses_two_active_versions_for_one_policy(policy, manager, reviewer):
-    v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
-    policy_version_approve(version_id=v1.pk, reviewer=reviewer)
-    v2 = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer")
+    v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline for the tests")
+    policy_version_approve(version_id=v1.pk, reviewer=reviewer, note="approved for the tests")
+    v2 = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer for the tests")
     with pytest.raises(IntegrityError), transaction.atomic():
         PolicyVersion.objects.filter(pk=v2.pk).update(status=PolicyVersion.Status.APPROVED)
 
 
 def test_approved_versions_cannot_be_edited_or_deleted(policy, manager, reviewer):
-    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
-    policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline for the tests")
+    policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
     version.refresh_from_db()
     version.retention_days = 1
     with pytest.raises(ImmutableVersion):
@@ -88,10 +88,10 @@ def test_approved_versions_cannot_be_edited_or_deleted(policy, manager, reviewer
 
 
 def test_rejected_versions_never_become_active(policy, manager, reviewer):
-    version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="short")
+    version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="short for the tests")
     policy_version_reject(version_id=version.pk, reviewer=reviewer, note="too short for leases")
     with pytest.raises(ValidationError, match="rejected, not in review"):
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
     assert policy_version_active(policy_id=policy.pk) is None
     version.refresh_from_db()
     assert version.status == PolicyVersion.Status.REJECTED
@@ -99,7 +99,7 @@ def test_rejected_versions_never_become_active(policy, manager, reviewer):
 
 
 def test_rejecting_needs_a_note(policy, manager, reviewer):
-    version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="short")
+    version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="short for the tests")
     with pytest.raises(ValidationError) as info:
         policy_version_reject(version_id=version.pk, reviewer=reviewer, note="   ")
     assert "review_note" in info.value.message_dict
@@ -108,7 +108,7 @@ def test_rejecting_needs_a_note(policy, manager, reviewer):
 @pytest.mark.parametrize("days", [0, -5, 36501, "365", 12.5])
 def test_retention_days_out_of_range_is_refused_naming_the_field_and_writes_nothing(policy, manager, days):
     with pytest.raises(ValidationError) as info:
-        policy_version_submit(policy=policy, retention_days=days, author=manager, reason="bad")
+        policy_version_submit(policy=policy, retention_days=days, author=manager, reason="bad for the tests")
     assert "retention_days" in info.value.message_dict
     assert not PolicyVersion.objects.exists()
     assert not AuditEvent.objects.exists()
@@ -116,7 +116,9 @@ def test_retention_days_out_of_range_is_refused_naming_the_field_and_writes_noth
 
 def test_the_database_check_constraint_also_refuses_out_of_range_days(policy, manager):
     with pytest.raises(IntegrityError), transaction.atomic():
-        PolicyVersion.objects.create(policy=policy, number=1, retention_days=0, author=manager, reason="x")
+        PolicyVersion.objects.create(
+            policy=policy, number=1, retention_days=0, author=manager, reason="x for the tests"
+        )
 
 
 def test_an_unknown_record_kind_is_refused_naming_the_field(portfolio):
@@ -146,9 +148,9 @@ def test_two_approvals_of_one_policy_at_the_same_moment_one_wins_and_the_other_i
         portfolio=Portfolio.objects.create(name="Race", slug="race"), record_kind="lease"
     )
     if earlier_version == "active":
-        v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline")
-        policy_version_approve(version_id=v1.pk, reviewer=first_reviewer)
-    winner = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
+        v1 = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="baseline for the tests")
+        policy_version_approve(version_id=v1.pk, reviewer=first_reviewer, note="approved for the tests")
+    winner = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer for the tests")
     loser = policy_version_submit(policy=policy, retention_days=500, author=manager, reason="longer still")
 
     approved_uncommitted, commit_first = threading.Event(), threading.Event()
@@ -161,7 +163,7 @@ def test_two_approvals_of_one_policy_at_the_same_moment_one_wins_and_the_other_i
         try:
             pids["first"] = backend_pid()
             with transaction.atomic():
-                policy_version_approve(version_id=winner.pk, reviewer=first_reviewer)
+                policy_version_approve(version_id=winner.pk, reviewer=first_reviewer, note="approved for the tests")
                 approved_uncommitted.set()
                 assert commit_first.wait(10)
         except BaseException as exc:  # pragma: no cover - reported below
@@ -176,7 +178,11 @@ def test_two_approvals_of_one_policy_at_the_same_moment_one_wins_and_the_other_i
             second_started.set()
             client = APIClient()
             client.force_authenticate(second_reviewer)
-            responses.append(client.post(f"/api/v1/policy-versions/{loser.pk}/approve/", {}, format="json"))
+            responses.append(
+                client.post(
+                    f"/api/v1/policy-versions/{loser.pk}/approve/", {"note": "approved for the tests"}, format="json"
+                )
+            )
         except BaseException as exc:  # pragma: no cover - reported below
             errors.append(exc)
         finally:
@@ -212,7 +218,7 @@ def test_a_conflicting_approval_on_the_admin_review_page_is_shown_on_the_form(
 
     from retention import services
 
-    version = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer")
+    version = policy_version_submit(policy=policy, retention_days=400, author=manager, reason="longer for the tests")
 
     def conflict(**kwargs: object) -> None:
         raise services.ConcurrentApproval(version.pk)
@@ -220,6 +226,6 @@ def test_a_conflicting_approval_on_the_admin_review_page_is_shown_on_the_form(
     monkeypatch.setattr(services, "_review_once", conflict)
     client.force_login(second_reviewer)
     url = reverse("admin:retention_policyversion_review", args=[version.pk])
-    response = client.post(url, {"decision": "approve", "note": "fine"})
+    response = client.post(url, {"decision": "approve", "note": "fine, for the tests"})
     assert response.status_code == 200
     assert "approved at the same moment" in response.content.decode()

@@ -85,8 +85,8 @@ def test_a_portfolio_with_most_jobs_never_holds_more_leases_than_its_cap_while_o
     for name, count in (("big", 12), ("small", 3)):
         portfolio = Portfolio.objects.create(name=name, slug=name)
         policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-        version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="r")
-        policy_version_approve(version_id=version.pk, reviewer=reviewer)
+        version = policy_version_submit(policy=policy, retention_days=30, author=manager, reason="r for the tests")
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
         # One property per job: a partition has at most one open job.
         props = [Property.objects.create(portfolio=portfolio, name=f"B{i}") for i in range(count)]
         jobs_of[portfolio.pk] = [

@@ -74,7 +74,7 @@ def test_a_kind_of_other_names_keeps_the_cutoffs_own_day_and_holds_and_purges_it
         record_kind="work_order",
         record_id=held,
         placed_by=reviewer,
-        reason="a claim",
+        reason="a claim over this order",
     )
 
     sweep_trigger(slot=SLOT, now=NOW)

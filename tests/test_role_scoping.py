@@ -59,7 +59,7 @@ def estate(time_machine, active_policy, operator_user):  # type: ignore[no-untyp
     membership_grant(user=author, portfolio=portfolios["p2"], role="property_manager", granted_by=None)
     for portfolio in portfolios.values():
         policy = RetentionPolicy.objects.get(portfolio=portfolio, record_kind="lease")
-        policy_version_submit(policy=policy, retention_days=400, author=author, reason="longer")
+        policy_version_submit(policy=policy, retention_days=400, author=author, reason="longer for the tests")
     return portfolios
 
 
@@ -244,7 +244,7 @@ def test_an_id_that_is_not_a_json_integer_is_a_400_naming_it(estate, body, field
         return value
 
     reviewer = member("reviewer-a", (p1, "compliance_reviewer"))
-    payload = {"portfolio": p1.pk, "reason": "subpoena", **{k: filled(v) for k, v in body.items()}}
+    payload = {"portfolio": p1.pk, "reason": "subpoena for the tests", **{k: filled(v) for k, v in body.items()}}
     response = api_for(reviewer).post("/api/v1/legal-holds/", payload, format="json")
     assert response.status_code == 400, response.content
     assert field in response.json()
@@ -254,7 +254,9 @@ def test_an_id_that_is_not_a_json_integer_is_a_400_naming_it(estate, body, field
 def test_a_portfolio_of_1e400_is_a_400_not_a_500(estate):
     reviewer = member("reviewer-a", (estate["p1"], "compliance_reviewer"))
     response = api_for(reviewer).post(
-        "/api/v1/legal-holds/", '{"portfolio": 1e400, "reason": "subpoena"}', content_type="application/json"
+        "/api/v1/legal-holds/",
+        '{"portfolio": 1e400, "reason": "subpoena for the tests"}',
+        content_type="application/json",
     )
     assert response.status_code == 400 and "portfolio" in response.json()
 

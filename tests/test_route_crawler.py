@@ -611,3 +611,109 @@ def test_the_crawler_reaches_every_pattern_and_every_registered_admin(world: Wor
                 variant.url,
             )
     assert {"console:overview", "api-root", "admin:autocomplete", "prometheus-metrics"} <= {r.name for r in found}
+
+
+# --- Issue 30: hostile paths and bodies on every route, as every crawled user -------------
+
+HOSTILE_PATH_VALUES = {"nul": "%00", "lone-surrogate": "%ED%A0%80"}
+DEEP_JSON = "[" * 50_000 + "]" * 50_000
+
+
+def hostile_urls(value: str) -> list[str]:
+    """Every route with ``value`` in each of its parameters, or appended to a route without any."""
+    urls = set()
+    for route in routes():
+        if route.params:
+            urls.add(fill(route, dict.fromkeys(route.params, value)))
+        else:
+            path = fill(route, {}).split("?")[0]
+            urls.add(path + value if path.endswith("/") else f"{path}/{value}")
+    return sorted(urls)
+
+
+@pytest.mark.parametrize("user_key", CUSTOMER_USERS + PLATFORM_USERS)
+def test_a_nul_or_a_lone_surrogate_in_any_routes_path_is_a_400_for_every_user(world: World, user_key: str) -> None:
+    client = Client(raise_request_exception=False)
+    client.force_login(User.objects.get(pk=world.users[user_key].pk))
+    for name, value in HOSTILE_PATH_VALUES.items():
+        for url in hostile_urls(value):
+            for method in METHODS:
+                response = getattr(client, method)(url)
+                assert response.status_code == 400, f"{method.upper()} {url} ({name}) as {user_key}"
+
+
+@pytest.mark.parametrize("user_key", CUSTOMER_USERS + PLATFORM_USERS)
+def test_json_50000_deep_on_any_route_is_never_a_server_error_and_a_4xx_on_the_api(world: World, user_key: str) -> None:
+    client = Client(raise_request_exception=False, enforce_csrf_checks=True)
+    client.force_login(User.objects.get(pk=world.users[user_key].pk))
+    client.cookies["csrftoken"] = "a" * 32  # a browser's session holds one: the CSRF check then parses the body
+    for route in routes():
+        url = fill(route, {p: ("json" if p == "format" else "1") for p in route.params})
+        response = client.post(url, DEEP_JSON, content_type="application/json")
+        assert response.status_code < 500, f"POST {url} as {user_key}: {response.status_code}"
+        if url.startswith("/api/"):
+            assert 400 <= response.status_code < 500, f"POST {url} as {user_key}: {response.status_code}"
+
+
+# --- The operator actions (POST), issue 30 item 18 ---------------------------------
+
+NEW_ROUTES = {
+    "console:dead_letter_groups",
+    "console:jobs_selected",
+    "job-run-now",
+    "job-cancel",
+    "dead-letter-bulk",
+    "policy-version-impact",
+}
+
+
+def test_the_crawler_reaches_the_console_and_api_routes_of_issue_30(world: World) -> None:
+    names = {route.name for route in routes()}
+    assert names >= NEW_ROUTES, NEW_ROUTES - names
+
+
+@pytest.mark.parametrize("user_key", CUSTOMER_USERS)
+def test_the_new_actions_answer_another_customers_id_like_a_missing_one_and_change_nothing(
+    world: World, user_key: str, settings: Any
+) -> None:
+    settings.SESSION_ENGINE = "django.contrib.sessions.backends.cache"
+    user = User.objects.get(pk=world.users[user_key].pk)
+    client = Client(raise_request_exception=False)
+    client.force_login(user)
+    forbidden = forbidden_pattern(user, world)
+    reason = {"reason": "canary-free reason for the crawl"}
+    events = AuditEvent.objects.count()
+    open_letters = DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count()
+    problems: list[str] = []
+    posts = [(f"/api/v1/jobs/{{}}/{action}/", CleanupJob, reason) for action in ("run-now", "cancel")]
+    for template, model, body in posts:
+        answers = {}
+        for label in ("A1", "B", "missing"):
+            pk = world.ids[model][label] if label != "missing" else MISSING
+            response = client.post(template.format(pk), body, content_type="application/json")
+            text = without_echo(response.content.decode(), template.format(pk))
+            if response.status_code >= 500:
+                problems.append(f"{template} {label}: {response.status_code}")
+            if forbidden is not None and (hit := forbidden.search(text)):
+                problems.append(f"{template} {label}: contains {hit.group(0)!r}")
+            answers[label] = (response.status_code, normalised(text, (str(pk),)))
+        theirs = world.portfolios["B"].pk
+        if not holds(user, VIEW[model], theirs) and answers["B"] != answers["missing"]:
+            problems.append(f"{template}: B's id answers {answers['B'][0]}, a missing id {answers['missing'][0]}")
+    bulk_ids = [world.ids[DeadLetter][label] for label in ("A1", "A2", "B")] + [MISSING]
+    bulk = client.post(
+        "/api/v1/dead-letters/bulk/",
+        {"operation": "dismiss", "letter_ids": bulk_ids, **reason},
+        content_type="application/json",
+    )
+    if bulk.status_code != 403:
+        problems.append(f"bulk dismiss as {user_key}: {bulk.status_code} {bulk.content[:200]!r}")
+    selected = client.post(
+        "/console/jobs/selected/",
+        {"operation": "run_now", "job": [str(world.ids[CleanupJob][k]) for k in ("A1", "B")], **reason},
+    )
+    if selected.status_code != 403:
+        problems.append(f"console jobs/selected as {user_key}: {selected.status_code}")
+    assert AuditEvent.objects.count() == events
+    assert DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count() == open_letters
+    assert not problems, "\n".join(problems)

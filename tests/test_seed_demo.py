@@ -68,7 +68,13 @@ def test_seed_demo_is_skewed_has_policies_holds_users_and_expired_rows():
     assert LegalHold.objects.filter(property__isnull=False).exists()
     assert LegalHold.objects.exclude(record_kind="").filter(record_id__isnull=True).exists()
     assert LegalHold.objects.filter(record_id__isnull=False).exists()
-    assert set(User.objects.values_list("username", flat=True)) == {"manager", "reviewer", "operator", "auditor"}
+    assert set(User.objects.values_list("username", flat=True)) == {
+        "manager",
+        "reviewer",
+        "operator",
+        "auditor",
+        "lead",
+    }
     assert Lease.objects.filter(ended_on__lt=utc("2024-08-21T00:00:00Z")).exists()
     assert Lease.objects.filter(ended_on__gt=utc("2025-08-21T00:00:00Z")).exists()
 

@@ -180,3 +180,29 @@ def test_the_browsable_api_is_off_outside_debug_unless_asked_for(debug, browsabl
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
     assert ("BrowsableAPIRenderer" in result.stdout) is expected
+
+
+def cluster_name(env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            "import django; django.setup(); from django.conf import settings; print(settings.CLEANUP_CLUSTER_NAME)",
+        ],
+        cwd=ROOT,
+        env={k: v for k, v in os.environ.items() if k not in {"CLEANUP_CLUSTER_NAME", "Q_CLUSTER_NAME"}}
+        | {"DJANGO_SETTINGS_MODULE": "config.settings", "SECRET_KEY": "x" * 50, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip()
+
+
+def test_a_delete_and_a_purge_cluster_started_without_names_get_distinct_names():
+    """Issue 30, item 3: the same default for both made them overwrite one heartbeat row."""
+    delete = cluster_name({})
+    purge = cluster_name({"Q_CLUSTER_NAME": "retention-purge"})
+    assert (delete, purge) == ("default", "purge")
+    assert cluster_name({"Q_CLUSTER_NAME": "retention-purge", "CLEANUP_CLUSTER_NAME": "p2"}) == "p2"

@@ -232,7 +232,7 @@ class TestAdmission:
     def test_dry_run_reports_eligible_and_held_counts_and_writes_nothing(self, estate, portfolio, reviewer):
         from retention.services import legal_hold_place
 
-        legal_hold_place(portfolio=portfolio, property=estate[1], placed_by=reviewer, reason="dispute")
+        legal_hold_place(portfolio=portfolio, property=estate[1], placed_by=reviewer, reason="dispute for the tests")
         result = run("--slot", "2026-08-21T02:00Z", "--dry-run")
         rows = {r["record_kind"]: r for r in result["partitions"]}
         assert (rows["lease"]["eligible"], rows["lease"]["held"]) == (3, 2)
@@ -265,8 +265,8 @@ def test_twenty_concurrent_triggers_of_one_slot_make_one_sweep_and_one_job_per_p
     from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
     policy = retention_policy_get_or_create(portfolio=portfolio, record_kind="lease")
-    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r")
-    policy_version_approve(version_id=version.pk, reviewer=reviewer)
+    version = policy_version_submit(policy=policy, retention_days=365, author=manager, reason="r for the tests")
+    policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
     props = [Property.objects.create(portfolio=portfolio, name=f"B{i}") for i in range(12)]
     for p in props:
         make_records(p, "lease", 2, ended=OLD)

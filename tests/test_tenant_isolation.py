@@ -240,9 +240,9 @@ API_READ_PERMS = {
     "event": "retention.view_auditevent",
 }
 API_ACTIONS = [
-    ("/api/v1/policies/{policy}/versions/", {"retention_days": 500, "reason": "mine now"}),
-    ("/api/v1/policy-versions/{version}/approve/", {}),
-    ("/api/v1/policy-versions/{version}/reject/", {"note": "no"}),
+    ("/api/v1/policies/{policy}/versions/", {"retention_days": 500, "reason": "mine now, for the tests"}),
+    ("/api/v1/policy-versions/{version}/approve/", {"note": "approved for the tests"}),
+    ("/api/v1/policy-versions/{version}/reject/", {"note": "no, for the tests"}),
     ("/api/v1/legal-holds/{hold}/release/", {"reason": "case closed"}),
     ("/api/v1/dead-letters/{letter}/redrive/", {"reason": "retrying after the fix"}),
     ("/api/v1/dead-letters/{letter}/dismiss/", {"reason": "not needed any more"}),
@@ -386,6 +386,8 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
         "/console/jobs/?q=2026",
         "/console/dead-letters/?status=&q=2026",
         "/console/jobs/all-matching/?operation=cancel",
+        "/console/dead-letters/by-cause/",
+        "/console/jobs/?sort=attempts&last=yes",
     ]
     for path in pages:
         response = client.get(path)
@@ -413,6 +415,11 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
     assert_no_trace(response.content, other, "inbox", echo=(f'value="{other.pid}"', f"portfolio={other.pid}"))
     if response.status_code == 200:
         assert not list(response.context["page"])
+    # The letters by cause, narrowed to the other customer's portfolio: nothing but the filter typed in.
+    response = client.get(f"/console/dead-letters/by-cause/?portfolio={other.pid}")
+    assert_no_trace(response.content, other, "by cause", echo=(f"portfolio={other.pid}",))
+    if response.status_code == 200:
+        assert response.context["groups"] == []
     # Every role lands at /console/: the overview, or a landing page of where its roles lead.
     landing = client.get("/console/")
     assert landing.status_code == 200
@@ -449,6 +456,14 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
             f"/console/jobs/{other.ids['job'][0]}/action/", {"operation": operation, "reason": "not needed any more"}
         )
         assert response.status_code in {403, 404}
+        response = client.post(
+            "/console/jobs/selected/",
+            {"operation": operation, "job": other.ids["job"], "reason": "not needed any more"},
+        )
+        assert response.status_code == 403
+    if reaches_console:
+        groups = client.get("/console/dead-letters/by-cause/")
+        assert sum(g["n"] for g in groups.context["groups"]) == 1  # their own open letter only
     assert not AuditEvent.objects.filter(object_type="job").exists()
     assert DeadLetter.objects.get(pk=other.ids["letter"][0]).status == "open"
     assert PipelinePause.objects.active().filter(portfolio_id=other.pid).exists()
@@ -460,7 +475,7 @@ def test_every_console_route_is_covered_by_the_isolation_test():
     covered = {
         "overview", "sweeps", "sweep", "sweep_proof", "jobs", "job", "dead_letters", "dead_letter",
         "dead_letter_action", "dead_letters_bulk", "workers", "pauses", "portfolio", "audit", "pause",
-        "job_action", "jobs_bulk", "search",
+        "job_action", "jobs_bulk", "search", "dead_letter_groups", "jobs_selected",
     }  # fmt: skip
     assert {p.name for p in urls.urlpatterns} == covered
 
@@ -577,7 +592,7 @@ def test_a_member_sees_only_their_customer_on_every_admin_page(world, key, role)
     ):
         response = client.get(reverse(name, args=[object_id]))
         assert response.status_code == 404, name
-        response = client.post(reverse(name, args=[object_id]), {"decision": "approve", "reason": "x" * 20})
+        response = client.post(reverse(name, args=[object_id]), {"decision": "approve", "note": "x" * 20})
         assert response.status_code == 404, name
 
 
@@ -602,15 +617,19 @@ def test_a_hold_in_another_customers_portfolio_is_a_400_naming_the_field(world):
     alder, birch = world["alder"], world["birch"]
     api = APIClient()
     api.force_authenticate(member(world, "alder", "compliance_reviewer"))
-    response = api.post("/api/v1/legal-holds/", {"portfolio": birch.pid, "reason": "subpoena"}, format="json")
+    response = api.post(
+        "/api/v1/legal-holds/", {"portfolio": birch.pid, "reason": "subpoena for the tests"}, format="json"
+    )
     assert response.status_code == 400 and list(response.json()) == ["portfolio"]
-    missing = api.post("/api/v1/legal-holds/", {"portfolio": 999999, "reason": "subpoena"}, format="json")
+    missing = api.post("/api/v1/legal-holds/", {"portfolio": 999999, "reason": "subpoena for the tests"}, format="json")
     # The same answer as for a portfolio that does not exist (with its own id echoed).
     assert response.json()["portfolio"][0].replace(str(birch.pid), "N") == missing.json()["portfolio"][0].replace(
         "999999", "N"
     )
     response = api.post(
-        "/api/v1/legal-holds/", {"portfolio": alder.pid, "property": birch.prop.pk, "reason": "subpoena"}, format="json"
+        "/api/v1/legal-holds/",
+        {"portfolio": alder.pid, "property": birch.prop.pk, "reason": "subpoena for the tests"},
+        format="json",
     )
     assert response.status_code == 400 and list(response.json()) == ["property"]
     assert not LegalHold.objects.filter(portfolio=birch.portfolio).exclude(pk__in=birch.ids["hold"]).exists()
@@ -639,10 +658,11 @@ def test_a_policy_or_a_hold_in_another_customers_portfolio_is_refused_in_the_adm
     assert RetentionPolicy.objects.filter(portfolio=alder.portfolio, record_kind="tenant_activity").exists()
 
     client.force_login(member(world, "alder", "compliance_reviewer"))
-    response = client.post(admin_url(LegalHold, "add"), {"portfolio": birch.pid, "reason": "subpoena"})
+    response = client.post(admin_url(LegalHold, "add"), {"portfolio": birch.pid, "reason": "subpoena for the tests"})
     assert response.status_code == 200 and "portfolio" in response.context["adminform"].form.errors
     response = client.post(
-        admin_url(LegalHold, "add"), {"portfolio": alder.pid, "property": birch.prop.pk, "reason": "subpoena"}
+        admin_url(LegalHold, "add"),
+        {"portfolio": alder.pid, "property": birch.prop.pk, "reason": "subpoena for the tests"},
     )
     assert response.status_code == 200 and "property" in response.context["adminform"].form.errors
     assert LegalHold.objects.filter(portfolio=birch.portfolio).count() == 1
@@ -656,17 +676,27 @@ def test_a_customers_reviewer_approves_their_managers_version_but_never_their_ow
     api = APIClient()
     version = alder.ids["version"][0]
     api.force_authenticate(member(world, "alder", "property_manager"))
-    assert api.post(f"/api/v1/policy-versions/{version}/approve/", {}, format="json").status_code == 403
+    assert (
+        api.post(
+            f"/api/v1/policy-versions/{version}/approve/", {"note": "approved for the tests"}, format="json"
+        ).status_code
+        == 403
+    )
     api.force_authenticate(member(world, "alder", "compliance_reviewer"))
-    assert api.post(f"/api/v1/policy-versions/{version}/approve/", {}, format="json").status_code == 200
+    assert (
+        api.post(
+            f"/api/v1/policy-versions/{version}/approve/", {"note": "approved for the tests"}, format="json"
+        ).status_code
+        == 200
+    )
     assert PolicyVersion.objects.get(pk=version).status == "approved"
     own = policy_version_submit(
         policy=PolicyVersion.objects.get(pk=version).policy,
         retention_days=700,
         author=member(world, "alder", "compliance_reviewer"),
-        reason="mine",
+        reason="mine for the tests",
     )
-    response = api.post(f"/api/v1/policy-versions/{own.pk}/approve/", {}, format="json")
+    response = api.post(f"/api/v1/policy-versions/{own.pk}/approve/", {"note": "approved for the tests"}, format="json")
     assert response.status_code == 403 and "four-eyes" in response.json()["detail"]
 
 
@@ -678,10 +708,14 @@ def test_a_reviewer_of_one_customer_who_audits_another_cannot_review_there(world
     api.force_authenticate(User.objects.get(pk=alder_reviewer.pk))
     version = birch.ids["version"][0]
     assert api.get(f"/api/v1/policy-versions/{version}/").status_code == 200  # an auditor there: visible
-    response = api.post(f"/api/v1/policy-versions/{version}/approve/", {}, format="json")
+    response = api.post(
+        f"/api/v1/policy-versions/{version}/approve/", {"note": "approved for the tests"}, format="json"
+    )
     assert response.status_code == 403
     with pytest.raises(PermissionDenied):
-        policy_version_approve(version_id=version, reviewer=User.objects.get(pk=alder_reviewer.pk))
+        policy_version_approve(
+            version_id=version, reviewer=User.objects.get(pk=alder_reviewer.pk), note="approved for the tests"
+        )
     assert PolicyVersion.objects.get(pk=version).status == "in_review"
 
 
@@ -690,7 +724,12 @@ def test_a_platform_reviewer_reviews_any_customers_version(world, second_reviewe
     api.force_authenticate(second_reviewer)
     for key in ("alder", "birch"):
         version = world[key].ids["version"][0]
-        assert api.post(f"/api/v1/policy-versions/{version}/approve/", {}, format="json").status_code == 200
+        assert (
+            api.post(
+                f"/api/v1/policy-versions/{version}/approve/", {"note": "approved for the tests"}, format="json"
+            ).status_code
+            == 200
+        )
 
 
 @pytest.mark.parametrize("fixture", ["operator_user", "auditor", "reviewer"])

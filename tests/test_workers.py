@@ -72,7 +72,11 @@ def estate():
     held = Lease.objects.filter(property=props[0]).order_by("id").values_list("id", flat=True)[:3]
     for record_id in held:
         legal_hold_place(
-            portfolio=props[0].portfolio, record_kind="lease", record_id=record_id, placed_by=reviewer, reason="hold"
+            portfolio=props[0].portfolio,
+            record_kind="lease",
+            record_id=record_id,
+            placed_by=reviewer,
+            reason="hold for the tests",
         )
     return props
 

@@ -35,7 +35,12 @@ from cleanup_ops.console_selectors.names import (
     sweep_keys,
     usernames,
 )
-from cleanup_ops.console_selectors.pauses import pauses_overview, portfolio_summary
+from cleanup_ops.console_selectors.pauses import (
+    jobs_mark_paused,
+    paused_portfolio_ids,
+    pauses_overview,
+    portfolio_summary,
+)
 from cleanup_ops.console_selectors.sweeps import (
     DrainForecast,
     ForecastStatus,
@@ -58,8 +63,10 @@ __all__ = [
     "job_chain",
     "job_detail",
     "job_filter_parse",
+    "jobs_mark_paused",
     "jobs_page",
     "next_slot_after",
+    "paused_portfolio_ids",
     "pauses_overview",
     "portfolio_choices",
     "portfolio_names",

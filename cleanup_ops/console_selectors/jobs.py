@@ -134,6 +134,28 @@ def jobs_page(
     return JobsPage(jobs=jobs[:size], count=count, older=older, newest=before is None)
 
 
+# The jobs list's sortable columns (``paging.sort_parse``): word → field.
+JOB_SORTS = {
+    "id": "id",
+    "created": "created_at",
+    "due": "available_at",
+    "state": "state",
+    "kind": "record_kind",
+    "attempts": "attempt",
+    "rows": "rows_deleted",
+}
+
+
+def jobs_listed(job_filter: JobFilter, *, portfolio_ids: PortfolioScope) -> Any:
+    """The jobs list's rows, unordered and unsliced (``paging.keyset_page``
+    orders and pages them): what ``jobs_page`` reads, for any sort."""
+    return (
+        CleanupJob.objects.filter(job_filter.q(), portfolio_ids_q(portfolio_ids))
+        .select_related("sweep", "purge_request")
+        .defer("purge_request__document_ids", "purge_request__held_document_ids")
+    )
+
+
 LEDGER_ROWS = 50
 
 

@@ -26,6 +26,21 @@ from retention.scoping import portfolio_ids_q
 # --- Pauses and portfolios ------------------------------------------------------
 
 
+def paused_portfolio_ids() -> frozenset[int | None]:
+    """The portfolios with an active pause; ``None`` in the set: the whole
+    pipeline is paused. One query. What a job row or page marks "paused"."""
+    return frozenset(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
+
+
+def jobs_mark_paused(jobs: list[CleanupJob]) -> None:
+    """Set ``paused`` on each open job whose portfolio (or the whole
+    pipeline) is paused: no worker takes it until a resume, whatever its due
+    time says. One query."""
+    paused = paused_portfolio_ids()
+    for job in jobs:
+        job.paused = job.state in OPEN_STATES and (None in paused or job.portfolio_id in paused)
+
+
 def pauses_overview(*, portfolio_ids: PortfolioScope, recent: int = 20) -> dict[str, Any]:
     """Active pauses (the global one first) and the most recent resumed ones,
     with who paused and resumed them. Two queries."""

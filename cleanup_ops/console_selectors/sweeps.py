@@ -22,6 +22,7 @@ from cleanup_ops.models import (
     Sweep,
     open_letter_q,
     open_q,
+    superseded_q,
     sweep_status_seen,
 )
 from retention.scoping import portfolio_ids_q
@@ -59,6 +60,7 @@ def sweeps_figures(sweep_ids: list[int], *, now: datetime, portfolio_ids: Portfo
             jobs=Count("id"),
             open=Count("id", filter=open_q()),
             dead=Count("id", filter=Q(state=JobState.DEAD)),
+            superseded=Count("id", filter=superseded_q()),
             rows=Sum("rows_deleted"),
             held=Sum("rows_held"),
             last_finished=Max("finished_at"),
@@ -79,7 +81,8 @@ def sweeps_figures(sweep_ids: list[int], *, now: datetime, portfolio_ids: Portfo
         out[r["sweep_id"]] = {
             "jobs": r["jobs"],
             "open": r["open"],
-            "dead": r["dead"],
+            # Dead and not redriven: a redriven job's work is its redrive's.
+            "dead": r["dead"] - r["superseded"],
             "rows": r["rows"] or 0,
             "held": r["held"] or 0,
             "last_finished": r["last_finished"],

@@ -20,6 +20,7 @@ Paused and no-worker jobs are *blocked*: they do not finish whatever the rate.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -137,7 +138,24 @@ def open_work(
     )
 
 
-def why_they_will_not_run(work: OpenWork, *, stale_seconds: float) -> list[str]:
+def pipeline_attention(work: OpenWork, *, letters_open: int) -> list[str]:
+    """Why the pipeline, though not paused, is not simply "running": open
+    work that cannot run (a portfolio's pause, no cluster for its queue) and
+    open dead letters. Empty: nothing needs an operator."""
+    notes = []
+    if work.paused:
+        notes.append(f"{work.paused} open job(s) wait for a paused portfolio to be resumed")
+    if work.no_worker:
+        kinds = ", ".join(work.kinds_without_worker)
+        notes.append(f"{work.no_worker} open job(s) ({kinds}) have no worker: no cluster serving their queue reported")
+    if letters_open:
+        notes.append(f"{letters_open} dead letter(s) wait for a decision")
+    return notes
+
+
+def why_they_will_not_run(
+    work: OpenWork, *, stale_seconds: float, start_commands: Mapping[str, str] | None = None
+) -> list[str]:
     """Warnings for new work (a redrive, a run now) that nothing will take:
     its portfolio is paused, or no cluster serves its queue."""
     warnings = []
@@ -146,8 +164,13 @@ def why_they_will_not_run(work: OpenWork, *, stale_seconds: float) -> list[str]:
         warnings.append(f"{p['jobs']} of these job(s) will not run while {where} paused ({p['reason']}).")
     if work.no_worker:
         kinds = ", ".join(work.kinds_without_worker)
+        # The command for each queue that lacks a cluster: a purge job needs a
+        # cluster of the purge queue, which needs DOCSTORE_URL (issue 30, item 2).
+        # ``start_commands``: job kind -> the command that starts a cluster of its queue.
+        known = start_commands or {}
+        commands = sorted({known.get(kind, "manage.py qcluster") for kind in work.kinds_without_worker})
         warnings.append(
             f"No worker will run {work.no_worker} of these job(s) ({kinds}): no cluster serving their queue"
-            f" has reported in the last {stale_seconds:g} s. Start one (manage.py qcluster) or run cleanup_drain."
+            f" has reported in the last {stale_seconds:g} s. Start one ({'; '.join(commands)}) or run cleanup_drain."
         )
     return warnings

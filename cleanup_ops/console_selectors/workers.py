@@ -59,6 +59,31 @@ def workers_overview(*, now: datetime) -> dict[str, Any]:
     }
 
 
+def start_command(queue: str) -> str:
+    """How to start a cluster serving ``queue``, as the console and the demo
+    say it: the purge queue's cluster needs its queue named and the document
+    store's address (a purge calls it), and a name of its own beside a delete
+    cluster on the same host (the default follows the queue)."""
+    if queue == settings.Q_CLUSTER["name"]:
+        return "python manage.py qcluster"
+    return f"Q_CLUSTER_NAME={queue} DOCSTORE_URL=<the document store> python manage.py qcluster"
+
+
+def queue_clusters(*, now: datetime, queues: dict[str, list[str]]) -> list[dict[str, Any]]:
+    """Per queue (``dispatch.queues``): the job kinds it carries, how many
+    clusters serving it reported within ``CLEANUP_LIVENESS_STALE_SECONDS``,
+    and the command that starts one. Counts only (no host names). One query."""
+    since = now - timedelta(seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS)
+    main = settings.Q_CLUSTER["name"]
+    live: dict[str, int] = {}
+    for queue in WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True):
+        live[queue or main] = live.get(queue or main, 0) + 1
+    return [
+        {"queue": queue, "kinds": kinds, "live": live.get(queue, 0), "start": start_command(queue)}
+        for queue, kinds in queues.items()
+    ]
+
+
 def live_job_kinds(*, now: datetime, queues: dict[str, list[str]]) -> set[str]:
     """The job kinds whose queue (``queues``: queue → kinds, ``dispatch.queues``)
     has a cluster that reported within ``CLEANUP_LIVENESS_STALE_SECONDS``:

@@ -136,7 +136,9 @@ class DocstoreClient:
         if 200 <= status < 300:
             return "deleted"
         retry_after = response.headers.get("Retry-After")
-        raise DownstreamError(status, retry_after[:100] if retry_after else None)
+        # The message class (the declared media type), never the body.
+        content_type = response.headers.get("Content-Type")
+        raise DownstreamError(status, retry_after[:100] if retry_after else None, content_type)
 
     def document_exists(self, document_id: str) -> bool:
         """Does the store still have the document? (``HEAD``; the body is never read.)"""

@@ -12,8 +12,13 @@ Classified no-ops (``held``, ``scope_missing``, ``policy_withdrawn``,
 ``nothing_eligible``) are not failures at all: they are job *outcomes*,
 acknowledged and finished (see ``JobOutcome``).
 
-Only the category and the exception's class name are ever stored: messages
-can quote record data, and response bodies are never kept.
+Only the category, the exception's class name and, for an HTTP answer, its
+status and *message class* are ever stored: messages can quote record data,
+and response bodies are never kept (not even read). The message class is the
+media type the store declared for its answer (``Content-Type`` without
+parameters, e.g. ``application/problem+json``), checked against a token
+pattern so nothing else can be smuggled through it; "" when the answer
+declared none.
 """
 
 from __future__ import annotations
@@ -53,16 +58,31 @@ class FailureCategory(TextChoices):
     CANCELLED = "cancelled", "Cancelled by an operator"
 
 
+# A media type: ``type/subtype`` of token characters (RFC 9110 §8.3.1), at most 100.
+_MEDIA_TYPE = re.compile(r"[a-z0-9][a-z0-9!#$&^_.+-]{0,40}/[a-z0-9][a-z0-9!#$&^_.+-]{0,57}")
+
+
+def message_class_of(content_type: str | None) -> str:
+    """The media type of ``Content-Type`` (lower case, parameters dropped), or
+    "" when it is absent or not a well-formed media type."""
+    if not content_type:
+        return ""
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media if _MEDIA_TYPE.fullmatch(media) else ""
+
+
 class DownstreamError(Exception):
     """A downstream dependency answered with an HTTP error status.
 
-    Carries the status and the raw ``Retry-After`` header only, never a body.
+    Carries the status, the raw ``Retry-After`` header and the answer's
+    message class (``message_class_of``) only, never a body.
     """
 
-    def __init__(self, status: int, retry_after: str | None = None) -> None:
+    def __init__(self, status: int, retry_after: str | None = None, content_type: str | None = None) -> None:
         super().__init__(f"downstream answered HTTP {status}")
         self.status = status
         self.retry_after = retry_after
+        self.message_class = message_class_of(content_type)
 
 
 class DownstreamTimeout(Exception):
@@ -140,6 +160,9 @@ class Classification:
     disposition: str
     error_class: str
     retry_after: datetime | None = None
+    # The store's answer, when there was one (a ``DownstreamError``).
+    http_status: int | None = None
+    message_class: str = ""
 
     @property
     def retryable(self) -> bool:
@@ -152,6 +175,15 @@ def classify(exc: BaseException, *, now: datetime) -> Classification:
             retry_after = None
             if isinstance(exc, DownstreamError) and exc.retry_after is not None:
                 retry_after = parse_retry_after(exc.retry_after, now=now)
+            if isinstance(exc, DownstreamError):
+                return Classification(
+                    rule.category,
+                    rule.disposition,
+                    type(exc).__name__,
+                    retry_after,
+                    http_status=exc.status,
+                    message_class=exc.message_class,
+                )
             return Classification(rule.category, rule.disposition, type(exc).__name__, retry_after)
     return Classification(FailureCategory.UNEXPECTED, RETRY, type(exc).__name__)
 

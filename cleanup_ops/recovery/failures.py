@@ -70,6 +70,8 @@ def job_fail(*, lease: Lease, classification: Classification, now: datetime | No
             job=job,
             category=category,
             error_class=classification.error_class[:100],
+            http_status=classification.http_status,
+            message_class=classification.message_class,
             attempts=job.attempt,
             first_seen_at=job.first_leased_at or now,
             last_seen_at=now,

@@ -65,10 +65,10 @@ from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.domain import portfolio_model
+from retention.inputs import MIN_REASON_LENGTH as MIN_REASON_LENGTH  # re-exported: the views read it here
+from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_q, portfolio_ids_where
-from retention.services import audit_event_record, require_text
-
-MIN_REASON_LENGTH = 10
+from retention.services import audit_event_record, require_reason
 
 
 class Decision(models.TextChoices):
@@ -88,7 +88,7 @@ class DeadLetterNotOpen(Exception):
 
 
 def operator_reason(reason: str | None) -> str:
-    return require_text(reason or "", field="reason", min_length=MIN_REASON_LENGTH)
+    return require_reason(reason or "", field="reason")
 
 
 def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:
@@ -203,17 +203,56 @@ def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
         raise PartitionBusy(letter, busy) from None
 
 
+def spanning_reason(*, portfolios: int, event_id: int) -> str:
+    """What a portfolio's own copy of a decision says when the decision
+    covered several portfolios: the operator's words may name the others
+    ("Birch's store was down too"), so they stay in the platform's audit
+    event ``event_id``, which no customer reads."""
+    return (
+        f"One operator decision covering {portfolios} portfolios; its reason is kept in the platform's"
+        f" audit trail (event {event_id})."
+    )
+
+
+def _spanning_event(
+    *, actor: AbstractBaseUser | None, action: str, reason: str, portfolio_ids: set[int], count: int, noun: str
+) -> AuditEvent | None:
+    """The one platform event of a decision over several portfolios (no
+    ``portfolio_id`` in its details, so it is scoped to platform roles), or
+    ``None`` for a decision within one portfolio, whose reason is its own."""
+    if len(portfolio_ids) <= 1:
+        return None
+    return audit_event_record(
+        actor=actor,
+        action=action,
+        object_type="pipeline",
+        object_id="all",
+        reason=reason,
+        details={noun: count, "portfolios": len(portfolio_ids)},
+    )
+
+
 def _decide_one(
-    letter: DeadLetter, *, decision: Decision, actor: AbstractBaseUser | None, reason: str, now: datetime
+    letter: DeadLetter,
+    *,
+    decision: Decision,
+    actor: AbstractBaseUser | None,
+    reason: str,
+    now: datetime,
+    shown_reason: str | None = None,
 ) -> CleanupJob | None:
-    """Apply one decision to one locked, open letter; the redrive job, if any."""
+    """Apply one decision to one locked, open letter; the redrive job, if any.
+    ``shown_reason``: what the letter itself keeps, when that is not ``reason``
+    (a decision over several portfolios, ``spanning_reason``); the letter's
+    own audit event is platform-scoped and keeps ``reason``."""
     job = None
+    kept = reason if shown_reason is None else shown_reason
     if decision == Decision.REDRIVE:
         job = _redrive_job(letter, now=now)
-        letter.mark_resolved(status=DeadLetter.Status.REDRIVEN, by=actor, at=now, reason=reason, redrive_job=job)
+        letter.mark_resolved(status=DeadLetter.Status.REDRIVEN, by=actor, at=now, reason=kept, redrive_job=job)
         details = {"old_job_id": letter.job_id, "new_job_id": job.pk}
     else:
-        letter.mark_resolved(status=DeadLetter.Status.DISMISSED, by=actor, at=now, reason=reason)
+        letter.mark_resolved(status=DeadLetter.Status.DISMISSED, by=actor, at=now, reason=kept)
         details = {"job_id": letter.job_id}
     audit_event_record(
         actor=actor,
@@ -239,11 +278,24 @@ def _decide(
     jobs created, letters that failed). With ``isolate`` each letter has its
     own savepoint and a database error leaves just that letter open."""
     decided, jobs, failed = [], [], []
+    spanning = _spanning_event(
+        actor=actor,
+        action=f"dead_letters.{'redriven' if decision == Decision.REDRIVE else 'dismissed'}",
+        reason=reason,
+        portfolio_ids={letter.portfolio_id for letter in letters},
+        count=len(letters),
+        noun="letters",
+    )
+    shown = None
+    if spanning is not None:
+        shown = spanning_reason(portfolios=spanning.details["portfolios"], event_id=spanning.pk)
     for letter in letters:
         if isolate:
             try:
                 with transaction.atomic():
-                    job = _decide_one(letter, decision=decision, actor=actor, reason=reason, now=now)
+                    job = _decide_one(
+                        letter, decision=decision, actor=actor, reason=reason, now=now, shown_reason=shown
+                    )
             except PartitionBusy as exc:
                 failed.append(LetterFailure(letter.pk, type(exc).__name__, open_job_id=exc.open_job_id))
                 continue
@@ -251,7 +303,7 @@ def _decide(
                 failed.append(LetterFailure(letter.pk, type(exc).__name__))
                 continue
         else:
-            job = _decide_one(letter, decision=decision, actor=actor, reason=reason, now=now)
+            job = _decide_one(letter, decision=decision, actor=actor, reason=reason, now=now, shown_reason=shown)
         decided.append(letter)
         if job is not None:
             jobs.append(job)
@@ -432,24 +484,39 @@ def jobs_act(*, action: JobAction, actor: AbstractBaseUser | None, reason: str, 
         # re-read under the lock: a worker may have leased a job meanwhile.
         jobs = list(matched.select_for_update().order_by("id"))
         sweeps: set[int] = set()
+        pending = [job for job in jobs if job.state == JobState.PENDING]
+        verb = "job.run_now" if action == JobAction.RUN_NOW else "job.cancelled"
+        # Each job's event is in its portfolio's audit trail: a reason written
+        # for several portfolios is kept once, for the platform (item 5).
+        spanning = _spanning_event(
+            actor=actor,
+            action=f"jobs.{'run_now' if action == JobAction.RUN_NOW else 'cancelled'}",
+            reason=reason,
+            portfolio_ids={job.portfolio_id for job in pending},
+            count=len(pending),
+            noun="jobs",
+        )
+        per_job_reason = reason
+        if spanning is not None:
+            per_job_reason = spanning_reason(portfolios=spanning.details["portfolios"], event_id=spanning.pk)
         for job in jobs:
             if job.state != JobState.PENDING:
                 result.skipped += 1
                 continue
             details: dict[str, object] = {"sweep_id": job.sweep_id, "portfolio_id": job.portfolio_id}
+            if spanning is not None:
+                details["decision_event_id"] = spanning.pk
             if action == JobAction.RUN_NOW:
                 job.available_at = now
                 job.enqueued_at = None  # a hint sent for later must not hold it back
                 job.save(update_fields=["available_at", "enqueued_at"])
-                verb = "job.run_now"
             else:
                 letter = _job_cancel(job, now=now)
                 result.letters.append(letter.pk)
                 details |= {"letter_id": letter.pk, "category": FailureCategory.CANCELLED}
                 sweeps.add(job.sweep_id)
-                verb = "job.cancelled"
             audit_event_record(
-                actor=actor, action=verb, object_type="job", object_id=job.pk, reason=reason, details=details
+                actor=actor, action=verb, object_type="job", object_id=job.pk, reason=per_job_reason, details=details
             )
             result.jobs.append(job.pk)
         for sweep_id in sorted(sweeps):

@@ -21,6 +21,7 @@ from django.urls import reverse
 from django.utils import timezone
 from django.utils.html import format_html
 
+from cleanup_ops.checks import DEFAULT_REFRESH_SECONDS
 from cleanup_ops.models import DeadLetterStatus, JobKind, JobOutcome, JobState, SweepStatus
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.registry import REGISTRY
@@ -100,13 +101,15 @@ def ago(value: Any) -> str:
 
 @register.simple_tag
 def when(value: Any) -> str:
-    """``<time datetime="…" title="2026-08-21 02:00:00 UTC">3 min ago</time>``."""
+    """``<time datetime="…" title="2026-08-21 02:00:00 UTC">3 min ago</time>``;
+    ``static/console/console.js`` puts the exact time in the viewer's zone
+    (zone named) into the title."""
     at = _as_datetime(value)
     if at is None:
         return DASH
     exact = at.astimezone(UTC)
     return format_html(
-        '<time datetime="{}" title="{}">{}</time>',
+        '<time datetime="{}" title="{}" data-local="title">{}</time>',
         exact.isoformat(),
         exact.strftime("%Y-%m-%d %H:%M:%S UTC"),
         relative(at, now=timezone.now()),
@@ -115,8 +118,19 @@ def when(value: Any) -> str:
 
 @register.filter
 def utc(value: Any) -> str:
+    """An exact time: ``<time datetime="…">2026-08-21 02:00 UTC</time>``, which
+    ``static/console/console.js`` rewrites in the viewer's zone, the zone
+    named ("2026-08-21 04:00 CEST"); without script it stays in UTC, said so."""
     at = _as_datetime(value)
-    return DASH if at is None else at.astimezone(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    if at is None:
+        return DASH
+    exact = at.astimezone(UTC)
+    return format_html(
+        '<time datetime="{}" data-local="text" title="{}">{}</time>',
+        exact.isoformat(),
+        exact.strftime("%Y-%m-%d %H:%M:%S UTC"),
+        exact.strftime("%Y-%m-%d %H:%M UTC"),
+    )
 
 
 _LABELS: dict[str, dict[str, str]] = {
@@ -271,7 +285,7 @@ def live_attrs(context: Any) -> str:
     is switched off, or the operator is selecting or typing in the fragment.
     Coming back to the tab refreshes at once."""
     request = context["request"]
-    seconds = int(context.get("refresh_seconds") or 10)
+    seconds = int(context.get("refresh_seconds") or DEFAULT_REFRESH_SECONDS)
     return format_html(
         'id="live" hx-get="{}" hx-trigger="every {}s [consoleMayRefresh()], '
         'visibilitychange[consoleMayRefresh()] from:document" hx-target="this" hx-swap="outerHTML" '
@@ -322,3 +336,36 @@ def absolute(value: Any) -> Any:
         return abs(value)
     except TypeError:
         return value
+
+
+@register.filter
+def urlparams(params: Any) -> str:
+    """A mapping of parameters as a query string: ``?{{ group.params|urlparams }}``."""
+    return urlencode(params) if isinstance(params, Mapping) else ""
+
+
+@register.simple_tag(takes_context=True)
+def sort_header(context: Any, text: str, name: str, css: str = "") -> str:
+    """A sortable column's ``<th>``: a link that sorts by it (the other way
+    when it is the current sort) and ``aria-sort`` on the current column.
+    Sorting starts again at the first page (``after``/``before`` dropped)."""
+    sort = context.get("result") or context.get("page")
+    current = getattr(sort, "sort", None)
+    if current is None:
+        return format_html('<th scope="col" class="{}">{}</th>', css, text)
+    params = {k: v for k, v in dict(context.get("filters") or {}).items() if k not in {"after", "before", "last"}}
+    params["sort"] = current.toggled(name)
+    state = ""
+    arrow = ""
+    if current.name == name:
+        state = "descending" if current.descending else "ascending"
+        arrow = " ▼" if current.descending else " ▲"
+    return format_html(
+        '<th scope="col" class="{}"{}><a href="?{}" data-sort="{}">{}<span aria-hidden="true">{}</span></a></th>',
+        css,
+        format_html(' aria-sort="{}"', state) if state else "",
+        urlencode(params),
+        name,
+        text,
+        arrow,
+    )

@@ -29,7 +29,9 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_page,
     dead_letters_bulk,
 )
+from cleanup_ops.views.job_selection import jobs_selected
 from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
+from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
 from cleanup_ops.views.search import search_page
@@ -39,6 +41,7 @@ from cleanup_ops.views.workers import workers_page
 __all__ = [
     "audit_log",
     "dead_letter_action",
+    "dead_letter_groups",
     "dead_letter_inbox",
     "dead_letter_page",
     "dead_letters_bulk",
@@ -46,6 +49,7 @@ __all__ = [
     "job_page",
     "jobs_bulk",
     "jobs_list",
+    "jobs_selected",
     "overview_page",
     "pause_toggle",
     "pauses_page",

@@ -14,11 +14,13 @@ from django.shortcuts import render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
-from cleanup_ops.console_selectors.workers import live_job_kinds
+from cleanup_ops.checks import refresh_seconds as console_refresh_seconds
+from cleanup_ops.console_selectors.workers import live_job_kinds, start_command
 from cleanup_ops.dispatch import queues
 from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
 from retention.filters import FilterError
-from retention.inputs import InputError
+from retention.inputs import InputError, visible_length
+from retention.inputs import reason_problem as reason_rule_problem
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
 LETTER_VIEW = "cleanup_ops.view_deadletter"
@@ -54,8 +56,9 @@ LIVE_TARGET = "live"
 
 
 def refresh_seconds() -> int:
-    """How often a live page re-fetches its fragment (``CONSOLE_REFRESH_SECONDS``)."""
-    return int(getattr(settings, "CONSOLE_REFRESH_SECONDS", 10))
+    """How often a live page re-fetches its fragment (``CONSOLE_REFRESH_SECONDS``,
+    default 5 s; ``cleanup_ops.checks`` validates it)."""
+    return console_refresh_seconds()
 
 
 def render_live(request: HttpRequest, template: str, context: dict[str, Any], *, status: int = 200) -> HttpResponse:
@@ -90,9 +93,19 @@ def live_kinds_now(now: datetime) -> set[str]:
     return live_job_kinds(now=now, queues=queues())
 
 
+def start_commands() -> dict[str, str]:
+    """Job kind -> the command that starts a cluster serving its queue (the
+    console's hint when no worker will run new work)."""
+    return {kind: start_command(queue) for queue, kinds in queues().items() for kind in kinds}
+
+
 def reason_problem(reason: str) -> str | None:
     """Why a decision's reason is refused (the services' own rule,
     ``MIN_REASON_LENGTH``), said before anything is attempted; None if it is fine."""
-    if len(reason.strip()) < MIN_REASON_LENGTH:
-        return f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail."
-    return None
+    problem = reason_rule_problem(reason, field="reason")
+    if problem is not None and visible_length(reason) < MIN_REASON_LENGTH:
+        return (
+            f"A reason of at least {MIN_REASON_LENGTH} characters is required; it goes into the audit trail"
+            " (spaces and invisible characters do not count)."
+        )
+    return problem

@@ -19,9 +19,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.core.paginator import Paginator
-from django.db.models import Count
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -29,7 +28,9 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_http_methods, require_POST
 
 from cleanup_ops.console_selectors import portfolio_choices, portfolio_names, property_names
+from cleanup_ops.console_selectors.letters import letter_facts
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
+from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
 from cleanup_ops.console_selectors.search import letter_search_q
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, DeadLetter
@@ -45,13 +46,25 @@ from cleanup_ops.views.common import (
     reason_problem,
     redirect_back,
     render_live,
+    start_commands,
 )
+from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
 from retention.filters import int_param, text_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, id_check, text_check
 from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
 
 BULK_BREAKDOWN_ROWS = 20
+# The inbox's sortable columns (``paging.sort_parse``): word → field.
+LETTER_SORTS = {
+    "id": "id",
+    "last_seen": "last_seen_at",
+    "first_seen": "first_seen_at",
+    "category": "category",
+    "kind": "record_kind",
+    "attempts": "attempts",
+    "status": "status",
+}
 
 
 def _can(request: HttpRequest) -> dict[str, bool]:
@@ -84,15 +97,16 @@ def _matching(request: HttpRequest, params, letter_filter: DeadLetterFilter, *, 
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
     letter_filter = dead_letter_filter_parse(request.GET, strict=True, default_status=DeadLetter.Status.OPEN)
     letters, text = _matching(request, request.GET, letter_filter, perm=LETTER_VIEW)
-    page = Paginator(letters.select_related("sweep"), PAGE_SIZE).get_page(request.GET.get("page"))
-    filters = letter_filter.as_params() | ({"q": text} if text else {})
+    sort = sort_parse(request.GET, LETTER_SORTS, default="-last_seen")
+    page = keyset_page(letters.select_related("sweep"), request.GET, sort=sort, size=PAGE_SIZE)
+    filters = letter_filter.as_params() | ({"q": text} if text else {}) | {"sort": sort.param}
     return render_live(
         request,
         "console/dead_letters.html",
         {
             "page": page,
-            "names": portfolio_names(letter.portfolio_id for letter in page),
-            "property_names": property_names(letter.property_id for letter in page),
+            "names": portfolio_names(letter.portfolio_id for letter in page.rows),
+            "property_names": property_names(letter.property_id for letter in page.rows),
             "portfolios": portfolio_choices(portfolio_ids=portfolio_ids_where(request.user, LETTER_VIEW)),
             "filters": filters,
             "categories": FailureCategory.choices,
@@ -108,7 +122,7 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
 def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
     """One dead letter: why it stopped, its job, sweep and portfolio, who
     decided what (its audit events), and redrive or dismiss with a reason."""
-    letters = DeadLetter.objects.select_related("job", "sweep", "resolved_by", "redrive_job")
+    letters = DeadLetter.objects.select_related("job", "job__purge_request", "sweep", "resolved_by", "redrive_job")
     letter = get_object_or_404(scope_queryset(letters, request.user, perm=LETTER_VIEW), pk=letter_id)
     events = scope_audit_events(
         AuditEvent.objects.filter(object_type="dead_letter", object_id=str(letter.pk)).select_related("actor"),
@@ -119,6 +133,7 @@ def dead_letter_page(request: HttpRequest, letter_id: int) -> HttpResponse:
         "console/dead_letter.html",
         {
             "letter": letter,
+            **letter_facts(letter),
             "events": list(events.order_by("id")[:50]),
             "names": portfolio_names([letter.portfolio_id]),
             "property_names": property_names([letter.property_id]),
@@ -177,8 +192,9 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
 
     GET shows the count, a breakdown and asks for a reason; POST with
     ``confirm=yes`` decides with the same filter. If the number matching
-    changed since the page was shown (``expected``), nothing happens and the
-    page asks again."""
+    changed since the page was shown (``expected``), or the letters are not
+    the ones it showed (``seen``, ``cleanup_ops.views.confirm``), nothing
+    happens and the page asks again."""
     params = request.POST if request.method == "POST" else request.GET
     decision = _operation(params.get("operation"), request)
     if isinstance(decision, HttpResponse):
@@ -198,14 +214,11 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
             errors.append(problem)
         elif count == 0:
             errors.append("No open dead letter matches this filter any more.")
-        elif expected != count:
-            errors.append(
-                f"The number of open letters matching changed from {expected} to {count}; check and confirm again."
-            )
+        elif changed := _bulk_selection_changed(params, matching, expected):
+            errors.append(changed)
         else:
-            if text or portfolio_ids_where(request.user, perm) is not None:
-                # Never act beyond what was seen (the user's portfolios, the search): pin the letters.
-                letter_filter = replace(letter_filter, letter_ids=tuple(matching.values_list("id", flat=True)))
+            # Never act beyond what was seen (the letters shown, the user's portfolios, the search): pin them.
+            letter_filter = replace(letter_filter, letter_ids=tuple(matching.values_list("id", flat=True)))
             _decide(request, decision, letter_filter, reason, count)
             return HttpResponseRedirect(reverse("console:dead_letters") + "?" + urlencode(filters))
     breakdown = list(
@@ -227,8 +240,16 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
             "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
             "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [letter_filter.portfolio_id]),
             "min_reason": MIN_REASON_LENGTH,
+            "seen": selection_digest(selection_ids(matching)),
         },
         status=400 if errors else 200,
+    )
+
+
+def _bulk_selection_changed(params: QueryDict, matching: QuerySet[DeadLetter], expected: int | None) -> str | None:
+    """Issue 30, item 13: the letters matching now are the letters the page showed, or why not."""
+    return selection_changed(
+        seen=params.get("seen", ""), ids=selection_ids(matching), expected=expected, noun="open letters"
     )
 
 
@@ -269,5 +290,7 @@ def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     messages.success(request, format_html("Redrove {} dead letter(s): see {}.", len(ids), link))
     now = timezone.now()
     work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=ids)
-    for warning in why_they_will_not_run(work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS):
+    for warning in why_they_will_not_run(
+        work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
+    ):
         messages.warning(request, warning)

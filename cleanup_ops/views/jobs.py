@@ -7,11 +7,12 @@ from __future__ import annotations
 from dataclasses import replace
 from urllib.parse import urlencode
 
+from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.db.models import Count, QuerySet
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -21,11 +22,14 @@ from cleanup_ops.console_selectors import (
     JobFilter,
     job_detail,
     job_filter_parse,
-    jobs_page,
+    jobs_mark_paused,
     portfolio_choices,
     portfolio_names,
     property_names,
 )
+from cleanup_ops.console_selectors.jobs import JOB_SORTS, jobs_listed
+from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
+from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
@@ -36,13 +40,17 @@ from cleanup_ops.recovery.operator import (
     jobs_in_reach,
 )
 from cleanup_ops.views.common import (
+    PAGE_SIZE,
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
+    live_kinds_now,
     reason_problem,
     render_live,
+    start_commands,
 )
-from retention.filters import id_param, int_param
+from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
+from retention.filters import int_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
 from retention.registry import record_kind_choices
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
@@ -58,20 +66,22 @@ def _may(request: HttpRequest, action: JobAction) -> bool:
 @permission_required(VIEW_PERM, raise_exception=True)
 @bad_input_as_400
 def jobs_list(request: HttpRequest) -> HttpResponse:
-    """Jobs, newest first, filtered by sweep, state, portfolio, record kind,
-    failure category, job kind and free text (``q``); ``before`` pages back by id."""
+    """Jobs, newest first unless sorted by a column (``sort``), filtered by
+    sweep, state, portfolio, record kind, failure category, job kind and free
+    text (``q``); paged both ways with the position (``console_selectors.paging``)."""
     scope = portfolio_ids_where(request.user, VIEW_PERM)
     job_filter = job_filter_parse(request.GET, strict=True)
-    before = id_param(request.GET, "before", strict=True)
-    result = jobs_page(job_filter, portfolio_ids=scope, before=before)
+    sort = sort_parse(request.GET, JOB_SORTS, default="-id")
+    result = keyset_page(jobs_listed(job_filter, portfolio_ids=scope), request.GET, sort=sort, size=PAGE_SIZE)
+    jobs_mark_paused(result.rows)
     return render_live(
         request,
         "console/jobs.html",
         {
             "result": result,
-            "filters": job_filter.as_params(),
-            "names": portfolio_names(job.portfolio_id for job in result.jobs),
-            "property_names": property_names(job.property_id for job in result.jobs),
+            "filters": job_filter.as_params() | {"sort": sort.param},
+            "names": portfolio_names(job.portfolio_id for job in result.rows),
+            "property_names": property_names(job.property_id for job in result.rows),
             "portfolios": portfolio_choices(portfolio_ids=scope),
             "sweeps": list(Sweep.objects.order_by("-slot").values("id", "key")[:30]),
             "states": JobState.choices,
@@ -80,12 +90,14 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
             "job_kinds": JobKind.choices,
             "can_run_now": _may(request, JobAction.RUN_NOW),
             "can_cancel": _may(request, JobAction.CANCEL),
+            "min_reason": MIN_REASON_LENGTH,
         },
     )
 
 
 def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
     detail = job_detail(job, scope_audit=lambda qs: scope_audit_events(qs, request.user))
+    jobs_mark_paused([job])
     return {
         "job": job,
         **detail,
@@ -160,7 +172,7 @@ def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
 
 def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ignore[no-untyped-def]
     if action == JobAction.RUN_NOW:
-        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+        _report_run_now(request, done)
     else:
         messages.success(
             request,
@@ -168,6 +180,25 @@ def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ign
         )
     if done.skipped:
         messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
+
+
+def _report_run_now(request: HttpRequest, done) -> None:  # type: ignore[no-untyped-def]
+    """Due now — and whether anything will take them: a paused portfolio's
+    jobs wait for a resume, and jobs whose queue has no live cluster wait for
+    one (the redrive's warnings, ``why_they_will_not_run``). Only the jobs
+    nothing blocks are said to run "as soon as a worker takes them"."""
+    now = timezone.now()
+    work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=list(done.jobs))
+    warnings = why_they_will_not_run(
+        work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
+    )
+    if not warnings:
+        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+        return
+    tail = f" {work.runnable} of them run as soon as a worker takes them." if work.runnable > 0 else ""
+    messages.success(request, f"{len(done)} job(s) are due now.{tail}")
+    for warning in warnings:
+        messages.warning(request, warning)
 
 
 @login_required
@@ -178,7 +209,8 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
 
     GET shows the count, a breakdown and asks for a reason; POST with
     ``confirm=yes`` and the count shown (``expected``) applies ``jobs_act``.
-    If the number matching changed meanwhile, nothing happens and the page asks again."""
+    If the jobs matching are not the ones shown (their number, or their ids:
+    ``seen``, ``cleanup_ops.views.confirm``), nothing happens and the page asks again."""
     params = request.POST if request.method == "POST" else request.GET
     try:
         action = _parse_action(params.get("operation"))
@@ -198,8 +230,8 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
             errors.append(problem)
         elif count == 0:
             errors.append("No pending job matches this filter any more.")
-        elif expected != count:
-            errors.append(f"The number of pending jobs matching changed from {expected} to {count}; confirm again.")
+        elif changed := _bulk_selection_changed(params, matching, expected):
+            errors.append(changed)
         else:
             # The jobs seen are the jobs acted on: pinned by id.
             pinned = replace(job_filter, job_ids=tuple(matching.values_list("id", flat=True)))
@@ -227,8 +259,16 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
             "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
             "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [job_filter.portfolio_id]),
             "min_reason": MIN_REASON_LENGTH,
+            "seen": selection_digest(selection_ids(matching)),
         },
         status=400 if errors else 200,
+    )
+
+
+def _bulk_selection_changed(params: QueryDict, matching: QuerySet[CleanupJob], expected: int | None) -> str | None:
+    """Issue 30, item 13: the jobs matching now are the jobs the page showed, or why not."""
+    return selection_changed(
+        seen=params.get("seen", ""), ids=selection_ids(matching), expected=expected, noun="pending jobs"
     )
 
 

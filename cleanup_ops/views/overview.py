@@ -16,7 +16,9 @@ from cleanup_ops.console_selectors import (
     portfolio_names,
     sweep_forecast,
 )
-from cleanup_ops.console_selectors.waiting import open_work
+from cleanup_ops.console_selectors.waiting import open_work, pipeline_attention
+from cleanup_ops.console_selectors.workers import queue_clusters
+from cleanup_ops.dispatch import queues
 from cleanup_ops.models import Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import (
@@ -129,5 +131,10 @@ def overview_page(request: HttpRequest) -> HttpResponse:
                 y_label="failed attempts",
             ),
             "can_pause": request.user.has_perm("cleanup_ops.add_pipelinepause"),
+            # Issue 30, item 11: "running" only when nothing waits for an operator.
+            "attention": pipeline_attention(work, letters_open=figures["dead_letters"]["open"]),
+            "clusters": queue_clusters(now=now, queues=queues())
+            if request.user.has_perm("cleanup_ops.view_workerheartbeat")
+            else None,
         },
     )

@@ -7,7 +7,8 @@ from django.http import HttpRequest, HttpResponse
 from django.utils import timezone
 
 from cleanup_ops.console_selectors import workers_overview
-from cleanup_ops.dispatch import broker_status
+from cleanup_ops.console_selectors.workers import queue_clusters
+from cleanup_ops.dispatch import broker_status, queues
 from cleanup_ops.health import clusters_judged
 from cleanup_ops.views.common import render_live
 
@@ -27,5 +28,13 @@ def workers_page(request: HttpRequest) -> HttpResponse:
     empty = {"jobs": 0, "holders": 0, "expired": 0}
     for cluster in judged["clusters"]:
         cluster["host_leases"] = w["host_leases"].get(cluster["hb"].host, empty)
-    context = {"w": w, "clusters": judged["clusters"], "broker": broker_status(), "waited": judged["waited_by_queue"]}
+    context = {
+        "w": w,
+        "clusters": judged["clusters"],
+        "broker": broker_status(),
+        "waited": judged["waited_by_queue"],
+        # Per queue, how to start a cluster for it: a purge cluster needs its
+        # queue and the document store's address (issue 30, item 2).
+        "queues": queue_clusters(now=now, queues=queues()),
+    }
     return render_live(request, "console/workers.html", context)

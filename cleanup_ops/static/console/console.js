@@ -28,12 +28,65 @@
     return true;
   };
 
+  // Times in the viewer's zone, the zone named. The server writes UTC
+  // (<time datetime> with a UTC text or title); this rewrites them where the
+  // browser knows its zone, and says which zone that is in the header.
+  function zoneName() {
+    try {
+      return Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+    } catch (e) {
+      return "UTC";
+    }
+  }
+
+  function pad(n) {
+    return (n < 10 ? "0" : "") + n;
+  }
+
+  function shortZone(date) {
+    try {
+      var parts = new Intl.DateTimeFormat("en-GB", { timeZoneName: "short" }).formatToParts(date);
+      for (var i = 0; i < parts.length; i++) {
+        if (parts[i].type === "timeZoneName") return parts[i].value;
+      }
+    } catch (e) { /* fall through */ }
+    return zoneName();
+  }
+
+  function localText(date, seconds) {
+    var text = date.getFullYear() + "-" + pad(date.getMonth() + 1) + "-" + pad(date.getDate()) + " " +
+      pad(date.getHours()) + ":" + pad(date.getMinutes()) + (seconds ? ":" + pad(date.getSeconds()) : "");
+    return text + " " + shortZone(date);
+  }
+
+  function localClock(iso) {
+    var date = new Date(iso);
+    if (isNaN(date.getTime())) return "";
+    return pad(date.getHours()) + ":" + pad(date.getMinutes()) + ":" + pad(date.getSeconds()) + " " + shortZone(date);
+  }
+
+  function localize(root) {
+    var times = (root || document).querySelectorAll("time[datetime][data-local]");
+    for (var i = 0; i < times.length; i++) {
+      var el = times[i];
+      var date = new Date(el.getAttribute("datetime"));
+      if (isNaN(date.getTime())) continue;
+      var utcTitle = el.getAttribute("data-utc") || el.getAttribute("title") || "";
+      el.setAttribute("data-utc", utcTitle);
+      el.setAttribute("title", localText(date, true) + (utcTitle ? " (" + utcTitle + ")" : ""));
+      if (el.getAttribute("data-local") === "text") el.textContent = localText(date, false);
+    }
+    var zone = document.getElementById("viewer-zone");
+    if (zone) zone.textContent = "times in " + zoneName();
+  }
+  window.consoleLocalize = localize;
+
   function stamp() {
     var status = document.getElementById("live-status");
     var live = document.getElementById("live");
     if (!status || !live) return;
     var at = live.getAttribute("data-generated") || "";
-    status.textContent = at ? "updated " + at.slice(11, 19) + " UTC" : "";
+    status.textContent = at ? "updated " + localClock(at) : "";
     status.className = "muted";
     status.removeAttribute("data-stale");
     status.removeAttribute("title");
@@ -49,13 +102,13 @@
     var live = document.getElementById("live");
     if (!status || !live) return;
     if (event && event.detail && event.detail.elt && event.detail.elt !== live) return;
-    var now = new Date().toISOString().slice(11, 19);
+    var now = localClock(new Date().toISOString());
     if (!failingSince) failingSince = now;
     var at = live.getAttribute("data-generated") || "";
     var xhr = event && event.detail ? event.detail.xhr : null;
     var why = xhr && xhr.status ? "HTTP " + xhr.status : "no answer";
-    status.textContent = "STALE: refresh failing since " + failingSince + " UTC (" + why + "); figures from " +
-      (at ? at.slice(11, 19) + " UTC" : "the page load");
+    status.textContent = "STALE: refresh failing since " + failingSince + " (" + why + "); figures from " +
+      (at ? localClock(at) : "the page load");
     status.className = "stale";
     status.setAttribute("data-stale", "true");
     status.setAttribute("title", "The last refreshes failed; the figures shown may be out of date.");
@@ -77,6 +130,7 @@
         } catch (e) { /* ignore */ }
       });
     }
+    localize(document);
     stamp();
   });
 
@@ -92,8 +146,23 @@
     }
   });
 
+  // "Select all": a header checkbox with data-select-all="<name>" ticks (or
+  // unticks) every enabled checkbox of that name in its form. Delegated from
+  // the document, so it keeps working after a live refresh swaps the table.
+  document.addEventListener("change", function (event) {
+    var box = event.target;
+    if (!box || !box.getAttribute || !box.getAttribute("data-select-all")) return;
+    var scope = box.form || document;
+    var name = box.getAttribute("data-select-all");
+    var boxes = scope.querySelectorAll("input[type=checkbox][name='" + name + "']");
+    for (var i = 0; i < boxes.length; i++) {
+      if (!boxes[i].disabled) boxes[i].checked = box.checked;
+    }
+  });
+
   document.addEventListener("htmx:afterSwap", function () {
     failingSince = null;
+    localize(document);
     stamp();
   });
 })();

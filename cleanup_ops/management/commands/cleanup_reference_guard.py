@@ -1,0 +1,34 @@
+"""Install (or print) the reference guard on the record tables (``cleanup_ops.downstream.guard``)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.core.management.base import BaseCommand, CommandError
+from django.db import connection
+
+from cleanup_ops.downstream.guard import function_sql, guarded_kinds, guards_install, trigger_sql
+
+
+class Command(BaseCommand):
+    help = (
+        "Guard the record tables with attachments: a record that starts naming a document waits for a purge "
+        "deciding about it. Managed tables are guarded at every migrate; --install also guards unmanaged ones."
+    )
+
+    def add_arguments(self, parser: Any) -> None:
+        action = parser.add_mutually_exclusive_group(required=True)
+        action.add_argument("--install", action="store_true", help="create the function and every trigger")
+        action.add_argument("--print-sql", action="store_true", help="print the SQL for a table's owner to run")
+
+    def handle(self, *args: Any, **options: Any) -> None:
+        if connection.vendor != "postgresql":
+            raise CommandError("--install/--print-sql: the reference guard is for PostgreSQL (SQLite needs none)")
+        if options["print_sql"]:
+            self.stdout.write(function_sql().strip() + ";")
+            for spec in guarded_kinds(include_unmanaged=True):
+                for statement in trigger_sql(spec):
+                    self.stdout.write(statement + ";")
+            return
+        kinds = guards_install(include_unmanaged=True)
+        self.stdout.write(f"reference guard installed on {len(kinds)} record kinds: {', '.join(kinds) or 'none'}")
