@@ -355,7 +355,7 @@ def legal_hold_scope_validate(
     """
     # A property of another portfolio would make a hold that protects nothing
     # it names (the scope lock and the delete both key on the pair).
-    if property is not None and property.portfolio_id != portfolio.pk:
+    if property is not None and property_portfolio_id(property) != portfolio.pk:
         raise ValidationError({"property": f"{property} is not a property of {portfolio}; choose one of its own."})
     if record_id is None:
         return

@@ -296,7 +296,7 @@ for building in (kept, held):
     )
 policy = retention_policy_get_or_create(portfolio=customer, record_kind="work_order")
 version = policy_version_submit(policy=policy, retention_days=30, author=author, reason="keep work orders a month")
-policy_version_approve(version_id=version.pk, reviewer=reviewer, note="agreed")
+policy_version_approve(version_id=version.pk, reviewer=reviewer, note="agreed: a month is enough")
 legal_hold_place(portfolio=customer, property=held, placed_by=reviewer, reason="a dispute about 3 Oak St")
 call_command("cleanup_sweep")
 call_command("cleanup_drain", "--max-seconds", "60")
