@@ -24,7 +24,7 @@ from django.db import transaction
 from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.models import CleanupJob, Sweep
-from properties.models import Portfolio
+from retention.domain import portfolio_model
 from retention.eligibility import count_expired_and_held, db_datetime
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
@@ -117,7 +117,7 @@ class DryRun:
 
 def sweep_preview(*, slot: datetime, portfolio_id: int | None = None) -> DryRun:
     """Per portfolio and record kind: rows eligible and rows held. Writes nothing."""
-    if portfolio_id is not None and not Portfolio.objects.filter(pk=portfolio_id).exists():
+    if portfolio_id is not None and not portfolio_model()._default_manager.filter(pk=portfolio_id).exists():
         raise ValueError(f"portfolio: no portfolio with id {portfolio_id}")
     result = DryRun(slot=slot)
     for version in _active_versions():

@@ -12,7 +12,7 @@ are read-only and each action's form in the browsable API is its input
 serializer (``get_serializer_class``), so no form lists related objects.
 Service errors map to HTTP: ``ValidationError`` → 400, ``PermissionDenied``
 → 403, ``DeadLetterNotOpen`` and ``PartitionBusy`` → 409. The shared plumbing is in
-``retention.apiutils``; the router is wired in ``config/urls.py``.
+``retention.apiutils``; the router is wired in ``cleanup_ops/urls.py``.
 """
 
 from __future__ import annotations

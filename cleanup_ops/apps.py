@@ -7,11 +7,20 @@ class CleanupOpsConfig(AppConfig):
     name = "cleanup_ops"
     verbose_name = "Cleanup operations"
 
+    def __init__(self, app_name: str, app_module: object) -> None:
+        super().__init__(app_name, app_module)
+        from cleanup_ops.defaults import SETTINGS
+        from retention.conf import apply_defaults
+
+        # Every setting the project did not set gets its default, before any
+        # model or module reads it (retention.conf says why not in ready()).
+        apply_defaults(SETTINGS)
+
     def ready(self) -> None:
         from django.db.models.signals import post_migrate
         from django_q.signals import post_spawn, pre_execute
 
-        from cleanup_ops import checks  # noqa: F401 - registers the console's system checks
+        from cleanup_ops import checks  # noqa: F401 - registers the system checks
         from cleanup_ops.downstream.guard import guards_on_migrate
 
         # The reference guard on the record tables (downstream.guard).

@@ -41,7 +41,7 @@ from cleanup_ops.models import (
     Sweep,
     SweepStatus,
 )
-from properties.models import Portfolio, Property
+from retention.domain import portfolio_model, property_model, property_portfolio_column
 from retention.models import LegalHold, PolicyVersion, RetentionPolicy
 from retention.registry import RecordKindSpec
 
@@ -50,8 +50,13 @@ SWEEP = Sweep._meta.db_table
 LEDGER = LedgerEntry._meta.db_table
 LETTER = DeadLetter._meta.db_table
 BUCKET = RateBucket._meta.db_table
-PROPERTY = Property._meta.db_table
-PORTFOLIO = Portfolio._meta.db_table
+# The host's customer and site tables (retention.domain): their keys, and the
+# site's column naming its customer (RETENTION_PROPERTY_PORTFOLIO_FIELD).
+PROPERTY = property_model()._meta.db_table
+PORTFOLIO = portfolio_model()._meta.db_table
+PROPERTY_PK = property_model()._meta.pk.column
+PORTFOLIO_PK = portfolio_model()._meta.pk.column
+PROPERTY_PORTFOLIO = property_portfolio_column()
 POLICY = RetentionPolicy._meta.db_table
 VERSION = PolicyVersion._meta.db_table
 
@@ -156,9 +161,9 @@ def document_scopes_lock() -> str:
     document id."""
     refs = DeletedAttachment._meta.db_table
     return (
-        f"SELECT p.id FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.id = p.portfolio_id"
-        f" WHERE p.id IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)"
-        f" ORDER BY p.id{for_share_of('p', 'po')}"
+        f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
+        f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)"
+        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}"
     )
 
 
@@ -218,9 +223,9 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
     a partition still gets a job, which ends ``held`` and so shows in the
     sweep's report. Parameters: slot, kind."""
     cte = (
-        f"WITH due AS (SELECT p.portfolio_id, p.id AS property_id, v.id AS version_id,"
-        f" {_slot_minus_retention()} AS cutoff"
-        f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = %s"
+        f"WITH due AS (SELECT p.{PROPERTY_PORTFOLIO} AS portfolio_id, p.{PROPERTY_PK} AS property_id,"
+        f" v.id AS version_id, {_slot_minus_retention()} AS cutoff"
+        f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.{PROPERTY_PORTFOLIO} AND rp.record_kind = %s"
         f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
     )
     where = (
@@ -326,16 +331,16 @@ def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
         # test computed once per row instead of once per aggregate.
         row_sql = "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
         source = (
-            f" FROM c JOIN {PROPERTY} p ON p.portfolio_id = c.portfolio_id CROSS JOIN LATERAL"
+            f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id CROSS JOIN LATERAL"
             f" (SELECT r.{ts} AS ts, {hold_sql} AS held FROM {table} r"
-            f" WHERE r.{prop} = p.id AND r.{ts} < {spec.cutoff_sql('c.cutoff')} OFFSET 0) x"
+            f" WHERE r.{prop} = p.{PROPERTY_PK} AND r.{ts} < {spec.cutoff_sql('c.cutoff')} OFFSET 0) x"
         )
     else:
         row_sql = "(%s, %s, %s)"
         source = (
-            f" FROM c JOIN {PROPERTY} p ON p.portfolio_id = c.portfolio_id"
+            f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
             f" JOIN (SELECT r.{prop} AS property_id, r.{ts} AS ts, {hold_sql} AS held FROM {table} r) x"
-            f" ON x.property_id = p.id AND x.ts < {spec.cutoff_sql('c.cutoff')}"
+            f" ON x.property_id = p.{PROPERTY_PK} AND x.ts < {spec.cutoff_sql('c.cutoff')}"
         )
     return (
         f"WITH c(portfolio_id, cutoff, late) AS (VALUES {', '.join([row_sql] * cutoffs)})"
@@ -450,11 +455,11 @@ def group_fence_scopes_and_policies(jobs: int) -> str:
         f" ORDER BY id{for_update()}),"
         f" s AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
         f" FROM g JOIN f ON f.id = g.job_id"
-        f" JOIN {PROPERTY} p ON p.id = g.property_id"
-        f" JOIN {PORTFOLIO} po ON po.id = p.portfolio_id AND po.id = g.portfolio_id"
-        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.id AND rp.record_kind = g.record_kind"
+        f" JOIN {PROPERTY} p ON p.{PROPERTY_PK} = g.property_id"
+        f" JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO} AND po.{PORTFOLIO_PK} = g.portfolio_id"
+        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = g.record_kind"
         f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        f" ORDER BY p.id{for_share_of('p', 'po')})"
+        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')})"
         f" SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
         f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN s ON s.job_id = f.id ORDER BY f.id"
     )

@@ -1,30 +1,46 @@
+"""Every route of the product, for one ``include()`` under any prefix.
+
+A host project adds ``path("ops/", include("cleanup_ops.urls"))`` (the demo
+project, ``config/urls.py``, includes it at the root): the console under
+``console/``, its login and logout pages, the REST API (the pipeline's and
+retention's viewsets on one router, the trigger endpoint ``api/v1/sweeps/``,
+the schema and its docs pages) under ``api/v1/``, and the Prometheus exporter
+at ``metrics``. Nothing in the code or the templates writes a path: every
+link is ``reverse()`` or ``{% url %}`` of the names below, so the prefix is
+the host's choice. The admin stays the host's (``admin.site.urls``).
+"""
+
 from __future__ import annotations
 
-from django.urls import path
+from django.contrib.auth import views as auth_views
+from django.urls import include, path, re_path
+from drf_spectacular.views import SpectacularAPIView
+from rest_framework.routers import DefaultRouter
 
-from cleanup_ops import views
+from cleanup_ops import api, prometheus
+from cleanup_ops.apidocs import RedocView, SwaggerView
+from retention import api as retention_api
 
-app_name = "console"
+# One router for api/v1/ (one API root): the pipeline's viewsets, then retention's.
+router = DefaultRouter(trailing_slash=True)
+router.register("sweeps", api.SweepViewSet, basename="sweep")
+router.register("jobs", api.JobViewSet, basename="job")
+router.register("dead-letters", api.DeadLetterViewSet, basename="dead-letter")
+router.register("policies", retention_api.PolicyViewSet, basename="policy")
+router.register("policy-versions", retention_api.PolicyVersionViewSet, basename="policy-version")
+router.register("legal-holds", retention_api.LegalHoldViewSet, basename="legal-hold")
+router.register("audit-events", retention_api.AuditEventViewSet, basename="audit-event")
 
 urlpatterns = [
-    path("", views.overview_page, name="overview"),
-    path("sweeps/", views.sweeps_list, name="sweeps"),
-    path("sweeps/<int:sweep_id>/", views.sweep_page, name="sweep"),
-    path("sweeps/<int:sweep_id>/proof.<str:fmt>", views.sweep_proof_export, name="sweep_proof"),
-    path("jobs/", views.jobs_list, name="jobs"),
-    path("jobs/<int:job_id>/", views.job_page, name="job"),
-    path("jobs/<int:job_id>/action/", views.job_action, name="job_action"),
-    path("jobs/all-matching/", views.jobs_bulk, name="jobs_bulk"),
-    path("jobs/selected/", views.jobs_selected, name="jobs_selected"),
-    path("dead-letters/", views.dead_letter_inbox, name="dead_letters"),
-    path("dead-letters/<int:letter_id>/", views.dead_letter_page, name="dead_letter"),
-    path("dead-letters/action/", views.dead_letter_action, name="dead_letter_action"),
-    path("dead-letters/all-matching/", views.dead_letters_bulk, name="dead_letters_bulk"),
-    path("dead-letters/by-cause/", views.dead_letter_groups, name="dead_letter_groups"),
-    path("workers/", views.workers_page, name="workers"),
-    path("pauses/", views.pauses_page, name="pauses"),
-    path("portfolios/<int:portfolio_id>/", views.portfolio_page, name="portfolio"),
-    path("audit/", views.audit_log, name="audit"),
-    path("search/", views.search_page, name="search"),
-    path("pause/", views.pause_toggle, name="pause"),
+    path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),
+    path("accounts/logout/", auth_views.LogoutView.as_view(), name="logout"),
+    path("console/", include("cleanup_ops.console_urls")),
+    path("api/v1/metrics/", api.MetricsView.as_view(), name="api-metrics"),
+    path("api/v1/pause/", api.PauseView.as_view(), name="api-pause"),
+    path("api/v1/pause/resume/", api.ResumeView.as_view(), name="api-resume"),
+    path("api/v1/schema/", SpectacularAPIView.as_view(), name="api-schema"),
+    path("api/v1/docs/", SwaggerView.as_view(url_name="api-schema"), name="api-docs"),
+    path("api/v1/redoc/", RedocView.as_view(url_name="api-schema"), name="api-redoc"),
+    path("api/v1/", include(router.urls)),
+    re_path(r"^metrics$", prometheus.prometheus_metrics, name="prometheus-metrics"),
 ]

@@ -198,7 +198,8 @@ USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
 STATIC_ROOT = BASE_DIR / "var" / "static"
-LOGIN_URL = "/accounts/login/"
+# URL names, not paths: the product's pages are wherever config/urls.py includes cleanup_ops.urls.
+LOGIN_URL = "login"
 # ModelBackend logs users in and answers for groups; MembershipBackend adds the
 # permissions of a user's portfolio memberships (retention.scoping decides where).
 AUTHENTICATION_BACKENDS = [
@@ -207,7 +208,7 @@ AUTHENTICATION_BACKENDS = [
     "django.contrib.auth.backends.ModelBackend",
     "retention.backends.MembershipBackend",
 ]
-LOGIN_REDIRECT_URL = "/console/"
+LOGIN_REDIRECT_URL = "console:overview"
 
 # --- Login throttling (django-axes) ---------------------------------------------
 # Both login forms (/admin/login/ and /accounts/login/) go through Django's
@@ -263,7 +264,7 @@ SPECTACULAR_SETTINGS = {
     "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
     "REDOC_DIST": "SIDECAR",
     # No request leaves the host: no validator badge (validator.swagger.io),
-    # and Redoc in system fonts (templates/drf_spectacular/redoc.html drops
+    # and Redoc in system fonts (cleanup_ops/templates/cleanup_ops/redoc.html drops
     # the Google Fonts links of drf-spectacular's template).
     "SWAGGER_UI_SETTINGS": {"deepLinking": True, "validatorUrl": None},
     "REDOC_UI_SETTINGS": {
@@ -278,7 +279,7 @@ SPECTACULAR_SETTINGS = {
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
-        "config.schema.add_common_responses",
+        "cleanup_ops.apischema.add_common_responses",
     ],
 }
 # /metrics (Prometheus): a bearer token, or — only if the operator lists

@@ -1,9 +1,10 @@
-"""The document store's base URL, checked against the allowlists (pure standard library).
+"""The demo project's start-up check of ``DOCSTORE_URL`` (pure standard library).
 
-``config/settings.py`` calls it at start-up, so a bad ``DOCSTORE_URL`` stops
-the process naming the variable; the store client calls it again before every
-use (tests and operators may change settings at run time; the allowlist still
-holds). It lives in ``config`` so that the settings import no app.
+``config/settings.py`` calls it while it reads the environment, so a bad
+``DOCSTORE_URL`` stops the process naming the variable. It is a copy of the
+app's ``cleanup_ops.downstream.urls.docstore_url_check`` (which the system
+check and the store client use) because the settings import no app;
+``tests/test_installable.py`` keeps the two the same.
 """
 
 from __future__ import annotations

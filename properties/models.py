@@ -64,6 +64,8 @@ class Portfolio(models.Model):
 
     class Meta:
         ordering = ["id"]
+        # A host names its own customer model instead (like AUTH_USER_MODEL).
+        swappable = "RETENTION_PORTFOLIO_MODEL"
 
     def __str__(self) -> str:
         return self.name
@@ -76,6 +78,8 @@ class Property(models.Model):
     class Meta:
         ordering = ["id"]
         verbose_name_plural = "properties"
+        # A host names its own site model instead (like AUTH_USER_MODEL).
+        swappable = "RETENTION_PROPERTY_MODEL"
         constraints = [
             # Redundant as a uniqueness rule (id is the key); it exists as the
             # target of each record table's composite foreign key

@@ -8,6 +8,8 @@ the active version and an impact preview, and never edited afterwards.
 
 from __future__ import annotations
 
+from typing import Any
+
 from django import forms
 from django.contrib import admin, messages
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -17,8 +19,9 @@ from django.template.response import TemplateResponse
 from django.urls import path, reverse
 from django.utils.html import format_html
 
-from retention import admin_domain  # noqa: F401 - registers the domain models' admin (see there)
+from retention.admin_domain import register_demo_domain
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
+from retention.domain import DISPLAY_FIELD, portfolio_model
 from retention.inputs import MAX_TEXT_LENGTH, MIN_REASON_LENGTH, reason_problem
 from retention.models import (
     MAX_BATCH_SIZE,
@@ -373,8 +376,9 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     list_select_related = ["portfolio", "property", "placed_by"]
     # Autocomplete, not a raw id: its choices come from the (scoped) property
     # admin, and a raw-id widget would print the name of any id typed into it.
-    # The picker offers the chosen portfolio's properties only (its script).
-    autocomplete_fields = ["property"]
+    # The picker offers the chosen portfolio's properties only (its script);
+    # an autocomplete when the site model has an admin (the demo's has).
+    autocomplete_if_registered = ("property",)
 
     class Media:
         # After django.jQuery is defined (Django merges media keeping this order).
@@ -544,8 +548,15 @@ class MembershipAdmin(PortfolioScopedAdmin):
     list_display = ["id", "user", "portfolio", "role", "created_at"]
     list_filter = ["role", ("portfolio", PortfolioListFilter)]
     list_select_related = ["user", "portfolio"]
-    search_fields = ["user__username", "portfolio__name"]
-    autocomplete_fields = ["user", "portfolio"]
+    search_fields = ["user__username"]
+    autocomplete_fields = ["user"]
+    autocomplete_if_registered = ("portfolio",)
+
+    def get_search_fields(self, request: HttpRequest) -> Any:
+        # The customer's name, when the host's customer model has one.
+        has_name = DISPLAY_FIELD in {f.name for f in portfolio_model()._meta.concrete_fields}
+        return [*self.search_fields, *([f"portfolio__{DISPLAY_FIELD}"] if has_name else [])]
+
     fields = ["user", "portfolio", "role"]
 
     def get_readonly_fields(self, request: HttpRequest, obj: Membership | None = None) -> list[str]:
@@ -562,3 +573,7 @@ class MembershipAdmin(PortfolioScopedAdmin):
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
         for pk in queryset.values_list("pk", flat=True):
             membership_revoke(membership_id=pk, revoked_by=request.user)
+
+
+# The demo domain models' admin, when the demo's app is installed (see retention.admin_domain).
+register_demo_domain(admin.site)

@@ -1,39 +1,42 @@
-"""Admin for the domain models (portfolios, properties and their records).
+"""Admin for the demo's domain models (portfolios, properties and their records).
 
 They live here, not in ``properties/admin.py``, because every page is scoped
 to the user's portfolios and memberships are a ``retention`` concept: the
 domain app imports nothing of ours (import-linter). ``retention.admin``
-imports this module so the admin registers it.
+calls ``register_demo_domain`` so the admin registers them.
+
+Only when the demo's ``properties`` app is installed: a host's own customer
+and site models (``RETENTION_PORTFOLIO_MODEL``, ``RETENTION_PROPERTY_MODEL``)
+have the host's own admin, which may scope its pages with
+``retention.admin_scoping.PortfolioScopedAdmin``.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
+from django.apps import apps
 from django.contrib import admin
 from django.db.models import QuerySet
 from django.http import HttpRequest
 
-from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 from retention.inputs import id_problem
 
 
-@admin.register(Portfolio)
 class PortfolioAdmin(PortfolioScopedAdmin):
     portfolio_field = "pk"
     list_display = ["id", "name", "slug", "created_at"]
     search_fields = ["name", "slug"]
 
 
-@admin.register(Property)
 class PropertyAdmin(PortfolioScopedAdmin):
     list_display = ["id", "name", "portfolio"]
     list_filter = [("portfolio", PortfolioListFilter)]
     list_select_related = ["portfolio"]
     search_fields = ["name"]
 
-    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Property], search_term: str) -> Any:
+    def get_search_results(self, request: HttpRequest, queryset: QuerySet[Any], search_term: str) -> Any:
         """An autocomplete (a legal hold's property picker) that sends the
         chosen ``portfolio`` gets that portfolio's properties only
         (``retention/static/retention/hold_property_picker.js``; the admin
@@ -51,16 +54,32 @@ class RecordAdmin(PortfolioScopedAdmin):
     show_full_result_count = False
 
 
-@admin.register(Lease)
 class LeaseAdmin(RecordAdmin):
     list_display = ["id", "portfolio_id", "property_id", "unit", "ended_on"]
 
 
-@admin.register(MaintenanceRecord)
 class MaintenanceRecordAdmin(RecordAdmin):
     list_display = ["id", "portfolio_id", "property_id", "summary", "closed_at"]
 
 
-@admin.register(TenantActivity)
 class TenantActivityAdmin(RecordAdmin):
     list_display = ["id", "portfolio_id", "property_id", "activity_type", "occurred_at"]
+
+
+def register_demo_domain(site: admin.AdminSite) -> None:
+    """Register the demo's models, when the ``properties`` app is installed.
+    Each one only if the project chose it (the customer and site models) and
+    nobody registered it first."""
+    if not apps.is_installed("properties"):
+        return
+    models = {
+        "properties.Portfolio": PortfolioAdmin,
+        "properties.Property": PropertyAdmin,
+        "properties.Lease": LeaseAdmin,
+        "properties.MaintenanceRecord": MaintenanceRecordAdmin,
+        "properties.TenantActivity": TenantActivityAdmin,
+    }
+    for label, model_admin in models.items():
+        model = apps.get_model(label)
+        if not model._meta.swapped and not site.is_registered(model):
+            site.register(model, model_admin)

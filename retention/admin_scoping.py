@@ -23,7 +23,7 @@ from django.core.exceptions import PermissionDenied
 from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 
-from properties.models import Portfolio, Property
+from retention.domain import portfolio_model, property_model, property_portfolio_attname
 from retention.inputs import id_problem
 from retention.scoping import portfolios_where, scope_queryset
 
@@ -48,7 +48,7 @@ class PortfolioListFilter(admin.RelatedFieldListFilter):
 
     def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
         where = portfolios_where(request.user, view_permission(model_admin.opts))
-        return [(p.pk, str(p)) for p in where.order_by("name", "pk")]
+        return sorted(((p.pk, str(p)) for p in where), key=lambda choice: (choice[1], choice[0]))
 
     def has_output(self) -> bool:
         # Django applies only the filters it shows and shows a related filter
@@ -60,6 +60,20 @@ class PortfolioListFilter(admin.RelatedFieldListFilter):
 class PortfolioScopedAdmin(admin.ModelAdmin):
     #: Lookup path from the model to its portfolio id.
     portfolio_field = "portfolio_id"
+    #: Foreign keys looked up by autocomplete when their model has an admin on
+    #: this site (it answers the lookups, scoped). The customer and site models
+    #: are the host's: whether it gives them an admin is its choice, so these
+    #: fall back to a select of the scoped choices instead of failing the
+    #: admin's checks (admin.E039).
+    autocomplete_if_registered: tuple[str, ...] = ()
+
+    def get_autocomplete_fields(self, request: HttpRequest) -> Any:
+        registered = [
+            name
+            for name in self.autocomplete_if_registered
+            if self.admin_site.is_registered(self.opts.get_field(name).related_model)
+        ]
+        return [*super().get_autocomplete_fields(request), *registered]
 
     def get_queryset(self, request: HttpRequest) -> QuerySet[Any]:
         return scope_queryset(
@@ -102,8 +116,13 @@ class PortfolioScopedAdmin(admin.ModelAdmin):
         related: type[Model] = db_field.related_model
         if "widget" not in kwargs and db_field.name in self.get_autocomplete_fields(request):
             kwargs["widget"] = IdAutocompleteSelect(db_field, self.admin_site, using=kwargs.get("using"))
-        if related is Portfolio:
+        if related is portfolio_model():
             kwargs["queryset"] = portfolios_where(request.user, self.add_permission_name())
-        elif related is Property:
-            kwargs["queryset"] = scope_queryset(Property.objects.all(), request.user, perm=self.add_permission_name())
+        elif related is property_model():
+            kwargs["queryset"] = scope_queryset(
+                property_model()._default_manager.all(),
+                request.user,
+                perm=self.add_permission_name(),
+                field=property_portfolio_attname(),
+            )
         return super().formfield_for_foreignkey(db_field, request, **kwargs)

@@ -4,7 +4,7 @@ Views are thin: they check the role (``RolePermission``), see only the
 portfolios where the user holds the read permission (``TenantScoped``:
 another customer's object is a 404), validate input with a serializer, call
 a ``retention.services`` function through ``call_service`` and render the
-result. The router is wired in ``config/urls.py``.
+result. The router is wired in ``cleanup_ops/urls.py``.
 
 Output serializers are read-only: the browsable API renders an action's form
 from ``get_serializer_class``, which is the action's *input* serializer (a
@@ -26,7 +26,6 @@ from rest_framework.exceptions import PermissionDenied
 from rest_framework.request import Request
 from rest_framework.response import Response
 
-from properties.models import Portfolio, Property
 from retention.apiutils import (
     Conflict,
     FreeTextField,
@@ -38,6 +37,7 @@ from retention.apiutils import (
     call_service,
     filter_errors_as_400,
 )
+from retention.domain import portfolio_model, property_model, property_portfolio_attname
 from retention.filters import audit_filter_parse
 from retention.inputs import MIN_REASON_LENGTH, reason_problem
 from retention.models import (
@@ -150,8 +150,10 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         ]
         read_only_fields = ["placed_by", "placed_at", "released_by", "released_at", "release_reason"]
 
-    portfolio = StrictPrimaryKeyRelatedField(queryset=Portfolio.objects.none())
-    property = StrictPrimaryKeyRelatedField(queryset=Property.objects.none(), required=False, allow_null=True)
+    portfolio = StrictPrimaryKeyRelatedField(queryset=portfolio_model()._default_manager.none())
+    property = StrictPrimaryKeyRelatedField(
+        queryset=property_model()._default_manager.none(), required=False, allow_null=True
+    )
     record_id = IdField(required=False, allow_null=True)
     reason = FreeTextField()
 
@@ -164,7 +166,12 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         request = self.context.get("request")
         if request is not None:
             fields["portfolio"].queryset = portfolios_where(request.user, HOLD_ADD)
-            fields["property"].queryset = scope_queryset(Property.objects.all(), request.user, perm=HOLD_ADD)
+            fields["property"].queryset = scope_queryset(
+                property_model()._default_manager.all(),
+                request.user,
+                perm=HOLD_ADD,
+                field=property_portfolio_attname(),
+            )
         return fields
 
 

@@ -7,6 +7,15 @@ class RetentionConfig(AppConfig):
     name = "retention"
     verbose_name = "Retention"
 
+    def __init__(self, app_name: str, app_module: object) -> None:
+        super().__init__(app_name, app_module)
+        from retention.conf import RETENTION_SETTINGS, apply_defaults
+
+        # Before any model is imported: the models' foreign keys name
+        # settings.RETENTION_PORTFOLIO_MODEL (retention.conf).
+        apply_defaults(RETENTION_SETTINGS)
+
     def ready(self) -> None:
-        # The record kinds' system checks (registered on import).
-        from retention import checks  # noqa: F401
+        # The system checks (registered on import): the record kinds', and
+        # the settings' and the customer and site models'.
+        from retention import checks, domain_checks  # noqa: F401

@@ -21,11 +21,11 @@ from collections.abc import Callable
 from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse, QueryDict
+from django.urls import NoReverseMatch, reverse
 
 from retention.inputs import has_control_characters
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
-API_PREFIX = "/api/"
 
 
 def control_character_field(params: QueryDict) -> str | None:
@@ -36,6 +36,15 @@ def control_character_field(params: QueryDict) -> str | None:
         if any(isinstance(value, str) and has_control_characters(value) for value in values):
             return name
     return None
+
+
+def _is_api(path: str) -> bool:
+    """Whether ``path`` is under the API's root (``api-root``, wherever the
+    host mounted the product's URLs)."""
+    try:
+        return path.startswith(reverse("api-root"))
+    except NoReverseMatch:  # a project without the product's API
+        return False
 
 
 def path_problem(request: HttpRequest) -> bool:
@@ -66,7 +75,7 @@ class RefuseControlCharacters:
             field = control_character_field(request.POST)
         if field is not None:
             message = "control characters (such as NUL) are not allowed."
-            if request.path.startswith(API_PREFIX):  # the API's own error shape: {field: [message]}
+            if _is_api(request.path):  # the API's own error shape: {field: [message]}
                 return JsonResponse({field: [message]}, status=400)
             return HttpResponseBadRequest(f"{field}: {message}\n", content_type="text/plain")
         return self.get_response(request)

@@ -29,7 +29,7 @@ MAX_BATCH_SIZE = 1000
 
 
 class RetentionPolicy(models.Model):
-    portfolio = models.ForeignKey("properties.Portfolio", on_delete=models.PROTECT, related_name="policies")
+    portfolio = models.ForeignKey(settings.RETENTION_PORTFOLIO_MODEL, on_delete=models.PROTECT, related_name="policies")
     record_kind = models.CharField(max_length=40, choices=record_kind_choices)
     created_at = models.DateTimeField(auto_now_add=True)
 
@@ -164,9 +164,11 @@ class LegalHold(models.Model):
     and/or one record id (a record id needs a record kind to mean anything).
     """
 
-    portfolio = models.ForeignKey("properties.Portfolio", on_delete=models.PROTECT, related_name="legal_holds")
+    portfolio = models.ForeignKey(
+        settings.RETENTION_PORTFOLIO_MODEL, on_delete=models.PROTECT, related_name="legal_holds"
+    )
     property = models.ForeignKey(
-        "properties.Property", null=True, blank=True, on_delete=models.PROTECT, related_name="legal_holds"
+        settings.RETENTION_PROPERTY_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="legal_holds"
     )
     record_kind = models.CharField(max_length=40, choices=record_kind_choices, blank=True, default="")
     record_id = models.BigIntegerField(null=True, blank=True)
@@ -294,7 +296,9 @@ class Membership(models.Model):
     Role = MembershipRole
 
     user = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.CASCADE, related_name="memberships")
-    portfolio = models.ForeignKey("properties.Portfolio", on_delete=models.PROTECT, related_name="memberships")
+    portfolio = models.ForeignKey(
+        settings.RETENTION_PORTFOLIO_MODEL, on_delete=models.PROTECT, related_name="memberships"
+    )
     role = models.CharField(max_length=30, choices=MembershipRole.choices)
     created_at = models.DateTimeField(auto_now_add=True)
 

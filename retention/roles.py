@@ -22,9 +22,14 @@ from __future__ import annotations
 
 from typing import Any
 
+from retention.domain import portfolio_model_label, property_model_label, view_permission
+
+# The customer and site models are the host's (retention.domain); the record
+# kinds' permissions follow (a permission of an app that is not installed is
+# simply not granted).
 PROPERTY_VIEW = [
-    "properties.view_portfolio",
-    "properties.view_property",
+    view_permission(portfolio_model_label()),
+    view_permission(property_model_label()),
     "properties.view_lease",
     "properties.view_maintenancerecord",
     "properties.view_tenantactivity",

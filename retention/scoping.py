@@ -33,8 +33,8 @@ from typing import Any, TypeVar
 from django.contrib.auth.backends import ModelBackend
 from django.db.models import Model, Q, QuerySet
 
-from properties.models import Portfolio
 from retention.backends import MEMBERSHIP_PERM_CACHE
+from retention.domain import portfolio_model, portfolio_model_label, view_permission
 from retention.models import Membership
 from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS, PLATFORM_GROUPS
 
@@ -75,7 +75,7 @@ def is_platform_staff(user: Any) -> bool:
     return bool(cache["platform"])
 
 
-VIEW_PORTFOLIO = "properties.view_portfolio"
+VIEW_PORTFOLIO = view_permission(portfolio_model_label())
 AUDIT_VIEW = "retention.view_auditevent"
 
 
@@ -86,7 +86,7 @@ def visible_portfolio_ids(user: Any) -> frozenset[int] | None:
     return portfolio_ids_where(user, VIEW_PORTFOLIO)
 
 
-def portfolios_visible_to(user: Any) -> QuerySet[Portfolio]:
+def portfolios_visible_to(user: Any) -> QuerySet[Any]:
     return portfolios_where(user, VIEW_PORTFOLIO)
 
 
@@ -148,9 +148,9 @@ def portfolio_ids_where(user: Any, perm: str) -> frozenset[int] | None:
     return cache[key]
 
 
-def portfolios_where(user: Any, perm: str) -> QuerySet[Portfolio]:
+def portfolios_where(user: Any, perm: str) -> QuerySet[Any]:
     ids = portfolio_ids_where(user, perm)
-    qs = Portfolio.objects.all()
+    qs = portfolio_model()._default_manager.all()
     return qs if ids is None else qs.filter(pk__in=sorted(ids))
 
 

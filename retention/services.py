@@ -28,10 +28,10 @@ from django.conf import settings
 from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, OperationalError, connection, transaction
-from django.db.models import Max
+from django.db.models import Max, Model
 from django.utils import timezone
 
-from properties.models import Portfolio, Property
+from retention.domain import portfolio_model, property_model, property_portfolio_id
 from retention.inputs import MAX_TEXT_LENGTH, reason_problem, text_problem
 from retention.models import (
     MAX_BATCH_SIZE,
@@ -95,12 +95,12 @@ def scope_lock(*, portfolio_id: int, property_id: int | None, field: str) -> Non
     ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS``; ``ScopeBusy`` after that. Call inside
     a transaction."""
     model, pk, what = (
-        (Property, property_id, f"property {property_id}")
+        (property_model(), property_id, f"property {property_id}")
         if property_id is not None
-        else (Portfolio, portfolio_id, f"portfolio {portfolio_id}")
+        else (portfolio_model(), portfolio_id, f"portfolio {portfolio_id}")
     )
     if connection.vendor != "postgresql":
-        model.objects.select_for_update().filter(pk=pk).get()
+        model._default_manager.select_for_update().filter(pk=pk).get()
         return
     timeout = str(max(1, round(settings.CLEANUP_SCOPE_LOCK_WAIT_SECONDS * 1000)))
     with connection.cursor() as cur:
@@ -110,7 +110,7 @@ def scope_lock(*, portfolio_id: int, property_id: int | None, field: str) -> Non
             # A savepoint, so a timeout leaves the caller's transaction usable
             # for its own clean-up (it rolls back anyway: nothing is saved).
             with transaction.atomic():
-                model.objects.select_for_update().filter(pk=pk).get()
+                model._default_manager.select_for_update().filter(pk=pk).get()
         except OperationalError as exc:
             if getattr(exc.__cause__, "sqlstate", None) == "55P03":  # lock_not_available
                 raise ScopeBusy(what=what, field=field) from None
@@ -138,7 +138,7 @@ def audit_event_record(
     )
 
 
-def retention_policy_get_or_create(*, portfolio: Portfolio, record_kind: str) -> RetentionPolicy:
+def retention_policy_get_or_create(*, portfolio: Model, record_kind: str) -> RetentionPolicy:
     try:
         get_spec(record_kind)
     except ValueError as exc:
@@ -342,7 +342,7 @@ def policy_version_reject(*, version_id: int, reviewer: AbstractBaseUser, note: 
 
 
 def legal_hold_scope_validate(
-    *, portfolio: Portfolio, property: Property | None = None, record_kind: str = "", record_id: int | None = None
+    *, portfolio: Model, property: Model | None = None, record_kind: str = "", record_id: int | None = None
 ) -> None:
     """A record-level hold must name a record that exists, of ``record_kind``,
     in ``portfolio`` (and in ``property`` when one is given); otherwise a
@@ -355,7 +355,7 @@ def legal_hold_scope_validate(
     """
     # A property of another portfolio would make a hold that protects nothing
     # it names (the scope lock and the delete both key on the pair).
-    if property is not None and property.portfolio_id != portfolio.pk:
+    if property is not None and property_portfolio_id(property) != portfolio.pk:
         raise ValidationError({"property": f"{property} is not a property of {portfolio}; choose one of its own."})
     if record_id is None:
         return
@@ -377,10 +377,10 @@ def legal_hold_scope_validate(
 
 def legal_hold_place(
     *,
-    portfolio: Portfolio,
+    portfolio: Model,
     placed_by: AbstractBaseUser,
     reason: str,
-    property: Property | None = None,
+    property: Model | None = None,
     record_kind: str = "",
     record_id: int | None = None,
 ) -> LegalHold:
@@ -392,7 +392,7 @@ def legal_hold_place(
             raise ValidationError({"record_kind": str(exc)}) from None
     if record_id is not None and not record_kind:
         raise ValidationError({"record_kind": "record_kind is required when record_id is given."})
-    if property is not None and property.portfolio_id != portfolio.pk:
+    if property is not None and property_portfolio_id(property) != portfolio.pk:
         raise ValidationError({"property": f"{property} is not a property of {portfolio}; choose one of its own."})
     with transaction.atomic():
         # Scope lock: see the module docstring (the hold race).
@@ -450,7 +450,7 @@ def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: s
 
 
 def membership_grant(
-    *, user: AbstractBaseUser, portfolio: Portfolio, role: str, granted_by: AbstractBaseUser | None
+    *, user: AbstractBaseUser, portfolio: Model, role: str, granted_by: AbstractBaseUser | None
 ) -> Membership:
     """Make ``user`` a member of ``portfolio`` with ``role`` (idempotent), as an audit event."""
     if role not in Membership.Role.values:

@@ -470,7 +470,7 @@ def test_a_member_sees_only_their_customer_in_every_console_view(world, key, rol
 
 
 def test_every_console_route_is_covered_by_the_isolation_test():
-    from cleanup_ops import urls
+    from cleanup_ops import console_urls as urls
 
     covered = {
         "overview", "sweeps", "sweep", "sweep_proof", "jobs", "job", "dead_letters", "dead_letter",

@@ -8,7 +8,7 @@ from typing import Any
 from django.contrib.auth.models import User
 
 from cleanup_ops.models import Sweep
-from properties.models import Portfolio, Property
+from retention.domain import SEARCHED_FIELDS, names_by_pk, portfolio_model, property_model
 from retention.scoping import portfolio_ids_q
 
 # None: every portfolio (platform staff); a set: a customer's portfolios.
@@ -27,13 +27,19 @@ def portfolio_names(ids: Iterable[int | None]) -> dict[int, str]:
     wanted = sorted({i for i in ids if i is not None})
     if not wanted:
         return {}
-    return dict(Portfolio.objects.filter(pk__in=wanted).values_list("id", "name"))
+    return names_by_pk(portfolio_model(), wanted)
 
 
 def portfolio_choices(*, portfolio_ids: PortfolioScope) -> list[dict[str, Any]]:
     """Every portfolio the user may see, by name (a pause form's select)."""
-    qs = Portfolio.objects.filter(portfolio_ids_q(portfolio_ids, field="pk")).order_by("name", "id")
-    return list(qs.values("id", "name", "slug"))
+    model = portfolio_model()
+    qs = model._default_manager.filter(portfolio_ids_q(portfolio_ids, field="pk"))
+    fields = [name for name in SEARCHED_FIELDS if name in {f.name for f in model._meta.concrete_fields}]
+    if "name" in fields:
+        return [{"id": row.pop("pk"), **row} for row in qs.order_by("name", "pk").values("pk", *fields)]
+    # A host's customer model without a name: its str(), in that order.
+    names = names_by_pk(model, qs.values_list("pk", flat=True))
+    return [{"id": pk, "name": name} for pk, name in sorted(names.items(), key=lambda item: (item[1], item[0]))]
 
 
 def _wanted(ids: Iterable[Any]) -> list[int]:
@@ -43,7 +49,7 @@ def _wanted(ids: Iterable[Any]) -> list[int]:
 def property_names(ids: Iterable[int | None]) -> dict[int, str]:
     """Property id → name for the ids a page shows: one query (none if empty)."""
     wanted = _wanted(ids)
-    return dict(Property.objects.filter(pk__in=wanted).values_list("id", "name")) if wanted else {}
+    return names_by_pk(property_model(), wanted) if wanted else {}
 
 
 def sweep_keys(ids: Iterable[int | None]) -> dict[int, str]:

@@ -19,7 +19,7 @@ from django.db.models import Q
 from cleanup_ops.console_selectors.names import PortfolioScope
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
-from properties.models import Portfolio, Property
+from retention.domain import matching, portfolio_model, property_model
 from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_q
 
@@ -37,8 +37,8 @@ def _number(text: str) -> int | None:
 
 def _scope_matching(text: str) -> Q:
     """Portfolio or property named like ``text`` (subqueries: jobs and letters hold plain ids)."""
-    portfolios = Portfolio.objects.filter(Q(name__icontains=text) | Q(slug__icontains=text)).values("id")
-    properties = Property.objects.filter(name__icontains=text).values("id")
+    portfolios = matching(portfolio_model(), text).values("pk")
+    properties = matching(property_model(), text).values("pk")
     return Q(portfolio_id__in=portfolios) | Q(property_id__in=properties)
 
 
@@ -74,7 +74,7 @@ def audit_search_q(text: str) -> Q:
         | Q(object_type__icontains=text)
         | Q(object_id=text)
     )
-    portfolios = [str(i) for i in Portfolio.objects.filter(name__icontains=text).values_list("id", flat=True)[:50]]
+    portfolios = [str(i) for i in matching(portfolio_model(), text).values_list("pk", flat=True)[:50]]
     if portfolios:
         q |= Q(object_type="portfolio", object_id__in=portfolios)
     categories = _categories_matching(text)

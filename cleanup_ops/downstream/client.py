@@ -28,7 +28,7 @@ from types import TracebackType
 import httpx
 from django.conf import settings
 
-from cleanup_ops.downstream.urls import document_id_valid
+from cleanup_ops.downstream.urls import docstore_url_check, document_id_valid
 from cleanup_ops.recovery.classification import (
     DownstreamConnectionError,
     DownstreamError,
@@ -36,7 +36,6 @@ from cleanup_ops.recovery.classification import (
     InvalidInput,
     StaleDecision,
 )
-from config.urlcheck import docstore_url_check
 
 logger = logging.getLogger(__name__)
 

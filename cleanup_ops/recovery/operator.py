@@ -64,7 +64,7 @@ from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, Pipeli
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
-from properties.models import Portfolio
+from retention.domain import portfolio_model
 from retention.inputs import MIN_REASON_LENGTH as MIN_REASON_LENGTH  # re-exported: the views read it here
 from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_q, portfolio_ids_where
@@ -382,7 +382,7 @@ def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id:
     """Stop new leases (everywhere, or for one portfolio); in-flight slices finish."""
     _require_perm(actor, "cleanup_ops.add_pipelinepause")
     reason = operator_reason(reason)
-    if portfolio_id is not None and not Portfolio.objects.filter(pk=portfolio_id).exists():
+    if portfolio_id is not None and not portfolio_model()._default_manager.filter(pk=portfolio_id).exists():
         raise ValidationError({"portfolio": f"no portfolio with id {portfolio_id}"})
     object_type, object_id = _pause_scope(portfolio_id)
     try:

@@ -81,7 +81,8 @@ def render_live(request: HttpRequest, template: str, context: dict[str, Any], *,
 def redirect_back(request: HttpRequest, default: str) -> HttpResponseRedirect:
     """To the console page in ``next`` (a local path only), else ``default``."""
     target = request.POST.get("next") or ""
-    if not (target.startswith("/console/") and url_has_allowed_host_and_scheme(target, allowed_hosts=None)):
+    console = reverse("console:overview")
+    if not (target.startswith(console) and url_has_allowed_host_and_scheme(target, allowed_hosts=None)):
         target = reverse(default)
     return HttpResponseRedirect(target)
 

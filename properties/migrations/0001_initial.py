@@ -20,6 +20,7 @@ class Migration(migrations.Migration):
             ],
             options={
                 "ordering": ["id"],
+                "swappable": "RETENTION_PORTFOLIO_MODEL",
             },
         ),
         migrations.CreateModel(
@@ -39,6 +40,7 @@ class Migration(migrations.Migration):
             options={
                 "verbose_name_plural": "properties",
                 "ordering": ["id"],
+                "swappable": "RETENTION_PROPERTY_MODEL",
             },
         ),
         migrations.CreateModel(

@@ -12,7 +12,8 @@ class Migration(migrations.Migration):
     initial = True
 
     dependencies = [
-        ("properties", "0001_initial"),
+        migrations.swappable_dependency(settings.RETENTION_PORTFOLIO_MODEL),
+        migrations.swappable_dependency(settings.RETENTION_PROPERTY_MODEL),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
@@ -36,7 +37,9 @@ class Migration(migrations.Migration):
                 (
                     "portfolio",
                     models.ForeignKey(
-                        on_delete=django.db.models.deletion.PROTECT, related_name="policies", to="properties.portfolio"
+                        on_delete=django.db.models.deletion.PROTECT,
+                        related_name="policies",
+                        to=settings.RETENTION_PORTFOLIO_MODEL,
                     ),
                 ),
             ],
@@ -172,7 +175,7 @@ class Migration(migrations.Migration):
                     models.ForeignKey(
                         on_delete=django.db.models.deletion.PROTECT,
                         related_name="legal_holds",
-                        to="properties.portfolio",
+                        to=settings.RETENTION_PORTFOLIO_MODEL,
                     ),
                 ),
                 (
@@ -182,7 +185,7 @@ class Migration(migrations.Migration):
                         null=True,
                         on_delete=django.db.models.deletion.PROTECT,
                         related_name="legal_holds",
-                        to="properties.property",
+                        to=settings.RETENTION_PROPERTY_MODEL,
                     ),
                 ),
                 (

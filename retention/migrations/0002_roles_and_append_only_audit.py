@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import migrations
 
 from retention.roles import sync_role_groups
@@ -39,7 +40,8 @@ def drop_trigger(apps, schema_editor):  # type: ignore[no-untyped-def]
 class Migration(migrations.Migration):
     dependencies = [
         ("retention", "0001_initial"),
-        ("properties", "0001_initial"),
+        migrations.swappable_dependency(settings.RETENTION_PORTFOLIO_MODEL),
+        migrations.swappable_dependency(settings.RETENTION_PROPERTY_MODEL),
         ("auth", "0012_alter_user_first_name_max_length"),
         ("contenttypes", "0002_remove_content_type_name"),
     ]

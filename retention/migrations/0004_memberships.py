@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("properties", "0003_record_portfolio_matches_property"),
+        migrations.swappable_dependency(settings.RETENTION_PORTFOLIO_MODEL),
         ("retention", "0003_operator_can_trigger_sweeps"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
@@ -34,7 +34,7 @@ class Migration(migrations.Migration):
                     models.ForeignKey(
                         on_delete=django.db.models.deletion.PROTECT,
                         related_name="memberships",
-                        to="properties.portfolio",
+                        to=settings.RETENTION_PORTFOLIO_MODEL,
                     ),
                 ),
                 (

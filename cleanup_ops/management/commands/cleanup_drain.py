@@ -8,8 +8,8 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 from cleanup_ops.downstream.purge import purge_summary
 from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.fleet import drain_until_idle
+from cleanup_ops.progress import progress_bar
 from cleanup_ops.selectors import drain_summary
-from config.progress import progress_bar
 
 
 class Command(BaseCommand):

@@ -10,7 +10,7 @@ from cleanup_ops.models import Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import dead_letters_dismiss_bulk, dead_letters_redrive_bulk
 from cleanup_ops.selectors import DeadLetterFilter
-from properties.models import Portfolio
+from retention.domain import portfolio_model
 
 
 class Command(BaseCommand):
@@ -28,7 +28,10 @@ class Command(BaseCommand):
     def handle(self, *args: object, **options: object) -> None:
         if options["category"] not in FailureCategory.values:
             raise CommandError(f"--category: unknown category {options['category']!r}")
-        if options["portfolio"] is not None and not Portfolio.objects.filter(pk=options["portfolio"]).exists():
+        if (
+            options["portfolio"] is not None
+            and not portfolio_model()._default_manager.filter(pk=options["portfolio"]).exists()
+        ):
             raise CommandError(f"--portfolio: no portfolio with id {options['portfolio']}")
         sweep_id = None
         if options["sweep"]:

@@ -138,7 +138,9 @@
   // (which shows the login form) rather than swapping it into the fragment.
   document.addEventListener("htmx:beforeSwap", function (event) {
     var xhr = event.detail.xhr;
-    if (xhr && xhr.responseURL && xhr.responseURL.indexOf("/accounts/login/") !== -1) {
+    // The login page's path comes from the page (reverse() of LOGIN_URL), not from here.
+    var login = document.body.getAttribute("data-login-url");
+    if (xhr && xhr.responseURL && login && xhr.responseURL.indexOf(login) !== -1) {
       event.detail.shouldSwap = false;
       window.location.reload();
     }

@@ -6,7 +6,7 @@ import time
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
-from config.progress import progress_bar
+from cleanup_ops.progress import progress_bar
 from demo.services import DEMO_PASSWORD, SeedError, demo_data_seed
 
 
