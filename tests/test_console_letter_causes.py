@@ -142,7 +142,8 @@ def test_one_decision_for_a_group_redrives_exactly_that_cause_with_a_reason_and_
     page = op.get(reverse("console:dead_letters_bulk"), {"operation": "redrive", **target["params"]})
     assert page.status_code == 200 and page.context["count"] == 2
     assert "HTTP status 400" in page.content.decode()
-    post = {"operation": "redrive", **target["params"], "expected": "2", "confirm": "yes"}
+    # The confirmation carries the digest of the letters it showed (item 13).
+    post = {"operation": "redrive", **target["params"], "expected": "2", "seen": page.context["seen"], "confirm": "yes"}
     refused = op.post(reverse("console:dead_letters_bulk"), {**post, "reason": "short"})
     assert refused.status_code == 400 and DeadLetter.objects.open().count() == 8
     done = op.post(reverse("console:dead_letters_bulk"), {**post, "reason": REASON})

@@ -300,5 +300,8 @@ def test_the_hold_forms_property_picker_offers_the_chosen_portfolios_properties_
     page.locator(".select2-search__field").fill("o")
     options = page.locator(".select2-results__option")
     options.first.wait_for()
-    page.wait_for_timeout(500)  # the search answers once per keystroke; let the last one land
-    assert options.all_inner_texts() == ["Birch Row"]
+    # The dropdown first shows the answer to its opening query, then to the
+    # typed term: wait (not sleep) until the last answer has landed.
+    from playwright.sync_api import expect
+
+    expect(options).to_have_text(["Birch Row"], timeout=10_000)
