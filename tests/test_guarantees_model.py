@@ -43,7 +43,7 @@ from __future__ import annotations
 
 import os
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 
 import pytest
@@ -179,7 +179,9 @@ class Guarantees(RuleBasedStateMachine):
         self.abandoned = None
         self.docs_seen: set[str] = set()
         self.ledger_seen = 0
-        self.unsettled: set[tuple[str, int]] = set()  # records the application changed during a batch
+        # Records the application changed during a batch, as they were before
+        # the change: the batch's snapshot may have seen either state.
+        self.unsettled: dict[tuple[str, int], Record] = {}
 
     def teardown(self) -> None:
         self.clock.stop()
@@ -547,8 +549,8 @@ class Guarantees(RuleBasedStateMachine):
                 "lease", inserted[0], target.portfolio_id, target.pk, OLD, None
             )
         else:
+            self.unsettled.setdefault((record.kind, record.id), replace(record))
             self._applied(record, fields)
-            self.unsettled.add((record.kind, record.id))
         if hold_there and not hold_first:
             # The hold waited for the batch (or came after it): what the batch
             # deleted went before the hold existed.
@@ -648,13 +650,18 @@ class Guarantees(RuleBasedStateMachine):
             held = [r for r in survivors if any(h.covers(r) for h in self.holds)]
             # A record the application changed while this step's batch ran may
             # count either way (the batch's snapshot saw it before or after).
+            # A record the application changed while the batch ran counts if a
+            # hold covered it before or after the change (moved out of a held
+            # scope while the DELETE waited for it, it was held in the
+            # DELETE's snapshot).
             unsettled = [
-                r
-                for key, r in self.records.items()
-                if key in self.unsettled
-                and r.kind == entry.record_kind
-                and entry.after_id < r.id <= entry.last_id
-                and any(h.covers(r) for h in self.holds)
+                before
+                for key, before in self.unsettled.items()
+                if before.kind == entry.record_kind
+                and entry.after_id < before.id <= entry.last_id
+                and any(
+                    h.covers(state) for state in (before, self.records.get(key)) if state is not None for h in self.holds
+                )
             ]
             strict = [r for r in held if (r.kind, r.id) not in self.unsettled]
             assert entry.rows_deleted <= entry.candidates, (entry.operation_id, entry.rows_deleted, entry.candidates)
@@ -663,7 +670,7 @@ class Guarantees(RuleBasedStateMachine):
                 f" held survivors {[r.id for r in held]}, changed meanwhile {[r.id for r in unsettled]}"
             )
             self.ledger_seen = entry.pk
-        self.unsettled = set()
+        self.unsettled = {}
         # One open delete job per partition; no portfolio over its cap.
         open_by_partition: dict[tuple[int, int, str], int] = {}
         for row in CleanupJob.objects.open().deletes().values_list("portfolio_id", "property_id", "record_kind"):

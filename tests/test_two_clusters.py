@@ -124,6 +124,13 @@ def test_two_clusters_drain_one_sweep_together_and_the_lease_cap_holds_across_th
     assert Lease.objects.count() == 0
     assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
     assert holders_seen and max(holders_seen.values()) == 1, f"lease holders per portfolio: {holders_seen}"
+
+    # A worker writes its heartbeat after its turn returns, so the last
+    # batch's job is done a moment before its rows reach the heartbeat.
+    def beats_add_up() -> bool:
+        return sum(WorkerHeartbeat.objects.values_list("rows_deleted", flat=True)) == 6 * ROWS_PER_PROPERTY
+
+    assert wait_for(beats_add_up, timeout=20), "the heartbeats never counted every deleted row"
     beats = {hb.cluster: hb for hb in WorkerHeartbeat.objects.all()}
     assert set(beats) == {"host-a", "host-b"}
     assert all(hb.jobs_leased > 0 for hb in beats.values()), "one cluster took no work"
