@@ -159,6 +159,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             from retention.eligibility import eligible_sql_for
 
             found = {job_id: last for job_id, (_n, last) in found_rows.items()}
+            ids = [i for row in _rolled_back(keyset, full) for i in (row[5] if len(row) > 5 else None) or ()]
             ranges = [
                 {
                     "property_id": prop,
@@ -178,6 +179,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
                 **pipeline_sql.rows_params("g", pipeline_sql.DELETE_COLUMNS, ranges),
                 **predicate_params,
                 "kind": kind,
+                "ids": ids,  # the candidates, as _delete passes them
             }
             out["delete"] = {
                 "partitions": len(ranges),

@@ -508,36 +508,49 @@ def _next_candidates(spec: RecordKindSpec) -> str:
 
 
 def partition_candidates(spec: RecordKindSpec) -> str:
-    """One partition's next candidates after its cursor: (count, last id).
-    Parameters: ``_next_candidates``'s."""
-    return f"SELECT COUNT(*), MAX(c.id) FROM ({_next_candidates(spec)}) c"
+    """One partition's next candidates after its cursor: (count, last id, the
+    ids — PostgreSQL, for ``group_delete``; NULL on SQLite). Parameters:
+    ``_next_candidates``'s."""
+    ids = "ARRAY_AGG(c.id)" if is_postgres() else "NULL"
+    return f"SELECT COUNT(*), MAX(c.id), {ids} FROM ({_next_candidates(spec)}) c"
 
 
-def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, held: str) -> str:
+def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
     """PostgreSQL: one partition's next candidates and the DELETE of those the
     eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
     admits, in one statement. The DELETE re-tests the scope (property and
     portfolio) as well as the predicate: a row the application moved while
     the DELETE waited for its row lock is re-checked by PostgreSQL as it is
-    now, and no longer matches. ``held`` is the hold test over alias ``r``:
-    the rows a hold kept are counted from the hold itself, never as
-    candidates minus deleted (a row the application extended or deleted
-    meanwhile was kept by nobody); it is written over ``c.id`` with the
-    partition's portfolio and property as parameters
-    (``eligibility.held_in_partition_sql``). Returns a row (candidates, last candidate
-    id, held, NULL), then per deleted record (NULL, NULL, record id, document
-    id or NULL). The candidates are read once (a CTE used twice is
-    materialised), planned with the partition's own values: the keyset walk.
-    Parameters: ``_next_candidates``'s, ``portfolio_id`` and the predicates'."""
+    now, and no longer matches. The rows a hold kept are counted from the
+    holds, never as candidates minus deleted (a row the application
+    extended or deleted meanwhile was kept by nobody): every candidate under
+    a hold over the partition's whole scope, else the candidates with a
+    record hold (``CASE`` reads only the branch it takes). Returns a row
+    (candidates, last candidate id, held, NULL), then per deleted record
+    (NULL, NULL, record id, document id or NULL). The candidates are read
+    once (a CTE used twice is materialised), planned with the partition's
+    own values: the keyset walk. Parameters: ``_next_candidates``'s,
+    ``portfolio_id``, ``kind`` and the predicate's."""
     table, pk = spec.table, spec.pk_column
+    holds = LegalHold._meta.db_table
     document = f"{table}.{spec.attachment_column}" if spec.attachment_column else "NULL"
+    scope = (
+        "h.released_at IS NULL AND h.portfolio_id = %(portfolio_id)s"
+        " AND (h.property_id IS NULL OR h.property_id = %(property_id)s)"
+        " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
+    )
+    held = (
+        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL)"
+        " THEN (SELECT COUNT(*) FROM c)"
+        f" ELSE (SELECT COUNT(DISTINCT c.id) FROM {holds} h JOIN c ON c.id = h.record_id WHERE {scope}) END"
+    )
     return (
         f"WITH c AS ({_next_candidates(spec)}),"
         f" d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id"
         f" AND {table}.{spec.property_column} = %(property_id)s AND {table}.{spec.portfolio_column} = %(portfolio_id)s"
         f" AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
         f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c),"
-        f" (SELECT COUNT(*) FROM c WHERE {held}), CAST(NULL AS text)"
+        f" {held}, CAST(NULL AS text)"
         f" UNION ALL SELECT NULL, NULL, d.id, d.document_id FROM d"
     )
 
@@ -561,7 +574,8 @@ def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
     them a global ``LIMIT``: a lateral join is a nested loop over the list in
     its order, so the scan stops once one batch (plus one row) is found
     instead of counting a full batch for every partition leased. Returns
-    (ord, job id, rows returned, candidates, last candidate id); when the
+    (ord, job id, rows returned, candidates, last candidate id, the candidate
+    ids — what ``group_delete`` deletes from); when the
     global limit was reached the partition with the highest ``ord`` may be
     cut short and is not counted this time. Parameters: ``g``
     (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
@@ -569,7 +583,8 @@ def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
     pk, prop = spec.pk_column, spec.property_column
     return (
         f"WITH {rows_cte('g', CANDIDATE_COLUMNS, jobs)}"
-        f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
+        f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id),"
+        f" ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL) FROM ("
         f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
         f"SELECT r.{pk} AS id FROM {spec.table} r WHERE r.{prop} = g.property_id AND r.{pk} > g.after_id"
         f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
@@ -593,53 +608,64 @@ def _in_range(spec: RecordKindSpec, alias: str) -> str:
 
 
 def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
-    """Per partition of ``g`` (``DELETE_COLUMNS``): the rows of its candidate
-    range past its cutoff, and of those the ones an active hold covers. On
-    PostgreSQL this is part of ``group_delete``'s statement (the same
-    snapshot as the DELETE); SQLite (one writer at a time) runs it just
-    before. Rows: (property id, candidates, held). Parameter: ``kind``."""
-    return f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} {_range_counts_select(spec)}"
+    """SQLite: per partition of ``g`` (``DELETE_COLUMNS``), the rows of its
+    candidate range past its cutoff, and of those the ones an active hold
+    covers, counted just before the DELETE (one writer at a time). Rows:
+    (property id, candidates, held). Parameter: ``kind``."""
+    in_range = f"{_in_range(spec, 'r')} AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
+    return (
+        f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} SELECT g.property_id,"
+        f" (SELECT COUNT(*) FROM {spec.table} r WHERE {in_range}) AS n, {_held_in(spec, in_range)} AS held"
+        " FROM g"
+    )
 
 
-def _range_counts_select(spec: RecordKindSpec) -> str:
-    """The counts of ``group_range_counts``. Held is counted from the holds,
-    not row by row: a hold over the partition's whole scope holds every row
-    of the range; otherwise the record holds of that scope whose record is in
-    the range (a handful of rows, however large the range). A record's
-    portfolio is its property's (the composite foreign key), so the range is
-    read by property alone — an index-only scan of the keyset index."""
-    holds = LegalHold._meta.db_table
-    scope = (
+def _hold_scope() -> str:
+    return (
         "h.released_at IS NULL AND h.portfolio_id = g.portfolio_id"
         " AND (h.property_id IS NULL OR h.property_id = g.property_id)"
         " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
     )
-    table, pk = spec.table, spec.pk_column
-    in_range = f"{_in_range(spec, 'r')} AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
+
+
+def _held_in(spec: RecordKindSpec, rows: str) -> str:
+    """Of the rows of ``spec``'s table (alias ``r``) matching ``rows``, those an
+    active hold of partition ``g``'s scope covers, counted from the holds: a
+    hold over the whole scope holds every such row; otherwise the record
+    holds of that scope whose record matches (a handful, however many
+    rows). ``CASE`` evaluates only the branch it takes, so without a
+    scope-wide hold the rows are not read again."""
+    holds, table, pk = LegalHold._meta.db_table, spec.table, spec.pk_column
+    scope = _hold_scope()
     return (
-        "SELECT x.property_id, x.n, CASE WHEN x.whole THEN x.n ELSE x.records END AS held FROM ("
-        f"SELECT g.property_id, (SELECT COUNT(*) FROM {table} r WHERE {in_range}) AS n,"
-        f" EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL) AS whole,"
-        f" (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = h.record_id"
-        f" WHERE {scope} AND {in_range}) AS records FROM g) x WHERE x.n > 0"
+        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL)"
+        f" THEN (SELECT COUNT(*) FROM {table} r WHERE {rows})"
+        f" ELSE (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = h.record_id"
+        f" WHERE {scope} AND {rows}) END"
     )
 
 
 def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
-    """Delete the eligible rows of every partition's candidate range; returns
-    one row per deleted record: (property id — a group holds one job per
-    property and kind —, document id, record id, NULL, NULL) for kinds with
+    """Delete the eligible rows of every partition's candidates; returns one
+    row per deleted record: (property id — a group holds one job per
+    property and kind —, document id, record id, NULL) for kinds with
     attachments (NULLs otherwise), and on PostgreSQL then one row per
-    partition (property id, NULL, NULL, candidates, held) counted in this
-    statement's snapshot (``group_range_counts``): so deleted never exceeds
-    the candidates, even when the application inserted an old row into the
-    range after the candidates were first counted, and held counts rows a
-    hold covers, not a difference. ``predicate`` is the eligibility
-    predicate over ``table`` with the cutoff ``g.cutoff``, its parameters
-    named (``named``): the hold check is inside this statement, and so is
-    the scope (property and portfolio), re-tested on a row the application
+    partition with held rows (property id, NULL, NULL, held).
+
+    On PostgreSQL the DELETE takes the candidate ids the count found
+    (``ids``, every partition's), so the range is read once and deleted rows
+    can never exceed the candidates, even when the application inserted or
+    moved an old row into the range since (it is the next sweep's). Held
+    is counted in this statement's snapshot, from the holds (``_held_in``):
+    rows a hold covers, not a difference. SQLite (one writer at a time, no
+    arrays) deletes the candidate range and counts it just before
+    (``group_range_counts``). ``predicate`` is the eligibility predicate
+    over ``table`` with the cutoff ``g.cutoff``, its parameters named
+    (``named``): the hold check is inside this statement, and so is the
+    scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
-    (``DELETE_COLUMNS``), ``kind`` and the predicate's."""
+    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL) and the
+    predicate's."""
     table, pk, prop = spec.table, spec.pk_column, spec.property_column
     cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
     returning = spec.attachment_column
@@ -648,17 +674,21 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
     )
     in_range = f"{_in_range(spec, table)} AND {table}.{spec.portfolio_column} = g.portfolio_id AND {predicate}"
     if is_postgres():
+        ids = "CAST(%(ids)s AS bigint[])"
+        past = f"r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
+        rows = f"r.{pk} = ANY({ids}) AND {_in_range(spec, 'r')} AND {past}"
         return (
-            f"{cte}, d AS (DELETE FROM {table} USING g WHERE {in_range} RETURNING {table}.{prop}, {extra}),"
-            f" k AS ({_range_counts_select(spec)})"
-            f" SELECT d.*, CAST(NULL AS bigint), CAST(NULL AS bigint) FROM d"
-            f" UNION ALL SELECT k.property_id, CAST(NULL AS text), CAST(NULL AS bigint), k.n,"
-            f" CAST(k.held AS bigint) FROM k"
+            f"{cte}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}) AND {in_range}"
+            f" RETURNING {table}.{prop}, {extra}),"
+            f" k AS (SELECT g.property_id, {_held_in(spec, rows)} AS held FROM g)"
+            f" SELECT d.*, CAST(NULL AS bigint) FROM d"
+            f" UNION ALL SELECT k.property_id, CAST(NULL AS text), CAST(NULL AS bigint), CAST(k.held AS bigint)"
+            " FROM k WHERE k.held > 0"
         )
     # SQLite has no DELETE … USING and no DELETE inside a WITH.
     return (
         f"{cte} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
-        f" RETURNING {table}.{prop}, {extra}, NULL, NULL"
+        f" RETURNING {table}.{prop}, {extra}, NULL"
     )
 
 

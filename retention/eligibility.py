@@ -42,28 +42,6 @@ def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
     return sql, [kind]
 
 
-def held_in_partition_sql(kind: str, *, id_sql: str, portfolio_sql: str, property_sql: str) -> tuple[str, list[object]]:
-    """``hold_covers_sql`` for rows of one partition, whose portfolio and
-    property are known (``portfolio_sql``, ``property_sql``: parameters or
-    columns of a joined partition list) and whose id is ``id_sql``: a hold
-    over the whole scope, or a record hold on that id. Written so that, with
-    constants, PostgreSQL decides the scope-wide part once and hashes the
-    record holds, instead of probing the holds for every row — how a batch
-    counts the rows a hold kept."""
-    get_spec(kind)
-    holds = LegalHold._meta.db_table
-    scope = (
-        f"h.released_at IS NULL AND h.portfolio_id = {portfolio_sql}"
-        f" AND (h.property_id IS NULL OR h.property_id = {property_sql})"
-        f" AND (h.record_kind = '' OR h.record_kind = %s)"
-    )
-    sql = (
-        f"(EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL)"
-        f" OR {id_sql} IN (SELECT h.record_id FROM {holds} h WHERE {scope} AND h.record_id IS NOT NULL))"
-    )
-    return sql, [kind, kind]
-
-
 def holds_covering(*, portfolio: Any, property: Any, kind: Any, record: Any) -> QuerySet[LegalHold]:
     """Active holds covering one record, given as expressions (``OuterRef``
     of a row that describes the record — a deleted one, say): the same scope

@@ -73,7 +73,7 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.recovery.classification import LeaseLost
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
-from retention.eligibility import db_datetime, eligible_sql_for, held_in_partition_sql
+from retention.eligibility import db_datetime, eligible_sql_for
 from retention.models import MAX_BATCH_SIZE, PolicyVersion
 from retention.registry import get_spec
 
@@ -165,8 +165,10 @@ class _Work:
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: int | None = None
     counted: bool = False
-    # Counted in the DELETE's own snapshot (what the ledger says): the rows
-    # of the range past the cutoff, and of those the ones a hold covers.
+    # The candidates' ids (PostgreSQL): what the group DELETE deletes from.
+    ids: list[int] | None = None
+    # What the ledger says: the candidates, and of those the ones a hold
+    # covers, counted in the DELETE's own snapshot.
     in_range: int = 0
     held: int = 0
 
@@ -456,12 +458,13 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
             statement = sql.group_candidates(spec, jobs=len(items))
             params = {**sql.rows_params("g", sql.CANDIDATE_COLUMNS, rows), "budget": budget + 1}
             found = sql.execute(statement, params, cur=cur).fetchall()
-            returned = sum(int(rows) for _, _, rows, _, _ in found)
+            returned = sum(int(rows) for _, _, rows, *_ in found)
             reached = max((int(ord_) for ord_, *_ in found), default=-1)
             cut = reached if returned > budget else None
-            for ord_, _job_id, _rows, n, last in found:
+            for ord_, _job_id, _rows, n, last, ids in found:
                 if ord_ != cut:
-                    items[ord_].candidates, items[ord_].last_id, items[ord_].counted = int(n), last, True
+                    item = items[ord_]
+                    item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids or [], True
         else:
             # A few partitions (a large one runs alone), or SQLite (the demo,
             # no LATERAL): one query per partition, until a batch of rows is
@@ -479,8 +482,8 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                     "cutoff": db_datetime(item.cutoff),
                     "lim": item.limit,
                 }
-                n, last = sql.execute(statement, params, cur=cur).fetchone()
-                item.candidates, item.last_id, item.counted = int(n), last, True
+                n, last, ids = sql.execute(statement, params, cur=cur).fetchone()
+                item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids, True
                 seen += int(n)
 
 
@@ -493,20 +496,16 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
     predicate, predicate_params = sql.named(
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
-    held, held_params = sql.named(
-        *held_in_partition_sql(kind, id_sql="c.id", portfolio_sql="%(portfolio_id)s", property_sql="%(property_id)s"),
-        prefix="held",
-    )
     attachment = attachment_column(kind)
-    statement = sql.partition_count_and_delete(spec, predicate=predicate, held=held)
+    statement = sql.partition_count_and_delete(spec, predicate=predicate)
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
         "after_id": item.after_id,
         "cutoff": db_datetime(item.cutoff),
         "lim": item.limit,
+        "kind": kind,
         **predicate_params,
-        **held_params,
     }
     deleted = 0
     named: list[tuple[str, int]] = []
@@ -548,17 +547,22 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             for item in items
         ]
         params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, "kind": kind}
-        if not sql.is_postgres():
+        if sql.is_postgres():
+            # The DELETE takes the counted candidates: they are the ledger's.
+            params["ids"] = [i for item in items for i in item.ids or ()]
+            for item in items:
+                item.in_range = item.candidates
+        else:
             # SQLite: the counts just before the DELETE (one writer at a time).
             counts = sql.group_range_counts(spec, jobs=len(items))
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
         statement = sql.group_delete(spec, predicate=predicate, jobs=len(items))
-        for property_id, document_id, record_id, n, n_held in sql.execute(statement, params, cur=cur).fetchall():
+        for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
-            if n is not None:
-                item.in_range, item.held = int(n), int(n_held or 0)
+            if n_held is not None:
+                item.held = int(n_held)
                 continue
             job_id = item.job.id
             deleted[job_id] = deleted.get(job_id, 0) + 1
