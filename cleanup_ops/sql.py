@@ -373,10 +373,6 @@ def values_list(rows: int, types: Sequence[str]) -> str:
     return ", ".join([row] * rows)
 
 
-def placeholders(n: int) -> str:
-    return ", ".join(["%s"] * n)
-
-
 def rows_cte(name: str, columns: Columns, rows: int) -> str:
     """``name(col, …) AS (…)``, the body of a ``WITH`` over ``rows`` rows;
     ``rows_params`` gives its parameters."""

@@ -94,16 +94,3 @@ def count_expired_and_held(
         cursor.execute(sql, params)
         expired, held = cursor.fetchone()
     return int(expired), int(held)
-
-
-def eligible_ids(kind: str, *, cutoff: datetime, property_id: int) -> list[int]:
-    """Ids of the rows of one property that the predicate admits (tests, preview)."""
-    spec = get_spec(kind)
-    pred, params = eligible_sql(kind, cutoff=cutoff)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT r.{spec.pk_column} FROM {spec.table} r WHERE r.{spec.property_column} = %s AND {pred}"
-            f" ORDER BY r.{spec.pk_column}",
-            [property_id, *params],
-        )
-        return [row[0] for row in cursor.fetchall()]
