@@ -59,9 +59,29 @@ Protocol of a purge job's slice (the job is already leased by
       same key, which the store answers from its idempotency record.
 3. Cursor at the end → the job is done, in the same fenced way: ``purged``, or
    ``purge_held`` when documents were set aside. If the outbox counted ids
-   that failed validation, the job instead becomes a ``policy_or_input`` dead
-   letter once the valid ones are done: the files of such records cannot be
-   found safely and an operator has to look.
+   or keys that cannot be purged (``PurgeRequest.unpurgeable`` names their
+   records), the job instead becomes a ``policy_or_input`` dead letter once
+   the valid ones are done, naming the kind and those records: the files of
+   such records cannot be found safely and an operator has to look.
+
+Stores that are not fenced (a Django storage: ``downstream.stores``; S3, the
+file system) follow the same protocol a batch of documents at a time
+(``_check_and_delete_many``, up to ``STORAGE_PURGE_BATCH_SIZE``, S3's
+``DeleteObjects`` limit of 1,000): in one transaction every document's
+disposition row ``FOR UPDATE`` in document order, then the scope rows of
+every deleted record that named any of them, then the holds (``HEAD`` before
+any set-aside) and the living references, set-based, a verdict per document;
+then one call for the clear ones. Nothing can refuse a late call, so it is
+started only if the session — and so the locks — is sure to outlive the
+call's client-side bound (``_call_gate``; otherwise ``StaleDecision``,
+nothing sent). Each key's result is recorded under the locks; after a call
+whose effect is unknown (a timeout) the store is asked about each key, and a
+file it no longer has is recorded as gone. Step d then moves the cursor past
+every document up to the first key the call did not settle (a per-key
+``SlowDown``), whose error is raised once the others are recorded. A key the
+store refuses (a per-key ``AccessDenied``) names its records in the request's
+``unpurgeable`` like a key that could not be sent; docs/architecture.md says
+what a hold placed at any moment gets on each backend.
 
 What remains open: a record that starts naming a document id after the
 check (record writes by the application take no lock of ours). SQLite (the
