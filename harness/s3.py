@@ -109,6 +109,7 @@ class S3Proxy:
         self.calls: Counter[str] = Counter()
         self.keys_per_delete_objects: list[int] = []
         self._faults: dict[str, int] = {}
+        self._key_faults: dict[str, list[Any]] = {}  # key -> [error code, times left]
         self._lock = threading.Lock()
         proxy = self
 
@@ -129,6 +130,9 @@ class S3Proxy:
                     failing = proxy._faults.get(operation, 0)
                     if failing:
                         proxy._faults[operation] = failing - 1
+                refused: list[tuple[str, str]] = []
+                if operation == "DeleteObjects" and not failing:
+                    body, refused = proxy._strip_refused(body)
                 if failing:
                     self.send_response(503)
                     self.send_header("Content-Type", "application/xml")
@@ -138,10 +142,25 @@ class S3Proxy:
                     return
                 upstream = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
                 try:
-                    headers = {k: v for k, v in self.headers.items() if k.lower() not in ("connection",)}
+                    dropped = ("connection", "content-length")
+                    if refused:
+                        # The body changed: its checksums no longer hold (moto checks none).
+                        dropped += ("content-md5",)
+                    headers = {
+                        k: v
+                        for k, v in self.headers.items()
+                        if k.lower() not in dropped and not (refused and k.lower().startswith("x-amz-checksum"))
+                    }
+                    headers["Content-Length"] = str(len(body))
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     answer = upstream.getresponse()
                     payload = answer.read()
+                    if refused:
+                        errors = "".join(
+                            f"<Error><Key>{key}</Key><Code>{code}</Code><Message>injected</Message></Error>"
+                            for key, code in refused
+                        )
+                        payload = payload.replace(b"</DeleteResult>", errors.encode() + b"</DeleteResult>")
                     self.send_response(answer.status)
                     for key, value in answer.getheaders():
                         if key.lower() not in ("transfer-encoding", "connection", "content-length"):
@@ -165,11 +184,31 @@ class S3Proxy:
         with self._lock:
             self._faults[operation] = times
 
+    def fail_key(self, key: str, *, code: str, times: int = 1) -> None:
+        """In the next ``times`` ``DeleteObjects`` naming ``key``, keep the key
+        from moto and answer a per-key error ``code`` for it (``AccessDenied``,
+        ``SlowDown``), as S3 does inside a 200 answer. Plain keys only (no XML
+        escapes)."""
+        with self._lock:
+            self._key_faults[key] = [code, times]
+
+    def _strip_refused(self, body: bytes) -> tuple[bytes, list[tuple[str, str]]]:
+        refused = []
+        with self._lock:
+            for key, fault in self._key_faults.items():
+                element = f"<Object><Key>{key}</Key></Object>".encode()
+                if fault[1] > 0 and element in body:
+                    body = body.replace(element, b"")
+                    fault[1] -= 1
+                    refused.append((key, str(fault[0])))
+        return body, refused
+
     def reset(self) -> None:
         with self._lock:
             self.calls.clear()
             self.keys_per_delete_objects.clear()
             self._faults.clear()
+            self._key_faults.clear()
 
     def start(self) -> str:
         self._thread.start()

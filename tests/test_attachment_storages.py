@@ -272,6 +272,64 @@ class TestS3:
         assert on_s3.calls["DeleteObjects"] == 3
         assert the_purge_request().documents_purged == 2
 
+    def test_a_key_the_bucket_refuses_in_the_delete_objects_answer_names_its_record_and_the_others_go(
+        self, on_s3, portfolio, prop, active_policy
+    ):
+        active_policy(portfolio, "signed_contract", 30)
+        contract(prop, OLD, "contracts/a.pdf")
+        locked = contract(prop, OLD, "contracts/locked.pdf")
+        contract(prop, OLD, "contracts/c.pdf")
+        on_s3.reset()
+        on_s3.fail_key("contracts/locked.pdf", code="AccessDenied")
+
+        sweep_trigger(slot=SLOT, now=NOW)
+        cleanup_drain()
+
+        assert bucket_keys(on_s3) == {"contracts/locked.pdf"}
+        assert on_s3.keys_per_delete_objects == [3]
+        request = the_purge_request()
+        assert (request.documents_purged, request.unpurgeable) == (
+            2,
+            [{"record_id": locked, "problem": "refused:AccessDenied"}],
+        )
+        assert DocumentDisposition.objects.get(document_id="contracts:contracts/locked.pdf").state == "pending"
+        letter = DeadLetter.objects.get(job__purge_request=request)
+        assert (letter.category, letter.record_kind) == (FailureCategory.POLICY_OR_INPUT, "signed_contract")
+        assert documents_affected(letter.job).unpurgeable_records == (locked,)
+
+    def test_a_per_key_slow_down_records_the_keys_before_it_and_retries_only_what_is_left(
+        self, on_s3, portfolio, prop, active_policy, clock
+    ):
+        active_policy(portfolio, "signed_contract", 30)
+        for name in ("contracts/a.pdf", "contracts/b.pdf", "contracts/c.pdf"):
+            contract(prop, OLD, name)
+        sweep_trigger(slot=SLOT, now=NOW)
+        job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+        request = the_purge_request()
+        second = request.document_ids[1].split(":", 1)[1]
+        on_s3.reset()
+        on_s3.fail_key(second, code="SlowDown")
+
+        job = the_purge_job()
+        job_run_slice(job_id=job.pk)
+        job.refresh_from_db()
+        assert (job.state, job.cursor, job.last_error_category) == (
+            JobState.PENDING,
+            1,
+            FailureCategory.DOWNSTREAM_THROTTLED,
+        )
+        assert bucket_keys(on_s3) == {second}  # the call deleted the others; only the first is past the cursor
+        clock.move_to(job.available_at + timedelta(seconds=1), tick=False)
+        job_run_slice(job_id=job.pk)
+
+        job.refresh_from_db()
+        assert (job.state, job.outcome) == (JobState.DONE, JobOutcome.PURGED)
+        assert bucket_keys(on_s3) == set()
+        # The retry sent only the key left; the third was found purged by this request.
+        assert on_s3.keys_per_delete_objects == [3, 1]
+        request.refresh_from_db()
+        assert (request.documents_purged, request.documents_absent) == (3, 0)
+
     def test_per_file_mode_sends_one_call_per_file(self, on_s3, portfolio, prop, active_policy, settings):
         settings.STORAGE_PURGE_BATCH_SIZE = 1
         active_policy(portfolio, "signed_contract", 30)
@@ -364,3 +422,22 @@ class TestChecks:
         finally:
             del settings.RETENTION_RECORD_KINDS
             registry_reload()
+
+
+def test_the_reference_guard_takes_the_storage_documents_reference_when_a_record_starts_naming_a_key(
+    on_disk, portfolio, prop
+):
+    from django.db import connection
+
+    from cleanup_ops.downstream.guard import guards_install
+
+    if connection.vendor != "postgresql":
+        pytest.skip("the reference guard is a PostgreSQL trigger")
+    assert "signed_contract" in guards_install()
+    DocumentDisposition.objects.create(document_id="contracts:contracts/reused.pdf", state=DispositionState.PURGED)
+
+    contract(prop, YOUNG, "contracts/reused.pdf", upload=False)
+
+    # The key was named again: its (alias-qualified) decision starts afresh.
+    assert DocumentDisposition.objects.get(document_id="contracts:contracts/reused.pdf").state == "pending"
+    assert not DocumentDisposition.objects.filter(document_id="contracts/reused.pdf").exists()

@@ -266,12 +266,12 @@ def purge_run(
 
 
 def _progress_count(progress: PurgeProgress, outcomes: list[tuple[str, str, str]]) -> None:
-    for verdict, _, _ in outcomes:
+    for verdict, effect, _ in outcomes:
         if verdict == HELD:
             progress.set_aside += 1
         elif verdict == REFERENCED:
             progress.referenced += 1
-        elif verdict == CLEAR:
+        elif verdict == CLEAR and effect != REFUSED:
             progress.requests += 1
 
 
