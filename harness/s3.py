@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import http.client
 import threading
+import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
@@ -110,6 +111,7 @@ class S3Proxy:
         self.keys_per_delete_objects: list[int] = []
         self._faults: dict[str, int] = {}
         self._key_faults: dict[str, list[Any]] = {}  # key -> [error code, times left]
+        self._late: dict[str, list[float]] = {}  # operation -> [seconds, times left]
         self._lock = threading.Lock()
         proxy = self
 
@@ -155,6 +157,14 @@ class S3Proxy:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     answer = upstream.getresponse()
                     payload = answer.read()
+                    with proxy._lock:
+                        late = proxy._late.get(operation)
+                        pause = late[0] if late and late[1] > 0 else 0.0
+                        if pause:
+                            late[1] -= 1
+                    if pause:
+                        # Applied by moto, answered late: the client may have given up.
+                        time.sleep(pause)
                     if refused:
                         errors = "".join(
                             f"<Error><Key>{key}</Key><Code>{code}</Code><Message>injected</Message></Error>"
@@ -169,6 +179,8 @@ class S3Proxy:
                     self.end_headers()
                     if self.command != "HEAD":
                         self.wfile.write(payload)
+                except OSError:
+                    pass  # the client gave up (a timeout it was meant to hit)
                 finally:
                     upstream.close()
 
@@ -183,6 +195,12 @@ class S3Proxy:
         """Answer the next ``times`` requests of ``operation`` with ``503 SlowDown``."""
         with self._lock:
             self._faults[operation] = times
+
+    def answer_late(self, operation: str, *, seconds: float, times: int = 1) -> None:
+        """Forward the next ``times`` requests of ``operation`` (moto applies
+        them), then wait ``seconds`` before answering."""
+        with self._lock:
+            self._late[operation] = [seconds, times]
 
     def fail_key(self, key: str, *, code: str, times: int = 1) -> None:
         """In the next ``times`` ``DeleteObjects`` naming ``key``, keep the key
@@ -209,6 +227,7 @@ class S3Proxy:
             self.keys_per_delete_objects.clear()
             self._faults.clear()
             self._key_faults.clear()
+            self._late.clear()
 
     def start(self) -> str:
         self._thread.start()

@@ -330,6 +330,27 @@ class TestS3:
         request.refresh_from_db()
         assert (request.documents_purged, request.documents_absent) == (3, 0)
 
+    def test_a_call_that_timed_out_after_s3_applied_it_is_recorded_from_what_s3_has(
+        self, on_s3, portfolio, prop, active_policy, settings
+    ):
+        settings.STORAGE_PURGE_READ_TIMEOUT = 0.5
+        active_policy(portfolio, "signed_contract", 30)
+        contract(prop, OLD, "contracts/a.pdf")
+        contract(prop, OLD, "contracts/b.pdf")
+        sweep_trigger(slot=SLOT, now=NOW)
+        job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+        on_s3.reset()
+        on_s3.answer_late("DeleteObjects", seconds=2.0)
+
+        job = the_purge_job()
+        job_run_slice(job_id=job.pk)
+
+        job.refresh_from_db()
+        # The client gave up at its read timeout, asked S3 (HEAD) and found both gone.
+        assert (job.state, job.outcome, job.attempt) == (JobState.DONE, JobOutcome.PURGED, 0)
+        assert (on_s3.calls["DeleteObjects"], on_s3.calls["HeadObject"]) == (1, 2)
+        assert the_purge_request().documents_purged == 2
+
     def test_per_file_mode_sends_one_call_per_file(self, on_s3, portfolio, prop, active_policy, settings):
         settings.STORAGE_PURGE_BATCH_SIZE = 1
         active_policy(portfolio, "signed_contract", 30)
