@@ -17,8 +17,6 @@ Each run is verified: the bucket is empty and every file counted purged.
     .venv/bin/python bench/purge_s3.py --files 2000
 """
 
-# ruff: noqa: E402 - the repository root goes on sys.path before our imports
-
 from __future__ import annotations
 
 import argparse
@@ -182,7 +180,9 @@ def main(argv: list[str] | None = None) -> int:
                     _run_mode(mode=mode, label=label, batch=batch, files=args.files, moto=moto.endpoint, proxy=proxy)
                 )
         print(f"code: {code_version()}  files per mode: {args.files}  cpus: {os.cpu_count()}")
-        print(f"{'mode':<20} {'seconds':>8} {'files/s':>9} {'S3 calls':>9} {'SQL stmts':>10}  calls by operation  load 1m")
+        print(
+            f"{'mode':<20} {'seconds':>8} {'files/s':>9} {'S3 calls':>9} {'SQL stmts':>10}  calls by operation  load 1m"
+        )
         for r in results:
             ops = ", ".join(f"{k} {v}" for k, v in sorted(r["calls"].items()))
             print(
@@ -191,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
             )
         base, batched = results[1], results[0]
         print(
-            f"DeleteObjects vs one call per file: {batched['files_per_second'] / base['files_per_second']:.1f}x files/s,"
+            "DeleteObjects vs one call per file:"
+            f" {batched['files_per_second'] / base['files_per_second']:.1f}x files/s,"
             f" {base['store_calls'] / max(1, batched['store_calls']):.0f}x fewer S3 calls,"
             f" {base['statements'] / max(1, batched['statements']):.1f}x fewer SQL statements"
         )
