@@ -545,3 +545,61 @@ def test_a_hold_placed_while_a_delete_objects_is_in_flight_waits_for_it_and_keep
     request = the_purge_request()
     assert (request.documents_purged, request.documents_held) == (2, 2)
     assert bucket_keys(on_s3) == set(names) - first_batch
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_purge_whose_session_ended_while_it_stalled_before_the_call_sends_nothing_and_decides_again(
+    on_s3, active_policy, settings
+):
+    """The fence S3 cannot check: the decision's last statement runs on its
+    own session right before the call, so a worker whose session (and locks)
+    ended while it stalled sends nothing, and the next decision sees the hold
+    that committed meanwhile."""
+    from django.utils import timezone
+
+    from properties.models import Portfolio
+
+    from .conftest import make_user
+    from .interleaving import CheckpointHold, InThread, poll, raw_connection
+
+    settings.CLEANUP_CHECKPOINTS = frozenset({"purge.before_store_call"})
+    portfolio = Portfolio.objects.create(name="Stall", slug="stall")
+    prop = Property.objects.create(portfolio=portfolio, name="Tower")
+    active_policy(portfolio, "signed_contract", 30)
+    names = {"contracts/stall/a.pdf", "contracts/stall/b.pdf"}
+    for name in sorted(names):
+        contract(prop, OLD, name)
+    sweep_trigger(slot=timezone.now().replace(second=0, microsecond=0))
+    job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+    job = the_purge_job()
+    reviewer = make_user("stall-reviewer", "compliance_reviewer")
+    on_s3.reset()
+
+    hold = CheckpointHold("purge.before_store_call")
+    worker = InThread(lambda: job_run_slice(job_id=job.pk, owner="stalled"), name="stalled")
+    try:
+        pid = hold.wait_for_worker(worker)
+        observer = raw_connection()
+        try:
+            observer.execute("SELECT pg_terminate_backend(%s)", [pid])
+            poll(
+                lambda: not observer.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [pid]).fetchone(),
+                what="the stalled worker's backend to end",
+            )
+        finally:
+            observer.close()
+        legal_hold_place(portfolio=portfolio, property=prop, placed_by=reviewer, reason="placed during the stall")
+    finally:
+        hold.release()
+        worker.join()
+    settings.CLEANUP_CHECKPOINTS = frozenset()
+
+    assert on_s3.calls["DeleteObjects"] == 0 and bucket_keys(on_s3) == names
+    job.refresh_from_db()
+    assert job.state == JobState.PENDING  # the failed attempt is retried (a transient database error)
+    job.available_at = timezone.now()
+    job.save(update_fields=["available_at"])
+    assert job_run_slice(job_id=job.pk, owner="next").outcome == JobOutcome.PURGE_HELD
+    assert on_s3.calls["DeleteObjects"] == 0 and bucket_keys(on_s3) == names
+    assert the_purge_request().documents_held == 2
