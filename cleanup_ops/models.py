@@ -216,6 +216,11 @@ class CleanupJob(models.Model):
     Kind = JobKind
 
     objects = CleanupJobQuerySet.as_manager()
+    # Not columns: set on the instances the console's selectors hand to its
+    # templates (console_selectors.pauses.jobs_mark_paused, console_selectors.jobs.job_chain).
+    # Declared for the type checker only.
+    paused: bool
+    dead_letter_or_none: DeadLetter | None
 
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="jobs")
     key = models.CharField(max_length=255, unique=True)
