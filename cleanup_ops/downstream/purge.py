@@ -218,7 +218,7 @@ def purge_run(
 
 def _request_load(job: JobRef) -> _Request:
     row = (
-        PurgeRequest.objects.filter(pk=job.purge_request_id)
+        PurgeRequest.objects.filter(pk=job.purge_request_id)  # type: ignore[misc]  # None finds none: raised below
         .values_list("id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind")
         .first()
     )
