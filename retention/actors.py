@@ -2,7 +2,7 @@
 
 Every service that records who did something (an author, a reviewer, the
 user who placed a hold or paused the pipeline) stores that user in a foreign
-key to ``settings.AUTH_USER_MODEL`` and asks it ``has_perm``. ``Actor`` is
+key to the ``AUTH_USER_MODEL`` setting and asks it ``has_perm``. ``Actor`` is
 that model as the type checker sees it: django-stubs types those keys with
 the model the checked project's ``AUTH_USER_MODEL`` names (the demo's is
 ``auth.User``). At run time it is only a name for annotations; a host's own
