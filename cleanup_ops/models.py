@@ -351,15 +351,30 @@ class LedgerEntry(models.Model):
         return self.operation_id
 
 
+# S3's limit on an object key (bytes of UTF-8) and a storage alias's length:
+# a purge's document reference is an HTTP document id, or ``<alias>:<key>``
+# (``downstream.stores.document_ref``), kept exactly.
+STORAGE_KEY_MAX_BYTES = 1024
+STORE_ALIAS_MAX_LENGTH = 64
+DOCUMENT_REF_MAX_LENGTH = STORE_ALIAS_MAX_LENGTH + 1 + STORAGE_KEY_MAX_BYTES
+
+
 class PurgeRequest(models.Model):
     """Outbox row: the attachments of one applied batch, to be removed from the store.
 
     Written in the batch's transaction. ``key`` is the batch's operation id;
     each document's ``Idempotency-Key`` is ``<key>:<document id>``, so every
     retry, redelivery or redrive sends the same key for the same document.
-    Ids that fail validation are never stored (they could be a URL or a path
-    smuggled into a record); only their count is, and the purge job then ends
-    as a ``policy_or_input`` dead letter for an operator to look at.
+    ``store`` is where the files are: ``""`` for the HTTP document store, or
+    the ``STORAGES`` alias of the kind at the batch's time; ``document_ids``
+    are the documents' references (``downstream.stores.document_ref``).
+    Ids or keys that cannot be purged (an HTTP id that is not a plain
+    identifier — it could be a URL or a path smuggled into a record —, a key
+    too long for the storage, blank, or refused by it) are never stored and
+    never sent: their count is ``invalid_ids`` and their records are named in
+    ``unpurgeable`` (``{"record_id": …, "problem": …}``, the problem a short
+    category, never the key), and the purge job then ends as a
+    ``policy_or_input`` dead letter naming the kind and those records.
     """
 
     key = models.CharField(max_length=64, unique=True)
@@ -367,8 +382,10 @@ class PurgeRequest(models.Model):
     portfolio_id = models.BigIntegerField()
     property_id = models.BigIntegerField()
     record_kind = models.CharField(max_length=40)
+    store = models.CharField(max_length=STORE_ALIAS_MAX_LENGTH, blank=True, default="")
     document_ids = models.JSONField(default=list)
     invalid_ids = models.PositiveIntegerField(default=0)
+    unpurgeable = models.JSONField(default=list, blank=True)
     documents_purged = models.PositiveIntegerField(default=0)
     documents_absent = models.PositiveIntegerField(default=0, help_text="404: already gone, counted as done.")
     documents_referenced = models.PositiveIntegerField(
@@ -408,7 +425,7 @@ class DeletedAttachment(models.Model):
     their scope (keep a file too many, never one too few).
     """
 
-    document_id = models.CharField(max_length=64)
+    document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH)
     portfolio_id = models.BigIntegerField()
     property_id = models.BigIntegerField()
     record_kind = models.CharField(max_length=40)
@@ -442,7 +459,7 @@ class DocumentDisposition(models.Model):
 
     State = DispositionState
 
-    document_id = models.CharField(max_length=64, unique=True)
+    document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH, unique=True)
     state = models.CharField(max_length=12, choices=DispositionState.choices, default=DispositionState.PENDING)
     # The request whose purge decided last (set aside or purged).
     decided_by = models.ForeignKey(

@@ -370,6 +370,13 @@ DOCSTORE_RATE_PORTFOLIO = env_float("DOCSTORE_RATE_PORTFOLIO", 0.0)
 DOCSTORE_BURST_PORTFOLIO = env_float("DOCSTORE_BURST_PORTFOLIO", 5.0, minimum=1.0)
 # --- end DOCSTORE -------------------------------------------------------------
 
+# --- attachments in Django storages (a kind's "attachment": {"storage": alias}) -
+# The storages themselves are STORAGES (Django's); these bound the purge's own
+# client (S3: botocore with no retries of its own) and size its DeleteObjects.
+STORAGE_PURGE_CONNECT_TIMEOUT = env_float("STORAGE_PURGE_CONNECT_TIMEOUT", 2.0, minimum=0.01)
+STORAGE_PURGE_READ_TIMEOUT = env_float("STORAGE_PURGE_READ_TIMEOUT", 5.0, minimum=0.01)
+STORAGE_PURGE_BATCH_SIZE = env_int("STORAGE_PURGE_BATCH_SIZE", 1000, minimum=1, maximum=1000)
+
 # --- django-q2 -----------------------------------------------------------------
 # The ORM broker claims a message with `lock = now + retry` when the cluster
 # *fetches* it and never renews that claim, so `retry` must exceed the time a

@@ -13,9 +13,9 @@ product, and serves the console, its login, the API and ``/metrics`` under
 ``/ops/``.
 
 It then runs a sweep and a drain over the host's own work orders: old rows
-deleted, young and held rows kept. Not here yet: attachments purged from
-the host's storage (issue 27 item 4, attachments through Django's storage
-API, is not built yet).
+deleted, young and held rows kept. Attachments purged from a host's own
+Django storage (S3, the file system) are proved in
+``tests/test_attachment_storages.py``, not here.
 """
 
 from __future__ import annotations
