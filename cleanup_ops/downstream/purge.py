@@ -443,7 +443,7 @@ def _check_and_delete_many(
             sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(bound * 1000))], cur=cur)
         verdicts = _purge_decide_many(request=request, refs=refs, cur=cur, store=store)
         clear = [r for r in refs if verdicts[r] == CLEAR]
-        results: dict[str, KeyResult] = {}
+        results = {}
         if clear:
             checkpoint("purge.before_store_call")
             _call_gate(cur, store=store, bound=bound)
