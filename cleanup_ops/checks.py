@@ -227,7 +227,9 @@ def host_project_check(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 
 def _template_warnings() -> list[checks.CheckMessage]:
-    django_templates = [t for t in settings.TEMPLATES if t.get("BACKEND", "").endswith("DjangoTemplates")]
+    # A host's TEMPLATES entries: dicts of Django's documented keys (their values of several types).
+    templates: list[dict[str, Any]] = list(settings.TEMPLATES)
+    django_templates = [t for t in templates if t.get("BACKEND", "").endswith("DjangoTemplates")]
     processors = {p for t in django_templates for p in t.get("OPTIONS", {}).get("context_processors", [])}
     warnings: list[checks.CheckMessage] = []
     if not any(t.get("APP_DIRS") for t in django_templates):

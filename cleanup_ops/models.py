@@ -21,7 +21,7 @@ selectors, the chaos checks), so the rules cannot drift apart.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
@@ -29,6 +29,9 @@ from django.db.models import Exists, Q
 
 from cleanup_ops.lifecycle import JobEvent, JobOutcome, JobState, next_state
 from retention.registry import record_kind_choices
+
+if TYPE_CHECKING:
+    from retention.actors import Actor
 
 
 class SweepStatus(models.TextChoices):
@@ -213,6 +216,11 @@ class CleanupJob(models.Model):
     Kind = JobKind
 
     objects = CleanupJobQuerySet.as_manager()
+    # Not columns: set on the instances the console's selectors hand to its
+    # templates (console_selectors.pauses.jobs_mark_paused, console_selectors.jobs.job_chain).
+    # Declared for the type checker only.
+    paused: bool
+    dead_letter_or_none: DeadLetter | None
 
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="jobs")
     key = models.CharField(max_length=255, unique=True)
@@ -297,7 +305,7 @@ class CleanupJob(models.Model):
         self.lease_expires_at = None
         self.enqueued_at = None
 
-    def mark_retry(self, *, at) -> None:  # type: ignore[no-untyped-def]
+    def mark_retry(self, *, at: datetime) -> None:
         self.state = next_state(JobEvent.RETRY, self.state)
         self.available_at = at
         self._clear_lease()
@@ -539,7 +547,9 @@ class DeadLetter(models.Model):
         with ``attempts`` 0, and reads "1", not "0"."""
         return self.attempts if self.category in self._ATTEMPTS_COUNTED else self.attempts + 1
 
-    def mark_resolved(self, *, status: str, by, at, reason: str, redrive_job=None) -> None:  # type: ignore[no-untyped-def]
+    def mark_resolved(
+        self, *, status: str, by: Actor | None, at: datetime, reason: str, redrive_job: CleanupJob | None = None
+    ) -> None:
         self.status = status
         self.resolved_by = by
         self.resolved_at = at
@@ -603,7 +613,7 @@ class PipelinePause(models.Model):
         scope = f"portfolio {self.portfolio_id}" if self.portfolio_id else "pipeline"
         return f"Pause of {scope}"
 
-    def mark_resumed(self, *, by, at, reason: str) -> None:  # type: ignore[no-untyped-def]
+    def mark_resumed(self, *, by: Actor | None, at: datetime, reason: str) -> None:
         self.resumed_by = by
         self.resumed_at = at
         self.resume_reason = reason

@@ -43,7 +43,7 @@ def _fk_to(model: type[models.Model], name: str, target_label: str) -> str | Non
     if not isinstance(field, models.ForeignKey):
         return f"{model._meta.label}.{name} is not a foreign key"
     target = field.related_model
-    if target is None or target._meta.label_lower != target_label.lower():  # type: ignore[union-attr]
+    if target is None or target._meta.label_lower != target_label.lower():  # type: ignore[union-attr]  # 'self' resolved once loaded
         return f"{model._meta.label}.{name} points at {target}, not at {target_label}"
     return None
 
@@ -172,7 +172,7 @@ def _index_problems(kind: str, model: type[models.Model], prop: str, timestamp: 
     """The keyset scan walks an index on (property, primary key); without it
     every batch sorts the property's expired rows."""
     meta = model._meta
-    pk = meta.pk.name  # type: ignore[union-attr]
+    pk = meta.pk.name
     wanted = [prop, pk]
     declared = [list(index.fields[:2]) for index in meta.indexes] + [list(t[:2]) for t in meta.unique_together]
     if wanted in declared or [prop, "pk"] in declared:

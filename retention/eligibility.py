@@ -79,7 +79,7 @@ def count_expired_and_held(
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind)
     where = [f"r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"]
-    params: list[object] = [*hold_params, db_datetime(cutoff)]
+    params: list[Any] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
         where.append(f"r.{spec.portfolio_column} = %s")
         params.append(portfolio_id)

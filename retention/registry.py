@@ -104,7 +104,7 @@ class RecordKindSpec:
         return self.model._meta.db_table
 
     def _column(self, name: str) -> str:
-        return self.model._meta.get_field(name).column  # type: ignore[union-attr]
+        return self.model._meta.get_field(name).column  # type: ignore[union-attr, return-value]  # a concrete field: has a column
 
     @property
     def timestamp_column(self) -> str:
@@ -120,7 +120,7 @@ class RecordKindSpec:
 
     @property
     def pk_column(self) -> str:
-        return self.model._meta.pk.column  # type: ignore[union-attr]
+        return self.model._meta.pk.column
 
     @property
     def attachment_column(self) -> str | None:
@@ -144,7 +144,7 @@ class RecordKindSpec:
 
     def keyset_index_fields(self) -> list[str]:
         """The index the keyset scan walks: (property, primary key)."""
-        return [self.property_field, self.model._meta.pk.name]  # type: ignore[union-attr]
+        return [self.property_field, self.model._meta.pk.name]
 
 
 def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:

@@ -296,7 +296,7 @@ def _unpurgeable_raise(request: _Request) -> None:
 
 def _request_load(job: JobRef) -> _Request:
     row = (
-        PurgeRequest.objects.filter(pk=job.purge_request_id)
+        PurgeRequest.objects.filter(pk=job.purge_request_id)  # type: ignore[misc]  # None finds none: raised below
         .values_list("id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind", "store")
         .first()
     )
@@ -443,7 +443,7 @@ def _check_and_delete_many(
             sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(bound * 1000))], cur=cur)
         verdicts = _purge_decide_many(request=request, refs=refs, cur=cur, store=store)
         clear = [r for r in refs if verdicts[r] == CLEAR]
-        results: dict[str, KeyResult] = {}
+        results = {}
         if clear:
             checkpoint("purge.before_store_call")
             _call_gate(cur, store=store, bound=bound)

@@ -287,6 +287,8 @@ class S3Store(StorageStore):
     credentials, through a boto3 client of our own with bounded timeouts and
     no botocore retries; ``DeleteObjects`` for up to 1,000 keys a call."""
 
+    storage: Any  # django-storages' S3Storage (no stubs): its session, region, endpoint and name rules
+
     def __init__(self, alias: str, storage: Any) -> None:
         super().__init__(alias, storage)
         from botocore.config import Config
