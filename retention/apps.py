@@ -20,4 +20,9 @@ class RetentionConfig(AppConfig):
     def ready(self) -> None:
         # The system checks (registered on import): the record kinds', and
         # the settings' and the customer and site models'.
+        from django.db.models.signals import post_migrate
+
         from retention import checks, domain_checks  # noqa: F401
+        from retention.roles import role_groups_grant_on_migrate
+
+        post_migrate.connect(role_groups_grant_on_migrate, sender=self, dispatch_uid="retention.role_groups")

@@ -271,6 +271,10 @@ page = client.get(f"/ops/console/portfolios/{customer.pk}/")
 answers["portfolio"] = (page.status_code, "customer acme" in page.content.decode())
 answers["pauses"] = client.get("/ops/console/pauses/").status_code
 answers["admin"] = client.get("/admin/").status_code
+from django.contrib.auth.models import Group
+answers["operator_sees_work_orders"] = Group.objects.get(name="operator").permissions.filter(
+    content_type__app_label="sites", codename="view_workorder"
+).exists()
 print("ANSWERS", json.dumps(answers))
 """
 
@@ -398,6 +402,19 @@ def test_a_host_project_with_its_own_customer_and_site_models_checks_migrates_an
     assert answers["portfolio"] == [200, True]
     assert answers["pauses"] == 200
     assert answers["admin"] == 200
+    # The host's record kind's view permission reached the platform roles at migrate.
+    assert answers["operator_sees_work_orders"] is True
+
+    # A kind added to the settings later writes no migration of ours: the next
+    # migrate grants its view permission (taken away here to see it come back).
+    operator_perm = (
+        "from django.contrib.auth.models import Group; g = Group.objects.get(name='operator');"
+        " p = g.permissions.filter(content_type__app_label='sites', codename='view_workorder');"
+    )
+    run([*manage, "shell", "-c", operator_perm + " g.permissions.remove(*p)"], cwd=project, env=env)
+    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
+    again = run([*manage, "shell", "-c", operator_perm + " print('GRANTED', p.exists())"], cwd=project, env=env)
+    assert "GRANTED True" in again
 
     printed = run([*manage, "shell", "-c", HOST_SWEEP], cwd=project, env=env)
     # The old work orders of the building under no hold go, and their reports
