@@ -245,6 +245,9 @@ class CleanupJob(models.Model):
     redrive_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="redrives")
 
     cursor = models.BigIntegerField(default=0, help_text="Largest record id already passed.")
+    # A non-integer key's cursor (a UUID as text; "" before the first batch):
+    # ``retention.registry``, "Keys". Integer kinds leave it "".
+    cursor_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     batch_size = models.PositiveIntegerField(
         null=True, blank=True, help_text="Rows per batch of its last batch (its policy version's, when it ran)."
     )
@@ -322,6 +325,10 @@ class LedgerEntry(models.Model):
     cutoff = models.DateTimeField()
     after_id = models.BigIntegerField()
     last_id = models.BigIntegerField()
+    # A non-integer key's range, as text (``retention.registry``, "Keys");
+    # the two bigints are then 0. Integer kinds leave these "".
+    after_key = models.CharField(max_length=64, blank=True, default="", db_default="")
+    last_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     batch_limit = models.PositiveIntegerField()
     candidates = models.PositiveIntegerField()
     rows_deleted = models.PositiveIntegerField()
@@ -405,6 +412,8 @@ class DeletedAttachment(models.Model):
     property_id = models.BigIntegerField()
     record_kind = models.CharField(max_length=40)
     record_id = models.BigIntegerField(null=True, blank=True)
+    # A non-integer key, as text (record_id is then NULL).
+    record_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     purge_request = models.ForeignKey(PurgeRequest, on_delete=models.PROTECT, related_name="attachments")
     deleted_at = models.DateTimeField()
 
@@ -413,6 +422,9 @@ class DeletedAttachment(models.Model):
         indexes = [models.Index(fields=["document_id"], name="deleted_attachment_doc_idx")]
         constraints = [
             models.UniqueConstraint(fields=["record_kind", "record_id"], name="deleted_attachment_one_per_record"),
+            models.UniqueConstraint(
+                fields=["record_kind", "record_key"], condition=~Q(record_key=""), name="deleted_attachment_one_per_key"
+            ),
         ]
 
     def __str__(self) -> str:

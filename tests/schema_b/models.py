@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import uuid
+
 from django.db import models
 
 from properties.models import Portfolio, Property
@@ -36,3 +38,28 @@ class Inspection(models.Model):
 
     def __str__(self) -> str:
         return f"inspection {self.pk}"
+
+
+# --- Record shapes (tests/test_record_shapes.py) --------------------------------
+# Kinds of other shapes than the demo's: a UUID key, a property reached
+# through a unit, no property, an unmanaged table made in SQL, a monthly-
+# partitioned table. Kept apart from the models above (and in migrations of
+# their own, 0002 on): other work adds models to this app too.
+
+
+class Ticket(models.Model):
+    """Keyed by a UUID; a document in the store."""
+
+    id = models.UUIDField(primary_key=True, default=uuid.uuid4)
+    customer = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    building = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="+", db_index=False)
+    resolved_at = models.DateTimeField()
+    document_id = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        app_label = "schema_b"
+        indexes = [models.Index(fields=["building", "id"], include=["resolved_at"], name="ticket_keyset_idx")]
+
+    def __str__(self) -> str:
+        return f"ticket {self.pk}"
+

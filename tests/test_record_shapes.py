@@ -1,0 +1,222 @@
+"""Record kinds of other shapes than the demo's (tests/schema_b, "Record
+shapes"): a UUID key, and the same pipeline — admission, the batch, holds,
+the purge, the proof — running on them unchanged in its guarantees."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+
+from cleanup_ops.execution.runner import cleanup_drain
+from cleanup_ops.models import CleanupJob, DeletedAttachment, LedgerEntry, Sweep
+from cleanup_ops.proof import proof_csv, sweep_proof
+from cleanup_ops.proof_verify import load, verify
+from cleanup_ops.schedule import sweep_trigger
+from properties.models import Portfolio, Property
+from retention.checks import check_kind
+from retention.models import LegalHold
+from retention.registry import DEFAULT_RECORD_KINDS, get_spec, registry_reload
+from retention.services import legal_hold_place
+from tests.schema_b.models import Ticket
+
+from .conftest import make_records, utc
+from .test_api import client_for
+
+SLOT = utc("2026-08-21T02:00:00Z")
+NOW = utc("2026-08-21T02:05:00Z")
+OLD = utc("2026-05-01T00:00:00Z")  # past a 30-day cutoff
+YOUNG = utc("2026-08-15T00:00:00Z")
+
+TICKET = {
+    "model": "schema_b.Ticket",
+    "label": "Ticket",
+    "timestamp": "resolved_at",
+    "portfolio": "customer",
+    "property": "building",
+    "attachment": {"field": "document_id"},
+}
+
+
+SHAPES = {"ticket": TICKET}
+
+
+@pytest.fixture
+def shapes(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
+    """The demo's kinds and the shapes' kinds, for one test."""
+    settings.RETENTION_RECORD_KINDS = {**DEFAULT_RECORD_KINDS, **SHAPES}
+    registry_reload()
+    yield
+    del settings.RETENTION_RECORD_KINDS
+    registry_reload()
+
+
+@pytest.fixture
+def clock(time_machine):  # type: ignore[no-untyped-def]
+    time_machine.move_to(NOW, tick=False)
+    return time_machine
+
+
+def tickets(building: Property, count: int, *, at: datetime, documents: bool = False) -> list[uuid.UUID]:
+    rows = [
+        Ticket(
+            customer_id=building.portfolio_id,
+            building=building,
+            resolved_at=at + timedelta(minutes=i),
+            document_id=f"ticket-doc-{building.pk}-{at:%m%d}-{i}" if documents else "",
+        )
+        for i in range(count)
+    ]
+    Ticket.objects.bulk_create(rows)
+    return [row.pk for row in rows]
+
+
+def buildings(portfolio: Portfolio, count: int) -> list[Property]:
+    return [Property.objects.create(portfolio=portfolio, name=f"Building {i}") for i in range(count)]
+
+
+# --- UUID keys ------------------------------------------------------------------
+
+
+def test_a_uuid_key_passes_the_checks_and_casts_as_uuid(shapes):
+    assert check_kind("ticket", TICKET) == []
+    spec = get_spec("ticket")
+    assert (spec.integer_key, spec.pk_sql_type, spec.key_start) == (False, "uuid", "")
+    assert get_spec("lease").pk_sql_type == "bigint"
+
+
+def test_a_key_neither_integer_nor_uuid_is_refused_naming_the_model(shapes):
+    # A session's key is a CharField.
+    entry = {"model": "sessions.Session", "timestamp": "expire_date"}
+    (problem,) = [m for m in check_kind("session", entry) if m.id == "retention.E006"]
+    assert "RETENTION_RECORD_KINDS['session']['model']" in problem.msg
+    assert "neither an integer nor a UUID" in problem.msg
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_uuid_keyed_records_are_cleaned_in_keyset_batches_keeping_held_and_young_ones(
+    shapes, settings, portfolio, active_policy, reviewer, docstore
+):
+    # Six partitions (more than the per-partition statements take: the
+    # lateral group statement) and batches of 3 rows (the text cursor moves).
+    settings.CLEANUP_BATCH_SIZE = 3
+    active_policy(portfolio, "ticket", 30)
+    sites = buildings(portfolio, 6)
+    old = {site.pk: tickets(site, 7, at=OLD, documents=True) for site in sites}
+    young = [key for site in sites for key in tickets(site, 2, at=YOUNG)]
+    held = old[sites[2].pk][4]
+    held_document = Ticket.objects.get(pk=held).document_id
+    docstore.create(*Ticket.objects.exclude(document_id="").values_list("document_id", flat=True))
+    hold = legal_hold_place(
+        portfolio=portfolio, record_kind="ticket", record_id=str(held), placed_by=reviewer, reason="a claim on a ticket"
+    )
+    assert (hold.record_id, hold.record_key) == (None, str(held))
+
+    sweep_trigger(slot=SLOT, now=NOW)
+    cleanup_drain()
+
+    assert set(Ticket.objects.values_list("pk", flat=True)) == {held, *young}
+    jobs = CleanupJob.objects.filter(record_kind="ticket", kind="delete")
+    assert jobs.count() == 6 and sum(job.rows_deleted for job in jobs) == 6 * 7 - 1
+    assert sum(job.rows_held for job in jobs) == 1
+    ledger = LedgerEntry.objects.filter(record_kind="ticket").order_by("job_id", "id")
+    assert all(entry.last_key and entry.after_id == entry.last_id == 0 for entry in ledger)
+    first = {entry.job_id: entry for entry in reversed(ledger)}
+    assert {entry.after_key for entry in first.values()} == {""}
+    # Each batch starts where the one before it ended, on the job's text cursor.
+    for job in jobs:
+        entries = [entry for entry in ledger if entry.job_id == job.pk]
+        assert [e.after_key for e in entries[1:]] == [e.last_key for e in entries[:-1]]
+        assert job.cursor == 0 and job.cursor_key == entries[-1].last_key
+    # The documents of the deleted tickets, and only those, are purged.
+    assert docstore.documents() == {held_document}
+    assert DeletedAttachment.objects.filter(record_kind="ticket", record_id__isnull=True).count() == 41
+    assert not DeletedAttachment.objects.filter(record_kind="ticket", record_key="").exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_uuid_kind_and_an_integer_kind_share_a_batch_transaction_each_with_its_cursor(
+    shapes, settings, portfolio, prop, active_policy
+):
+    settings.CLEANUP_BATCH_SIZE = 4
+    active_policy(portfolio, "ticket", 30)
+    active_policy(portfolio, "lease", 30)
+    tickets(prop, 5, at=OLD)
+    make_records(prop, "lease", 5, ended=OLD)
+
+    sweep_trigger(slot=SLOT, now=NOW)
+    cleanup_drain()
+
+    assert not Ticket.objects.exists()
+    lease_job = CleanupJob.objects.get(record_kind="lease", kind="delete")
+    ticket_job = CleanupJob.objects.get(record_kind="ticket", kind="delete")
+    assert (lease_job.rows_deleted, ticket_job.rows_deleted) == (5, 5)
+    assert lease_job.cursor > 0 and lease_job.cursor_key == ""
+    assert ticket_job.cursor == 0 and ticket_job.cursor_key
+    assert LedgerEntry.objects.filter(record_kind="lease", after_key="", last_key="").count() == 2
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_the_proof_of_a_uuid_kind_recomputes_from_the_export_in_json_and_csv(
+    shapes, settings, portfolio, active_policy
+):
+    settings.CLEANUP_BATCH_SIZE = 3
+    active_policy(portfolio, "ticket", 30)
+    for site in buildings(portfolio, 2):
+        tickets(site, 5, at=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    cleanup_drain()
+
+    proof = sweep_proof(sweep=Sweep.objects.get())
+    inputs = [op for partition in proof["partitions"] for op in partition["operation_inputs"]]
+    assert len(inputs) == 4 and {op["after_id"] for op in inputs} > {""}
+    assert verify(proof).ok, verify(proof).problems
+    assert verify(load(proof_csv(proof))).ok
+    # A changed cursor is caught.
+    inputs[1]["after_id"] = str(uuid.uuid4())
+    assert not verify(proof).ok
+
+
+@pytest.mark.django_db
+def test_a_record_hold_on_a_uuid_kind_names_the_uuid_and_a_wrong_type_is_refused_naming_the_field(
+    shapes, portfolio, prop, reviewer
+):
+    (key,) = tickets(prop, 1, at=OLD)
+    with pytest.raises(ValidationError) as wrong:
+        legal_hold_place(
+            portfolio=portfolio, record_kind="ticket", record_id="12", placed_by=reviewer, reason="a claim on it"
+        )
+    assert "a ticket's id is a UUID" in wrong.value.message_dict["record_id"][0]
+    with pytest.raises(ValidationError) as integer:
+        legal_hold_place(
+            portfolio=portfolio, record_kind="lease", record_id=str(key), placed_by=reviewer, reason="a claim on it"
+        )
+    assert "a lease's id is an integer" in integer.value.message_dict["record_id"][0]
+    with pytest.raises(ValidationError, match="there is no ticket"):
+        legal_hold_place(
+            portfolio=portfolio, record_kind="ticket", record_id=str(uuid.uuid4()), placed_by=reviewer, reason="x" * 12
+        )
+    assert not LegalHold.objects.exists()
+
+    api = client_for(reviewer)
+    placed = api.post(
+        "/api/v1/legal-holds/",
+        {"portfolio": portfolio.pk, "record_kind": "ticket", "record_id": str(key), "reason": "a claim on a ticket"},
+        format="json",
+    )
+    assert placed.status_code == 201, placed.json()
+    assert placed.json()["record_id"] == str(key)
+    assert LegalHold.objects.get().record_key == str(key)
+    refused = api.post(
+        "/api/v1/legal-holds/",
+        {"portfolio": portfolio.pk, "record_kind": "ticket", "record_id": 7, "reason": "a claim on a ticket"},
+        format="json",
+    )
+    assert refused.status_code == 400 and "UUID" in str(refused.json()["record_id"])
+
