@@ -224,7 +224,7 @@ class CleanupJob(models.Model):
     # Plain ids, not foreign keys: the scope may disappear while the job waits,
     # and the job must still be able to say so (outcome scope_missing).
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40, choices=record_kind_choices)
     policy_version = models.ForeignKey("retention.PolicyVersion", on_delete=models.PROTECT, related_name="+")
     cutoff = models.DateTimeField(help_text="Cutoff of the version admitted with the job.")
@@ -277,6 +277,14 @@ class CleanupJob(models.Model):
                 condition=Q(state__in=["pending", "leased"], kind="delete"),
                 name="job_one_open_per_partition",
             ),
+            # A kind without a property is partitioned by its portfolio
+            # (property_id NULL), which the index above does not constrain
+            # (NULLs are distinct): the same rule, on (portfolio, kind).
+            models.UniqueConstraint(
+                fields=["portfolio_id", "record_kind"],
+                condition=Q(state__in=["pending", "leased"], kind="delete", property_id__isnull=True),
+                name="job_one_open_per_portfolio_partition",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -319,7 +327,7 @@ class LedgerEntry(models.Model):
     operation_id = models.CharField(max_length=64, unique=True)
     job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="ledger_entries")
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     policy_version_id = models.BigIntegerField()
     cutoff = models.DateTimeField()
@@ -364,7 +372,7 @@ class PurgeRequest(models.Model):
     key = models.CharField(max_length=64, unique=True)
     delete_job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="purge_requests")
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     document_ids = models.JSONField(default=list)
     invalid_ids = models.PositiveIntegerField(default=0)
@@ -409,7 +417,7 @@ class DeletedAttachment(models.Model):
 
     document_id = models.CharField(max_length=64)
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     record_id = models.BigIntegerField(null=True, blank=True)
     # A non-integer key, as text (record_id is then NULL).
@@ -496,7 +504,7 @@ class DeadLetter(models.Model):
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     policy_version_id = models.BigIntegerField()
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="dead_letters")

@@ -203,3 +203,38 @@ def record_kinds_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
     if not isinstance(kinds, Mapping) or not kinds:
         return [Error(f"{SETTING}: expected a non-empty dict of record kinds", id="retention.E001")]
     return [problem for kind, entry in kinds.items() for problem in check_kind(kind, entry)]
+
+
+@register(Tags.database)
+def unreachable_records_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """retention.W009: rows of a kind whose property is a one-hop path
+    that belong to no property (the path is NULL). No job ever deletes them
+    (they are in no partition): said at start-up rather than kept in
+    silence. Runs with the database checks (``check --database default``,
+    ``migrate``)."""
+    if not databases:
+        return []
+    from django.db import DatabaseError
+
+    from retention.eligibility import count_unreachable
+    from retention.registry import REGISTRY
+
+    problems: list[CheckMessage] = []
+    for kind, spec in REGISTRY.items():
+        if spec.property_shape != "path":
+            continue
+        try:
+            count = count_unreachable(kind)
+        except DatabaseError:
+            continue  # not migrated yet: nothing to count
+        if count:
+            problems.append(
+                Warning(
+                    f"{SETTING}[{kind!r}]['property']: {count} row(s) of {spec.model_label} reach no property "
+                    f"through {spec.property_field!r} (a NULL on the path); no job will ever delete them",
+                    hint="give them a unit in a property, or delete them yourself; "
+                    "cleanup_sweep --dry-run counts them per portfolio",
+                    id="retention.W009",
+                )
+            )
+    return problems

@@ -112,6 +112,10 @@ def count_expired_and_held(
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind)
     where = [f"r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"]
+    if spec.property_shape == "path":
+        # A row whose path is NULL is in no partition: not "expired" here,
+        # counted apart (``count_unreachable``).
+        where.append(f"{spec.property_of('r')} IS NOT NULL")
     params: list[object] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
         where.append(f"r.{spec.portfolio_column} = %s")
@@ -142,16 +146,20 @@ def eligible_ids(kind: str, *, cutoff: datetime, property_id: int | None, portfo
         return [row[0] for row in cursor.fetchall()]
 
 
-def count_unreachable(kind: str, *, portfolio_id: int | None = None) -> int:
+def count_unreachable(kind: str, *, portfolio_id: int | None = None, cutoff: datetime | None = None) -> int:
     """Rows of a one-hop-path kind that belong to no property (the path is
-    NULL: no unit, or a unit without a property). They are in no partition,
-    so no job ever deletes them: the check ``retention.W009`` and the dry
-    run report them. 0 for other shapes."""
+    NULL: no unit, or a unit without a property) — past ``cutoff`` when one
+    is given. They are in no partition, so no job ever deletes them: the
+    check retention.W009 and the dry run report them rather than keep
+    them in silence. 0 for other shapes."""
     spec = get_spec(kind)
     if spec.property_shape != "path":
         return 0
     sql = f"SELECT COUNT(*) FROM {spec.table} r WHERE {spec.property_of('r')} IS NULL"
     params: list[object] = []
+    if cutoff is not None:
+        sql += f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"
+        params.append(db_datetime(cutoff))
     if portfolio_id is not None:
         sql += f" AND r.{spec.portfolio_column} = %s"
         params.append(portfolio_id)

@@ -54,7 +54,7 @@ statement goes through the join, no copied column), or ``None`` (``none``:
 the partition is the portfolio, ``CleanupJob.property_id`` is NULL, and
 holds reach the kind at portfolio and record scope only, never a
 property's). A path row whose unit has no property (a NULL on the path)
-belongs to no partition and is never deleted: the ``retention.W009``
+belongs to no partition and is never deleted: the retention.W009
 database check and the dry run count them (``count_unreachable``), so they
 are reported rather than kept in silence.
 

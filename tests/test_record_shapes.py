@@ -10,9 +10,10 @@ from datetime import datetime, timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import IntegrityError, transaction
 
 from cleanup_ops.execution.runner import cleanup_drain
-from cleanup_ops.models import CleanupJob, DeletedAttachment, LedgerEntry, Sweep
+from cleanup_ops.models import CleanupJob, DeletedAttachment, JobOutcome, LedgerEntry, Sweep
 from cleanup_ops.proof import proof_csv, sweep_proof
 from cleanup_ops.proof_verify import load, verify
 from cleanup_ops.schedule import sweep_trigger
@@ -21,7 +22,7 @@ from retention.checks import check_kind
 from retention.models import LegalHold
 from retention.registry import DEFAULT_RECORD_KINDS, get_spec, registry_reload
 from retention.services import legal_hold_place
-from tests.schema_b.models import Ticket
+from tests.schema_b.models import Notice, Ticket
 
 from .conftest import make_records, utc
 from .test_api import client_for
@@ -41,7 +42,15 @@ TICKET = {
 }
 
 
-SHAPES = {"ticket": TICKET}
+NOTICE = {
+    "model": "schema_b.Notice",
+    "label": "Notice",
+    "timestamp": "sent_at",
+    "portfolio": "customer",
+    "property": None,
+    "attachment": {"field": "document_id"},
+}
+SHAPES = {"ticket": TICKET, "notice": NOTICE}
 
 
 @pytest.fixture
@@ -220,3 +229,114 @@ def test_a_record_hold_on_a_uuid_kind_names_the_uuid_and_a_wrong_type_is_refused
     )
     assert refused.status_code == 400 and "UUID" in str(refused.json()["record_id"])
 
+
+# --- No property ----------------------------------------------------------------
+
+
+def notices(portfolio: Portfolio, count: int, *, at: datetime, documents: bool = False) -> list[int]:
+    rows = [
+        Notice(
+            customer=portfolio,
+            sent_at=at + timedelta(minutes=i),
+            document_id=f"notice-doc-{portfolio.pk}-{at:%m%d}-{i}" if documents else "",
+        )
+        for i in range(count)
+    ]
+    return [row.pk for row in Notice.objects.bulk_create(rows)]
+
+
+def test_a_kind_without_a_property_passes_the_checks_with_its_portfolio_keyset_index(shapes):
+    assert check_kind("notice", NOTICE) == []
+    assert get_spec("notice").keyset_index_fields() == ["customer", "id"]
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_kind_without_a_property_is_partitioned_by_portfolio_and_honours_portfolio_and_record_holds(
+    shapes, settings, active_policy, reviewer, docstore
+):
+    settings.CLEANUP_BATCH_SIZE = 3
+    first = Portfolio.objects.create(name="First", slug="first")
+    second = Portfolio.objects.create(name="Second", slug="second")
+    held_whole = Portfolio.objects.create(name="Held", slug="held")
+    for portfolio in (first, second, held_whole):
+        active_policy(portfolio, "notice", 30)
+    old_first = notices(first, 7, at=OLD, documents=True)
+    notices(second, 7, at=OLD)
+    kept = notices(held_whole, 4, at=OLD)
+    young = notices(first, 2, at=YOUNG)
+    docstore.create(*Notice.objects.exclude(document_id="").values_list("document_id", flat=True))
+    legal_hold_place(
+        portfolio=first, record_kind="notice", record_id=old_first[3], placed_by=reviewer, reason="one notice kept"
+    )
+    legal_hold_place(portfolio=held_whole, record_kind="notice", placed_by=reviewer, reason="every notice kept")
+
+    sweep_trigger(slot=SLOT, now=NOW)
+    cleanup_drain()
+
+    assert set(Notice.objects.values_list("pk", flat=True)) == {old_first[3], *kept, *young}
+    jobs = {job.portfolio_id: job for job in CleanupJob.objects.filter(record_kind="notice", kind="delete")}
+    assert {job.property_id for job in jobs.values()} == {None}
+    assert all(job.key.endswith(f":{job.portfolio_id}:-:notice") for job in jobs.values())
+    # The two portfolios' batches have the same slot, cutoff, cursor and limit:
+    # only the partition tells their operation ids apart, so both deleted.
+    assert (jobs[first.pk].rows_deleted, jobs[first.pk].rows_held) == (6, 1)
+    assert (jobs[second.pk].rows_deleted, jobs[second.pk].outcome) == (7, JobOutcome.DELETED)
+    assert (jobs[held_whole.pk].rows_held, jobs[held_whole.pk].outcome) == (4, JobOutcome.HELD)
+    assert set(LedgerEntry.objects.filter(record_kind="notice").values_list("property_id", flat=True)) == {None}
+    assert docstore.documents() == {Notice.objects.get(pk=old_first[3]).document_id}
+    proof = sweep_proof(sweep=Sweep.objects.get())
+    assert verify(proof).ok and verify(load(proof_csv(proof))).ok
+
+
+@pytest.mark.django_db
+def test_a_property_hold_cannot_be_placed_on_a_kind_without_a_property(shapes, portfolio, prop, reviewer):
+    with pytest.raises(ValidationError) as refused:
+        legal_hold_place(
+            portfolio=portfolio, property=prop, record_kind="notice", placed_by=reviewer, reason="a building's notices"
+        )
+    assert "belongs to no property" in refused.value.message_dict["property"][0]
+    assert not LegalHold.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_portfolio_partition_has_at_most_one_open_delete_job(shapes, portfolio, active_policy):
+    active_policy(portfolio, "notice", 30)
+    notices(portfolio, 3, at=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    job = CleanupJob.objects.get(record_kind="notice")
+    # A later sweep while it is still open: carried over, not admitted twice.
+    later = sweep_trigger(slot=SLOT + timedelta(days=1), now=NOW + timedelta(days=1))
+    assert CleanupJob.objects.filter(record_kind="notice").count() == 1
+    assert Sweep.objects.get(pk=later.sweep.pk).carried_over == 1
+    # And whoever else would insert one, the database refuses it.
+    fields = {f: getattr(job, f) for f in ("portfolio_id", "record_kind", "policy_version_id", "cutoff", "sweep_id")}
+    with pytest.raises(IntegrityError), transaction.atomic():
+        CleanupJob.objects.create(key="another", property_id=None, available_at=NOW, **fields)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_the_console_the_api_and_the_debt_figures_show_the_shapes_jobs(
+    shapes, client, portfolio, prop, active_policy, operator_user
+):
+    from cleanup_ops.selectors import retention_debt
+
+    for kind in SHAPES:
+        active_policy(portfolio, kind, 30)
+    notices(portfolio, 3, at=OLD)
+    notices(portfolio, 1, at=YOUNG)
+    tickets(prop, 2, at=OLD)
+    debt = {row["record_kind"]: row for row in retention_debt(now=NOW)}
+    sweep = sweep_trigger(slot=SLOT, now=NOW).sweep
+    assert (debt["notice"]["overdue"], debt["ticket"]["overdue"]) == (3, 2)
+    client.force_login(operator_user)
+    jobs = CleanupJob.objects.filter(record_kind__in=list(SHAPES))
+    pages = ["/console/", f"/console/sweeps/{sweep.pk}/", "/console/jobs/"] + [f"/console/jobs/{j.pk}/" for j in jobs]
+    cleanup_drain()
+    pages.append(f"/console/sweeps/{sweep.pk}/proof.csv")
+    for page in pages:
+        assert client.get(page).status_code == 200, page
+    listed = client_for(operator_user).get("/api/v1/jobs/")
+    assert listed.status_code == 200

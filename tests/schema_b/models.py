@@ -63,3 +63,17 @@ class Ticket(models.Model):
     def __str__(self) -> str:
         return f"ticket {self.pk}"
 
+
+class Notice(models.Model):
+    """No property: a customer-wide record (its partition is the portfolio)."""
+
+    customer = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+", db_index=False)
+    sent_at = models.DateTimeField()
+    document_id = models.CharField(max_length=64, blank=True, default="")
+
+    class Meta:
+        app_label = "schema_b"
+        indexes = [models.Index(fields=["customer", "id"], include=["sent_at"], name="notice_keyset_idx")]
+
+    def __str__(self) -> str:
+        return f"notice {self.pk}"
