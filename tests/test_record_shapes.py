@@ -12,17 +12,18 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import IntegrityError, transaction
 
+from cleanup_ops.admission import sweep_preview
 from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.models import CleanupJob, DeletedAttachment, JobOutcome, LedgerEntry, Sweep
 from cleanup_ops.proof import proof_csv, sweep_proof
 from cleanup_ops.proof_verify import load, verify
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
-from retention.checks import check_kind
+from retention.checks import check_kind, unreachable_records_check
 from retention.models import LegalHold
 from retention.registry import DEFAULT_RECORD_KINDS, get_spec, registry_reload
 from retention.services import legal_hold_place
-from tests.schema_b.models import Notice, Ticket
+from tests.schema_b.models import Notice, Ticket, Unit, Visit
 
 from .conftest import make_records, utc
 from .test_api import client_for
@@ -50,7 +51,14 @@ NOTICE = {
     "property": None,
     "attachment": {"field": "document_id"},
 }
-SHAPES = {"ticket": TICKET, "notice": NOTICE}
+VISIT = {
+    "model": "schema_b.Visit",
+    "label": "Visit",
+    "timestamp": "visited_at",
+    "portfolio": "customer",
+    "property": "unit__building",
+}
+SHAPES = {"ticket": TICKET, "notice": NOTICE, "visit": VISIT}
 
 
 @pytest.fixture
@@ -340,3 +348,89 @@ def test_the_console_the_api_and_the_debt_figures_show_the_shapes_jobs(
         assert client.get(page).status_code == 200, page
     listed = client_for(operator_user).get("/api/v1/jobs/")
     assert listed.status_code == 200
+
+
+# --- A one-hop property path ----------------------------------------------------
+
+
+def visits(unit: Unit | None, portfolio: Portfolio, count: int, *, at: datetime) -> list[int]:
+    rows = [Visit(customer=portfolio, unit=unit, visited_at=at + timedelta(minutes=i)) for i in range(count)]
+    return [row.pk for row in Visit.objects.bulk_create(rows)]
+
+
+def test_a_one_hop_path_passes_the_checks_and_a_wrong_one_is_refused_naming_the_property(shapes):
+    assert check_kind("visit", VISIT) == []
+    assert get_spec("visit").keyset_index_fields() == ["unit", "id"]
+    for wrong, words in [
+        ("unit__name", "is not a foreign key (the second hop of 'unit__name')"),
+        ("customer__building", "has no field 'building'"),
+        ("unit__building__portfolio", "one hop is supported"),
+        ("visited_at__building", "is not a foreign key (the first hop"),
+    ]:
+        (problem,) = check_kind("visit", {**VISIT, "property": wrong})
+        assert problem.id == "retention.E005"
+        assert "RETENTION_RECORD_KINDS['visit']['property']" in problem.msg and words in problem.msg, problem.msg
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_kind_reached_through_its_unit_is_partitioned_held_and_deleted_through_the_join(
+    shapes, settings, portfolio, active_policy, reviewer
+):
+    settings.CLEANUP_BATCH_SIZE = 3
+    active_policy(portfolio, "visit", 30)
+    sites = buildings(portfolio, 6)  # more than the per-partition statements: the lateral one too
+    units = {site.pk: [Unit.objects.create(building=site), Unit.objects.create(building=site)] for site in sites}
+    old = {
+        site.pk: visits(units[site.pk][0], portfolio, 3, at=OLD) + visits(units[site.pk][1], portfolio, 2, at=OLD)
+        for site in sites
+    }
+    young = visits(units[sites[0].pk][0], portfolio, 2, at=YOUNG)
+    orphan_unit = Unit.objects.create(building=None)
+    nowhere = visits(orphan_unit, portfolio, 2, at=OLD) + visits(None, portfolio, 1, at=OLD)
+    held_site = sites[1]
+    legal_hold_place(portfolio=portfolio, property=held_site, placed_by=reviewer, reason="a building under a claim")
+    held_one = old[sites[0].pk][1]
+    legal_hold_place(
+        portfolio=portfolio,
+        property=sites[0],
+        record_kind="visit",
+        record_id=held_one,
+        placed_by=reviewer,
+        reason="one visit under a claim",
+    )
+    # Moved into the held building before the sweep: held through its new unit's building.
+    moved = old[sites[2].pk][0]
+    Visit.objects.filter(pk=moved).update(unit=units[held_site.pk][0])
+
+    preview = {row.record_kind: row for row in sweep_preview(slot=SLOT, portfolio_id=portfolio.pk).rows}
+    assert (preview["visit"].expired, preview["visit"].held, preview["visit"].unreachable) == (30, 7, 3)
+    sweep_trigger(slot=SLOT, now=NOW)
+    cleanup_drain()
+
+    kept = {held_one, *old[held_site.pk], moved, *young, *nowhere}
+    assert set(Visit.objects.values_list("pk", flat=True)) == kept
+    jobs = {job.property_id: job for job in CleanupJob.objects.filter(record_kind="visit", kind="delete")}
+    assert set(jobs) == {site.pk for site in sites}  # none for the visits that reach no property
+    assert (jobs[held_site.pk].rows_held, jobs[held_site.pk].outcome) == (6, JobOutcome.HELD)
+    assert (jobs[sites[0].pk].rows_deleted, jobs[sites[0].pk].rows_held) == (4, 1)
+    assert jobs[sites[2].pk].rows_deleted == 4
+    assert sum(job.rows_deleted for job in jobs.values()) == 30 - 7
+    # The visits that reach no property are reported, not kept in silence.
+    (warning,) = unreachable_records_check(databases=["default"])
+    assert warning.id == "retention.W009" and "3 row(s) of schema_b.Visit" in warning.msg
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_the_dry_run_command_reports_the_rows_a_null_path_keeps(shapes, portfolio, prop, active_policy):
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    active_policy(portfolio, "visit", 30)
+    visits(Unit.objects.create(building=prop), portfolio, 2, at=OLD)
+    visits(None, portfolio, 4, at=OLD)
+    out = StringIO()
+    call_command("cleanup_sweep", "--dry-run", "--slot", "2026-08-21T02:00Z", stdout=out)
+    assert f"Portfolio {portfolio.pk}, visit: 4 rows past the cutoff belong to no property" in out.getvalue()

@@ -77,3 +77,31 @@ class Notice(models.Model):
 
     def __str__(self) -> str:
         return f"notice {self.pk}"
+
+
+class Unit(models.Model):
+    """A unit of a building; a unit not (or no longer) in a building has none."""
+
+    building = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="+", null=True, blank=True)
+    name = models.CharField(max_length=40, default="")
+
+    class Meta:
+        app_label = "schema_b"
+
+    def __str__(self) -> str:
+        return f"unit {self.pk}"
+
+
+class Visit(models.Model):
+    """Its property is its unit's (``"property": "unit__building"``): no copied column."""
+
+    customer = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    unit = models.ForeignKey(Unit, on_delete=models.PROTECT, related_name="+", null=True, blank=True, db_index=False)
+    visited_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "schema_b"
+        indexes = [models.Index(fields=["unit", "id"], include=["visited_at"], name="visit_keyset_idx")]
+
+    def __str__(self) -> str:
+        return f"visit {self.pk}"
