@@ -105,3 +105,22 @@ class Visit(models.Model):
 
     def __str__(self) -> str:
         return f"visit {self.pk}"
+
+
+class LegacyCharge(models.Model):
+    """A table another application owns (``managed = False``): made in SQL by
+    migration 0005, with its keyset index, not by Django — the way for a
+    non-Django application's rows. Its columns keep their own names."""
+
+    id = models.BigAutoField(primary_key=True, db_column="charge_no")
+    customer = models.ForeignKey(Portfolio, on_delete=models.DO_NOTHING, related_name="+", db_column="account_ref")
+    building = models.ForeignKey(Property, on_delete=models.DO_NOTHING, related_name="+", db_column="site_ref")
+    billed_at = models.DateTimeField(db_column="billed")
+
+    class Meta:
+        app_label = "schema_b"
+        managed = False
+        db_table = "legacy_charges"
+
+    def __str__(self) -> str:
+        return f"charge {self.pk}"
