@@ -124,3 +124,23 @@ class LegacyCharge(models.Model):
 
     def __str__(self) -> str:
         return f"charge {self.pk}"
+
+
+class MeterReading(models.Model):
+    """A monthly-partitioned table on PostgreSQL (``PARTITION BY RANGE`` on
+    the retention timestamp), made in SQL by migration 0006: the keyset
+    index is a partitioned index (on every partition). Cleaned by row
+    deletes through the normal statements (the cutoff prunes the partitions
+    after it)."""
+
+    customer = models.ForeignKey(Portfolio, on_delete=models.DO_NOTHING, related_name="+")
+    building = models.ForeignKey(Property, on_delete=models.DO_NOTHING, related_name="+")
+    read_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "schema_b"
+        managed = False
+        db_table = "meter_readings"
+
+    def __str__(self) -> str:
+        return f"reading {self.pk}"
