@@ -508,7 +508,7 @@ def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = F
     scopes = "s"
     portfolio_scope = ""
     if portfolio_partitions:
-        scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t)"
+        scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t) s"
         portfolio_scope = (
             f", t AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
             f" FROM g JOIN f ON f.id = g.job_id"
@@ -530,7 +530,7 @@ def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = F
         f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
         f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}){portfolio_scope}"
         f" SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
-        f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} s ON s.job_id = f.id ORDER BY f.id"
+        f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id ORDER BY f.id"
     )
 
 

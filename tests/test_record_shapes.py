@@ -573,3 +573,67 @@ def test_a_monthly_partitioned_table_is_cleaned_by_row_deletes_pruned_to_the_par
     assert set(MeterReading.objects.values_list("pk", flat=True)) == {held, *young}
     job = CleanupJob.objects.get(record_kind="meter_reading")
     assert (job.rows_deleted, job.rows_held, job.batches) == (99, 1, 4)
+
+
+# --- The guarantees on every shape ----------------------------------------------
+
+
+def shape_records(kind: str, building: Property, count: int, *, at: datetime) -> None:
+    if kind == "ticket":
+        tickets(building, count, at=at)
+    elif kind == "notice":
+        notices(building.portfolio, count, at=at)
+    elif kind == "visit":
+        visits(Unit.objects.create(building=building), building.portfolio, count, at=at)
+    elif kind == "legacy_charge":
+        legacy_charges(building, count, at=at)
+    else:
+        readings(building, count, at=at)
+
+
+@pytest.mark.postgres  # the partitioned table is PostgreSQL's
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+@pytest.mark.parametrize("kind", list(SHAPES))
+def test_on_every_shape_a_replay_from_an_older_cursor_deletes_nothing_twice_and_keeps_held_and_young_rows(
+    kind, shapes, portfolio, prop, active_policy, reviewer
+):
+    from cleanup_ops.execution.batches import job_load, run_batch
+    from cleanup_ops.execution.leases import job_lease
+    from cleanup_ops.models import JobState
+
+    active_policy(portfolio, kind, 30)
+    shape_records(kind, prop, 10, at=OLD)
+    shape_records(kind, prop, 2, at=YOUNG)
+    model = get_spec(kind).model
+    young = set(model.objects.filter(**{f"{get_spec(kind).timestamp_field}__gte": YOUNG}).values_list("pk", flat=True))
+    held = sorted(set(model.objects.values_list("pk", flat=True)) - young)[5]
+    legal_hold_place(
+        portfolio=portfolio, record_kind=kind, record_id=str(held), placed_by=reviewer, reason="a held row of the shape"
+    )
+    sweep_trigger(slot=SLOT, now=NOW)
+    job = CleanupJob.objects.get(record_kind=kind, kind="delete")
+    ref = job_load(job.pk)
+
+    def batch(limit: int) -> None:
+        lease = job_lease(job_id=job.pk, owner="w")
+        assert lease is not None
+        run_batch(job=ref, lease=lease, limit=limit)
+        CleanupJob.objects.filter(pk=job.pk).update(state=JobState.PENDING, lease_token=None, lease_expires_at=None)
+
+    def rewind() -> None:
+        CleanupJob.objects.filter(pk=job.pk).update(cursor=0, cursor_key="")
+
+    batch(4)
+    rewind()  # a redrive from an older cursor, with another batch size: a new operation
+    batch(6)
+    rewind()
+    batch(4)  # the first operation again: replayed from the ledger, not applied
+    for _ in range(3):
+        batch(4)
+    entries = list(LedgerEntry.objects.filter(record_kind=kind).order_by("id"))
+    assert len({entry.operation_id for entry in entries}) == len(entries)
+    assert sum(entry.rows_deleted for entry in entries) == 9
+    assert all(entry.rows_deleted <= entry.candidates for entry in entries)
+    assert sum(entry.rows_held for entry in entries) >= 1
+    assert set(model.objects.values_list("pk", flat=True)) == {held, *young}
