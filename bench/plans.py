@@ -213,6 +213,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             "batch_limit": 1000,
             "candidates": 1,
             "rows_deleted": 1,
+            "rows_held": 0,
             "applied_at": db_datetime(now),
         }
         for job_id, po, prop, k, cutoff in jobs

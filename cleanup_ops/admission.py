@@ -32,11 +32,6 @@ from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 
 
-def job_key(sweep: Sweep, portfolio_id: int, property_id: int | None, record_kind: str) -> str:
-    """The job's stable key; a kind without a property has ``-`` for it (``sql.admit_partitions``)."""
-    return f"{sweep.key}:{portfolio_id}:{'-' if property_id is None else property_id}:{record_kind}"
-
-
 @dataclass
 class Partition:
     portfolio_id: int

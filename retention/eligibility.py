@@ -133,19 +133,6 @@ def count_expired_and_held(
     return int(expired), int(held)
 
 
-def eligible_ids(kind: str, *, cutoff: datetime, property_id: int | None, portfolio_id: int | None = None) -> list[Any]:
-    """Ids of the rows of one partition that the predicate admits (tests, preview)."""
-    spec = get_spec(kind)
-    pred, params = eligible_sql(kind, cutoff=cutoff)
-    partition = spec.in_partition("r", property_sql="%s", portfolio_sql="%s")
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT r.{spec.pk_column} FROM {spec.table} r WHERE {partition} AND {pred} ORDER BY r.{spec.pk_column}",
-            [property_id if spec.has_property else portfolio_id, *params],
-        )
-        return [row[0] for row in cursor.fetchall()]
-
-
 def count_unreachable(kind: str, *, portfolio_id: int | None = None, cutoff: datetime | None = None) -> int:
     """Rows of a one-hop-path kind that belong to no property (the path is
     NULL: no unit, or a unit without a property) — past ``cutoff`` when one

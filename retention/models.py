@@ -17,6 +17,7 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from retention import conf
 from retention.registry import record_kind_choices
 
 MIN_RETENTION_DAYS = 1
@@ -25,7 +26,7 @@ MAX_RETENTION_DAYS = 36500
 # retention period (row width, indexes and lock behaviour differ per kind and
 # per customer). CLEANUP_BATCH_SIZE is the default for new policies.
 MIN_BATCH_SIZE = 1
-MAX_BATCH_SIZE = 1000
+MAX_BATCH_SIZE = conf.MAX_BATCH_SIZE
 
 
 class RetentionPolicy(models.Model):

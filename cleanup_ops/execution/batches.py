@@ -81,8 +81,9 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.recovery.classification import LeaseLost
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
+from retention.conf import MAX_BATCH_SIZE
 from retention.eligibility import db_datetime, eligible_sql_for
-from retention.models import MAX_BATCH_SIZE, PolicyVersion
+from retention.models import PolicyVersion
 from retention.registry import REGISTRY, get_spec
 
 
@@ -181,7 +182,7 @@ class _Work:
     after_id: Key
     cutoff: datetime
     version_id: int
-    limit: int = 1000  # this partition's batch size
+    limit: int = MAX_BATCH_SIZE  # this partition's batch size
     operation: str = ""
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: Key | None = None

@@ -46,6 +46,7 @@ from cleanup_ops.execution.leases import (
 from cleanup_ops.models import CleanupJob, JobKind, JobState
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
+from retention.conf import MAX_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -145,7 +146,7 @@ def job_run_slice(
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
-    limit = min(batch_size, 1000) if batch_size else None
+    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     job = job_load(job_id)
     started = time.monotonic()
     try:
@@ -286,7 +287,7 @@ def group_run_slice(
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(pending)
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
-    limit = min(batch_size, 1000) if batch_size else None
+    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     jobs = jobs_load(pending)
     large: set[int] = set()
     worked: set[int] = set()
