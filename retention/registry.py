@@ -42,9 +42,10 @@ carried as *text* in the columns beside them (``cursor_key``,
 the text is the database's own ``CAST(pk AS text)`` (``key_text``), so the
 keyset comparison is ``pk > CAST(cursor_key AS uuid)`` on the column's own
 index, and the start of the walk is the empty text (``KEY_START``). Only a
-non-integer kind pays the one statement more per batch that reads and
-writes the text cursor; the ledger rows of a group take the two text
-columns only when the group has such a kind. The operation id is built from
+non-integer kind pays the two statements more per batch that read and
+write the text cursor (and one more on a replay, for its last key); the
+ledger rows of a group take the two text columns only when the group has
+such a kind. The operation id is built from
 the cursor as it is carried (the integer, or the text).
 
 **Property.** ``property`` names the record's foreign key to the property
