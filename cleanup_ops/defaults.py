@@ -76,6 +76,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DOCSTORE_BURST_GLOBAL", 10.0, number(minimum=1.0)),
     Setting("DOCSTORE_RATE_PORTFOLIO", 0.0, number()),
     Setting("DOCSTORE_BURST_PORTFOLIO", 5.0, number(minimum=1.0)),
+    # --- attachments in Django storages (cleanup_ops.downstream.stores)
+    Setting("STORAGE_PURGE_CONNECT_TIMEOUT", 2.0, number(minimum=0.01)),
+    Setting("STORAGE_PURGE_READ_TIMEOUT", 5.0, number(minimum=0.01)),
+    Setting("STORAGE_PURGE_BATCH_SIZE", 1000, integer(minimum=1, maximum=1000)),
     # --- workers and brokers (django-q2's own Q_CLUSTER is the project's: cleanup_ops.checks)
     Setting("Q_BROKER", "orm", one_of("orm", "redis", "sqs", "rabbitmq")),
     Setting(

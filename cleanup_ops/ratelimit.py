@@ -76,7 +76,7 @@ def docstore_buckets_for(portfolio_id: int) -> list[BucketConfig]:
     return buckets
 
 
-def _take(cur, bucket: BucketConfig, now: float, *, first: bool = True) -> float:  # type: ignore[no-untyped-def]
+def _take(cur, bucket: BucketConfig, now: float, *, first: bool = True) -> float:
     """Take one token: 0.0 when granted, else seconds until one will be there."""
     sql.execute(
         sql.bucket_take(), [bucket.burst, now, bucket.rate, now, bucket.name, bucket.burst, now, bucket.rate], cur=cur

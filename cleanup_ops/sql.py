@@ -179,6 +179,28 @@ def document_portfolios_lock() -> str:
     )
 
 
+def document_portfolios_lock_many() -> str:
+    """``document_portfolios_lock`` for a batch of documents (PostgreSQL).
+    Parameter: the document ids (an array)."""
+    refs = DeletedAttachment._meta.db_table
+    return (
+        f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
+        f" WHERE a.document_id = ANY(%s) AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')}"
+    )
+
+
+def document_scopes_lock_many() -> str:
+    """``document_scopes_lock`` for a batch of documents (PostgreSQL): the
+    scope rows of every deleted record that named any of them. Parameter:
+    the document ids (an array)."""
+    refs = DeletedAttachment._meta.db_table
+    return (
+        f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
+        f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))"
+        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}"
+    )
+
+
 DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)
 
 

@@ -116,7 +116,7 @@ def count_expired_and_held(
         # A row whose path is NULL is in no partition: not "expired" here,
         # counted apart (``count_unreachable``).
         where.append(f"{spec.property_of('r')} IS NOT NULL")
-    params: list[object] = [*hold_params, db_datetime(cutoff)]
+    params: list[Any] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
         where.append(f"r.{spec.portfolio_column} = %s")
         params.append(portfolio_id)

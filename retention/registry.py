@@ -15,6 +15,11 @@ kind's name to its model and the fields the pipeline reads::
         },
     }
 
+An attachment lives in the demo's HTTP document store (``DOCSTORE_URL``),
+or, with ``"attachment": {"field": "contract_pdf", "storage": "contracts"}``,
+in the Django storage ``STORAGES["contracts"]`` (a ``FileField``, or a char
+field holding the storage's key): ``cleanup_ops.downstream.stores``.
+
 The default (``DEFAULT_RECORD_KINDS``) is the demo's three kinds. The policy
 choices, the eligibility predicate, admission, the delete statement, the
 purge's reference check and the console read column names — and, for the
@@ -61,8 +66,6 @@ are reported rather than kept in silence.
 
 A ``DateField`` timestamp is eligible only when its whole day (UTC) is before
 the cutoff (``cutoff_sql``): a record closed on the cutoff's own day is kept.
-Attachments kept in Django storages are not supported (attachments go to the
-document store of ``DOCSTORE_URL``).
 """
 
 from __future__ import annotations
@@ -121,6 +124,9 @@ class RecordKindSpec:
     # The property's foreign key, a one-hop path ("unit__building"), or None.
     property_field: str | None = "property"
     attachment_field: str | None = None
+    # The ``STORAGES`` alias the attachment lives in; None: the HTTP document
+    # store at ``DOCSTORE_URL`` (``cleanup_ops.downstream.stores``).
+    attachment_storage: str | None = None
 
     @cached_property
     def model(self) -> type[models.Model]:
@@ -131,7 +137,7 @@ class RecordKindSpec:
         return self.model._meta.db_table
 
     def _column(self, name: str) -> str:
-        return self.model._meta.get_field(name).column  # type: ignore[union-attr]
+        return self.model._meta.get_field(name).column  # type: ignore[union-attr, return-value]  # a concrete field: has a column
 
     @property
     def timestamp_column(self) -> str:
@@ -248,7 +254,7 @@ class RecordKindSpec:
 
     @property
     def pk_column(self) -> str:
-        return self.model._meta.pk.column  # type: ignore[union-attr]
+        return self.model._meta.pk.column
 
     @property
     def attachment_column(self) -> str | None:
@@ -274,7 +280,7 @@ class RecordKindSpec:
         """The index the keyset scan walks: (property — the unit of a path,
         the portfolio without one —, primary key)."""
         first = self.portfolio_field if self.property_field is None else self.property_field.split("__")[0]
-        return [first, self.model._meta.pk.name]  # type: ignore[union-attr]
+        return [first, self.model._meta.pk.name]
 
 
 def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
@@ -287,6 +293,9 @@ def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
         portfolio_field=str(entry.get("portfolio", "portfolio")),
         property_field=None if entry.get("property", "property") is None else str(entry.get("property", "property")),
         attachment_field=str(attachment["field"]) if isinstance(attachment, Mapping) else None,
+        attachment_storage=(str(attachment["storage"]) if attachment.get("storage") else None)
+        if isinstance(attachment, Mapping)
+        else None,
     )
 
 

@@ -68,7 +68,7 @@ def stop_on_sigterm() -> None:
     def request_stop(signum: int, frame: object) -> None:
         _stopping.set()
 
-    request_stop.cleanup_stop = True  # type: ignore[attr-defined]
+    request_stop.cleanup_stop = True  # type: ignore[attr-defined]  # a marker on the handler function
     signal.signal(signal.SIGTERM, request_stop)
 
 
@@ -117,7 +117,7 @@ def worker_session_bound() -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", [milliseconds])
     if not connection.in_atomic_block:
-        connection._cleanup_bounded_session = raw  # type: ignore[attr-defined]
+        connection._cleanup_bounded_session = raw  # type: ignore[attr-defined]  # our marker on the connection
 
 
 def job_run_slice(

@@ -40,11 +40,32 @@ class Inspection(models.Model):
         return f"inspection {self.pk}"
 
 
+# --- Issue 27: attachments in Django storages ---------------------------------
+# (Kept apart from the other schema_b models: its own migration, 0002_signed_contract.)
+
+
+class SignedContract(models.Model):
+    """Its signed PDF in a Django storage (a ``FileField``: S3 or the file system)."""
+
+    customer = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    building = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="+", db_index=False)
+    signed_at = models.DateTimeField()
+    # Up to S3's key length in characters (a key is at most 1,024 bytes).
+    pdf = models.FileField(max_length=1024, blank=True, default="")
+
+    class Meta:
+        app_label = "schema_b"
+        indexes = [models.Index(fields=["building", "id"], include=["signed_at"], name="signedcontract_keyset_idx")]
+
+    def __str__(self) -> str:
+        return f"signed contract {self.pk}"
+
+
 # --- Record shapes (tests/test_record_shapes.py) --------------------------------
 # Kinds of other shapes than the demo's: a UUID key, a property reached
 # through a unit, no property, an unmanaged table made in SQL, a monthly-
 # partitioned table. Kept apart from the models above (and in migrations of
-# their own, 0002 on): other work adds models to this app too.
+# their own, 0003 on): other work adds models to this app too.
 
 
 class Ticket(models.Model):
@@ -109,7 +130,7 @@ class Visit(models.Model):
 
 class LegacyCharge(models.Model):
     """A table another application owns (``managed = False``): made in SQL by
-    migration 0005, with its keyset index, not by Django — the way for a
+    migration 0006, with its keyset index, not by Django — the way for a
     non-Django application's rows. Its columns keep their own names."""
 
     id = models.BigAutoField(primary_key=True, db_column="charge_no")
@@ -128,7 +149,7 @@ class LegacyCharge(models.Model):
 
 class MeterReading(models.Model):
     """A monthly-partitioned table on PostgreSQL (``PARTITION BY RANGE`` on
-    the retention timestamp), made in SQL by migration 0006: the keyset
+    the retention timestamp), made in SQL by migration 0007: the keyset
     index is a partitioned index (on every partition). Cleaned by row
     deletes through the normal statements (the cutoff prunes the partitions
     after it)."""

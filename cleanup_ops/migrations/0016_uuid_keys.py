@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("cleanup_ops", "0014_dead_letter_http_answer"),
+        ("cleanup_ops", "0015_storage_keys"),
     ]
 
     operations = [

@@ -7,7 +7,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("properties", "0004_document_indexes"),
-        ("schema_b", "0002_record_shapes_uuid"),
+        ("schema_b", "0003_record_shapes_uuid"),
     ]
 
     operations = [

@@ -45,7 +45,7 @@ def drop_table(apps, schema_editor):  # type: ignore[no-untyped-def]
 class Migration(migrations.Migration):
     dependencies = [
         ("properties", "0004_document_indexes"),
-        ("schema_b", "0004_record_shapes_path"),
+        ("schema_b", "0005_record_shapes_path"),
     ]
 
     operations = [

@@ -5,7 +5,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("cleanup_ops", "0015_uuid_keys"),
+        ("cleanup_ops", "0016_uuid_keys"),
         ("retention", "0008_legalhold_record_key"),
     ]
 

@@ -9,7 +9,7 @@ from django.db import migrations, models
 class Migration(migrations.Migration):
     dependencies = [
         ("properties", "0004_document_indexes"),
-        ("schema_b", "0001_initial"),
+        ("schema_b", "0002_signed_contract"),
     ]
 
     operations = [
