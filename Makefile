@@ -48,7 +48,7 @@ test: venv
 # The long profile of the model-based test of the guarantees (nightly use;
 # `make test` runs it with 20 examples of 40 steps, a fixed seed).
 test-model: venv
-	MODEL_EXAMPLES=200 MODEL_STEPS=50 PYTHON=$(PY) bash scripts/test.sh tests/test_guarantees_model.py
+	MODEL_EXAMPLES=200 MODEL_STEPS=50 PYTHON=$(PY) bash scripts/test.sh tests/test_guarantees_model.py tests/test_guarantees_shapes.py
 
 # The worker tests and the chaos CI variant with Q_BROKER=<kind>, its server started
 # on loopback (harness/brokers.py). `make test` runs tests/test_brokers.py on every

@@ -11,7 +11,9 @@ over (never two delete jobs for one partition). Jobs reach django-q2 only
 after the admitting transaction commits (the dispatcher is woken on commit).
 
 ``sweep_preview`` is the dry run: per portfolio and kind, rows eligible and
-rows held, writing nothing.
+rows held, writing nothing — and, for a kind whose property is a one-hop
+path, the rows past the cutoff whose path is NULL (``unreachable``: in no
+partition, so never deleted; reported, not kept in silence).
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.models import CleanupJob, Sweep
 from retention.domain import portfolio_model
-from retention.eligibility import count_expired_and_held, db_datetime
+from retention.eligibility import count_expired_and_held, count_unreachable, db_datetime
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 
@@ -33,7 +35,7 @@ from retention.registry import REGISTRY
 @dataclass
 class Partition:
     portfolio_id: int
-    property_id: int
+    property_id: int | None  # None: a kind without a property
     record_kind: str
     version: PolicyVersion
     cutoff: datetime
@@ -99,6 +101,8 @@ class DryRunRow:
     cutoff: datetime
     expired: int
     held: int
+    # Past the cutoff but in no partition (a one-hop path that is NULL): never deleted, reported.
+    unreachable: int = 0
 
     @property
     def eligible(self) -> int:
@@ -123,9 +127,18 @@ def sweep_preview(*, slot: datetime, portfolio_id: int | None = None) -> DryRun:
         expired, held = count_expired_and_held(
             version.policy.record_kind, cutoff=cutoff, portfolio_id=version.policy.portfolio_id
         )
+        unreachable = count_unreachable(
+            version.policy.record_kind, portfolio_id=version.policy.portfolio_id, cutoff=cutoff
+        )
         result.rows.append(
             DryRunRow(
-                version.policy.portfolio_id, version.policy.record_kind, version.retention_days, cutoff, expired, held
+                version.policy.portfolio_id,
+                version.policy.record_kind,
+                version.retention_days,
+                cutoff,
+                expired,
+                held,
+                unreachable,
             )
         )
     return result

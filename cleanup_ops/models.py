@@ -232,7 +232,7 @@ class CleanupJob(models.Model):
     # Plain ids, not foreign keys: the scope may disappear while the job waits,
     # and the job must still be able to say so (outcome scope_missing).
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40, choices=record_kind_choices)
     policy_version = models.ForeignKey("retention.PolicyVersion", on_delete=models.PROTECT, related_name="+")
     cutoff = models.DateTimeField(help_text="Cutoff of the version admitted with the job.")
@@ -253,6 +253,9 @@ class CleanupJob(models.Model):
     redrive_of = models.ForeignKey("self", null=True, blank=True, on_delete=models.PROTECT, related_name="redrives")
 
     cursor = models.BigIntegerField(default=0, help_text="Largest record id already passed.")
+    # A non-integer key's cursor (a UUID as text; "" before the first batch):
+    # ``retention.registry``, "Keys". Integer kinds leave it "".
+    cursor_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     batch_size = models.PositiveIntegerField(
         null=True, blank=True, help_text="Rows per batch of its last batch (its policy version's, when it ran)."
     )
@@ -281,6 +284,14 @@ class CleanupJob(models.Model):
                 fields=["portfolio_id", "property_id", "record_kind"],
                 condition=Q(state__in=["pending", "leased"], kind="delete"),
                 name="job_one_open_per_partition",
+            ),
+            # A kind without a property is partitioned by its portfolio
+            # (property_id NULL), which the index above does not constrain
+            # (NULLs are distinct): the same rule, on (portfolio, kind).
+            models.UniqueConstraint(
+                fields=["portfolio_id", "record_kind"],
+                condition=Q(state__in=["pending", "leased"], kind="delete", property_id__isnull=True),
+                name="job_one_open_per_portfolio_partition",
             ),
         ]
 
@@ -324,12 +335,16 @@ class LedgerEntry(models.Model):
     operation_id = models.CharField(max_length=64, unique=True)
     job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="ledger_entries")
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     policy_version_id = models.BigIntegerField()
     cutoff = models.DateTimeField()
     after_id = models.BigIntegerField()
     last_id = models.BigIntegerField()
+    # A non-integer key's range, as text (``retention.registry``, "Keys");
+    # the two bigints are then 0. Integer kinds leave these "".
+    after_key = models.CharField(max_length=64, blank=True, default="", db_default="")
+    last_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     batch_limit = models.PositiveIntegerField()
     candidates = models.PositiveIntegerField()
     rows_deleted = models.PositiveIntegerField()
@@ -380,7 +395,7 @@ class PurgeRequest(models.Model):
     key = models.CharField(max_length=64, unique=True)
     delete_job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="purge_requests")
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     store = models.CharField(max_length=STORE_ALIAS_MAX_LENGTH, blank=True, default="")
     document_ids = models.JSONField(default=list)
@@ -427,9 +442,11 @@ class DeletedAttachment(models.Model):
 
     document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH)
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     record_id = models.BigIntegerField(null=True, blank=True)
+    # A non-integer key, as text (record_id is then NULL).
+    record_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     purge_request = models.ForeignKey(PurgeRequest, on_delete=models.PROTECT, related_name="attachments")
     deleted_at = models.DateTimeField()
 
@@ -438,6 +455,9 @@ class DeletedAttachment(models.Model):
         indexes = [models.Index(fields=["document_id"], name="deleted_attachment_doc_idx")]
         constraints = [
             models.UniqueConstraint(fields=["record_kind", "record_id"], name="deleted_attachment_one_per_record"),
+            models.UniqueConstraint(
+                fields=["record_kind", "record_key"], condition=~Q(record_key=""), name="deleted_attachment_one_per_key"
+            ),
         ]
 
     def __str__(self) -> str:
@@ -509,7 +529,7 @@ class DeadLetter(models.Model):
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
     portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField()
+    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     policy_version_id = models.BigIntegerField()
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="dead_letters")

@@ -83,10 +83,13 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
     ledger = (
         LedgerEntry.objects.filter(job__sweep=sweep, **in_scope)
         .order_by("job_id", "operation_id")
-        .values_list("job_id", "operation_id", "after_id", "last_id", "batch_limit", "cutoff")
+        .values_list("job_id", "operation_id", "after_id", "last_id", "batch_limit", "cutoff", "after_key", "last_key")
         .iterator(chunk_size=5000)
     )
-    for job_id, operation_id, after_id, last_id, limit, cutoff in ledger:
+    for job_id, operation_id, after_id, last_id, limit, cutoff, after_key, last_key in ledger:
+        if last_key:
+            # A non-integer key: the range as text, "" before the first batch (what the id hashes).
+            after_id, last_id = after_key, last_key
         hasher = hashers.get(job_id)
         if hasher is None:
             hasher = hashers[job_id] = hashlib.sha256()
@@ -154,7 +157,9 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
 
 OPERATION_ID_METHOD = (
     "sha256 of retention:<record_kind>:<property_id>:<slot>:<cutoff>:<after_id>:<limit> "
-    "(slot and cutoff in RFC 3339 UTC with Z; the same as cleanup_ops.execution.batches.operation_id)"
+    "(slot and cutoff in RFC 3339 UTC with Z; property_id is portfolio-<portfolio_id> for a kind without a "
+    "property; after_id is a non-integer key's text, empty before the first batch, '-' in the CSV; "
+    "the same as cleanup_ops.execution.batches.operation_id)"
 )
 
 
@@ -176,8 +181,10 @@ def proof_csv(proof: dict[str, Any]) -> str:
     out.write("# operations: job_id after_id last_id limit cutoff operation_id\n")
     for partition in proof["partitions"]:
         for op in partition["operation_inputs"]:
+            # An empty text cursor (a non-integer key's first batch) is "-": the line is split on spaces.
+            after = "-" if op["after_id"] == "" else op["after_id"]
             out.write(
-                f"# operation {partition['job_id']} {op['after_id']} {op['last_id']} {op['limit']} "
+                f"# operation {partition['job_id']} {after} {op['last_id']} {op['limit']} "
                 f"{op['cutoff']} {op['operation_id']}\n"
             )
     return out.getvalue()

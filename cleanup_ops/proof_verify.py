@@ -24,6 +24,7 @@ import csv
 import hashlib
 import io
 import json
+import re
 import sys
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,7 +40,31 @@ def stamp(value: str) -> str:
     return parsed.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-def operation_id(*, record_kind: str, property_id: int, slot: str, cutoff: str, after_id: int, limit: int) -> str:
+KEY_TEXT = re.compile(r"^(\d+|[0-9a-fA-F-]{32,36})?$")
+
+
+def partition_of(partition: dict[str, Any]) -> str:
+    """The partition's part of an operation id: the property id, or
+    ``portfolio-<id>`` for a kind without a property (no property id)."""
+    prop = partition.get("property_id")
+    if prop is None or prop == "":
+        return f"portfolio-{int(partition['portfolio_id'])}"
+    return str(int(prop))
+
+
+def after_of(value: Any) -> str:
+    """The cursor as the id hashes it: an integer, or a key's text ("" — "-" in a CSV — before the first batch)."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return str(value)
+    text = "" if value == "-" else str(value)
+    if not KEY_TEXT.match(text):
+        raise ValueError(f"after_id {value!r} is neither an integer nor a key")
+    return str(int(text)) if text.isdigit() and len(text) < 20 else text
+
+
+def operation_id(
+    *, record_kind: str, property_id: int | str, slot: str, cutoff: str, after_id: int | str, limit: int
+) -> str:
     raw = f"retention:{record_kind}:{property_id}:{stamp(slot)}:{stamp(cutoff)}:{after_id}:{limit}"
     return hashlib.sha256(raw.encode()).hexdigest()
 
@@ -85,10 +110,10 @@ def verify(proof: dict[str, Any]) -> Report:
             try:
                 value = operation_id(
                     record_kind=str(partition["record_kind"]),
-                    property_id=int(partition["property_id"]),
+                    property_id=partition_of(partition),
                     slot=str(slot),
                     cutoff=str(op["cutoff"]),
-                    after_id=int(op["after_id"]),
+                    after_id=after_of(op["after_id"]),
                     limit=int(op["limit"]),
                 )
             except (KeyError, TypeError, ValueError) as exc:

@@ -167,6 +167,28 @@ def document_scopes_lock() -> str:
     )
 
 
+def document_portfolios_lock() -> str:
+    """The portfolio rows of every deleted record of a kind without a
+    property that named a document (``property_id`` NULL), ``FOR SHARE`` in
+    id order: such a batch's scope lock, taken by the purge after
+    ``document_scopes_lock``. Parameter: the document id."""
+    refs = DeletedAttachment._meta.db_table
+    return (
+        f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
+        f" WHERE a.document_id = %s AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')}"
+    )
+
+
+def document_portfolios_lock_many() -> str:
+    """``document_portfolios_lock`` for a batch of documents (PostgreSQL).
+    Parameter: the document ids (an array)."""
+    refs = DeletedAttachment._meta.db_table
+    return (
+        f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
+        f" WHERE a.document_id = ANY(%s) AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')}"
+    )
+
+
 def document_scopes_lock_many() -> str:
     """``document_scopes_lock`` for a batch of documents (PostgreSQL): the
     scope rows of every deleted record that named any of them. Parameter:
@@ -234,24 +256,39 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
     has a cutoff some row of the property is older than. Held rows count: such
     a partition still gets a job, which ends ``held`` and so shows in the
     sweep's report. Parameters: slot, kind."""
-    cte = (
-        f"WITH due AS (SELECT p.{PROPERTY_PORTFOLIO} AS portfolio_id, p.{PROPERTY_PK} AS property_id,"
-        f" v.id AS version_id, {_slot_minus_retention()} AS cutoff"
-        f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.{PROPERTY_PORTFOLIO} AND rp.record_kind = %s"
-        f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
-    )
+    if not spec.has_property:
+        # A kind without a property: the partition is the portfolio.
+        cte = (
+            f"WITH due AS (SELECT po.{PORTFOLIO_PK} AS portfolio_id, {typed_null('bigint')} AS property_id,"
+            f" v.id AS version_id, {_slot_minus_retention()} AS cutoff"
+            f" FROM {PORTFOLIO} po JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = %s"
+            f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
+        )
+    else:
+        cte = (
+            f"WITH due AS (SELECT p.{PROPERTY_PORTFOLIO} AS portfolio_id, p.{PROPERTY_PK} AS property_id,"
+            f" v.id AS version_id, {_slot_minus_retention()} AS cutoff"
+            f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.{PROPERTY_PORTFOLIO} AND rp.record_kind = %s"
+            f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
+        )
+    partition = spec.in_partition("r", property_sql="d.property_id", portfolio_sql="d.portfolio_id")
     where = (
-        f"EXISTS (SELECT 1 FROM {spec.table} r WHERE r.{spec.property_column} = d.property_id"
+        f"EXISTS (SELECT 1 FROM {spec.table} r WHERE {partition}"
         f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('d.cutoff')})"
     )
     return cte, where
 
 
-def _open_elsewhere() -> str:
+def typed_null(sql_type: str) -> str:
+    return f"CAST(NULL AS {sql_type})" if is_postgres() else "NULL"
+
+
+def _open_elsewhere(spec: RecordKindSpec) -> str:
     """An open delete job of the same partition in another sweep (parameters: kind, sweep id)."""
     states = ", ".join(f"'{state}'" for state in OPEN_STATES)
+    same_property = "o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL"
     return (
-        f"EXISTS (SELECT 1 FROM {JOB} o WHERE o.portfolio_id = d.portfolio_id AND o.property_id = d.property_id"
+        f"EXISTS (SELECT 1 FROM {JOB} o WHERE o.portfolio_id = d.portfolio_id AND {same_property}"
         f" AND o.record_kind = %s AND o.state IN ({states}) AND o.kind = '{JobKind.DELETE}' AND o.sweep_id <> %s)"
     )
 
@@ -273,7 +310,9 @@ def admit_partitions(spec: RecordKindSpec) -> str:
     then kind and sweep id (for the open-elsewhere test)."""
     cte, where = _partitions_due(spec)
     text = typed("varchar")
-    key = f"{text} || ':' || d.portfolio_id || ':' || d.property_id || ':' || {text}"
+    # Without a property the key's property part is "-": <sweep>:<portfolio>:-:<kind>.
+    prop = "d.property_id" if spec.has_property else "'-'"
+    key = f"{text} || ':' || d.portfolio_id || ':' || {prop} || ':' || {text}"
     return (
         f"{cte} INSERT INTO {JOB} (sweep_id, key, kind, portfolio_id, property_id, record_kind, policy_version_id,"
         f" cutoff, state, outcome, available_at, lease_owner, leases, attempt, last_error_category,"
@@ -281,7 +320,7 @@ def admit_partitions(spec: RecordKindSpec) -> str:
         f" SELECT {typed('bigint')}, {key}, '{JobKind.DELETE}', d.portfolio_id, d.property_id, {text},"
         f" d.version_id, d.cutoff,"
         f" '{JobState.PENDING}', '', {typed('timestamptz')}, '', 0, 0, '', '', 0, 0, 0, 0, {typed('timestamptz')}"
-        f" FROM due d WHERE {where} AND NOT {_open_elsewhere()} ORDER BY d.portfolio_id, d.property_id"
+        f" FROM due d WHERE {where} AND NOT {_open_elsewhere(spec)} ORDER BY d.portfolio_id, d.property_id"
         # No conflict target: an existing key (a crashed admission being
         # completed) and an open job of the partition admitted concurrently
         # by another sweep (the partial unique index) are both skipped.
@@ -293,7 +332,7 @@ def count_carried_over(spec: RecordKindSpec) -> str:
     """Due partitions of one kind skipped because a delete job of theirs is
     still open in another sweep. Parameters: slot, kind, kind, sweep id."""
     cte, where = _partitions_due(spec)
-    return f"{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {_open_elsewhere()}"
+    return f"{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {_open_elsewhere(spec)}"
 
 
 # --- Rate limits ----------------------------------------------------------------
@@ -336,8 +375,29 @@ def portfolio_fairness_pg() -> str:
 def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
     """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
     timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
-    ts, table, prop = spec.timestamp_column, spec.table, spec.property_column
-    if is_postgres():
+    ts, table = spec.timestamp_column, spec.table
+    if spec.property_shape != "direct":
+        # A path or no property: the rows of the portfolio (through the path,
+        # those of its properties), read by one join on either database.
+        row_sql = (
+            "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
+            if is_postgres()
+            else "(%s, %s, %s)"
+        )
+        if spec.has_property:
+            source = (
+                f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
+                f" JOIN (SELECT {spec.property_of('r')} AS property_id, r.{ts} AS ts, {hold_sql} AS held"
+                f" FROM {table} r) x"
+                f" ON x.property_id = p.{PROPERTY_PK} AND x.ts < {spec.cutoff_sql('c.cutoff')}"
+            )
+        else:
+            source = (
+                f" FROM c JOIN (SELECT r.{spec.portfolio_column} AS portfolio_id, r.{ts} AS ts, {hold_sql} AS held"
+                f" FROM {table} r) x ON x.portfolio_id = c.portfolio_id AND x.ts < {spec.cutoff_sql('c.cutoff')}"
+            )
+    elif is_postgres():
+        prop = spec.property_column
         # Per property, an index range scan on (property, timestamp): the cost
         # follows the overdue rows, not the table. OFFSET 0 keeps the hold
         # test computed once per row instead of once per aggregate.
@@ -348,6 +408,7 @@ def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
             f" WHERE r.{prop} = p.{PROPERTY_PK} AND r.{ts} < {spec.cutoff_sql('c.cutoff')} OFFSET 0) x"
         )
     else:
+        prop = spec.property_column
         row_sql = "(%s, %s, %s)"
         source = (
             f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
@@ -442,7 +503,7 @@ SCOPE_COLUMNS: Columns = (
 )
 
 
-def group_fence_scopes_and_policies(jobs: int) -> str:
+def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = False) -> str:
     """Steps a-c of the batch for a group, in one statement. The fence ``f``:
     those of the group's jobs whose lease is still ours — cursor and the
     totals so far (the finishing outcome is decided from them) — rows locked
@@ -454,8 +515,26 @@ def group_fence_scopes_and_policies(jobs: int) -> str:
     cursor, rows deleted, rows held, whether its scope exists, and the
     version (id, days, enabled, batch size; NULLs when none). On SQLite the
     same statement without the locks. Parameters: ``g`` (``SCOPE_COLUMNS``),
-    ``ids`` (``any_params``), ``state``, ``token``, ``now``, ``approved``."""
+    ``ids`` (``any_params``), ``state``, ``token``, ``now``, ``approved``.
+
+    ``portfolio_partitions``: the group has jobs of a kind without a
+    property (``property_id`` NULL). Their scope is the portfolio row alone,
+    locked ``FOR SHARE`` by a second scope CTE (in portfolio id order, after
+    the property jobs' rows); a group without such jobs gets the text above
+    unchanged."""
     materialized = "MATERIALIZED " if is_postgres() else ""
+    scopes = "s"
+    portfolio_scope = ""
+    if portfolio_partitions:
+        scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t) s"
+        portfolio_scope = (
+            f", t AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+            f" FROM g JOIN f ON f.id = g.job_id"
+            f" JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = g.portfolio_id AND g.property_id IS NULL"
+            f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = g.record_kind"
+            f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
+            f" ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')})"
+        )
     return (
         f"WITH {rows_cte('g', SCOPE_COLUMNS, jobs)},"
         f" f AS {materialized}(SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
@@ -467,9 +546,9 @@ def group_fence_scopes_and_policies(jobs: int) -> str:
         f" JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO} AND po.{PORTFOLIO_PK} = g.portfolio_id"
         f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = g.record_kind"
         f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')})"
+        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}){portfolio_scope}"
         f" SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
-        f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN s ON s.job_id = f.id ORDER BY f.id"
+        f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id ORDER BY f.id"
     )
 
 
@@ -507,11 +586,12 @@ def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
 def _next_candidates(spec: RecordKindSpec) -> str:
     """The ids of one partition's next candidates after its cursor (the keyset walk).
     Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
-    pk, prop = spec.pk_column, spec.property_column
+    pk = spec.pk_column
+    partition = spec.in_partition("r", property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
     return (
-        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE r.{prop} = %(property_id)s AND r.{pk} > %(after_id)s"
+        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE {partition} AND {spec.after('r', '%(after_id)s')}"
         f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('%(cutoff)s')}"
-        f" ORDER BY r.{prop}, r.{pk} LIMIT %(lim)s"
+        f" ORDER BY {spec.keyset_order('r')} LIMIT %(lim)s"
     )
 
 
@@ -520,7 +600,7 @@ def partition_candidates(spec: RecordKindSpec) -> str:
     ids — PostgreSQL, for ``group_delete``; NULL on SQLite). Parameters:
     ``_next_candidates``'s."""
     ids = "ARRAY_AGG(c.id)" if is_postgres() else "NULL"
-    return f"SELECT COUNT(*), MAX(c.id), {ids} FROM ({_next_candidates(spec)}) c"
+    return f"SELECT COUNT(*), {spec.max_key('c.id')}, {ids} FROM ({_next_candidates(spec)}) c"
 
 
 def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
@@ -542,27 +622,48 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
     table, pk = spec.table, spec.pk_column
     holds = LegalHold._meta.db_table
     document = f"{table}.{spec.attachment_column}" if spec.attachment_column else "NULL"
+    hold_property = (
+        "(h.property_id IS NULL OR h.property_id = %(property_id)s)" if spec.has_property else "h.property_id IS NULL"
+    )
     scope = (
         "h.released_at IS NULL AND h.portfolio_id = %(portfolio_id)s"
-        " AND (h.property_id IS NULL OR h.property_id = %(property_id)s)"
+        f" AND {hold_property}"
         " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
     )
     held = (
-        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL)"
+        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {_scope_wide(spec)})"
         " THEN (SELECT COUNT(*) FROM c)"
-        f" ELSE (SELECT COUNT(DISTINCT c.id) FROM {holds} h JOIN c ON c.id = h.record_id WHERE {scope}) END"
+        f" ELSE (SELECT COUNT(DISTINCT c.id) FROM {holds} h JOIN c ON c.id = {_hold_key(spec)} WHERE {scope}) END"
     )
+    # The record's scope as it is now (the property through its path).
+    # Not an index condition (see group_delete): fewer paths to plan.
+    portfolio = f"({table}.{spec.portfolio_column} = %(portfolio_id)s) IS TRUE"
+    if spec.has_property:
+        in_property = spec.in_partition(table, property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
+        rescope = f"{in_property} AND {portfolio}"
+    else:
+        rescope = portfolio
+    # A non-integer key: the ids and the held count share a text column.
+    record, held_cell = ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", f"CAST(({held}) AS text)")
     return (
         f"WITH c AS ({_next_candidates(spec)}),"
         f" d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id"
-        f" AND {table}.{spec.property_column} = %(property_id)s"
-        # Not an index condition (see group_delete): fewer paths to plan.
-        f" AND ({table}.{spec.portfolio_column} = %(portfolio_id)s) IS TRUE"
+        f" AND {rescope}"
         f" AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
-        f" SELECT (SELECT COUNT(*) FROM c), (SELECT MAX(c.id) FROM c),"
-        f" {held}, CAST(NULL AS text)"
-        f" UNION ALL SELECT NULL, NULL, d.id, d.document_id FROM d"
+        f" SELECT (SELECT COUNT(*) FROM c), (SELECT {spec.max_key('c.id')} FROM c),"
+        f" {held_cell}, CAST(NULL AS text)"
+        f" UNION ALL SELECT NULL, NULL, {record}, d.document_id FROM d"
     )
+
+
+def _scope_wide(spec: RecordKindSpec) -> str:
+    """A hold (alias ``h``) that names no record."""
+    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
+
+
+def _hold_key(spec: RecordKindSpec) -> str:
+    """The record a record hold (alias ``h``) names, as the key's type."""
+    return "h.record_id" if spec.integer_key else spec.key_param("h.record_key")
 
 
 CANDIDATE_COLUMNS: Columns = (
@@ -590,17 +691,37 @@ def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
     cut short and is not counted this time. Parameters: ``g``
     (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
     batch size), ``budget`` (the global limit)."""
-    pk, prop = spec.pk_column, spec.property_column
+    pk = spec.pk_column
+    partition = spec.in_partition("r", property_sql="g.property_id", portfolio_sql="g.portfolio_id")
     return (
-        f"WITH {rows_cte('g', CANDIDATE_COLUMNS, jobs)}"
-        f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id),"
+        f"WITH {rows_cte('g', candidate_columns(spec), jobs)}"
+        f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), {spec.max_key('x.id')},"
         f" ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL) FROM ("
         f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
-        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE r.{prop} = g.property_id AND r.{pk} > g.after_id"
+        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE {partition} AND {spec.after('r', 'g.after_id')}"
         f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
-        f" ORDER BY r.{prop}, r.{pk} LIMIT g.lim) c ON true"
+        f" ORDER BY {spec.keyset_order('r')} LIMIT g.lim) c ON true"
         f" LIMIT %(budget)s) x GROUP BY x.ord, x.job_id"
     )
+
+
+def candidate_columns(spec: RecordKindSpec) -> Columns:
+    """``CANDIDATE_COLUMNS`` for ``spec``: the same for an integer key and a
+    property; a text cursor for other keys, and the portfolio for a kind
+    partitioned by it."""
+    if spec.integer_key and spec.has_property:
+        return CANDIDATE_COLUMNS
+    after = ("after_id", spec.key_sql_type())
+    columns = [after if name == "after_id" else (name, kind) for name, kind in CANDIDATE_COLUMNS]
+    return (*columns, ("portfolio_id", "bigint"))
+
+
+def delete_columns(spec: RecordKindSpec) -> Columns:
+    """``DELETE_COLUMNS`` for ``spec`` (the cursor range as text for a non-integer key)."""
+    if spec.integer_key:
+        return DELETE_COLUMNS
+    key = spec.key_sql_type()
+    return tuple((name, key if name in ("after_id", "last_id") else kind) for name, kind in DELETE_COLUMNS)
 
 
 DELETE_COLUMNS: Columns = (
@@ -613,8 +734,13 @@ DELETE_COLUMNS: Columns = (
 
 
 def _in_range(spec: RecordKindSpec, alias: str) -> str:
-    pk = spec.pk_column
-    return f"{alias}.{spec.property_column} = g.property_id AND {alias}.{pk} > g.after_id AND {alias}.{pk} <= g.last_id"
+    partition = spec.in_partition(alias, property_sql="g.property_id", portfolio_sql="g.portfolio_id")
+    return f"{partition} AND {spec.after(alias, 'g.after_id')} AND {spec.at_most(alias, 'g.last_id')}"
+
+
+def _partition_of_g(spec: RecordKindSpec) -> str:
+    """What names a partition of ``g`` in the rows returned: its property, or its portfolio without one."""
+    return "g.property_id" if spec.has_property else "g.portfolio_id"
 
 
 def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
@@ -624,16 +750,19 @@ def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
     (property id, candidates, held). Parameter: ``kind``."""
     in_range = f"{_in_range(spec, 'r')} AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
     return (
-        f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)} SELECT g.property_id,"
+        f"WITH {rows_cte('g', delete_columns(spec), jobs)} SELECT {_partition_of_g(spec)},"
         f" (SELECT COUNT(*) FROM {spec.table} r WHERE {in_range}) AS n, {_held_in(spec, in_range)} AS held"
         " FROM g"
     )
 
 
-def _hold_scope() -> str:
+def _hold_scope(spec: RecordKindSpec) -> str:
+    hold_property = (
+        "(h.property_id IS NULL OR h.property_id = g.property_id)" if spec.has_property else "h.property_id IS NULL"
+    )
     return (
         "h.released_at IS NULL AND h.portfolio_id = g.portfolio_id"
-        " AND (h.property_id IS NULL OR h.property_id = g.property_id)"
+        f" AND {hold_property}"
         " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
     )
 
@@ -646,11 +775,11 @@ def _held_in(spec: RecordKindSpec, rows: str) -> str:
     rows). ``CASE`` evaluates only the branch it takes, so without a
     scope-wide hold the rows are not read again."""
     holds, table, pk = LegalHold._meta.db_table, spec.table, spec.pk_column
-    scope = _hold_scope()
+    scope = _hold_scope(spec)
     return (
-        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND h.record_id IS NULL)"
+        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {_scope_wide(spec)})"
         f" THEN (SELECT COUNT(*) FROM {table} r WHERE {rows})"
-        f" ELSE (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = h.record_id"
+        f" ELSE (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = {_hold_key(spec)}"
         f" WHERE {scope} AND {rows}) END"
     )
 
@@ -676,11 +805,14 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
     changed while the DELETE waited for it. Parameters: ``g``
     (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL) and the
     predicate's."""
-    table, pk, prop = spec.table, spec.pk_column, spec.property_column
-    cte = f"WITH {rows_cte('g', DELETE_COLUMNS, jobs)}"
+    table, pk = spec.table, spec.pk_column
+    cte = f"WITH {rows_cte('g', delete_columns(spec), jobs)}"
     returning = spec.attachment_column
+    # A non-integer key is returned as text (the cursor's form).
+    key_type = "bigint" if spec.integer_key else "text"
+    record = f"{table}.{pk}" if spec.integer_key else f"CAST({table}.{pk} AS text)"
     extra = (
-        f"CAST({table}.{returning} AS text), {table}.{pk}" if returning else "CAST(NULL AS text), CAST(NULL AS bigint)"
+        f"CAST({table}.{returning} AS text), {record}" if returning else f"CAST(NULL AS text), CAST(NULL AS {key_type})"
     )
     # ``(… = …) IS TRUE``: the same test, but not one the planner can answer
     # from the portfolio's index — it would AND a bitmap of the portfolio's
@@ -688,21 +820,30 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
     portfolio = f"({table}.{spec.portfolio_column} = g.portfolio_id) IS TRUE"
     in_range = f"{_in_range(spec, table)} AND {portfolio} AND {predicate}"
     if is_postgres():
-        ids = "CAST(%(ids)s AS bigint[])"
+        # Which partition a deleted row was of: its property column, else
+        # (a path, no property) the partition's row of ``g`` it matched.
+        partition = f"{table}.{spec.property_column}" if spec.property_shape == "direct" else _partition_of_g(spec)
+        ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
         past = f"r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
         rows = f"r.{pk} = ANY({ids}) AND {_in_range(spec, 'r')} AND {past}"
         return (
             f"{cte}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}) AND {in_range}"
-            f" RETURNING {table}.{prop}, {extra}),"
-            f" k AS (SELECT g.property_id, {_held_in(spec, rows)} AS held FROM g)"
+            f" RETURNING {partition}, {extra}),"
+            f" k AS (SELECT {_partition_of_g(spec)}, {_held_in(spec, rows)} AS held FROM g)"
             f" SELECT d.*, CAST(NULL AS bigint) FROM d"
-            f" UNION ALL SELECT k.property_id, CAST(NULL AS text), CAST(NULL AS bigint), CAST(k.held AS bigint)"
+            f" UNION ALL SELECT k.{_partition_of_g(spec)[2:]}, CAST(NULL AS text), CAST(NULL AS {key_type}),"
+            " CAST(k.held AS bigint)"
             " FROM k WHERE k.held > 0"
         )
+    partition = {
+        "direct": f"{table}.{spec.property_column}" if spec.has_property else "",
+        "path": spec.property_of(table) if spec.property_shape == "path" else "",
+        "none": f"{table}.{spec.portfolio_column}",
+    }[spec.property_shape]
     # SQLite has no DELETE … USING and no DELETE inside a WITH.
     return (
         f"{cte} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
-        f" RETURNING {table}.{prop}, {extra}, NULL"
+        f" RETURNING {partition}, {extra}, NULL"
     )
 
 
@@ -724,10 +865,19 @@ LEDGER_COLUMNS: Columns = (
 )
 
 
-def ledger_insert_many(rows: int) -> str:
-    """One ledger row per applied batch. Parameters: ``g`` (``LEDGER_COLUMNS``)."""
-    names = ", ".join(column for column, _ in LEDGER_COLUMNS)
-    return f"WITH {rows_cte('g', LEDGER_COLUMNS, rows)} INSERT INTO {LEDGER} ({names}) SELECT {names} FROM g"
+# A group with a non-integer kind: the ranges as text too (``retention.registry``, "Keys").
+LEDGER_KEY_COLUMNS: Columns = (*LEDGER_COLUMNS, ("after_key", "varchar"), ("last_key", "varchar"))
+
+
+def ledger_columns(*, keys: bool) -> Columns:
+    return LEDGER_KEY_COLUMNS if keys else LEDGER_COLUMNS
+
+
+def ledger_insert_many(rows: int, *, keys: bool = False) -> str:
+    """One ledger row per applied batch. Parameters: ``g`` (``ledger_columns``)."""
+    columns = ledger_columns(keys=keys)
+    names = ", ".join(column for column, _ in columns)
+    return f"WITH {rows_cte('g', columns, rows)} INSERT INTO {LEDGER} ({names}) SELECT {names} FROM g"
 
 
 ADVANCE_COLUMNS: Columns = (
@@ -742,13 +892,14 @@ ADVANCE_COLUMNS: Columns = (
 )
 
 
-def ledger_insert_and_jobs_advance(*, rows: int, jobs: int) -> str:
+def ledger_insert_and_jobs_advance(*, rows: int, jobs: int, keys: bool = False) -> str:
     """PostgreSQL: the ledger rows (``l``) and the jobs' advance (``g``) in
     one statement (a data-modifying CTE), one round trip fewer per batch
     transaction. Parameters: those of ``ledger_insert_many`` under ``l``,
     then ``group_jobs_advance``'s."""
-    names = ", ".join(column for column, _ in LEDGER_COLUMNS)
-    insert = f"{rows_cte('l', LEDGER_COLUMNS, rows)}, written AS (INSERT INTO {LEDGER} ({names}) SELECT {names} FROM l)"
+    columns = ledger_columns(keys=keys)
+    names = ", ".join(column for column, _ in columns)
+    insert = f"{rows_cte('l', columns, rows)}, written AS (INSERT INTO {LEDGER} ({names}) SELECT {names} FROM l)"
     return group_jobs_advance(jobs).replace("WITH ", f"WITH {insert}, ", 1)
 
 
@@ -771,6 +922,30 @@ def group_jobs_advance(jobs: int) -> str:
         f" lease_expires_at = CASE WHEN {leased} THEN %(renew)s ELSE NULL END"
         f" FROM g WHERE {JOB}.id = g.job_id RETURNING {JOB}.id, {JOB}.state, {JOB}.outcome"
     )
+
+
+# --- Non-integer keys (``retention.registry``, "Keys") ---------------------------
+# Run only for groups with such a kind: the integer path's statements are untouched.
+
+KEY_CURSOR_COLUMNS: Columns = (("job_id", "bigint"), ("cursor_key", "varchar"))
+
+
+def jobs_cursor_keys(jobs: int) -> str:
+    """The text cursors of jobs the fence has just locked. Parameters: ``ids`` (``any_params``)."""
+    return f"SELECT id, cursor_key FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
+
+
+def jobs_cursor_keys_set(jobs: int) -> str:
+    """Move the text cursors of jobs still under the fence. Parameters: ``g`` (``KEY_CURSOR_COLUMNS``)."""
+    return (
+        f"WITH {rows_cte('g', KEY_CURSOR_COLUMNS, jobs)}"
+        f" UPDATE {JOB} SET cursor_key = g.cursor_key FROM g WHERE {JOB}.id = g.job_id"
+    )
+
+
+def ledger_last_keys(operations: int) -> str:
+    """The text last ids of ledger rows being replayed. Parameters: ``ops`` (``any_params``)."""
+    return f"SELECT operation_id, last_key FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"
 
 
 def lease_caps_lock(stripes: int) -> str:

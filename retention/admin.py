@@ -39,6 +39,7 @@ from retention.selectors import policy_version_active, policy_version_impact
 from retention.services import (
     ConcurrentApproval,
     legal_hold_place,
+    legal_hold_record_ref,
     legal_hold_release,
     legal_hold_scope_validate,
     membership_grant,
@@ -354,6 +355,11 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
 
 class PlaceHoldForm(forms.ModelForm):
     reason = free_text_field()
+    # Text, not the model's bigint: a kind keyed by UUID names its record by
+    # the UUID. Which of the two the kind takes is the service's check.
+    record_id = forms.CharField(
+        required=False, max_length=64, label="Record id", help_text="An integer id, or a UUID for a kind keyed by UUID."
+    )
 
     class Meta:
         model = LegalHold
@@ -364,14 +370,21 @@ class PlaceHoldForm(forms.ModelForm):
         super().clean()
         data = self.cleaned_data  # what ModelForm.clean returns (its declared type allows None)
         portfolio = data.get("portfolio")
+        # The model's bigint gets the integer only (or nothing): a UUID goes to record_key.
+        raw = (data.get("record_id") or "").strip() or None
+        data["record_id"] = None
         if portfolio is not None and not self.errors:
             try:
                 legal_hold_scope_validate(
                     portfolio=portfolio,
                     property=data.get("property"),
                     record_kind=data.get("record_kind") or "",
-                    record_id=data.get("record_id"),
+                    record_id=raw,
                 )
+                if raw is not None:
+                    number, key = legal_hold_record_ref(record_kind=data.get("record_kind") or "", record_id=raw)
+                    data["record_id"] = number
+                    self.instance.record_key = key
             except ValidationError as exc:
                 _form_errors(self, exc)
         return data
@@ -489,7 +502,7 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
             portfolio=obj.portfolio,
             property=obj.property,
             record_kind=obj.record_kind,
-            record_id=obj.record_id,
+            record_id=obj.record_ref,
             reason=obj.reason,
             placed_by=request_actor(request),
         )

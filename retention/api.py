@@ -29,8 +29,8 @@ from rest_framework.response import Response
 from retention.apiutils import (
     Conflict,
     FreeTextField,
-    IdField,
     ReasonSerializer,
+    RecordIdField,
     RolePermission,
     StrictPrimaryKeyRelatedField,
     TenantScoped,
@@ -154,8 +154,14 @@ class LegalHoldSerializer(serializers.ModelSerializer):
     property = StrictPrimaryKeyRelatedField(
         queryset=property_model()._default_manager.none(), required=False, allow_null=True
     )
-    record_id = IdField(required=False, allow_null=True)
+    record_id = RecordIdField(required=False, allow_null=True)
     reason = FreeTextField()
+
+    def to_representation(self, instance: Any) -> dict[str, Any]:
+        data = super().to_representation(instance)
+        if isinstance(instance, LegalHold):
+            data["record_id"] = instance.record_ref
+        return data
 
     def get_fields(self) -> dict[str, Any]:
         # A hold may name only a portfolio where the user may place holds and

@@ -16,12 +16,14 @@ so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 from __future__ import annotations
 
 import json
+import re
 from typing import TYPE_CHECKING, Any, Literal
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
 from django.http import QueryDict
+from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ParseError, PermissionDenied, ValidationError
 from rest_framework.parsers import JSONParser
@@ -164,6 +166,28 @@ class IdField(serializers.IntegerField):
 
     def to_internal_value(self, data: Any) -> int:
         return _id_value(self, data)
+
+
+UUID_TEXT = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
+
+
+@extend_schema_field(
+    {"oneOf": [{"type": "integer", "minimum": 1, "maximum": MAX_ID}, {"type": "string", "format": "uuid"}]}
+)
+class RecordIdField(serializers.Field):
+    """A record's id: an integer (``IdField``'s rules) or, for a kind keyed by
+    UUID, the UUID as a string. Whether it is the kind's own key type is the
+    service's check (``legal_hold_record_ref``: a 400 naming the field)."""
+
+    def to_internal_value(self, data: Any) -> int | str:
+        if isinstance(data, str) and not data.strip().isdigit():
+            if not UUID_TEXT.match(data.strip()):
+                raise ValidationError("expected an integer id, or a UUID for a kind keyed by UUID.")
+            return data.strip()
+        return _id_value(self, data)
+
+    def to_representation(self, value: Any) -> Any:
+        return value
 
 
 class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):

@@ -81,28 +81,20 @@ def check_kind(kind: str, entry: Any) -> list[CheckMessage]:
     if portfolio_problem:
         problems.append(_error(kind, "portfolio", portfolio_problem, 4))
     prop = entry.get("property", "property")
-    if prop is None or "__" in str(prop):
-        problems.append(
-            _error(
-                kind,
-                "property",
-                "a kind without a property, or reached through a path, is not supported in this version: "
-                "give the record a foreign key to the property (copied from the path) and name it here",
-                5,
-            )
-        )
-    else:
-        property_problem = _fk_to(model, str(prop), _property_label())
+    if prop is not None:
+        property_problem = _property_problem(model, str(prop))
         if property_problem:
-            problems.append(_error(kind, "property", property_problem, 4))
+            problems.append(_error(kind, "property", property_problem, 5 if "__" in str(prop) else 4))
     pk = meta.pk
-    if not isinstance(pk, models.AutoField | models.BigAutoField | models.IntegerField | models.BigIntegerField):
+    if not isinstance(
+        pk, models.AutoField | models.BigAutoField | models.IntegerField | models.BigIntegerField | models.UUIDField
+    ):
         problems.append(
             _error(
                 kind,
                 "model",
-                f"{meta.label}'s primary key {pk.name if pk else None!r} is not an integer: "
-                "UUID and other keys are not supported in this version (the keyset cursor is a bigint)",
+                f"{meta.label}'s primary key {pk.name if pk else None!r} is neither an integer nor a UUID: "
+                "the keyset cursor walks the key, and only those two are carried (give the table one of them)",
                 6,
             )
         )
@@ -113,7 +105,8 @@ def check_kind(kind: str, entry: Any) -> list[CheckMessage]:
         else:
             problems += _attachment_problems(kind, meta, attachment)
     if not problems:
-        problems += _index_problems(kind, model, str(prop), str(entry["timestamp"]))
+        first = str(entry.get("portfolio", "portfolio")) if prop is None else str(prop).split("__")[0]
+        problems += _index_problems(kind, model, first, str(entry["timestamp"]))
     return problems
 
 
@@ -168,14 +161,39 @@ def _attachment_problems(kind: str, meta: Any, attachment: Mapping[str, Any]) ->
     return problems
 
 
+def _property_problem(model: type[models.Model], prop: str) -> str | None:
+    """None when ``prop`` reaches the property: a foreign key to it, or a
+    one-hop path ``unit__building`` (a foreign key to a model whose foreign
+    key is the property)."""
+    parts = prop.split("__")
+    if len(parts) == 1:
+        return _fk_to(model, prop, _property_label())
+    if len(parts) > 2:
+        return f"{prop!r} is a path of {len(parts) - 1} hops; one hop is supported ('unit__building')"
+    try:
+        hop = model._meta.get_field(parts[0])
+    except Exception:
+        return f"{model._meta.label} has no field {parts[0]!r} (the first hop of {prop!r})"
+    if not isinstance(hop, models.ForeignKey) or hop.related_model is None:
+        return f"{model._meta.label}.{parts[0]} is not a foreign key (the first hop of {prop!r})"
+    unit = hop.related_model
+    problem = _fk_to(unit, parts[1], _property_label())  # type: ignore[arg-type]
+    return f"{problem} (the second hop of {prop!r})" if problem else None
+
+
 def _index_problems(kind: str, model: type[models.Model], prop: str, timestamp: str) -> list[CheckMessage]:
-    """The keyset scan walks an index on (property, primary key); without it
-    every batch sorts the property's expired rows."""
+    """The keyset scan walks an index on (property, primary key) — (unit, pk)
+    for a path, (portfolio, pk) without a property; without it every batch
+    sorts the partition's expired rows. An unmanaged table's index need not
+    be declared: it is looked for in the database (a partitioned table's
+    index counts when every partition has it)."""
     meta = model._meta
     pk = meta.pk.name
     wanted = [prop, pk]
     declared = [list(index.fields[:2]) for index in meta.indexes] + [list(t[:2]) for t in meta.unique_together]
     if wanted in declared or [prop, "pk"] in declared:
+        return []
+    if not meta.managed and _index_in_database(model, [meta.get_field(prop).column, meta.pk.column]):
         return []
     name = f"{meta.db_table[:20]}_keyset_idx"
     hint = f"add models.Index(fields={wanted!r}, include=[{timestamp!r}], name={name!r}) to {meta.label}.Meta.indexes"
@@ -186,9 +204,70 @@ def _index_problems(kind: str, model: type[models.Model], prop: str, timestamp: 
     return [Error(message, hint=hint, id="retention.E008")]
 
 
+def _index_in_database(model: type[models.Model], columns: list[str]) -> bool:
+    """Whether the table (every partition of it, when it is partitioned) has
+    an index whose first columns are ``columns``. False when the database
+    cannot be read (the warning then stands)."""
+    from django.db import DatabaseError, connection
+
+    table = model._meta.db_table
+    try:
+        with connection.cursor() as cursor:
+            tables = [table]
+            if connection.vendor == "postgresql":
+                cursor.execute(
+                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                    " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s",
+                    [table],
+                )
+                tables += [row[0] for row in cursor.fetchall()]
+            for name in tables:
+                constraints = connection.introspection.get_constraints(cursor, name)
+                if not any(c.get("index") and list(c["columns"][:2]) == columns for c in constraints.values()):
+                    return False
+            return True
+    except DatabaseError:
+        return False
+
+
 @register(Tags.models)
 def record_kinds_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMessage]:
     kinds = configured_kinds()
     if not isinstance(kinds, Mapping) or not kinds:
         return [Error(f"{SETTING}: expected a non-empty dict of record kinds", id="retention.E001")]
     return [problem for kind, entry in kinds.items() for problem in check_kind(kind, entry)]
+
+
+@register(Tags.database)
+def unreachable_records_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """retention.W009: rows of a kind whose property is a one-hop path
+    that belong to no property (the path is NULL). No job ever deletes them
+    (they are in no partition): said at start-up rather than kept in
+    silence. Runs with the database checks (``check --database default``,
+    ``migrate``)."""
+    if not databases:
+        return []
+    from django.db import DatabaseError
+
+    from retention.eligibility import count_unreachable
+    from retention.registry import REGISTRY
+
+    problems: list[CheckMessage] = []
+    for kind, spec in REGISTRY.items():
+        if spec.property_shape != "path":
+            continue
+        try:
+            count = count_unreachable(kind)
+        except DatabaseError:
+            continue  # not migrated yet: nothing to count
+        if count:
+            problems.append(
+                Warning(
+                    f"{SETTING}[{kind!r}]['property']: {count} row(s) of {spec.model_label} reach no property "
+                    f"through {spec.property_field!r} (a NULL on the path); no job will ever delete them",
+                    hint="give them a unit in a property, or delete them yourself; "
+                    "cleanup_sweep --dry-run counts them per portfolio",
+                    id="retention.W009",
+                )
+            )
+    return problems

@@ -178,6 +178,9 @@ class LegalHold(models.Model):
     )
     record_kind = models.CharField(max_length=40, choices=record_kind_choices, blank=True, default="")
     record_id = models.BigIntegerField(null=True, blank=True)
+    # The record of a kind whose key is not an integer (a UUID), as the
+    # database spells it as text; record_id is then NULL (``record_ref``).
+    record_key = models.CharField(max_length=64, blank=True, default="", db_default="")
     reason = models.TextField()
     placed_by = models.ForeignKey(settings.AUTH_USER_MODEL, on_delete=models.PROTECT, related_name="+")
     placed_at = models.DateTimeField()
@@ -201,6 +204,10 @@ class LegalHold(models.Model):
                 condition=Q(record_id__isnull=True) | ~Q(record_kind=""),
                 name="legalhold_record_needs_kind",
             ),
+            models.CheckConstraint(
+                condition=Q(record_key="") | (~Q(record_kind="") & Q(record_id__isnull=True)),
+                name="legalhold_record_key_needs_kind",
+            ),
         ]
 
     def __str__(self) -> str:
@@ -209,9 +216,14 @@ class LegalHold(models.Model):
             parts.append(f"property {self.property_id}")
         if self.record_kind:
             parts.append(self.record_kind)
-        if self.record_id:
-            parts.append(f"#{self.record_id}")
+        if self.record_ref:
+            parts.append(f"#{self.record_ref}")
         return f"Hold {self.pk} ({', '.join(parts)})"
+
+    @builtins.property
+    def record_ref(self) -> int | str | None:
+        """The one record held: its integer id, or its key's text."""
+        return self.record_id if self.record_id is not None else (self.record_key or None)
 
     @builtins.property  # `property` is a field name in this class body
     def is_active(self) -> bool:

@@ -9,7 +9,8 @@ kind's name to its model and the fields the pipeline reads::
             "label": "Work order",
             "timestamp": "closed_on",            # DateField or DateTimeField
             "portfolio": "customer",             # FK to RETENTION_PORTFOLIO_MODEL
-            "property": "building",              # FK to RETENTION_PROPERTY_MODEL
+            "property": "building",              # FK to RETENTION_PROPERTY_MODEL,
+                                                 # "unit__building" (one hop), or None
             "attachment": {"field": "document_id"},  # optional
         },
     }
@@ -21,21 +22,47 @@ field holding the storage's key): ``cleanup_ops.downstream.stores``.
 
 The default (``DEFAULT_RECORD_KINDS``) is the demo's three kinds. The policy
 choices, the eligibility predicate, admission, the delete statement, the
-purge's reference check and the console read column names from here, never
-literals; ``retention.checks`` validates the whole setting at start-up
-(Django's system checks), naming the setting, the kind and the field, so a
-wrong configuration never reaches a sweep. Adding a kind writes no product
-migration: the ``record_kind`` fields take their choices from
-``record_kind_choices``, a callable.
+purge's reference check and the console read column names — and, for the
+shapes below, SQL fragments — from here, never literals; ``retention.checks``
+validates the whole setting at start-up (Django's system checks), naming the
+setting, the kind and the field, so a wrong configuration never reaches a
+sweep. Adding a kind writes no product migration: the ``record_kind`` fields
+take their choices from ``record_kind_choices``, a callable.
 
-What a kind's model needs, and why: an integer primary key (the keyset
-cursor is a bigint), a foreign key to the property (the partition, and a
-legal hold's scope) and one to the portfolio (the policy's and the hold's
-scope, and the customer isolation), the retention timestamp, and the index
-``(property, pk) INCLUDE (timestamp)`` the keyset scan walks
-(``keyset_index_fields``). Not yet supported, and refused by the checks
-with that message: UUID primary keys, a property reached through a one-hop
-path, and a kind without a property.
+What a kind's model needs, and why: a primary key that is an integer (any
+integer type) or a UUID (the keyset cursor walks it), the portfolio's
+foreign key (the policy's and the hold's scope, and the customer isolation),
+the retention timestamp, and the index the keyset scan walks
+(``keyset_index_fields``: ``(property, pk)``, ``(unit, pk)`` for a one-hop
+path, ``(portfolio, pk)`` without a property).
+
+**Keys.** ``pk_sql_type`` is ``bigint`` for every integer key and ``uuid``
+for a ``UUIDField``. An integer kind's cursor is carried exactly as before,
+in the bigint columns (``CleanupJob.cursor``, ``LedgerEntry.after_id`` /
+``last_id``, ``DeletedAttachment.record_id``, ``LegalHold.record_id``), and
+its statements are the same texts as before this option existed (the demo's
+path is not slowed by it). A non-integer kind's cursor and record ids are
+carried as *text* in the columns beside them (``cursor_key``,
+``after_key``/``last_key``, ``record_key``), the bigint ones left at 0/NULL:
+the text is the database's own ``CAST(pk AS text)`` (``key_text``), so the
+keyset comparison is ``pk > CAST(cursor_key AS uuid)`` on the column's own
+index, and the start of the walk is the empty text (``KEY_START``). Only a
+non-integer kind pays the two statements more per batch that read and
+write the text cursor (and one more on a replay, for its last key); the
+ledger rows of a group take the two text columns only when the group has
+such a kind. The operation id is built from
+the cursor as it is carried (the integer, or the text).
+
+**Property.** ``property`` names the record's foreign key to the property
+(``direct``), a one-hop path ``"unit__building"`` (``path``: the record's
+foreign key to a unit model, whose foreign key is the property; every
+statement goes through the join, no copied column), or ``None`` (``none``:
+the partition is the portfolio, ``CleanupJob.property_id`` is NULL, and
+holds reach the kind at portfolio and record scope only, never a
+property's). A path row whose unit has no property (a NULL on the path)
+belongs to no partition and is never deleted: the retention.W009
+database check and the dry run count them (``count_unreachable``), so they
+are reported rather than kept in silence.
 
 A ``DateField`` timestamp is eligible only when its whole day (UTC) is before
 the cutoff (``cutoff_sql``): a record closed on the cutoff's own day is kept.
@@ -43,6 +70,7 @@ the cutoff (``cutoff_sql``): a record closed on the cutoff's own day is kept.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
@@ -82,6 +110,10 @@ DEFAULT_RECORD_KINDS: dict[str, dict[str, Any]] = {
 KIND_KEYS = ("model", "label", "timestamp", "portfolio", "property", "attachment")
 
 
+# The cursor of a non-integer key before its first batch (``cursor_key``).
+KEY_START = ""
+
+
 @dataclass(frozen=True)
 class RecordKindSpec:
     kind: str
@@ -89,7 +121,8 @@ class RecordKindSpec:
     model_label: str
     timestamp_field: str
     portfolio_field: str = "portfolio"
-    property_field: str = "property"
+    # The property's foreign key, a one-hop path ("unit__building"), or None.
+    property_field: str | None = "property"
     attachment_field: str | None = None
     # The ``STORAGES`` alias the attachment lives in; None: the HTTP document
     # store at ``DOCSTORE_URL`` (``cleanup_ops.downstream.stores``).
@@ -115,8 +148,109 @@ class RecordKindSpec:
         return self._column(self.portfolio_field)
 
     @property
+    def property_shape(self) -> str:
+        """``direct``, ``path`` (one hop) or ``none``."""
+        if self.property_field is None:
+            return "none"
+        return "path" if "__" in self.property_field else "direct"
+
+    @property
+    def has_property(self) -> bool:
+        return self.property_field is not None
+
+    @property
     def property_column(self) -> str:
-        return self._column(self.property_field)
+        """The record's column of the property (``direct``), else of the unit (``path``)."""
+        if self.property_field is None:
+            raise ValueError(f"record kind {self.kind!r} has no property")
+        return self._column(self.property_field.split("__")[0])
+
+    @cached_property
+    def _hop(self) -> tuple[str, str, str]:
+        """(unit table, unit pk column, unit's property column) of a one-hop path."""
+        first, second = str(self.property_field).split("__")
+        unit = self.model._meta.get_field(first).related_model
+        meta = unit._meta  # type: ignore[union-attr]
+        return meta.db_table, meta.pk.column, meta.get_field(second).column  # type: ignore[union-attr]
+
+    def in_partition(self, alias: str, *, property_sql: str, portfolio_sql: str) -> str:
+        """Row ``alias`` belongs to the partition (``property_sql``,
+        ``portfolio_sql``): its property (through the path) or, without one,
+        its portfolio."""
+        shape = self.property_shape
+        if shape == "direct":
+            return f"{alias}.{self.property_column} = {property_sql}"
+        if shape == "none":
+            return f"{alias}.{self.portfolio_column} = {portfolio_sql}"
+        table, pk, prop = self._hop
+        return f"{alias}.{self.property_column} IN (SELECT u.{pk} FROM {table} u WHERE u.{prop} = {property_sql})"
+
+    def property_of(self, alias: str) -> str:
+        """The property id of row ``alias`` as an expression (NULL without one)."""
+        shape = self.property_shape
+        if shape == "direct":
+            return f"{alias}.{self.property_column}"
+        if shape == "none":
+            return "NULL"
+        table, pk, prop = self._hop
+        return f"(SELECT u.{prop} FROM {table} u WHERE u.{pk} = {alias}.{self.property_column})"
+
+    def keyset_order(self, alias: str) -> str:
+        """The ORDER BY of the keyset walk, in the keyset index's order."""
+        pk = self.pk_column
+        if self.property_shape == "direct":
+            return f"{alias}.{self.property_column}, {alias}.{pk}"
+        if self.property_shape == "none":
+            return f"{alias}.{self.portfolio_column}, {alias}.{pk}"
+        return f"{alias}.{pk}"
+
+    @property
+    def integer_key(self) -> bool:
+        return not isinstance(self.model._meta.pk, models.UUIDField)
+
+    @property
+    def pk_sql_type(self) -> str:
+        """The key's type in every cast: ``bigint`` or ``uuid``."""
+        return "bigint" if self.integer_key else "uuid"
+
+    @property
+    def key_start(self) -> int | str:
+        return 0 if self.integer_key else KEY_START
+
+    def key_text(self, value: Any) -> str:
+        """A key as the database's ``CAST(pk AS text)`` spells it (PostgreSQL:
+        the hyphenated form; SQLite stores a UUID as 32 hex digits)."""
+        parsed = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
+        return str(parsed) if connection.vendor == "postgresql" else parsed.hex
+
+    def key_value(self, value: Any) -> int | str:
+        """A key read from the database as the cursor carries it."""
+        return int(value) if self.integer_key else self.key_text(value)
+
+    def key_param(self, param: str) -> str:
+        """A text parameter/column of a key as the key's type."""
+        if self.integer_key or connection.vendor != "postgresql":
+            return param
+        return f"CAST(NULLIF({param}, '') AS uuid)"
+
+    def after(self, alias: str, param: str) -> str:
+        """Row ``alias`` lies after the cursor ``param`` (``KEY_START``: every row)."""
+        pk = f"{alias}.{self.pk_column}"
+        if self.integer_key:
+            return f"{pk} > {param}"
+        return f"({param} = '' OR {pk} > {self.key_param(param)})"
+
+    def at_most(self, alias: str, param: str) -> str:
+        pk = f"{alias}.{self.pk_column}"
+        return f"{pk} <= {param}" if self.integer_key else f"{pk} <= {self.key_param(param)}"
+
+    def max_key(self, expr: str) -> str:
+        """The largest key of ``expr`` as the cursor carries it (no ``max(uuid)`` in PostgreSQL)."""
+        return f"MAX({expr})" if self.integer_key else f"MAX(CAST({expr} AS text))"
+
+    def key_sql_type(self) -> str:
+        """The type a key is carried in by the batch's row lists."""
+        return "bigint" if self.integer_key else "varchar"
 
     @property
     def pk_column(self) -> str:
@@ -143,8 +277,10 @@ class RecordKindSpec:
         return f"date({cutoff})"
 
     def keyset_index_fields(self) -> list[str]:
-        """The index the keyset scan walks: (property, primary key)."""
-        return [self.property_field, self.model._meta.pk.name]
+        """The index the keyset scan walks: (property — the unit of a path,
+        the portfolio without one —, primary key)."""
+        first = self.portfolio_field if self.property_field is None else self.property_field.split("__")[0]
+        return [first, self.model._meta.pk.name]
 
 
 def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
@@ -155,7 +291,7 @@ def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
         model_label=str(entry["model"]),
         timestamp_field=str(entry["timestamp"]),
         portfolio_field=str(entry.get("portfolio", "portfolio")),
-        property_field=str(entry.get("property", "property")),
+        property_field=None if entry.get("property", "property") is None else str(entry.get("property", "property")),
         attachment_field=str(attachment["field"]) if isinstance(attachment, Mapping) else None,
         attachment_storage=(str(attachment["storage"]) if attachment.get("storage") else None)
         if isinstance(attachment, Mapping)

@@ -341,8 +341,31 @@ def policy_version_reject(*, version_id: int, reviewer: Actor, note: str) -> Pol
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=False)
 
 
+def legal_hold_record_ref(*, record_kind: str, record_id: object) -> tuple[int | None, str]:
+    """(``record_id``, ``record_key``) of a hold naming ``record_id``: the
+    kind's key type decides — an integer goes to ``record_id``, a UUID to
+    ``record_key`` as the database spells it (``RecordKindSpec.key_text``).
+    A value of the wrong type is a ValidationError naming ``record_id``."""
+    if record_id is None or record_id == "":
+        return None, ""
+    spec = get_spec(record_kind)
+    if spec.integer_key:
+        text = str(record_id).strip()
+        if isinstance(record_id, bool) or not (isinstance(record_id, int) or text.isdigit()) or len(text) > 19:
+            raise ValidationError(
+                {"record_id": f"a {spec.label.lower()}'s id is an integer; {record_id!r} is not one."}
+            )
+        return int(text), ""
+    try:
+        return None, spec.key_text(record_id)
+    except (TypeError, ValueError, AttributeError):
+        raise ValidationError(
+            {"record_id": f"a {spec.label.lower()}'s id is a UUID; {str(record_id)[:64]!r} is not one."}
+        ) from None
+
+
 def legal_hold_scope_validate(
-    *, portfolio: Model, property: Model | None = None, record_kind: str = "", record_id: int | None = None
+    *, portfolio: Model, property: Model | None = None, record_kind: str = "", record_id: object = None
 ) -> None:
     """A record-level hold must name a record that exists, of ``record_kind``,
     in ``portfolio`` (and in ``property`` when one is given); otherwise a
@@ -357,7 +380,20 @@ def legal_hold_scope_validate(
     # it names (the scope lock and the delete both key on the pair).
     if property is not None and property_portfolio_id(property) != portfolio.pk:
         raise ValidationError({"property": f"{property} is not a property of {portfolio}; choose one of its own."})
-    if record_id is None:
+    if record_kind and property is not None:
+        try:
+            spec = get_spec(record_kind)
+        except ValueError as exc:
+            raise ValidationError({"record_kind": str(exc)}) from None
+        if not spec.has_property:
+            # Such a hold would protect nothing: no record of the kind is in a property.
+            raise ValidationError(
+                {
+                    "property": f"a {spec.label.lower()} belongs to no property; "
+                    "place the hold on the portfolio (or on one record) instead."
+                }
+            )
+    if record_id is None or record_id == "":
         return
     if not record_kind:
         raise ValidationError({"record_kind": "record_kind is required when record_id is given."})
@@ -365,13 +401,15 @@ def legal_hold_scope_validate(
         spec = get_spec(record_kind)
     except ValueError as exc:
         raise ValidationError({"record_kind": str(exc)}) from None
-    where = {"pk": record_id, spec.portfolio_field: portfolio.pk}
+    number, key = legal_hold_record_ref(record_kind=record_kind, record_id=record_id)
+    where: dict[str, object] = {"pk": number if key == "" else key, spec.portfolio_field: portfolio.pk}
     scope = f"portfolio {portfolio.pk}"
-    if property is not None:
+    if property is not None and spec.property_field is not None:
+        # A path is an ORM lookup too ("unit__building").
         where[spec.property_field] = property.pk
         scope += f", property {property.pk}"
     records = spec.model._default_manager.filter(**where)
-    if isinstance(record_id, bool) or not isinstance(record_id, int) or not records.exists():
+    if not records.exists():
         raise ValidationError({"record_id": f"there is no {spec.label.lower()} with id {record_id} in {scope}."})
 
 
@@ -382,7 +420,7 @@ def legal_hold_place(
     reason: str,
     property: Model | None = None,
     record_kind: str = "",
-    record_id: int | None = None,
+    record_id: int | str | None = None,
 ) -> LegalHold:
     reason = require_reason(reason, field="reason")
     if record_kind:
@@ -404,11 +442,13 @@ def legal_hold_place(
         # Under the scope lock: a batch deleting the record either committed
         # before (the record is gone: refused) or waits for this hold.
         legal_hold_scope_validate(portfolio=portfolio, property=property, record_kind=record_kind, record_id=record_id)
+        number, key = legal_hold_record_ref(record_kind=record_kind, record_id=record_id)
         hold = LegalHold.objects.create(  # type: ignore[misc]  # the host's models, the demo's to the plugin
             portfolio=portfolio,
             property=property,
             record_kind=record_kind,
-            record_id=record_id,
+            record_id=number,
+            record_key=key,
             reason=reason,
             placed_by=placed_by,
             placed_at=timezone.now(),
@@ -423,7 +463,7 @@ def legal_hold_place(
                 "portfolio_id": portfolio.pk,
                 "property_id": property.pk if property else None,
                 "record_kind": record_kind or None,
-                "record_id": record_id,
+                "record_id": hold.record_ref,
             },
         )
     return hold

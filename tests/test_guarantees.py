@@ -232,13 +232,60 @@ class TestOneDecisionPerDocument:
 # --- 2. One open job per partition ----------------------------------------------
 
 
+class Partitions:
+    """The partitions of a schema: the demo's (a lease per property) or the
+    second schema's kind without a property (``tests/schema_b``'s notices:
+    one partition per portfolio, ``property_id`` NULL, which the second
+    partial unique index guards)."""
+
+    def __init__(self, kind: str, active_policy) -> None:  # type: ignore[no-untyped-def]
+        self.kind, self.active_policy = kind, active_policy
+
+    def estate(self, names: list[str]) -> dict[str, Property]:
+        if self.kind == "lease":
+            return estate(self.active_policy, names)
+        from tests.schema_b.models import Notice
+
+        props = {}
+        for name in names:
+            portfolio = Portfolio.objects.create(name=f"Portfolio {name}", slug=name.lower())
+            self.active_policy(portfolio, "notice", 365)
+            props[name] = Property.objects.create(portfolio=portfolio, name=f"House {name}")
+            Notice.objects.bulk_create([Notice(customer=portfolio, sent_at=OLD) for _ in range(3)])
+        return props
+
+    def jobs(self, prop: Property):  # type: ignore[no-untyped-def]
+        if self.kind == "lease":
+            return CleanupJob.objects.filter(property_id=prop.pk, kind="delete")
+        return CleanupJob.objects.filter(portfolio_id=prop.portfolio_id, record_kind="notice", kind="delete")
+
+    def job(self, prop: Property) -> CleanupJob:
+        return self.jobs(prop).get()
+
+
+@pytest.fixture(params=["lease", "notice"])
+def partitions(request, settings, active_policy):  # type: ignore[no-untyped-def]
+    if request.param == "lease":
+        yield Partitions("lease", active_policy)
+        return
+    from retention.registry import DEFAULT_RECORD_KINDS, registry_reload
+
+    from .test_record_shapes import NOTICE
+
+    settings.RETENTION_RECORD_KINDS = {**DEFAULT_RECORD_KINDS, "notice": NOTICE}
+    registry_reload()
+    yield Partitions("notice", active_policy)
+    del settings.RETENTION_RECORD_KINDS
+    registry_reload()
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("clock")
 class TestOneOpenJobPerPartition:
-    def test_the_database_refuses_a_second_open_delete_job_for_a_partition(self, active_policy):
-        props = estate(active_policy, ["A"])
+    def test_the_database_refuses_a_second_open_delete_job_for_a_partition(self, partitions):
+        props = partitions.estate(["A"])
         sweep_trigger(slot=SLOT, now=NOW)
-        job = job_of(props["A"])
+        job = partitions.job(props["A"])
         with pytest.raises(IntegrityError), transaction.atomic():
             CleanupJob.objects.create(
                 sweep_id=job.sweep_id,
@@ -252,11 +299,11 @@ class TestOneOpenJobPerPartition:
             )
 
     def test_redriving_a_letter_whose_partition_a_later_sweep_admitted_creates_nothing_and_names_the_job(
-        self, active_policy, operator_user, clock
+        self, partitions, operator_user, clock
     ):
-        props = estate(active_policy, ["A"])
+        props = partitions.estate(["A"])
         sweep_trigger(slot=SLOT, now=NOW)
-        dead = job_of(props["A"])
+        dead = partitions.job(props["A"])
         job_run_slice(job_id=dead.pk, before_batch=_raise(InvalidInput("bad input")))
         letter = DeadLetter.objects.get(job=dead)
         clock.move_to(NEXT_SLOT + timedelta(minutes=1), tick=False)
@@ -282,12 +329,12 @@ class TestOneOpenJobPerPartition:
         redrive.refresh_from_db()
         assert (redrive.outcome, redrive.rows_held) == (JobOutcome.NOTHING_ELIGIBLE, 0)
 
-    def test_the_api_and_the_console_say_which_job_holds_the_partition(self, active_policy, operator_user, clock):
+    def test_the_api_and_the_console_say_which_job_holds_the_partition(self, partitions, operator_user, clock):
         from django.test import Client
 
-        props = estate(active_policy, ["A"])
+        props = partitions.estate(["A"])
         sweep_trigger(slot=SLOT, now=NOW)
-        dead = job_of(props["A"])
+        dead = partitions.job(props["A"])
         job_run_slice(job_id=dead.pk, before_batch=_raise(InvalidInput("bad input")))
         letter = DeadLetter.objects.get(job=dead)
         sweep_trigger(slot=NEXT_SLOT, now=NEXT_SLOT)
@@ -305,8 +352,8 @@ class TestOneOpenJobPerPartition:
         )
         assert f"{letter.pk} (its partition already has open job {fresh.pk})" in page.content.decode()
 
-    def test_two_sweeps_admitted_at_once_admit_a_partition_once(self, active_policy):
-        props = estate(active_policy, ["A", "B"])
+    def test_two_sweeps_admitted_at_once_admit_a_partition_once(self, partitions):
+        props = partitions.estate(["A", "B"])
         earlier = Sweep.objects.create(key="cleanup:2026-08-20T02:00Z", slot=SLOT - timedelta(days=1))
         later = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=SLOT)
         # The stranded sweep's admission (finished by the tick) is in flight,
@@ -321,7 +368,7 @@ class TestOneOpenJobPerPartition:
         thread.join(30)
         assert "error" not in outcome, outcome
         for prop in props.values():
-            assert CleanupJob.objects.filter(property_id=prop.pk).open().count() == 1
+            assert partitions.jobs(prop).open().count() == 1
         later.refresh_from_db()
         assert (later.jobs_admitted, later.carried_over) == (0, 2)
 

@@ -37,6 +37,11 @@ After every step, against the model:
 CI runs it with a fixed seed and a bounded number of examples
 (``MODEL_EXAMPLES``/``MODEL_STEPS``, defaults 20 x 40); ``make test-model``
 runs the long profile (200 x 50) for nightly use.
+
+The machine is the demo schema's; what is schema-bound (the kinds, how a
+record is made, moved and inserted by the application) is a method, so
+``tests/test_guarantees_shapes.py`` runs the same machine on the second
+schema's kinds of other shapes (``tests/schema_b``).
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ import os
 import threading
 from dataclasses import dataclass, replace
 from datetime import timedelta
+from typing import Any
 
 import pytest
 import time_machine
@@ -109,9 +115,9 @@ KEEP = {"auth_group", "auth_permission", "auth_group_permissions", "django_conte
 @dataclass
 class Record:
     kind: str
-    id: int
+    id: Any  # the key: an integer, or a UUID
     portfolio_id: int
-    property_id: int
+    property_id: int | None  # None: a kind without a property
     ts: object
     document_id: str | None
 
@@ -122,7 +128,7 @@ class Hold:
     portfolio_id: int
     property_id: int | None
     kind: str
-    record_id: int | None
+    record_id: Any
 
     def covers(self, record: Record) -> bool:
         return (
@@ -149,6 +155,9 @@ def _raise(exc: Exception):  # type: ignore[no-untyped-def]
 class Guarantees(RuleBasedStateMachine):
     store = None  # the document store (set by the test)
     example = 0
+    # The schema: its kinds, and those whose records name a document.
+    kinds: list[str] = KINDS
+    with_files: tuple[str, ...] = WITH_FILES
 
     def __init__(self) -> None:
         super().__init__()
@@ -164,7 +173,7 @@ class Guarantees(RuleBasedStateMachine):
         self.props: list[Property] = []
         for p in range(2):
             portfolio = Portfolio.objects.create(name=f"P{p}", slug=f"p{p}")
-            for kind in KINDS:
+            for kind in self.kinds:
                 policy = retention_policy_get_or_create(portfolio=portfolio, record_kind=kind)
                 version = policy_version_submit(
                     policy=policy, retention_days=RETENTION_DAYS, author=manager, reason="r for the tests"
@@ -182,6 +191,38 @@ class Guarantees(RuleBasedStateMachine):
         # Records the application changed during a batch, as they were before
         # the change: the batch's snapshot may have seen either state.
         self.unsettled: dict[tuple[str, int], Record] = {}
+        self._estate_extra()
+
+    # --- the schema (``tests/test_guarantees_shapes.py`` has another) -----------
+
+    def _estate_extra(self) -> None:
+        """What the schema needs beyond portfolios and properties."""
+
+    def _make_records(self, kind: str, target: Property, count: int, ended: object) -> list[Any]:
+        return make_records(target, kind, count, ended=ended)
+
+    def _move_sql(self, record: Record, target: Property) -> tuple[str, list, dict]:
+        """The application moves a record to ``target``: (SET clause, its parameters, the model's new fields)."""
+        return (
+            "property_id = %s, portfolio_id = %s",
+            [target.pk, target.portfolio_id],
+            {"property_id": target.pk, "portfolio_id": target.portfolio_id},
+        )
+
+    def _insert_old(self, app: Any, target: Property) -> Record:
+        """The application inserts an old row (its transaction still open)."""
+        row = app.execute(
+            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
+            " VALUES (%s, %s, '1', 'T', %s, %s) RETURNING id",
+            [target.portfolio_id, target.pk, OLD.date(), OLD],
+        ).fetchone()
+        return Record("lease", int(row[0]), target.portfolio_id, target.pk, OLD, None)
+
+    def _in_range(self, entry: LedgerEntry, record_id: Any) -> bool:
+        """The record's key lies in the ledger row's range (a text range for a non-integer key)."""
+        if entry.last_key:
+            return entry.after_key < get_spec(entry.record_kind).key_text(record_id) <= entry.last_key
+        return entry.after_id < record_id <= entry.last_id
 
     def teardown(self) -> None:
         self.clock.stop()
@@ -220,6 +261,11 @@ class Guarantees(RuleBasedStateMachine):
         """Expired records in several partitions (files shared across kinds,
         properties and portfolios), perhaps holds, the first sweep, perhaps a
         slice or two of it already run."""
+        self._estate(layout, holds_first, first_slices)
+
+    def _estate(
+        self, layout: list[tuple[int, str, str]], holds_first: list[tuple[int, str]], first_slices: int
+    ) -> None:
         for n, (prop, kind, doc) in enumerate(layout):
             self.add_records(kind=kind, prop=prop, count=2, age="old", doc=doc, shared=n % 3)
         for prop, kind in holds_first:
@@ -237,20 +283,23 @@ class Guarantees(RuleBasedStateMachine):
         shared=st.integers(0, 2),
     )
     def add_records(self, kind: str, prop: int, count: int, age: str, doc: str, shared: int) -> None:
+        self._add(kind, prop, count, age, doc, shared)
+
+    def _add(self, kind: str, prop: int, count: int, age: str, doc: str, shared: int) -> None:
         target = self.props[prop]
         ended = OLD if AGES[age] is None else START - AGES[age]
-        ids = make_records(target, kind, count, ended=ended)
-        model = get_spec(kind).model
+        ids = self._make_records(kind, target, count, ended)
+        spec = get_spec(kind)
         for record_id in ids:
             document_id = None
-            if kind in WITH_FILES and doc != "none":
+            if kind in self.with_files and doc != "none":
                 document_id = f"{self.prefix}-s{shared}" if doc == "shared" else f"{self.prefix}-u{record_id}{kind[0]}"
                 if document_id not in self.docs_seen:
                     self.store.create(document_id)
                     self.docs_seen.add(document_id)
-                model.objects.filter(pk=record_id).update(document_id=document_id)
+                spec.model.objects.filter(pk=record_id).update(**{str(spec.attachment_field): document_id})
             self.records[(kind, record_id)] = Record(
-                kind, record_id, target.portfolio_id, target.pk, ended, document_id
+                kind, record_id, target.portfolio_id, target.pk if spec.has_property else None, ended, document_id
             )
 
     @rule(
@@ -261,7 +310,13 @@ class Guarantees(RuleBasedStateMachine):
         pick=st.integers(0, 10_000),
     )
     def place_hold(self, prop: int | None, portfolio: int, kind: str, one_record: bool, pick: int) -> None:
+        self._place(prop, portfolio, kind, one_record, pick)
+
+    def _place(self, prop: int | None, portfolio: int, kind: str, one_record: bool, pick: int) -> None:
         target = self.props[prop] if prop is not None else None
+        if kind and target is not None and not get_spec(kind).has_property:
+            # A kind without a property takes no property's hold (the service refuses one).
+            portfolio, target = self.props.index(target) // 2, None
         portfolio_obj = target.portfolio if target else self.props[portfolio * 2].portfolio
         record_id = None
         if one_record and kind:
@@ -292,7 +347,7 @@ class Guarantees(RuleBasedStateMachine):
         named = [r for r in self.deleted if r.document_id]
         record = named[pick % len(named)]
         portfolio = Portfolio.objects.get(pk=record.portfolio_id)
-        prop = Property.objects.get(pk=record.property_id) if narrow != "portfolio" else None
+        prop = Property.objects.get(pk=record.property_id) if narrow != "portfolio" and record.property_id else None
         kind = record.kind if narrow == "kind" else ""
         hold = legal_hold_place(
             portfolio=portfolio,
@@ -430,29 +485,30 @@ class Guarantees(RuleBasedStateMachine):
     def _application_change(self, record: Record, change: str, prop: int, age: str) -> tuple[str, list, dict]:
         """The statement the application runs for ``change``, and what it makes of the record."""
         spec = get_spec(record.kind)
-        if change == "move" or (change == "document" and record.kind not in WITH_FILES):
+        if change == "move" or (change == "document" and record.kind not in self.with_files):
             target = self.props[prop]
-            return (
-                f"UPDATE {spec.table} SET property_id = %s, portfolio_id = %s WHERE id = %s",
-                [target.pk, target.portfolio_id, record.id],
-                {"property_id": target.pk, "portfolio_id": target.portfolio_id},
-            )
+            assignments, params, fields = self._move_sql(record, target)
+            return (f"UPDATE {spec.table} SET {assignments} WHERE {spec.pk_column} = %s", [*params, record.id], fields)
         if change == "timestamp":
             ts = {"old": OLD, "borderline": START - AGES["borderline"], "young": START - AGES["young"]}.get(
                 age, self.now + timedelta(days=30)
             )
-            return (f"UPDATE {spec.table} SET {spec.timestamp_column} = %s WHERE id = %s", [ts, record.id], {"ts": ts})
-        if change == "document" and record.kind in WITH_FILES:
+            return (
+                f"UPDATE {spec.table} SET {spec.timestamp_column} = %s WHERE {spec.pk_column} = %s",
+                [ts, record.id],
+                {"ts": ts},
+            )
+        if change == "document" and record.kind in self.with_files:
             document_id = None if age == "young" else f"{self.prefix}-s{prop % 3}"
             if document_id and document_id not in self.docs_seen:
                 self.store.create(document_id)
                 self.docs_seen.add(document_id)
             return (
-                f"UPDATE {spec.table} SET document_id = %s WHERE id = %s",
+                f"UPDATE {spec.table} SET {spec.attachment_column} = %s WHERE {spec.pk_column} = %s",
                 [document_id, record.id],
                 {"document_id": document_id},
             )
-        return (f"DELETE FROM {spec.table} WHERE id = %s", [record.id], {})
+        return (f"DELETE FROM {spec.table} WHERE {spec.pk_column} = %s", [record.id], {})
 
     def _applied(self, record: Record, fields: dict) -> None:
         key = (record.kind, record.id)
@@ -494,16 +550,10 @@ class Guarantees(RuleBasedStateMachine):
         destination commits meanwhile, then the application commits."""
         record = self._alive(pick)
         app = raw_connection(autocommit=False)
-        inserted: list[int] = []
+        inserted: list[Record] = []
         try:
             if change == "insert":
-                target = self.props[prop]
-                row = app.execute(
-                    "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
-                    " VALUES (%s, %s, '1', 'T', %s, %s) RETURNING id",
-                    [target.portfolio_id, target.pk, OLD.date(), OLD],
-                ).fetchone()
-                inserted.append(int(row[0]))
+                inserted.append(self._insert_old(app, self.props[prop]))
             else:
                 statement, params, fields = self._application_change(record, change, prop, age)
                 app.execute(statement, params)
@@ -544,10 +594,7 @@ class Guarantees(RuleBasedStateMachine):
             target = self.props[prop]
             self.holds.append(Hold(int(placing.result), target.portfolio_id, target.pk, "", None))
         if change == "insert":
-            target = self.props[prop]
-            self.records[("lease", inserted[0])] = Record(
-                "lease", inserted[0], target.portfolio_id, target.pk, OLD, None
-            )
+            self.records[(inserted[0].kind, inserted[0].id)] = inserted[0]
         else:
             self.unsettled.setdefault((record.kind, record.id), replace(record))
             self._applied(record, fields)
@@ -614,8 +661,8 @@ class Guarantees(RuleBasedStateMachine):
         """Records deleted since the last look: past the cutoff, under no active hold."""
         cutoff = self._cutoff()
         alive: set[tuple[str, int]] = set()
-        for kind in KINDS:
-            alive |= {(kind, i) for i in get_spec(kind).model.objects.values_list("id", flat=True)}
+        for kind in self.kinds:
+            alive |= {(kind, i) for i in get_spec(kind).model.objects.values_list("pk", flat=True)}
         for key in [k for k in self.records if k not in alive]:
             record = self.records.pop(key)
             assert record.ts < cutoff, f"{key} deleted before its cutoff"
@@ -644,7 +691,8 @@ class Guarantees(RuleBasedStateMachine):
                 for r in self.records.values()
                 if r.kind == entry.record_kind
                 and r.property_id == entry.property_id
-                and entry.after_id < r.id <= entry.last_id
+                and (entry.property_id is not None or r.portfolio_id == entry.portfolio_id)
+                and self._in_range(entry, r.id)
                 and r.ts < entry.cutoff
             ]
             held = [r for r in survivors if any(h.covers(r) for h in self.holds)]
@@ -658,7 +706,7 @@ class Guarantees(RuleBasedStateMachine):
                 before
                 for key, before in self.unsettled.items()
                 if before.kind == entry.record_kind
-                and entry.after_id < before.id <= entry.last_id
+                and self._in_range(entry, before.id)
                 and any(h.covers(state) for state in (before, self.records.get(key)) if state for h in self.holds)
             ]
             strict = [r for r in held if (r.kind, r.id) not in self.unsettled]

@@ -131,7 +131,7 @@ def test_the_default_kinds_and_a_well_formed_kind_pass_the_checks(settings):
         ({"portfolio": "closed_on"}, "retention.E004", "['portfolio']"),
         ({"property": "customer"}, "retention.E004", "['property']"),
         ({"property": "unit__building"}, "retention.E005", "['property']"),
-        ({"property": None}, "retention.E005", "['property']"),
+        ({"property": "building__portfolio__name"}, "retention.E005", "['property']"),
         ({"attachment": {"field": "closed_on"}}, "retention.E007", "['attachment']"),
         ({"attachment": {"field": "contract_ref", "storage": "s3"}}, "retention.E007", "['attachment']"),
         ({"attachment": "contract_ref"}, "retention.E007", "['attachment']"),

@@ -394,6 +394,11 @@ def _purge_decide(*, request: _Request, document_id: str, cur: Any = None, store
     locked = sql.execute(sql.document_scopes_lock(), [document_id], cur=cur)
     if cur is not None:
         locked.fetchall()
+    if any(not spec.has_property for spec in REGISTRY.values()):
+        # Records of a kind without a property: their scope is the portfolio row alone.
+        locked = sql.execute(sql.document_portfolios_lock(), [document_id], cur=cur)
+        if cur is not None:
+            locked.fetchall()
     checkpoint("purge.after_scope_lock")
     if document_held(document_id):
         if store is not None and not store.exists(ref_key(request.store, document_id)):
@@ -544,6 +549,9 @@ def _purge_decide_many(
             undecided.append(ref)
     if undecided and sql.is_postgres():
         sql.execute(sql.document_scopes_lock_many(), [undecided], cur=cur).fetchall()
+        if any(not spec.has_property for spec in REGISTRY.values()):
+            # Records of a kind without a property: their scope is the portfolio row alone.
+            sql.execute(sql.document_portfolios_lock_many(), [undecided], cur=cur).fetchall()
     checkpoint("purge.after_scope_lock")
     held = documents_held(undecided) if undecided else set()
     for ref in sorted(held):
@@ -575,6 +583,7 @@ def documents_held(document_ids: list[str]) -> set[str]:
         property=OuterRef("property_id"),
         kind=OuterRef("record_kind"),
         record=OuterRef("record_id"),
+        record_key=OuterRef("record_key"),
     )
     named = DeletedAttachment.objects.filter(document_id__in=document_ids).filter(Exists(covering))
     return set(named.order_by().values_list("document_id", flat=True).distinct())

@@ -44,6 +44,14 @@ job is done with its outcome in that same transaction, and so is its sweep
 when no job of it is left open (``sweeps.sweep_mark_drained_if_finished``).
 Checkpoints (``cleanup_ops.checkpoints``) mark the steps for the
 interleaving tests.
+
+A kind whose key is not an integer (``retention.registry``, "Keys") carries
+its cursor as text: after the fence, one statement reads the text cursors of
+such jobs (their rows are already locked by it), and before the commit one
+writes them (``sql.jobs_cursor_keys``/``jobs_cursor_keys_set``); their ledger
+rows take the range as ``after_key``/``last_key``. A kind without a property
+is partitioned by its portfolio: its rows in a group are told apart by the
+portfolio, not the property.
 """
 
 from __future__ import annotations
@@ -76,7 +84,7 @@ from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.conf import MAX_BATCH_SIZE
 from retention.eligibility import db_datetime, eligible_sql_for
 from retention.models import PolicyVersion
-from retention.registry import get_spec
+from retention.registry import REGISTRY, get_spec
 
 
 @dataclass
@@ -85,7 +93,7 @@ class JobRef:
 
     id: int
     portfolio_id: int
-    property_id: int
+    property_id: int | None  # None: a kind without a property (the partition is the portfolio)
     record_kind: str
     cutoff: datetime
     policy_version_id: int
@@ -119,10 +127,23 @@ def jobs_load(job_ids: list[int]) -> dict[int, JobRef]:
     return {row[0]: JobRef(*row) for row in rows}
 
 
+Key = int | str  # a cursor: an integer key, or a non-integer one's text ("" before the first)
+
+
+def operation_partition(*, property_id: int | None, portfolio_id: int) -> str:
+    """The partition's part of an operation id: the property id, or
+    ``portfolio-<id>`` for a kind without a property (two portfolios'
+    batches must never share an operation id)."""
+    return str(property_id) if property_id is not None else f"portfolio-{portfolio_id}"
+
+
 def operation_id(
-    *, record_kind: str, property_id: int, slot: datetime, cutoff: datetime, after_id: int, limit: int
+    *, record_kind: str, property_id: int | str, slot: datetime, cutoff: datetime, after_id: Key, limit: int
 ) -> str:
     """sha256 of ``retention:<kind>:<property>:<slot>:<cutoff>:<after_id>:<limit>`` (RFC 3339 UTC).
+
+    ``property_id`` is ``operation_partition``'s; ``after_id`` the cursor as
+    carried (a non-integer key's text, "" for the first batch).
 
     The slot is in it so that a later sweep whose cutoff happens to equal an
     earlier one's (a policy shortened by exactly the time between the slots)
@@ -158,16 +179,16 @@ class PartitionStep:
 @dataclass
 class _Work:
     job: JobRef
-    after_id: int
+    after_id: Key
     cutoff: datetime
     version_id: int
     limit: int = MAX_BATCH_SIZE  # this partition's batch size
     operation: str = ""
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
-    last_id: int | None = None
+    last_id: Key | None = None
     counted: bool = False
     # The candidates' ids (PostgreSQL): what the group DELETE deletes from.
-    ids: list[int] | None = None
+    ids: list[Any] | None = None
     # What the ledger says: the candidates, and of those the ones a hold
     # covers, counted in the DELETE's own snapshot.
     in_range: int = 0
@@ -205,6 +226,10 @@ def run_group_batch(
     with transaction.atomic(), connection.cursor() as cur:
         # Steps a (fence) and b-c (scope locks, policy) in one statement.
         fenced, policies = _fence_scopes_and_policies(cur, jobs=jobs, lease=lease, now=now)
+        keyed = {job.id for job in jobs if job.id in fenced and _text_key(job.record_kind)}
+        if keyed:
+            _read_cursor_keys(cur, fenced, sorted(keyed))
+        cursor_keys: dict[int, str] = {}
         for job in jobs:
             steps[job.id].lost = job.id not in fenced
         live = [job for job in jobs if job.id in fenced]
@@ -212,7 +237,11 @@ def run_group_batch(
 
         def advance(job_id: int, **change: Any) -> None:
             cursor, deleted, held = fenced[job_id]
-            updates.append(after_batch(job_id=job_id, totals=(deleted, held), **{"new_cursor": cursor, **change}))
+            new_cursor = change.pop("new_cursor", cursor)
+            if job_id in keyed:
+                # The text cursor is written by its own statement; the bigint stays 0.
+                cursor_keys[job_id], new_cursor = str(new_cursor), 0
+            updates.append(after_batch(job_id=job_id, totals=(deleted, held), new_cursor=int(new_cursor), **change))
 
         checkpoint("batch.after_fence")
         # The first statement's reading of the policies is only a guess: it
@@ -237,6 +266,9 @@ def run_group_batch(
         if unseen:
             # A version approved while the fence waited: its operations were not looked up yet.
             replayed |= _replayed_operations(cur, unseen)
+        replayed_keyed = [item.operation for item in work if item.job.id in keyed and item.operation in replayed]
+        if replayed_keyed:
+            replayed |= _replayed_last_keys(cur, replayed_keyed)
         fresh = []
         for item in work:
             if item.operation in replayed:
@@ -248,7 +280,7 @@ def run_group_batch(
         checkpoint("batch.before_delete")
         chosen, taken = [], 0
         deleted_by_job: dict[int, int] = {}
-        documents: dict[int, list[tuple[str, int]]] = {}
+        documents: dict[int, list[tuple[str, Key]]] = {}
         rest = fresh
         if fresh and sql.is_postgres() and len(fresh) <= GROUP_STATEMENT_FROM:
             # The first partition always goes: its candidates and its DELETE
@@ -281,6 +313,7 @@ def run_group_batch(
             deleted = deleted_by_job.get(job.id, 0)
             steps[job.id].deleted = deleted
             steps[job.id].full = item.candidates >= item.limit
+            text_key = job.id in keyed
             ledger.append(
                 {
                     "operation_id": item.operation,
@@ -290,8 +323,10 @@ def run_group_batch(
                     "record_kind": job.record_kind,
                     "policy_version_id": item.version_id,
                     "cutoff": db_datetime(item.cutoff),
-                    "after_id": item.after_id,
-                    "last_id": item.last_id,
+                    "after_id": 0 if text_key else item.after_id,
+                    "last_id": 0 if text_key else item.last_id,
+                    "after_key": str(item.after_id) if text_key else "",
+                    "last_key": str(item.last_id) if text_key else "",
                     "batch_limit": item.limit,
                     "candidates": item.in_range,
                     "rows_deleted": deleted,
@@ -304,23 +339,29 @@ def run_group_batch(
             # old timestamps after this point) are the next sweep's work.
             advance(
                 job.id,
-                new_cursor=int(item.last_id or 0),
+                new_cursor=item.last_id if text_key else int(item.last_id or 0),
                 finish=item.candidates < item.limit,
                 batches=1,
                 deleted=deleted,
                 held=item.held,
                 batch_size=item.limit,
             )
+        if cursor_keys:
+            rows = [{"job_id": job_id, "cursor_key": key} for job_id, key in sorted(cursor_keys.items())]
+            params = sql.rows_params("g", sql.KEY_CURSOR_COLUMNS, rows)
+            sql.execute(sql.jobs_cursor_keys_set(len(rows)), params, cur=cur)
         if updates:
             params = {**sql.rows_params("g", sql.ADVANCE_COLUMNS, updates), "now": db_datetime(now), "renew": renew}
             statement = sql.group_jobs_advance(len(updates))
+            keys = any(row["after_key"] or row["last_key"] for row in ledger)
+            columns = sql.ledger_columns(keys=keys)
             if ledger and sql.is_postgres():
                 # Every job with a ledger row is among the updates.
-                statement = sql.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates))
-                params |= sql.rows_params("l", sql.LEDGER_COLUMNS, ledger)
+                statement = sql.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates), keys=keys)
+                params |= sql.rows_params("l", columns, ledger)
             elif ledger:
-                ledger_params = sql.rows_params("g", sql.LEDGER_COLUMNS, ledger)
-                sql.execute(sql.ledger_insert_many(len(ledger)), ledger_params, cur=cur)
+                ledger_params = sql.rows_params("g", columns, ledger)
+                sql.execute(sql.ledger_insert_many(len(ledger), keys=keys), ledger_params, cur=cur)
             for job_id, state, outcome in sql.execute(statement, params, cur=cur).fetchall():
                 steps[job_id].applied = True
                 if state == JobState.DONE:
@@ -339,7 +380,7 @@ def run_group_batch(
 
 
 def _plan(
-    job: JobRef, after_id: int, policy: tuple[int | None, int, bool, int], limit: int | None, budget: int
+    job: JobRef, after_id: Key, policy: tuple[int | None, int, bool, int], limit: int | None, budget: int
 ) -> _Work | None:
     """A partition's next batch under ``policy`` (active version id, days,
     enabled, batch size); None when no enabled version is active (withdrawn).
@@ -356,7 +397,7 @@ def _plan(
     item = _Work(job, after_id, cutoff, used_version, limit=min(limit or size, budget, MAX_BATCH_SIZE))
     item.operation = operation_id(
         record_kind=job.record_kind,
-        property_id=job.property_id,
+        property_id=operation_partition(property_id=job.property_id, portfolio_id=job.portfolio_id),
         slot=job.slot,
         cutoff=cutoff,
         after_id=after_id,
@@ -377,7 +418,7 @@ def _scope_rows(jobs: list[JobRef]) -> list[dict[str, Any]]:
     ]
 
 
-Fenced = dict[int, tuple[int, int, int]]
+Fenced = dict[int, tuple[Key, int, int]]
 Policies = dict[int, tuple[int | None, int, bool, int]]
 
 
@@ -395,7 +436,10 @@ def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, no
         "now": db_datetime(now),
         "approved": PolicyVersion.Status.APPROVED,
     }
-    rows = sql.execute(sql.group_fence_scopes_and_policies(len(jobs)), params, cur=cur).fetchall()
+    statement = sql.group_fence_scopes_and_policies(
+        len(jobs), portfolio_partitions=any(job.property_id is None for job in jobs)
+    )
+    rows = sql.execute(statement, params, cur=cur).fetchall()
     if not rows:
         raise LeaseLost(jobs[0].id)
     fenced: Fenced = {}
@@ -407,7 +451,7 @@ def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, no
     return fenced, policies
 
 
-def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) -> tuple[Policies, dict[str, int]]:
+def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) -> tuple[Policies, dict[str, Key]]:
     """The second statement (``sql.policies_and_ledger_lookup``): each job's
     active version as it is once the scope locks are held, and the last id of
     each of ``operations`` already on the ledger."""
@@ -420,7 +464,7 @@ def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) 
     }
     statement = sql.policies_and_ledger_lookup(jobs=len(jobs), operations=max(1, len(operations)))
     policies: Policies = {}
-    replayed: dict[str, int] = {}
+    replayed: dict[str, Key] = {}
     for job_id, vid, days, enabled, size, operation, last_id in sql.execute(statement, params, cur=cur).fetchall():
         if operation is not None:
             replayed[operation] = int(last_id)
@@ -429,9 +473,31 @@ def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) 
     return policies, replayed
 
 
-def _replayed_operations(cur: Any, operations: list[str]) -> dict[str, int]:
+def _replayed_operations(cur: Any, operations: list[str]) -> dict[str, Key]:
     rows = sql.execute(sql.ledger_lookup(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
     return {op: int(last_id) for op, last_id in rows}
+
+
+def _text_key(kind: str) -> bool:
+    """The kind's cursor is carried as text (a non-integer key); a kind no
+    longer configured is not (its jobs end ``scope_missing`` or fail as before)."""
+    spec = REGISTRY.get(kind)
+    return spec is not None and not spec.integer_key
+
+
+def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
+    """Replace the (unused, 0) bigint cursor of non-integer kinds' jobs by
+    their text cursor; the fence holds their rows."""
+    statement = sql.jobs_cursor_keys(len(job_ids))
+    for job_id, key in sql.execute(statement, sql.any_params("ids", job_ids), cur=cur).fetchall():
+        _, deleted, held = fenced[int(job_id)]
+        fenced[int(job_id)] = (str(key), deleted, held)
+
+
+def _replayed_last_keys(cur: Any, operations: list[str]) -> dict[str, Key]:
+    """The text last ids of replayed ledger rows of non-integer kinds."""
+    rows = sql.execute(sql.ledger_last_keys(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
+    return {op: str(last_key) for op, last_key in rows}
 
 
 def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
@@ -450,6 +516,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                     "ord": ord_,
                     "job_id": item.job.id,
                     "property_id": item.job.property_id,
+                    "portfolio_id": item.job.portfolio_id,
                     "after_id": item.after_id,
                     "cutoff": db_datetime(item.cutoff),
                     "lim": item.limit,
@@ -457,7 +524,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                 for ord_, item in enumerate(items)
             ]
             statement = sql.group_candidates(spec, jobs=len(items))
-            params = {**sql.rows_params("g", sql.CANDIDATE_COLUMNS, rows), "budget": budget + 1}
+            params = {**sql.rows_params("g", sql.candidate_columns(spec), rows), "budget": budget + 1}
             found = sql.execute(statement, params, cur=cur).fetchall()
             returned = sum(int(rows) for _, _, rows, *_ in found)
             reached = max((int(ord_) for ord_, *_ in found), default=-1)
@@ -483,12 +550,14 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                     "cutoff": db_datetime(item.cutoff),
                     "lim": item.limit,
                 }
+                if not spec.has_property:
+                    params["portfolio_id"] = item.job.portfolio_id
                 n, last, ids = sql.execute(statement, params, cur=cur).fetchone()
                 item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids, True
                 seen += int(n)
 
 
-def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict[int, list[tuple[str, int]]]]:
+def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict[int, list[tuple[str, Key]]]]:
     """``_count_candidates`` and ``_delete`` for one partition in one statement
     (PostgreSQL): fills in its candidates and last id; returns what
     ``_delete`` returns."""
@@ -509,7 +578,7 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
         **predicate_params,
     }
     deleted = 0
-    named: list[tuple[str, int]] = []
+    named: list[tuple[str, Key]] = []
     for candidates, last_id, record_id, document_id in sql.execute(statement, params, cur=cur).fetchall():
         if candidates is not None:
             item.candidates, item.last_id, item.counted = int(candidates), last_id, True
@@ -519,20 +588,21 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
             continue
         deleted += 1
         if attachment and document_id:
-            named.append((document_id, int(record_id)))
+            named.append((document_id, spec.key_value(record_id)))
     return ({item.job.id: deleted} if deleted else {}), ({item.job.id: named} if named else {})
 
 
-def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[tuple[str, int]]]]:
+def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list[tuple[str, Key]]]]:
     """One DELETE per record kind; (rows deleted per job, (document id, record id) per job)."""
     deleted: dict[int, int] = {}
-    documents: dict[int, list[tuple[str, int]]] = {}
+    documents: dict[int, list[tuple[str, Key]]] = {}
     by_kind: dict[str, list[_Work]] = {}
     for item in work:
         by_kind.setdefault(item.job.record_kind, []).append(item)
     for kind, items in by_kind.items():
         spec = get_spec(kind)
-        by_property = {item.job.property_id: item for item in items}
+        # A group holds one job per partition of a kind: its property, or its portfolio without one.
+        by_property = {(item.job.property_id if spec.has_property else item.job.portfolio_id): item for item in items}
         predicate, predicate_params = sql.named(
             *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
         )
@@ -547,7 +617,7 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             }
             for item in items
         ]
-        params = {**sql.rows_params("g", sql.DELETE_COLUMNS, ranges), **predicate_params, "kind": kind}
+        params = {**sql.rows_params("g", sql.delete_columns(spec), ranges), **predicate_params, "kind": kind}
         if sql.is_postgres():
             # The DELETE takes the counted candidates: they are the ledger's.
             params["ids"] = [i for item in items for i in item.ids or ()]
@@ -568,7 +638,7 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             job_id = item.job.id
             deleted[job_id] = deleted.get(job_id, 0) + 1
             if attachment and document_id:
-                documents.setdefault(job_id, []).append((document_id, int(record_id)))
+                documents.setdefault(job_id, []).append((document_id, spec.key_value(record_id)))
     return deleted, documents
 
 
@@ -578,7 +648,7 @@ def attachment_column(kind: str) -> str | None:
 
 
 def purge_outbox_write_many(
-    batches: list[tuple[JobRef, str, list[tuple[str, int]]]], *, now: datetime
+    batches: list[tuple[JobRef, str, list[tuple[str, Key]]]], *, now: datetime
 ) -> list[CleanupJob]:
     """The outbox rows of applied batches: per batch a ``PurgeRequest`` and its
     ``purge`` job, and per deleted record with a document a ``DeletedAttachment``
@@ -642,7 +712,9 @@ def purge_outbox_write_many(
                 portfolio_id=job.portfolio_id,
                 property_id=job.property_id,
                 record_kind=job.record_kind,
-                record_id=record_id,
+                # A non-integer key is named by its text (``record_key``).
+                record_id=record_id if isinstance(record_id, int) else None,
+                record_key="" if isinstance(record_id, int) else record_id,
                 purge_request_id=request.pk,
                 deleted_at=now,
             )

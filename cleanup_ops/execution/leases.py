@@ -195,11 +195,13 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
                 return None
             rows = [row for row in rows if row[1] not in paused_now]
         queues: dict[int, list[int]] = {}
-        seen: set[tuple[int, str]] = set()
+        seen: set[tuple[int, int | None, str]] = set()
         for job_id, portfolio_id, property_id, kind in rows:
-            if holders.get(portfolio_id, 0) >= cap or (property_id, kind) in seen:
+            # A partition: (property, kind), or (portfolio, kind) for a kind without a property.
+            partition = (portfolio_id if property_id is None else 0, property_id, kind)
+            if holders.get(portfolio_id, 0) >= cap or partition in seen:
                 continue
-            seen.add((property_id, kind))
+            seen.add(partition)
             queues.setdefault(portfolio_id, []).append(job_id)
         # A portfolio's due jobs are split over the lease slots it has left:
         # one group taking all of them would leave the portfolio's other slots

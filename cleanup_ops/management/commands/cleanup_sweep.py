@@ -66,6 +66,7 @@ class Command(BaseCommand):
                 "cutoff": r.cutoff.isoformat(),
                 "eligible": r.eligible,
                 "held": r.held,
+                "unreachable": r.unreachable,
             }
             for r in preview.rows
         ]
@@ -80,3 +81,10 @@ class Command(BaseCommand):
         self.stdout.write(
             f"Total: {sum(r['eligible'] for r in rows)} eligible, {sum(r['held'] for r in rows)} held by legal holds."
         )
+        for r in rows:
+            if r["unreachable"]:
+                # A one-hop path that is NULL: in no partition, so no job will ever delete these.
+                self.stdout.write(
+                    f"Portfolio {r['portfolio_id']}, {r['record_kind']}: {r['unreachable']} rows past the cutoff "
+                    "belong to no property (their path is NULL) and will not be deleted (check retention.W009)."
+                )
