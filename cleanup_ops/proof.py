@@ -86,10 +86,10 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
         .values_list("job_id", "operation_id", "after_id", "last_id", "batch_limit", "cutoff", "after_key", "last_key")
         .iterator(chunk_size=5000)
     )
-    for job_id, operation_id, after_id, last_id, limit, cutoff, after_key, last_key in ledger:
-        if last_key:
-            # A non-integer key: the range as text, "" before the first batch (what the id hashes).
-            after_id, last_id = after_key, last_key
+    for job_id, operation_id, after_int, last_int, limit, cutoff, after_key, last_key in ledger:
+        # A non-integer key: the range as text, "" before the first batch (what the id hashes).
+        after_id: int | str = after_key if last_key else after_int
+        last_id: int | str = last_key if last_key else last_int
         hasher = hashers.get(job_id)
         if hasher is None:
             hasher = hashers[job_id] = hashlib.sha256()

@@ -193,7 +193,8 @@ def _index_problems(kind: str, model: type[models.Model], prop: str, timestamp: 
     declared = [list(index.fields[:2]) for index in meta.indexes] + [list(t[:2]) for t in meta.unique_together]
     if wanted in declared or [prop, "pk"] in declared:
         return []
-    if not meta.managed and _index_in_database(model, [meta.get_field(prop).column, meta.pk.column]):
+    columns = [str(getattr(meta.get_field(prop), "column", prop)), str(meta.pk.column)]
+    if not meta.managed and _index_in_database(model, columns):
         return []
     name = f"{meta.db_table[:20]}_keyset_idx"
     hint = f"add models.Index(fields={wanted!r}, include=[{timestamp!r}], name={name!r}) to {meta.label}.Meta.indexes"

@@ -143,7 +143,7 @@ def count_unreachable(kind: str, *, portfolio_id: int | None = None, cutoff: dat
     if spec.property_shape != "path":
         return 0
     sql = f"SELECT COUNT(*) FROM {spec.table} r WHERE {spec.property_of('r')} IS NULL"
-    params: list[object] = []
+    params: list[Any] = []
     if cutoff is not None:
         sql += f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"
         params.append(db_datetime(cutoff))

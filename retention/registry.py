@@ -170,8 +170,9 @@ class RecordKindSpec:
         """(unit table, unit pk column, unit's property column) of a one-hop path."""
         first, second = str(self.property_field).split("__")
         unit = self.model._meta.get_field(first).related_model
-        meta = unit._meta  # type: ignore[union-attr]
-        return meta.db_table, meta.pk.column, meta.get_field(second).column  # type: ignore[union-attr]
+        meta = unit._meta  # type: ignore[union-attr]  # a foreign key (checked by E005): its model is a class
+        site = meta.get_field(second)
+        return str(meta.db_table), str(meta.pk.column), str(site.column)  # type: ignore[union-attr]  # a foreign key
 
     def in_partition(self, alias: str, *, property_sql: str, portfolio_sql: str) -> str:
         """Row ``alias`` belongs to the partition (``property_sql``,

@@ -185,7 +185,7 @@ class _Request:
     document_ids: list[str]
     invalid: int
     portfolio_id: int
-    property_id: int
+    property_id: int | None  # None: a kind without a property (the partition is the portfolio)
     record_kind: str
     store: str
 

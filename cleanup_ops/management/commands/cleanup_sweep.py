@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import json
 from datetime import datetime
-from typing import Any, TypedDict
+from typing import Any, NotRequired, TypedDict
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
@@ -20,6 +20,7 @@ class PreviewRow(TypedDict):
     cutoff: str
     eligible: int
     held: int
+    unreachable: NotRequired[int]  # rows a property path cannot reach (NULL on the way)
 
 
 class Command(BaseCommand):
