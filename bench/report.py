@@ -162,15 +162,23 @@ def print_statements(runs: list[RunResult], *, method: str) -> None:
     )
     head = (
         f"  {'run':<38} {'statements':>10} {'BEGIN/COMMIT':>12} {'FK lookups':>10} {'partitions':>10}"
-        f" {'per partition':>13} {'incl. tx':>9}"
+        f" {'per partition':>13} {'incl. tx':>9} {'pages':>12} {'pages/row':>9}"
     )
     print(head)
     for r in shown:
-        statements, tx, internal = sent(r.extra["server"]["by_class"])
+        by_class = r.extra["server"]["by_class"]
+        statements, tx, internal = sent(by_class)
         parts = _admitted(r)
         per = f"{statements / parts:.2f}" if parts else "-"
         per_tx = f"{(statements + tx) / parts:.2f}" if parts else "-"
-        print(f"  {r.label:<38} {statements:>10,} {tx:>12,} {internal:>10,} {parts or '-':>10} {per:>13} {per_tx:>9}")
+        # Shared buffer pages the run's statements touched (hit or read): the
+        # server's work as a count, which the machine's load does not move.
+        pages = int(sum(v[3] for v in by_class.values() if len(v) > 3))
+        per_row = f"{pages / r.deleted:.2f}" if r.deleted else "-"
+        print(
+            f"  {r.label:<38} {statements:>10,} {tx:>12,} {internal:>10,} {parts or '-':>10} {per:>13} {per_tx:>9}"
+            f" {pages:>12,} {per_row:>9}"
+        )
     pipeline = [r for r in shown if _admitted(r)]
     if not pipeline:
         return

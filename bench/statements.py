@@ -156,17 +156,23 @@ class ServerCounts:
 
     method: str
     seconds: float
-    statements: dict[str, list[Any]] = field(default_factory=dict)  # query text -> [calls, exec ms, rows, plan ms]
+    # query text -> [calls, exec ms, rows, plan ms, shared buffer pages touched (hit + read)]
+    statements: dict[str, list[Any]] = field(default_factory=dict)
     xact: dict[str, int] = field(default_factory=dict)  # pg_stat_database deltas
 
     def by_class(self) -> dict[str, list[float]]:
-        """class -> [calls, execution ms, planning ms]."""
-        out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0])
-        for text, (calls, ms, _rows, plan_ms) in self.statements.items():
+        """class -> [calls, execution ms, planning ms, buffer pages touched].
+
+        Pages touched (shared buffers hit or read) count the work the server
+        did, as calls count statements: unlike its milliseconds, they do not
+        change with the load of the rest of the machine."""
+        out: dict[str, list[float]] = defaultdict(lambda: [0, 0.0, 0.0, 0])
+        for text, (calls, ms, _rows, plan_ms, *pages) in self.statements.items():
             entry = out[classify_text(text)]
             entry[0] += calls
             entry[1] += ms
             entry[2] += plan_ms
+            entry[3] += int(pages[0]) if pages else 0
         return dict(out)
 
     def total(self, *, exclude: tuple[str, ...] = SERVER_INTERNAL) -> int:
@@ -177,8 +183,8 @@ class ServerCounts:
         return {
             "method": self.method,
             "seconds": round(self.seconds, 3),
-            "by_class": {k: [int(v[0]), round(v[1], 2), round(v[2], 2)] for k, v in self.by_class().items()},
-            "top": [[classify_text(t), short(t), int(c), round(ms, 2), round(pl, 2)] for t, (c, ms, _r, pl) in top],
+            "by_class": {k: [int(v[0]), round(v[1], 2), round(v[2], 2), int(v[3])] for k, v in self.by_class().items()},
+            "top": [[classify_text(t), short(t), int(v[0]), round(v[1], 2), round(v[3], 2)] for t, v in top],
             "xact": self.xact,
         }
 
@@ -273,7 +279,8 @@ class PgStats:
         if self.method == "pg_stat_statements":
             with psycopg.connect(self.admin, autocommit=True) as conn:
                 rows = conn.execute(
-                    "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows), sum(s.total_plan_time)"
+                    "SELECT s.query, sum(s.calls), sum(s.total_exec_time), sum(s.rows), sum(s.total_plan_time),"
+                    " sum(s.shared_blks_hit + s.shared_blks_read)"
                     " FROM pg_stat_statements s"
                     " JOIN pg_database d ON d.oid = s.dbid"
                     " WHERE d.datname = %s"
@@ -281,7 +288,9 @@ class PgStats:
                     " GROUP BY s.query",
                     [self.db, [WATCH_ROLE if self.watch_separate else "", *self.excluded_roles]],
                 ).fetchall()
-            result.statements = {q: [int(c), float(ms), int(r), float(pl or 0)] for q, c, ms, r, pl in rows}
+            result.statements = {
+                q: [int(c), float(ms), int(r), float(pl or 0), int(pages or 0)] for q, c, ms, r, pl, pages in rows
+            }
         after = self._xact()
         result.xact = {k: after[k] - mark["xact"].get(k, 0) for k in after}
         return result
