@@ -25,4 +25,4 @@ class RetentionConfig(AppConfig):
         from retention import checks, domain_checks  # noqa: F401
         from retention.roles import role_groups_grant_on_migrate
 
-        post_migrate.connect(role_groups_grant_on_migrate, sender=self, dispatch_uid="retention.role_groups")
+        post_migrate.connect(role_groups_grant_on_migrate, dispatch_uid="retention.role_groups")

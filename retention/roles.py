@@ -131,14 +131,22 @@ MEMBERSHIP_ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
 }
 
 
-def role_groups_grant_on_migrate(*, using: str = "default", **kwargs: Any) -> None:
-    """``post_migrate`` (retention's): grant each group its listed permissions
-    that exist, on every ``migrate`` — so a record kind added to the settings
-    later, which writes no migration of ours, gets its view permission then.
-    Runs after django.contrib.auth's own receiver has created the
-    permissions (receivers run in the order their apps are ready). Grants
-    only; never revokes what an administrator granted by hand."""
+def role_groups_grant_on_migrate(*, sender: Any, using: str = "default", plan: Any = None, **kwargs: Any) -> None:
+    """``post_migrate``: grant each group its listed permissions that exist,
+    on every ``migrate`` — so a record kind added to the settings later,
+    which writes no migration of ours, gets its view permission then.
+
+    ``post_migrate`` is sent once per installed app, and each app's
+    permissions are created by django.contrib.auth's receiver for that app:
+    so this acts once, for the last app, when every permission exists. A
+    ``flush`` (which sends it with no plan: the test runner, between
+    transactional tests) is left alone. Grants only; never revokes what an
+    administrator granted by hand."""
+    from django.apps import apps as registry
     from django.contrib.auth.models import Group, Permission
+
+    if plan is None or sender is not list(registry.get_app_configs())[-1]:
+        return
 
     for role, perms in ROLE_PERMISSIONS.items():
         group, _ = Group.objects.using(using).get_or_create(name=role)
