@@ -94,7 +94,15 @@ from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
 from cleanup_ops.execution.batches import JobRef
-from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
+from cleanup_ops.execution.leases import (
+    Lease,
+    job_finish,
+    job_release,
+    lease_expiry_from,
+    lease_renewal,
+    lock_job,
+    wait_for_token,
+)
 from cleanup_ops.models import (
     CleanupJob,
     DeletedAttachment,
@@ -168,11 +176,17 @@ def purge_run(
     max_seconds: float,
     before_request: Hook | None = None,
     after_request: Hook | None = None,
+    lease_until: datetime | None = None,
 ) -> None:
-    """Run a bounded slice of a leased purge job; raises on failure (the caller classifies)."""
+    """Run a bounded slice of a leased purge job; raises on failure (the caller classifies).
+
+    ``lease_until``: the earliest the lease may expire (read before it was
+    taken; by default a lease taken now), which bounds a sleep for the
+    store's tokens; each request's advance renews it."""
     request = _request_load(job)
     cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
     buckets = docstore_buckets_for(job.portfolio_id)
+    lease_until = lease_until or lease_expiry_from(clock.now())
     started = time.monotonic()
     steps = 0
     with DocstoreClient() as client:
@@ -186,7 +200,8 @@ def purge_run(
             if wait > 0:
                 wait += retry_after_jitter()
             else:
-                wait = wait_for_token(job.portfolio_id, buckets=buckets)
+                slice_left = max_seconds - (time.monotonic() - started)
+                wait = wait_for_token(job.portfolio_id, buckets=buckets, lease_until=lease_until, slice_left=slice_left)
             if wait > 0:
                 progress.deferred_seconds = wait
                 job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
@@ -199,9 +214,11 @@ def purge_run(
             except DownstreamError as exc:
                 _hold_all_purges(exc)
                 raise
+            renewed_from = clock.now()
             cursor = _purge_advance(
                 job=job, lease=lease, request=request, cursor=cursor, verdict=verdict, effect=effect
             )
+            lease_until = lease_expiry_from(renewed_from)
             steps += 1
             if verdict == HELD:
                 progress.set_aside += 1
