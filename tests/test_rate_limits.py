@@ -331,6 +331,7 @@ def test_with_only_a_global_limit_no_token_statement_names_a_portfolio(active_po
     assert _bucket_statements(queries) == first_use + [("reserve", set())] * result.transactions
 
 
+@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.usefixtures("frozen")
 def test_a_worker_sleeps_until_its_reserved_instant_with_the_lease_kept_and_finishes_in_one_slice(
