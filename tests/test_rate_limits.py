@@ -435,3 +435,23 @@ def test_tokens_a_transaction_did_not_use_go_back_and_the_global_only_when_it_to
     }
     tokens_give_back(portfolio_ids={7, 8}, include_global=True)  # never above the burst
     assert list(RateBucket.objects.values_list("tokens", flat=True)) == [pytest.approx(2.0)] * 3
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("frozen")
+def test_a_slice_ending_before_the_next_token_gives_its_job_back_due_now_without_a_deferral(active_policy, settings):
+    settings.CLEANUP_BATCH_SIZE = 2
+    settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL = 1.0, 1.0  # the next token in 1 s
+    props = estate(active_policy, ["A"], rows=5)
+    sweep_trigger(slot=SLOT, now=NOW)
+    # A slice with 0.3 s to run: the second token comes after its end, within
+    # what the next slice (5 s) sleeps through.
+    result = runner.group_run_slice(owner="w", max_seconds=0.3)
+    job = job_of(props["A"])
+    assert (result.transactions, result.out_of_time, result.deferred_seconds) == (1, True, 0.0)
+    assert (job.state, job.rows_deleted, job.attempt, job.available_at) == (JobState.PENDING, 2, 0, NOW)
+    # Nothing was reserved for the refused instant.
+    assert RateBucket.objects.get(name="global").updated_at == pytest.approx(NOW.timestamp())
+    # The next slice, with its whole budget, sleeps for the token instead.
+    assert runner.group_run_slice(owner="w").transactions == 2
+    assert job_of(props["A"]).state == JobState.DONE

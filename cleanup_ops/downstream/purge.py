@@ -101,6 +101,7 @@ from cleanup_ops.execution.leases import (
     lease_expiry_from,
     lease_renewal,
     lock_job,
+    token_wait_next_slice,
     wait_for_token,
 )
 from cleanup_ops.models import (
@@ -202,6 +203,11 @@ def purge_run(
             else:
                 slice_left = max_seconds - (time.monotonic() - started)
                 wait = wait_for_token(job.portfolio_id, buckets=buckets, lease_until=lease_until, slice_left=slice_left)
+                if wait > 0 and token_wait_next_slice(wait):
+                    # Only this slice's end comes before the store's token: back
+                    # due now, the next slice reserves and sleeps.
+                    job_release(lease=lease)
+                    return
             if wait > 0:
                 progress.deferred_seconds = wait
                 job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))

@@ -30,8 +30,10 @@ Protocol:
   of its slice, ``CLEANUP_TOKEN_WAIT_SECONDS`` and what its lease can bear
   (``token_wait_bound``: the sleep ends a quarter of ``CLEANUP_LEASE_SECONDS``
   before the lease would expire, so the batch after it still fences and
-  renews). A longer wait reserves nothing and defers the job until exactly
-  when its tokens will be there (no attempt counted). The sleep checks the
+  renews). A longer wait reserves nothing: when only the slice's end is
+  nearer than the tokens (``token_wait_next_slice``) the job goes back due
+  now and the next slice sleeps; otherwise it is deferred until exactly when
+  its tokens will be there (no attempt counted). The sleep checks the
   stop flag (``stop_requested``, set by SIGTERM: ``runner.stop_on_sigterm``)
   every ``SLEEP_STEP_SECONDS``; a stopped sleeper gives its reserved tokens
   back and its job back.
@@ -334,6 +336,21 @@ def token_wait_bound(*, lease_until: datetime, slice_left: float, now: datetime 
     now = now or clock.now()
     lease_left = (lease_until - now).total_seconds() - settings.CLEANUP_LEASE_SECONDS / 4
     return max(0.0, min(float(settings.CLEANUP_TOKEN_WAIT_SECONDS), slice_left, lease_left))
+
+
+def token_wait_next_slice(wait: float) -> bool:
+    """Whether the next slice would sleep through ``wait`` with a fresh lease:
+    within a whole slice (``CLEANUP_SLICE_SECONDS``), ``CLEANUP_TOKEN_WAIT_SECONDS``
+    and three quarters of ``CLEANUP_LEASE_SECONDS``. A slice that meets such a
+    wait only because its own end is nearer gives its jobs back due now instead
+    of deferring them: a deferral sends a broker message per job and leases each
+    again for it, and the next slice reserves and sleeps anyway."""
+    fresh = min(
+        float(settings.CLEANUP_TOKEN_WAIT_SECONDS),
+        float(settings.CLEANUP_SLICE_SECONDS),
+        settings.CLEANUP_LEASE_SECONDS * 3 / 4,
+    )
+    return wait <= fresh
 
 
 def wait_for_token(

@@ -47,6 +47,7 @@ from cleanup_ops.execution.leases import (
     stop_requested,
     token_sleep,
     token_wait_bound,
+    token_wait_next_slice,
     wait_for_token,
     worker_name,
 )
@@ -176,10 +177,15 @@ def job_run_slice(
             while True:
                 slice_left = max_seconds - (time.monotonic() - started)
                 wait = wait_for_token(job.portfolio_id, lease_until=lease_until, slice_left=slice_left)
+                if wait > 0 and token_wait_next_slice(wait):
+                    # Only this slice's end (or a stop) comes before the token:
+                    # back due now, the next slice reserves and sleeps.
+                    job_release(lease=lease)
+                    break
                 if wait > 0:
-                    # No token within what the slice and the lease can bear (or
-                    # stopped while asleep): give the job back until its tokens
-                    # are there (not an attempt) rather than holding the lease.
+                    # No token within what a slice and the lease can bear: give
+                    # the job back until its tokens are there (not an attempt)
+                    # rather than holding the lease.
                     result.deferred_seconds = wait
                     job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
                     break
@@ -248,6 +254,7 @@ class GroupSliceResult:
     finished: int = 0
     deferred_seconds: float = 0.0
     fell_back: bool = False  # a transaction failed: its jobs ran alone
+    out_of_time: bool = False  # the next tokens come after the slice's end: its jobs went back due now
 
 
 def group_run_slice(
@@ -333,12 +340,20 @@ def group_run_slice(
             now=now,
         )
         grant = group_tokens({jobs[job_id].portfolio_id for job_id in working}, max_wait=bound, now=now)
+        if not grant.reserved and token_wait_next_slice(grant.wait):
+            # Only this slice's end comes before the tokens: end it here, its
+            # partitions go back due now (below) and the next slice sleeps.
+            result.out_of_time = True
+            break
         allowed = set(grant.allowed)
         # Partitions whose portfolio has no token by then: kept for a later
-        # transaction of this slice when their own wait fits, else deferred
-        # until exactly when their tokens will be there.
+        # transaction of this slice (or the next slice) when the next slice
+        # could sleep through their wait, else deferred until exactly when
+        # their tokens will be there.
         left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in allowed]
-        deferred = [job_id for job_id in left_out if grant.wait_of(jobs[job_id].portfolio_id) > bound]
+        deferred = [
+            job_id for job_id in left_out if not token_wait_next_slice(grant.wait_of(jobs[job_id].portfolio_id))
+        ]
         working = [job_id for job_id in working if jobs[job_id].portfolio_id in allowed]
         if deferred:
             by_wait: dict[float, list[int]] = {}
@@ -478,7 +493,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
         turn.rows_deleted += group.rows_deleted
         turn.jobs_leased += group.leased
         batches_left -= max(1, group.transactions)
-        if group.deferred_seconds and not group.transactions:
+        if (group.deferred_seconds or group.out_of_time) and not group.transactions:
             break
     # The message for ``job_id`` is consumed. If this turn did not lease that
     # job (another worker's group took it, or its portfolio was at its cap),
