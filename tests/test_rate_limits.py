@@ -455,3 +455,19 @@ def test_a_slice_ending_before_the_next_token_gives_its_job_back_due_now_without
     # The next slice, with its whole budget, sleeps for the token instead.
     assert runner.group_run_slice(owner="w").transactions == 2
     assert job_of(props["A"]).state == JobState.DONE
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("frozen")
+def test_a_turn_whose_next_token_comes_after_its_end_ends_without_leasing_again(active_policy, settings):
+    settings.CLEANUP_BATCH_SIZE = 1
+    settings.CLEANUP_SLICE_SECONDS = 0.5
+    settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL = 4.0, 1.0  # a token every 0.25 s
+    props = estate(active_policy, ["A"], rows=10)
+    sweep_trigger(slot=SLOT, now=NOW)
+    turn = runner.worker_turn(job_id=job_of(props["A"]).pk)
+    # Two batches (the burst's token, then one 0.25 s later); the third token
+    # comes after the turn's 0.5 s: the turn ends with the one group it leased.
+    assert (turn.slices, turn.jobs_leased) == (1, 1)
+    job = job_of(props["A"])
+    assert (job.state, job.rows_deleted, job.attempt, job.available_at) == (JobState.PENDING, 2, 0, NOW)

@@ -493,7 +493,9 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
         turn.rows_deleted += group.rows_deleted
         turn.jobs_leased += group.leased
         batches_left -= max(1, group.transactions)
-        if (group.deferred_seconds or group.out_of_time) and not group.transactions:
+        if group.out_of_time or (group.deferred_seconds and not group.transactions):
+            # The next tokens come after this turn's end (or much later): a
+            # group leased now would only be given back.
             break
     # The message for ``job_id`` is consumed. If this turn did not lease that
     # job (another worker's group took it, or its portfolio was at its cap),
