@@ -341,7 +341,7 @@ def pickup_phase(fleet: Fleet, slot: datetime, samples: int, rng: random.Random,
     """``bench/latency.py``'s three scenarios, one sample at a time from zero."""
     from django.conf import settings
 
-    from bench.latency import _bench_lease, _Env, _parked_jobs, _wait_closed, _wait_first_lease, summarise
+    from bench.latency import BenchEnv, bench_lease, parked_jobs, summarise, wait_closed, wait_first_lease
     from cleanup_ops.models import CleanupJob, DeadLetter
     from cleanup_ops.recovery.classification import DEAD, RETRY, Classification, FailureCategory
     from cleanup_ops.recovery.failures import job_fail
@@ -349,7 +349,7 @@ def pickup_phase(fleet: Fleet, slot: datetime, samples: int, rng: random.Random,
     from cleanup_ops.schedule import sweep_trigger
 
     settings.CLEANUP_BACKOFF_BASE_SECONDS, settings.CLEANUP_BACKOFF_CAP_SECONDS = 1.0, 3.0
-    env = _Env(watch)
+    env = BenchEnv(watch)
     out: dict[str, Any] = {}
 
     lat: list[float | None] = []
@@ -359,17 +359,17 @@ def pickup_phase(fleet: Fleet, slot: datetime, samples: int, rng: random.Random,
         env.expired_lease(env.prop(), s)
         result = sweep_trigger(slot=s)
         job_id, due = CleanupJob.objects.filter(sweep=result.sweep).values_list("id", "available_at").get()
-        leased = _wait_first_lease(env, job_id)
+        leased = wait_first_lease(env, job_id)
         lat.append(None if leased is None else (leased - due).total_seconds())
-        _wait_closed(env, [job_id])
+        wait_closed(env, [job_id])
     out["sweep"] = summarise(lat)
     log(f"{fleet.name}: pickup sweep p50 {out['sweep']['p50']} s, p95 {out['sweep']['p95']} s")
 
     lat = []
     retry = Classification(FailureCategory.DOWNSTREAM_UNAVAILABLE, RETRY, "DownstreamError")
-    for job_id in _parked_jobs(env, slot, samples, "retry"):
+    for job_id in parked_jobs(env, slot, samples, "retry"):
         at_zero(fleet, rng)
-        job_fail(lease=_bench_lease(job_id), classification=retry)
+        job_fail(lease=bench_lease(job_id), classification=retry)
         due = CleanupJob.objects.values_list("available_at", flat=True).get(pk=job_id)
         seen = None
         deadline = time.monotonic() + SAMPLE_TIMEOUT
@@ -379,22 +379,22 @@ def pickup_phase(fleet: Fleet, slot: datetime, samples: int, rng: random.Random,
             else:
                 time.sleep(POLL)
         lat.append(None if seen is None else (seen - due).total_seconds())
-        _wait_closed(env, [job_id])
+        wait_closed(env, [job_id])
     out["retry"] = summarise(lat)
     log(f"{fleet.name}: pickup retry p50 {out['retry']['p50']} s, p95 {out['retry']['p95']} s")
 
     lat = []
     dead = Classification(FailureCategory.POLICY_OR_INPUT, DEAD, "InvalidInput")
-    parked = _parked_jobs(env, slot, samples, "redrive")
+    parked = parked_jobs(env, slot, samples, "redrive")
     for job_id in parked:
-        job_fail(lease=_bench_lease(job_id), classification=dead)
+        job_fail(lease=bench_lease(job_id), classification=dead)
     for letter_id in DeadLetter.objects.filter(job_id__in=parked).order_by("id").values_list("id", flat=True):
         at_zero(fleet, rng)
         job = dead_letter_redrive(letter_id=letter_id, actor=None, reason="bench: pickup latency of a redrive")
         due = CleanupJob.objects.values_list("available_at", flat=True).get(pk=job.pk)
-        leased = _wait_first_lease(env, job.pk)
+        leased = wait_first_lease(env, job.pk)
         lat.append(None if leased is None else (leased - due).total_seconds())
-        _wait_closed(env, [job.pk])
+        wait_closed(env, [job.pk])
     out["redrive"] = summarise(lat)
     log(f"{fleet.name}: pickup redrive p50 {out['redrive']['p50']} s, p95 {out['redrive']['p95']} s")
     return out

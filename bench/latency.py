@@ -107,7 +107,7 @@ def summarise(latencies: list[float | None]) -> dict[str, Any]:
     }
 
 
-class _Env:
+class BenchEnv:
     """What the scenarios share: the watcher connection, spare properties, a policy per kind."""
 
     def __init__(self, watch: Any) -> None:
@@ -139,7 +139,7 @@ class _Env:
         return row[0] if row else None
 
 
-def _wait_first_lease(env: _Env, job_id: int) -> datetime | None:
+def wait_first_lease(env: BenchEnv, job_id: int) -> datetime | None:
     deadline = time.monotonic() + PICKUP_TIMEOUT
     while time.monotonic() < deadline:
         at = env.one("SELECT first_leased_at FROM cleanup_ops_cleanupjob WHERE id = %s", [job_id])
@@ -149,7 +149,7 @@ def _wait_first_lease(env: _Env, job_id: int) -> datetime | None:
     return None
 
 
-def _wait_closed(env: _Env, job_ids: list[int], timeout: float = 30.0) -> None:
+def wait_closed(env: BenchEnv, job_ids: list[int], timeout: float = 30.0) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if not env.one(
@@ -161,7 +161,7 @@ def _wait_closed(env: _Env, job_ids: list[int], timeout: float = 30.0) -> None:
     log(f"pickup: jobs {job_ids} still open after {timeout:.0f} s")
 
 
-def scenario_sweep(env: _Env, base_slot: datetime, samples: int) -> dict[str, Any]:
+def scenario_sweep(env: BenchEnv, base_slot: datetime, samples: int) -> dict[str, Any]:
     from cleanup_ops.models import CleanupJob
     from cleanup_ops.schedule import sweep_trigger
 
@@ -181,10 +181,10 @@ def scenario_sweep(env: _Env, base_slot: datetime, samples: int) -> dict[str, An
             latencies.append(None)
             continue
         job_id, available_at = jobs[0]
-        leased_at = _wait_first_lease(env, job_id)
+        leased_at = wait_first_lease(env, job_id)
         env.samples.append((job_id, available_at, leased_at))
         latencies.append(None if leased_at is None else (leased_at - available_at).total_seconds())
-        _wait_closed(env, [job_id])
+        wait_closed(env, [job_id])
         if latencies[-2:] == [None, None]:
             log("pickup/sweep: two samples in a row timed out; giving up on this scenario")
             break
@@ -193,7 +193,7 @@ def scenario_sweep(env: _Env, base_slot: datetime, samples: int) -> dict[str, An
     return out
 
 
-def _bench_lease(job_id: int) -> Any:
+def bench_lease(job_id: int) -> Any:
     """Lease ``job_id`` as a worker would have before failing (state, token, expiry)."""
     from django.conf import settings
     from django.db.models import F
@@ -214,7 +214,7 @@ def _bench_lease(job_id: int) -> Any:
     return Lease(job_id=job_id, token=token, owner="bench")
 
 
-def _parked_jobs(env: _Env, base_slot: datetime, n: int, tag: str) -> list[int]:
+def parked_jobs(env: BenchEnv, base_slot: datetime, n: int, tag: str) -> list[int]:
     """``n`` delete jobs of a sweep of their own, not due for an hour (nothing dispatches
     them), each on a partition with one expired row."""
     from cleanup_ops.models import CleanupJob, Sweep
@@ -247,14 +247,14 @@ def _parked_jobs(env: _Env, base_slot: datetime, n: int, tag: str) -> list[int]:
     return [job.pk for job in CleanupJob.objects.bulk_create(jobs)]
 
 
-def scenario_retry(env: _Env, base_slot: datetime, samples: int) -> dict[str, Any]:
+def scenario_retry(env: BenchEnv, base_slot: datetime, samples: int) -> dict[str, Any]:
     from django.conf import settings
 
     from cleanup_ops.models import CleanupJob
     from cleanup_ops.recovery.classification import RETRY, Classification, FailureCategory
     from cleanup_ops.recovery.failures import job_fail
 
-    job_ids = _parked_jobs(env, base_slot, samples, "retry")
+    job_ids = parked_jobs(env, base_slot, samples, "retry")
     saved = settings.CLEANUP_BACKOFF_BASE_SECONDS, settings.CLEANUP_BACKOFF_CAP_SECONDS
     settings.CLEANUP_BACKOFF_BASE_SECONDS, settings.CLEANUP_BACKOFF_CAP_SECONDS = 1.0, 3.0
     due: dict[int, datetime] = {}
@@ -274,7 +274,7 @@ def scenario_retry(env: _Env, base_slot: datetime, samples: int) -> dict[str, An
 
     try:
         for job_id in job_ids:
-            job_fail(lease=_bench_lease(job_id), classification=failure)
+            job_fail(lease=bench_lease(job_id), classification=failure)
             due[job_id] = CleanupJob.objects.values_list("available_at", flat=True).get(pk=job_id)
             until = time.monotonic() + RETRY_SPACING
             while time.monotonic() < until:
@@ -296,7 +296,7 @@ def scenario_retry(env: _Env, base_slot: datetime, samples: int) -> dict[str, An
     for job_id in job_ids:
         candidates = [t for t in (applied.get(job_id), seen.get(job_id)) if t is not None]
         latencies.append((min(candidates) - due[job_id]).total_seconds() if candidates else None)
-    _wait_closed(env, job_ids)
+    wait_closed(env, job_ids)
     out = summarise(latencies)
     out["backoff_s_p50"] = round(
         statistics.median(
@@ -308,26 +308,26 @@ def scenario_retry(env: _Env, base_slot: datetime, samples: int) -> dict[str, An
     return out
 
 
-def scenario_redrive(env: _Env, base_slot: datetime, samples: int) -> dict[str, Any]:
+def scenario_redrive(env: BenchEnv, base_slot: datetime, samples: int) -> dict[str, Any]:
     from cleanup_ops.models import CleanupJob, DeadLetter
     from cleanup_ops.recovery.classification import DEAD, Classification, FailureCategory
     from cleanup_ops.recovery.failures import job_fail
     from cleanup_ops.recovery.operator import dead_letter_redrive
 
-    job_ids = _parked_jobs(env, base_slot, samples, "redrive")
+    job_ids = parked_jobs(env, base_slot, samples, "redrive")
     failure = Classification(FailureCategory.POLICY_OR_INPUT, DEAD, "InvalidInput")
     for job_id in job_ids:
-        job_fail(lease=_bench_lease(job_id), classification=failure)
+        job_fail(lease=bench_lease(job_id), classification=failure)
     letters = list(DeadLetter.objects.filter(job_id__in=job_ids).order_by("id").values_list("id", flat=True))
     latencies: list[float | None] = []
     env.samples = []
     for letter_id in letters:
         job = dead_letter_redrive(letter_id=letter_id, actor=None, reason="bench: pickup latency of a redrive")
         available_at = CleanupJob.objects.values_list("available_at", flat=True).get(pk=job.pk)
-        leased_at = _wait_first_lease(env, job.pk)
+        leased_at = wait_first_lease(env, job.pk)
         env.samples.append((job.pk, available_at, leased_at))
         latencies.append(None if leased_at is None else (leased_at - available_at).total_seconds())
-        _wait_closed(env, [job.pk])
+        wait_closed(env, [job.pk])
         if latencies[-2:] == [None, None]:
             log("pickup/redrive: two samples in a row timed out; giving up on this scenario")
             break
@@ -380,7 +380,7 @@ def pickup_and_idle(
         time.sleep(2.0)  # warm: the workers have polled the broker a few times
         watch = stats.watcher()
         try:
-            shared = _Env(watch)
+            shared = BenchEnv(watch)
             if "pickup" in phases:
                 for name, scenario in (
                     ("sweep", scenario_sweep),

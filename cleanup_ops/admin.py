@@ -16,7 +16,7 @@ from django_q import admin as django_q_admin
 
 from cleanup_ops.models import WorkerHeartbeat
 
-django_q_admin.resubmit_task.allowed_permissions = ("change",)  # type: ignore[attr-defined]
+django_q_admin.resubmit_task.allowed_permissions = ("change",)
 
 
 @admin.register(WorkerHeartbeat)

@@ -30,10 +30,6 @@ from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 
 
-def job_key(sweep: Sweep, portfolio_id: int, property_id: int, record_kind: str) -> str:
-    return f"{sweep.key}:{portfolio_id}:{property_id}:{record_kind}"
-
-
 @dataclass
 class Partition:
     portfolio_id: int

@@ -568,13 +568,15 @@ class MetricsView(APIView):
 class _PauseSwitchView(APIView):
     permission_classes = [RolePermission]
     service: Any = None
-    success = status.HTTP_200_OK
+    success: int = status.HTTP_200_OK
+    #: Each subclass declares its one permission (RolePermission's map).
+    required_perms: dict[str, str]
 
     def post(self, request: Request) -> Response:
         data = PauseSerializer(data=request.data)
         data.is_valid(raise_exception=True)
         portfolio_id = data.validated_data["portfolio_id"]
-        perm = self.required_perms["post"]  # type: ignore[attr-defined]
+        perm = self.required_perms["post"]
         if portfolio_id is not None and not may_act_in(request.user, perm, portfolio_id):
             raise ValidationError({"portfolio_id": f"no portfolio with id {portfolio_id}"})
         pause = call_service(type(self).service, actor=request.user, **data.validated_data)

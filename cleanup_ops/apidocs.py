@@ -27,6 +27,8 @@ DOCS_CSP = (
 )
 
 
+# A mixin before a DRF view: its OPTIONS answers a plain HttpResponse, which
+# DRF's dispatch takes (its stubs declare a handler's answer a Response only).
 class _Options:
     def options(self, request: Request, *args: Any, **kwargs: Any) -> HttpResponse:
         response = HttpResponse(status=200)
@@ -34,15 +36,15 @@ class _Options:
         return response
 
     def finalize_response(self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any) -> Any:
-        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]
+        response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]  # a mixin: the class after it in the bases has it
         response["Content-Security-Policy"] = DOCS_CSP
         return response
 
 
-class SwaggerView(_Options, SpectacularSwaggerView):
+class SwaggerView(_Options, SpectacularSwaggerView):  # type: ignore[misc]  # DRF takes an HttpResponse too
     pass
 
 
-class RedocView(_Options, SpectacularRedocView):
+class RedocView(_Options, SpectacularRedocView):  # type: ignore[misc]  # DRF takes an HttpResponse too
     # drf-spectacular's page without its Google Fonts links, under the app's own name.
     template_name = "cleanup_ops/redoc.html"

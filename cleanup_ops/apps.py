@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from types import ModuleType
+
 from django.apps import AppConfig
 
 
@@ -7,7 +9,7 @@ class CleanupOpsConfig(AppConfig):
     name = "cleanup_ops"
     verbose_name = "Cleanup operations"
 
-    def __init__(self, app_name: str, app_module: object) -> None:
+    def __init__(self, app_name: str, app_module: ModuleType | None) -> None:
         super().__init__(app_name, app_module)
         from cleanup_ops.defaults import SETTINGS
         from retention.conf import apply_defaults

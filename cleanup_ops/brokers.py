@@ -104,7 +104,7 @@ class ThrottledStatus:
         if now - written.get(key, -math.inf) < STATUS_WRITE_SECONDS:
             return None
         written[key] = now
-        return super().set_stat(key, value, max(timeout, STATUS_TTL_SECONDS))  # type: ignore[misc]
+        return super().set_stat(key, value, max(timeout, STATUS_TTL_SECONDS))  # type: ignore[misc]  # a mixin: the class after it in the bases has it
 
 
 # --------------------------------------------------------------------------- ORM
@@ -133,7 +133,7 @@ class DelayableORM(ORM):
 try:  # the client is only needed with Q_BROKER=redis
     from django_q.brokers.redis_broker import Redis as _RedisBroker
 except ImportError:  # pragma: no cover - redis not installed
-    _RedisBroker = Broker  # type: ignore[assignment,misc]
+    _RedisBroker = Broker
 
 # Moves up to 100 due messages from the sorted set to the queue's list, atomically.
 _PROMOTE = """
@@ -202,8 +202,8 @@ try:  # boto3 is only needed with Q_BROKER=sqs
     from botocore.exceptions import ClientError
     from django_q.brokers.aws_sqs import Sqs as _SqsBroker
 except ImportError:  # pragma: no cover - boto3 not installed
-    _SqsBroker = Broker  # type: ignore[assignment,misc]
-    ClientError = Exception  # type: ignore[assignment,misc]
+    _SqsBroker = Broker
+    ClientError = Exception
 
 SQS_MAX_DELAY = 900  # DelaySeconds' upper bound
 SQS_MAX_RECEIVES = 5  # receives without a delete before SQS moves a message to the DLQ
@@ -334,6 +334,9 @@ class RabbitMQ(ThrottledStatus, Broker):
     """
 
     max_delay_seconds: float | None = None
+    # Set by django-q2's Broker (no stubs): pika's connection, and the server's description once read.
+    connection: Any
+    _info: str | None
 
     def __init__(self, list_key: str | None = None) -> None:
         self.channel: Any = None
@@ -347,7 +350,7 @@ class RabbitMQ(ThrottledStatus, Broker):
 
     # -- connection and topology
 
-    def get_connection(self, list_key: str | None = None) -> Any:  # type: ignore[override]
+    def get_connection(self, list_key: str | None = None) -> Any:
         import pika
 
         queue = list_key or self.list_key

@@ -8,6 +8,7 @@ refreshes with the page's live fragment and works without scripts.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 # Left margin for the y-axis labels, bottom margin for the x-axis labels.
@@ -35,7 +36,7 @@ def compact(value: float) -> str:
 
 
 def bar_chart(
-    points: list[tuple[str, int | float]],
+    points: Sequence[tuple[str, int | float]],
     *,
     width: int = 520,
     height: int = 170,

@@ -155,6 +155,18 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="cleanup_ops.E112",
             )
         )
+    if (
+        settings.STORAGE_PURGE_CONNECT_TIMEOUT + 2 * settings.STORAGE_PURGE_READ_TIMEOUT
+        >= settings.CLEANUP_LEASE_SECONDS
+    ):
+        # As for the HTTP store: one storage call (a DeleteObjects) must fit in a lease.
+        errors.append(
+            checks.Error(
+                "STORAGE_PURGE_READ_TIMEOUT: connect + twice the read timeout must stay under "
+                f"CLEANUP_LEASE_SECONDS ({settings.CLEANUP_LEASE_SECONDS})",
+                id="cleanup_ops.E115",
+            )
+        )
     floor = settings.CLEANUP_SLICE_SECONDS + settings.CLEANUP_HEARTBEAT_SECONDS
     if settings.CLEANUP_LIVENESS_STALE_SECONDS <= floor:
         # A busy, healthy cluster reports progress at least once per turn plus
@@ -215,7 +227,9 @@ def host_project_check(app_configs: Any = None, **kwargs: Any) -> list[checks.Ch
 
 
 def _template_warnings() -> list[checks.CheckMessage]:
-    django_templates = [t for t in settings.TEMPLATES if t.get("BACKEND", "").endswith("DjangoTemplates")]
+    # A host's TEMPLATES entries: dicts of Django's documented keys (their values of several types).
+    templates: list[dict[str, Any]] = list(settings.TEMPLATES)
+    django_templates = [t for t in templates if t.get("BACKEND", "").endswith("DjangoTemplates")]
     processors = {p for t in django_templates for p in t.get("OPTIONS", {}).get("context_processors", [])}
     warnings: list[checks.CheckMessage] = []
     if not any(t.get("APP_DIRS") for t in django_templates):

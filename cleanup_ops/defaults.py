@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from retention.conf import Setting, integer, ip_addresses, number, one_of, strings, text
+from retention.conf import MAX_BATCH_SIZE, Setting, integer, ip_addresses, number, one_of, strings, text
 
 
 def _cron(value: Any) -> str | None:
@@ -47,7 +47,7 @@ def _any_string(value: Any) -> str | None:
 SETTINGS: tuple[Setting, ...] = (
     # --- the pipeline
     Setting("CLEANUP_SCHEDULE", "0 2 * * *", _cron),
-    Setting("CLEANUP_BATCH_SIZE", 1000, integer(minimum=1, maximum=1000)),
+    Setting("CLEANUP_BATCH_SIZE", MAX_BATCH_SIZE, integer(minimum=1, maximum=MAX_BATCH_SIZE)),
     Setting("CLEANUP_SLICE_BATCHES", 20, integer(minimum=1)),
     Setting("CLEANUP_SLICE_SECONDS", 5.0, number(minimum=0.1)),
     Setting("CLEANUP_LEASE_SECONDS", 60, integer(minimum=5)),
@@ -76,6 +76,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("DOCSTORE_BURST_GLOBAL", 10.0, number(minimum=1.0)),
     Setting("DOCSTORE_RATE_PORTFOLIO", 0.0, number()),
     Setting("DOCSTORE_BURST_PORTFOLIO", 5.0, number(minimum=1.0)),
+    # --- attachments in Django storages (cleanup_ops.downstream.stores)
+    Setting("STORAGE_PURGE_CONNECT_TIMEOUT", 2.0, number(minimum=0.01)),
+    Setting("STORAGE_PURGE_READ_TIMEOUT", 5.0, number(minimum=0.01)),
+    Setting("STORAGE_PURGE_BATCH_SIZE", 1000, integer(minimum=1, maximum=1000)),
     # --- workers and brokers (django-q2's own Q_CLUSTER is the project's: cleanup_ops.checks)
     Setting("Q_BROKER", "orm", one_of("orm", "redis", "sqs", "rabbitmq")),
     Setting(

@@ -38,6 +38,7 @@ import os
 import threading
 from collections.abc import Collection
 from datetime import datetime, timedelta
+from functools import partial
 from typing import Any
 
 from django.conf import settings
@@ -268,7 +269,7 @@ def dispatch_due_jobs(*, now: datetime | None = None) -> int:
         for queue, ids in picked.items():
             in_fair_order = [job_id for job_id in ids if job_id in claimed]
             if in_fair_order:
-                transaction.on_commit(lambda q=queue, ids=in_fair_order: _send(q, ids, stamp=now))
+                transaction.on_commit(partial(_send, queue, in_fair_order, stamp=now))
     return len(claimed)
 
 
@@ -291,7 +292,7 @@ def hint_due_at(*, job_ids: list[int], at: datetime) -> None:
     for job_id in job_ids:
         by_queue.setdefault(queue_for(kinds.get(job_id, JobKind.DELETE)), []).append(job_id)
     for queue, ids in by_queue.items():
-        transaction.on_commit(lambda q=queue, ids=ids: _send(q, ids, at=at, stamp=at))
+        transaction.on_commit(partial(_send, queue, ids, at=at, stamp=at))
 
 
 def dispatch_after_commit() -> None:

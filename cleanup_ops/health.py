@@ -142,7 +142,18 @@ def _flush_later(delay: float) -> None:
 def _write(*, now: datetime, progress_at: datetime | None, turns: int, jobs_leased: int, rows_deleted: int) -> None:
     host, cluster = cluster_identity()
     # In a worker the parent is the cluster's sentinel: one pid per run of the cluster.
-    params = [host, cluster, cluster_queue(), os.getppid(), now, progress_at, turns, jobs_leased, rows_deleted, now]
+    params: list[Any] = [
+        host,
+        cluster,
+        cluster_queue(),
+        os.getppid(),
+        now,
+        progress_at,
+        turns,
+        jobs_leased,
+        rows_deleted,
+        now,
+    ]
     ops = connection.ops
     params = [ops.adapt_datetimefield_value(p) if isinstance(p, datetime) else p for p in params]
     with connection.cursor() as cursor:

@@ -21,7 +21,7 @@ selectors, the chaos checks), so the rules cannot drift apart.
 from __future__ import annotations
 
 from datetime import datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.db import models
@@ -29,6 +29,9 @@ from django.db.models import Exists, Q
 
 from cleanup_ops.lifecycle import JobEvent, JobOutcome, JobState, next_state
 from retention.registry import record_kind_choices
+
+if TYPE_CHECKING:
+    from retention.actors import Actor
 
 
 class SweepStatus(models.TextChoices):
@@ -213,6 +216,11 @@ class CleanupJob(models.Model):
     Kind = JobKind
 
     objects = CleanupJobQuerySet.as_manager()
+    # Not columns: set on the instances the console's selectors hand to its
+    # templates (console_selectors.pauses.jobs_mark_paused, console_selectors.jobs.job_chain).
+    # Declared for the type checker only.
+    paused: bool
+    dead_letter_or_none: DeadLetter | None
 
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="jobs")
     key = models.CharField(max_length=255, unique=True)
@@ -297,7 +305,7 @@ class CleanupJob(models.Model):
         self.lease_expires_at = None
         self.enqueued_at = None
 
-    def mark_retry(self, *, at) -> None:  # type: ignore[no-untyped-def]
+    def mark_retry(self, *, at: datetime) -> None:
         self.state = next_state(JobEvent.RETRY, self.state)
         self.available_at = at
         self._clear_lease()
@@ -343,15 +351,30 @@ class LedgerEntry(models.Model):
         return self.operation_id
 
 
+# S3's limit on an object key (bytes of UTF-8) and a storage alias's length:
+# a purge's document reference is an HTTP document id, or ``<alias>:<key>``
+# (``downstream.stores.document_ref``), kept exactly.
+STORAGE_KEY_MAX_BYTES = 1024
+STORE_ALIAS_MAX_LENGTH = 64
+DOCUMENT_REF_MAX_LENGTH = STORE_ALIAS_MAX_LENGTH + 1 + STORAGE_KEY_MAX_BYTES
+
+
 class PurgeRequest(models.Model):
     """Outbox row: the attachments of one applied batch, to be removed from the store.
 
     Written in the batch's transaction. ``key`` is the batch's operation id;
     each document's ``Idempotency-Key`` is ``<key>:<document id>``, so every
     retry, redelivery or redrive sends the same key for the same document.
-    Ids that fail validation are never stored (they could be a URL or a path
-    smuggled into a record); only their count is, and the purge job then ends
-    as a ``policy_or_input`` dead letter for an operator to look at.
+    ``store`` is where the files are: ``""`` for the HTTP document store, or
+    the ``STORAGES`` alias of the kind at the batch's time; ``document_ids``
+    are the documents' references (``downstream.stores.document_ref``).
+    Ids or keys that cannot be purged (an HTTP id that is not a plain
+    identifier — it could be a URL or a path smuggled into a record —, a key
+    too long for the storage, blank, or refused by it) are never stored and
+    never sent: their count is ``invalid_ids`` and their records are named in
+    ``unpurgeable`` (``{"record_id": …, "problem": …}``, the problem a short
+    category, never the key), and the purge job then ends as a
+    ``policy_or_input`` dead letter naming the kind and those records.
     """
 
     key = models.CharField(max_length=64, unique=True)
@@ -359,8 +382,10 @@ class PurgeRequest(models.Model):
     portfolio_id = models.BigIntegerField()
     property_id = models.BigIntegerField()
     record_kind = models.CharField(max_length=40)
+    store = models.CharField(max_length=STORE_ALIAS_MAX_LENGTH, blank=True, default="")
     document_ids = models.JSONField(default=list)
     invalid_ids = models.PositiveIntegerField(default=0)
+    unpurgeable = models.JSONField(default=list, blank=True)
     documents_purged = models.PositiveIntegerField(default=0)
     documents_absent = models.PositiveIntegerField(default=0, help_text="404: already gone, counted as done.")
     documents_referenced = models.PositiveIntegerField(
@@ -400,7 +425,7 @@ class DeletedAttachment(models.Model):
     their scope (keep a file too many, never one too few).
     """
 
-    document_id = models.CharField(max_length=64)
+    document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH)
     portfolio_id = models.BigIntegerField()
     property_id = models.BigIntegerField()
     record_kind = models.CharField(max_length=40)
@@ -434,7 +459,7 @@ class DocumentDisposition(models.Model):
 
     State = DispositionState
 
-    document_id = models.CharField(max_length=64, unique=True)
+    document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH, unique=True)
     state = models.CharField(max_length=12, choices=DispositionState.choices, default=DispositionState.PENDING)
     # The request whose purge decided last (set aside or purged).
     decided_by = models.ForeignKey(
@@ -522,7 +547,9 @@ class DeadLetter(models.Model):
         with ``attempts`` 0, and reads "1", not "0"."""
         return self.attempts if self.category in self._ATTEMPTS_COUNTED else self.attempts + 1
 
-    def mark_resolved(self, *, status: str, by, at, reason: str, redrive_job=None) -> None:  # type: ignore[no-untyped-def]
+    def mark_resolved(
+        self, *, status: str, by: Actor | None, at: datetime, reason: str, redrive_job: CleanupJob | None = None
+    ) -> None:
         self.status = status
         self.resolved_by = by
         self.resolved_at = at
@@ -586,7 +613,7 @@ class PipelinePause(models.Model):
         scope = f"portfolio {self.portfolio_id}" if self.portfolio_id else "pipeline"
         return f"Pause of {scope}"
 
-    def mark_resumed(self, *, by, at, reason: str) -> None:  # type: ignore[no-untyped-def]
+    def mark_resumed(self, *, by: Actor | None, at: datetime, reason: str) -> None:
         self.resumed_by = by
         self.resumed_at = at
         self.resume_reason = reason

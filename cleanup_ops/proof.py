@@ -103,7 +103,7 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
                 "cutoff": rfc3339(cutoff),
             }
         )
-    rows = []
+    rows: list[dict[str, Any]] = []
     for job in jobs:
         digest = (hashers.get(job["id"]) or hashlib.sha256()).hexdigest()
         rows.append(

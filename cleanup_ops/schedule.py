@@ -72,7 +72,8 @@ def slot_parse(text: str, *, now: datetime | None = None) -> datetime:
     if not match:
         raise SlotError(f"slot: expected a UTC minute like 2026-08-21T02:00Z, got {text!r}")
     try:
-        slot = datetime(*(int(part) for part in match.groups()), tzinfo=UTC)
+        year, month, day, hour, minute = (int(part) for part in match.groups())
+        slot = datetime(year, month, day, hour, minute, tzinfo=UTC)
     except ValueError as exc:
         raise SlotError(f"slot: {text!r} is not a valid date and time ({exc})") from None
     return slot_check(slot, now=now or timezone.now())
@@ -161,13 +162,10 @@ def sweeps_admit_stranded(*, now: datetime, exclude: int | None = None) -> list[
     completing one that was merely slow is harmless.
     """
     with transaction.atomic():
-        ids = list(
-            Sweep.objects.select_for_update(skip_locked=True)
-            .filter(status=SweepStatus.ADMITTING)
-            .exclude(pk=exclude)
-            .order_by("slot")
-            .values_list("pk", flat=True)
-        )
+        stranded = Sweep.objects.select_for_update(skip_locked=True).filter(status=SweepStatus.ADMITTING)
+        if exclude is not None:
+            stranded = stranded.exclude(pk=exclude)
+        ids = list(stranded.order_by("slot").values_list("pk", flat=True))
     for sweep_id in ids:
         sweep_admit(sweep_id=sweep_id, now=now)
         logger.warning("sweep %s: admission completed after a crash", sweep_id, extra={"sweep_id": sweep_id})

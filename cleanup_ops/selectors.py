@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.core.cache import cache
 from django.db.models import Count, Max, Min, OuterRef, Q, QuerySet, Subquery, Sum
@@ -47,6 +47,9 @@ from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 from retention.scoping import portfolio_ids_q
+
+if TYPE_CHECKING:
+    from django_stubs_ext import WithAnnotations
 
 # None: every portfolio (platform staff); a set: a customer's portfolios.
 PortfolioScope = frozenset[int] | None
@@ -241,19 +244,30 @@ def sweeps_seen(*, portfolio_ids: PortfolioScope) -> QuerySet[Sweep]:
     )
 
 
+class _OwnFigures(TypedDict):
+    """What ``sweeps_seen`` annotates a sweep with for a customer's staff."""
+
+    own_admitted: int
+    own_open: int
+    own_dead: int
+    own_finished_at: datetime | None
+
+
 def sweep_figures_seen(sweep: Sweep) -> dict[str, Any]:
     """The pipeline-wide figures of a sweep from ``sweeps_seen``, replaced by
     the customer's own. ``carried_over`` is not attributed per portfolio, so a
     customer sees none rather than everyone's."""
     if not hasattr(sweep, "own_admitted"):
         return {}
-    status = sweep_status_seen(sweep.status, open_jobs=sweep.own_open, dead_jobs=sweep.own_dead)
+    # Known, not guessed: only sweeps_seen's annotation gives a sweep own_admitted.
+    own = cast("WithAnnotations[Sweep, _OwnFigures]", sweep)
+    status = sweep_status_seen(own.status, open_jobs=own.own_open, dead_jobs=own.own_dead)
     drained = status in {Sweep.Status.DRAINED, Sweep.Status.DRAINED_WITH_DEAD_LETTERS}
     return {
         "status": status,
-        "jobs_admitted": sweep.own_admitted,
+        "jobs_admitted": own.own_admitted,
         "carried_over": None,
-        "finished_at": (sweep.own_finished_at or sweep.admitted_at) if drained else None,
+        "finished_at": (own.own_finished_at or own.admitted_at) if drained else None,
     }
 
 
@@ -310,8 +324,9 @@ def jobs_overview(*, now: datetime, sweep: Sweep | None, portfolio_ids: Portfoli
     agg["state_dead"] -= agg["superseded"]
     agg["dead"] -= agg["superseded_in_sweep"]
     agg["in_sweep"] -= agg["superseded_in_sweep"]
-    recent = LedgerEntry.objects.filter(portfolio_ids_q(portfolio_ids), applied_at__gte=now - timedelta(hours=24))
-    recent = recent.aggregate(n=Sum("rows_deleted"))
+    recent = LedgerEntry.objects.filter(
+        portfolio_ids_q(portfolio_ids), applied_at__gte=now - timedelta(hours=24)
+    ).aggregate(n=Sum("rows_deleted"))
     finished = agg["done"] + agg["dead"]
     return {
         "jobs_by_state": {s: agg[f"state_{s}"] for s in JobState.values},
@@ -488,7 +503,13 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
             for pid, k, days, policy_id, *_ in versions
             if k == kind
         ]
-        row = {"record_kind": kind, "overdue": 0, "held": 0, "overdue_beyond_grace": 0, "oldest_overdue_seconds": None}
+        row: dict[str, Any] = {
+            "record_kind": kind,
+            "overdue": 0,
+            "held": 0,
+            "overdue_beyond_grace": 0,
+            "oldest_overdue_seconds": None,
+        }
         if cutoffs:
             row.update(_debt_for_kind(kind, spec, cutoffs))
         eligible = row["overdue"] + (deleted_recently.get(kind) or 0)
@@ -508,7 +529,11 @@ def retention_debt_cached(*, now: datetime, portfolio_ids: PortfolioScope = None
     key = "cleanup_ops:retention_debt"
     if portfolio_ids is not None:
         key += ":" + ",".join(str(i) for i in sorted(portfolio_ids))
-    return cache.get_or_set(key, lambda: retention_debt(now=now, portfolio_ids=portfolio_ids), DEBT_CACHE_SECONDS)
+    # What the lambda computed, now or within the minute (get_or_set's declared type allows None).
+    return cast(
+        "list[dict[str, Any]]",
+        cache.get_or_set(key, lambda: retention_debt(now=now, portfolio_ids=portfolio_ids), DEBT_CACHE_SECONDS),
+    )
 
 
 # Before any record: nothing is late yet (a new policy approved within the grace).
@@ -564,6 +589,12 @@ def _as_datetime(value: Any) -> datetime:
 PLATFORM_PAUSE_REASON = "paused by the platform"
 
 
+class _ScopeArgs(TypedDict):
+    """The scope every part of the overview is read with (passed as ``**scope``)."""
+
+    portfolio_ids: PortfolioScope
+
+
 def overview(*, now: datetime | None = None, portfolio_ids: PortfolioScope = None) -> dict[str, Any]:
     """Everything the console overview and ``/api/v1/metrics/`` show, for the
     portfolios in ``portfolio_ids`` (``None``: every portfolio)."""
@@ -579,7 +610,7 @@ def overview(*, now: datetime | None = None, portfolio_ids: PortfolioScope = Non
         # A global pause's reason is the platform's own words; a customer
         # learns that the pipeline is paused, not why (it may name another).
         pauses = [{**p, "reason": PLATFORM_PAUSE_REASON} if p["portfolio_id"] is None else p for p in pauses]
-    scope = {"portfolio_ids": portfolio_ids}
+    scope: _ScopeArgs = {"portfolio_ids": portfolio_ids}
     return {
         "generated_at": now.isoformat(),
         "paused": any(p["portfolio_id"] is None for p in pauses),

@@ -167,6 +167,18 @@ def document_scopes_lock() -> str:
     )
 
 
+def document_scopes_lock_many() -> str:
+    """``document_scopes_lock`` for a batch of documents (PostgreSQL): the
+    scope rows of every deleted record that named any of them. Parameter:
+    the document ids (an array)."""
+    refs = DeletedAttachment._meta.db_table
+    return (
+        f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
+        f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))"
+        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}"
+    )
+
+
 DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)
 
 
@@ -419,10 +431,6 @@ def typed(sql_type: str) -> str:
 def values_list(rows: int, types: Sequence[str]) -> str:
     row = "(" + ", ".join(typed(t) for t in types) + ")"
     return ", ".join([row] * rows)
-
-
-def placeholders(n: int) -> str:
-    return ", ".join(["%s"] * n)
 
 
 def rows_cte(name: str, columns: Columns, rows: int) -> str:

@@ -309,6 +309,8 @@ X_FRAME_OPTIONS = "DENY"
 CLEANUP_SCHEDULE = env.str("CLEANUP_SCHEDULE", default="0 2 * * *")
 if not croniter.is_valid(CLEANUP_SCHEDULE):
     raise ImproperlyConfigured(f"CLEANUP_SCHEDULE: not a valid cron expression: {CLEANUP_SCHEDULE!r}")
+# 1000 is retention.conf.MAX_BATCH_SIZE, the ceiling's one home (the settings
+# import no app); the app's system check holds a host project to it too.
 CLEANUP_BATCH_SIZE = env_int("CLEANUP_BATCH_SIZE", 1000, minimum=1, maximum=1000)
 CLEANUP_SLICE_BATCHES = env_int("CLEANUP_SLICE_BATCHES", 20, minimum=1)
 CLEANUP_SLICE_SECONDS = env_float("CLEANUP_SLICE_SECONDS", 5.0, minimum=0.1)
@@ -367,6 +369,13 @@ DOCSTORE_BURST_GLOBAL = env_float("DOCSTORE_BURST_GLOBAL", 10.0, minimum=1.0)
 DOCSTORE_RATE_PORTFOLIO = env_float("DOCSTORE_RATE_PORTFOLIO", 0.0)
 DOCSTORE_BURST_PORTFOLIO = env_float("DOCSTORE_BURST_PORTFOLIO", 5.0, minimum=1.0)
 # --- end DOCSTORE -------------------------------------------------------------
+
+# --- attachments in Django storages (a kind's "attachment": {"storage": alias}) -
+# The storages themselves are STORAGES (Django's); these bound the purge's own
+# client (S3: botocore with no retries of its own) and size its DeleteObjects.
+STORAGE_PURGE_CONNECT_TIMEOUT = env_float("STORAGE_PURGE_CONNECT_TIMEOUT", 2.0, minimum=0.01)
+STORAGE_PURGE_READ_TIMEOUT = env_float("STORAGE_PURGE_READ_TIMEOUT", 5.0, minimum=0.01)
+STORAGE_PURGE_BATCH_SIZE = env_int("STORAGE_PURGE_BATCH_SIZE", 1000, minimum=1, maximum=1000)
 
 # --- django-q2 -----------------------------------------------------------------
 # The ORM broker claims a message with `lock = now + retry` when the cluster

@@ -34,8 +34,8 @@ from django.contrib.auth.models import Group, User
 from django.db import transaction
 from django.db.models import CharField, Value
 from django.db.models.functions import Cast, Concat
-from django.utils import timezone
 
+from cleanup_ops.schedule import slot_current
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
 from retention.models import Membership
 from retention.registry import REGISTRY
@@ -140,7 +140,10 @@ def demo_data_seed(
         raise SeedError("the database already holds portfolios or demo users; seed_demo only fills an empty database")
 
     rng = random.Random(seed)
-    today = timezone.now().replace(hour=0, minute=0, second=0, microsecond=0)
+    # Ages count from the day of the sweep slot the demo's sweep will run for,
+    # not from the clock: between midnight and the schedule's hour the slot is
+    # still yesterday's, and the demo's figures would change with the hour.
+    today = slot_current().replace(hour=0, minute=0, second=0, microsecond=0)
     result = SeedResult()
     skew = max(1, portfolios - 1)
     total_records = records_per_property * properties_per_portfolio * (skew + portfolios - 1)

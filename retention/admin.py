@@ -8,7 +8,7 @@ the active version and an impact preview, and never edited afterwards.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
@@ -16,9 +16,10 @@ from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.template.response import TemplateResponse
-from django.urls import path, reverse
+from django.urls import URLPattern, path, reverse
 from django.utils.html import format_html
 
+from retention.actors import request_actor
 from retention.admin_domain import register_demo_domain
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 from retention.domain import DISPLAY_FIELD, portfolio_model
@@ -47,11 +48,22 @@ from retention.services import (
     policy_version_submit,
 )
 
+if TYPE_CHECKING:
+    # django-stubs' names for what the base class's get_fields and get_list_display return.
+    from django.contrib.admin.options import _FieldGroups, _ListDisplayT
+
+# For the type checker, AuditTrailHistory is the model admin it is mixed into;
+# at run time a plain mixin (it comes before ModelAdmin in the bases).
+if TYPE_CHECKING:
+    _HistoryBase = admin.ModelAdmin[Any]
+else:
+    _HistoryBase = object
+
 # The services name their fields as the API does; the admin's forms call two of them otherwise.
 _FORM_FIELD = {"review_note": "note"}
 
 
-def _form_errors(form: forms.Form, exc: ValidationError) -> None:
+def _form_errors(form: forms.BaseForm, exc: ValidationError) -> None:
     for field, errors in exc.message_dict.items():
         field = _FORM_FIELD.get(field, field)
         form.add_error(field if field in form.fields else None, errors)
@@ -64,7 +76,7 @@ def username_of(user: object) -> str:
     return getattr(user, "username", "") or "—"
 
 
-class AuditTrailHistory:
+class AuditTrailHistory(_HistoryBase):
     """A History page that shows the object's audit events and links the
     audit trail. Versions and holds are written through the services, never
     by the admin's own save, so Django's history would always say the object
@@ -82,12 +94,13 @@ class AuditTrailHistory:
             "audit_url": reverse("admin:retention_auditevent_changelist") + query,
             **(extra_context or {}),
         }
-        return super().history_view(request, object_id, context)  # type: ignore[misc]
+        return super().history_view(request, object_id, context)
 
 
 class PolicyVersionInline(admin.TabularInline):
     model = PolicyVersion
-    fields = ["number", "retention_days", "batch_size", "enabled", "status", "author", "reviewer", "reviewed_at"]
+    # A tuple: both options' declared types take it (a list is invariant).
+    fields = ("number", "retention_days", "batch_size", "enabled", "status", "author", "reviewer", "reviewed_at")
     readonly_fields = fields
     extra = 0
     can_delete = False
@@ -158,7 +171,7 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
             "" if version.enabled else " (withdrawn)"
         )
 
-    def get_urls(self):  # type: ignore[no-untyped-def]
+    def get_urls(self) -> list[URLPattern]:
         return [
             path(
                 "<int:policy_id>/new-version/",
@@ -185,7 +198,7 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
                     retention_days=form.cleaned_data["retention_days"],
                     batch_size=form.cleaned_data["batch_size"],
                     enabled=form.cleaned_data["enabled"],
-                    author=request.user,
+                    author=request_actor(request),
                     reason=form.cleaned_data["reason"],
                 )
             except ValidationError as exc:
@@ -236,7 +249,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     # reader could not follow), "enabled" in words (the form's help text
     # "Unticked: the policy is withdrawn" beside a ticked box read as a
     # contradiction).
-    fields = [
+    fields = (
         "policy",
         "number",
         "retention_days",
@@ -250,7 +263,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
         "review_note",
         "created_at",
         "submitted_at",
-    ]
+    )
     readonly_fields = fields
     audit_object_type = "policy_version"
 
@@ -283,7 +296,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
             return "—"
         return format_html('<a href="{}">Review…</a>', reverse("admin:retention_policyversion_review", args=[obj.pk]))
 
-    def get_list_display(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+    def get_list_display(self, request: HttpRequest) -> _ListDisplayT[Any]:
         """The "Review…" link only where the user may decide (a property
         manager sees that the version awaits a reviewer, not a link to a refusal)."""
 
@@ -299,7 +312,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
 
         return [review if name == "review" else name for name in super().get_list_display(request)]
 
-    def get_urls(self):  # type: ignore[no-untyped-def]
+    def get_urls(self) -> list[URLPattern]:
         return [
             path(
                 "<int:version_id>/review/",
@@ -318,7 +331,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
         if request.method == "POST" and form.is_valid():
             decide = policy_version_approve if form.cleaned_data["decision"] == "approve" else policy_version_reject
             try:
-                decide(version_id=version.pk, reviewer=request.user, note=form.cleaned_data["note"])
+                decide(version_id=version.pk, reviewer=request_actor(request), note=form.cleaned_data["note"])
             except ValidationError as exc:
                 _form_errors(form, exc)
             except (PermissionDenied, ConcurrentApproval) as exc:
@@ -346,9 +359,10 @@ class PlaceHoldForm(forms.ModelForm):
         model = LegalHold
         fields = ["portfolio", "property", "record_kind", "record_id", "reason"]
 
-    def clean(self) -> dict[str, object]:
+    def clean(self) -> dict[str, Any]:
         """The service's scope rules, shown on the form's fields (placing checks them again under its lock)."""
-        data = super().clean()
+        super().clean()
+        data = self.cleaned_data  # what ModelForm.clean returns (its declared type allows None)
         portfolio = data.get("portfolio")
         if portfolio is not None and not self.errors:
             try:
@@ -406,7 +420,7 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
         "release_reason",
     ]
 
-    def get_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
+    def get_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> _FieldGroups:
         return list(self.hold_fields) if obj is not None else super().get_fields(request, obj)
 
     def get_readonly_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
@@ -420,7 +434,7 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     def released_by_name(self, obj: LegalHold) -> str:
         return username_of(obj.released_by)
 
-    def get_list_display(self, request: HttpRequest):  # type: ignore[no-untyped-def]
+    def get_list_display(self, request: HttpRequest) -> _ListDisplayT[Any]:
         """ "Release…" only where the reader may release (a manager sees the state alone)."""
 
         @admin.display(description="State")
@@ -477,11 +491,11 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
             record_kind=obj.record_kind,
             record_id=obj.record_id,
             reason=obj.reason,
-            placed_by=request.user,
+            placed_by=request_actor(request),
         )
         obj.pk = hold.pk
 
-    def get_urls(self):  # type: ignore[no-untyped-def]
+    def get_urls(self) -> list[URLPattern]:
         return [
             path(
                 "<int:hold_id>/release/",
@@ -499,7 +513,9 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
         form = ReleaseForm(request.POST or None)
         if request.method == "POST" and form.is_valid():
             try:
-                legal_hold_release(hold_id=hold.pk, released_by=request.user, reason=form.cleaned_data["reason"])
+                legal_hold_release(
+                    hold_id=hold.pk, released_by=request_actor(request), reason=form.cleaned_data["reason"]
+                )
             except ValidationError as exc:
                 _form_errors(form, exc)
             else:
@@ -565,14 +581,16 @@ class MembershipAdmin(PortfolioScopedAdmin):
     def save_model(self, request: HttpRequest, obj: Membership, form: forms.ModelForm, change: bool) -> None:
         if change:
             return
-        obj.pk = membership_grant(user=obj.user, portfolio=obj.portfolio, role=obj.role, granted_by=request.user).pk
+        obj.pk = membership_grant(
+            user=obj.user, portfolio=obj.portfolio, role=obj.role, granted_by=request_actor(request)
+        ).pk
 
     def delete_model(self, request: HttpRequest, obj: Membership) -> None:
-        membership_revoke(membership_id=obj.pk, revoked_by=request.user)
+        membership_revoke(membership_id=obj.pk, revoked_by=request_actor(request))
 
     def delete_queryset(self, request: HttpRequest, queryset: QuerySet[Membership]) -> None:
         for pk in queryset.values_list("pk", flat=True):
-            membership_revoke(membership_id=pk, revoked_by=request.user)
+            membership_revoke(membership_id=pk, revoked_by=request_actor(request))
 
 
 # The demo domain models' admin, when the demo's app is installed (see retention.admin_domain).

@@ -46,7 +46,9 @@ class IdAutocompleteSelect(AutocompleteSelect):
 class PortfolioListFilter(admin.RelatedFieldListFilter):
     """A portfolio filter whose choices are the portfolios the user may see."""
 
-    def field_choices(self, field: Any, request: HttpRequest, model_admin: Any) -> list[tuple[Any, str]]:
+    def field_choices(  # type: ignore[override]  # the choices' values are pks (ints), as Django's are
+        self, field: Any, request: HttpRequest, model_admin: Any
+    ) -> list[tuple[Any, str]]:
         where = portfolios_where(request.user, view_permission(model_admin.opts))
         return sorted(((p.pk, str(p)) for p in where), key=lambda choice: (choice[1], choice[0]))
 
@@ -71,7 +73,9 @@ class PortfolioScopedAdmin(admin.ModelAdmin):
         registered = [
             name
             for name in self.autocomplete_if_registered
-            if self.admin_site.is_registered(self.opts.get_field(name).related_model)
+            # A foreign key's related_model is its model class once the registry is loaded.
+            if isinstance(related := self.opts.get_field(name).related_model, type)
+            and self.admin_site.is_registered(related)
         ]
         return [*super().get_autocomplete_fields(request), *registered]
 

@@ -37,13 +37,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import wraps
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.contrib.admin.utils import get_fields_from_path
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied
-from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest
+from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
 
 from retention.inputs import MAX_FILTER_LENGTH, id_problem, text_problem
 
@@ -62,7 +62,9 @@ def changelist_lookups(model_admin: admin.ModelAdmin, request: HttpRequest) -> d
     lookups: dict[str, str] = {}
     for entry in model_admin.get_list_filter(request):
         if isinstance(entry, list | tuple):
-            path, filter_class = entry[0], entry[1]
+            # A path: a list_filter tuple may start with a Field too, but Django's own
+            # lookup (get_fields_from_path) takes a path, and every tuple here names one.
+            path, filter_class = cast(str, entry[0]), entry[1]
         elif isinstance(entry, str):
             path, filter_class = entry, None
         else:  # a SimpleListFilter: its own parameter
@@ -116,7 +118,8 @@ def changelist_problem(model_admin: admin.ModelAdmin, request: HttpRequest) -> t
     if request.method == "POST":
         action = request.POST.get("action", "")
         if action:
-            func = model_admin.get_actions(request).get(action, (None,))[0]
+            # get_actions' values are never None (its declared type allows it).
+            func = (model_admin.get_actions(request).get(action) or (None,))[0]
             if (
                 func is not None
                 and not getattr(func, "allowed_permissions", ())
@@ -152,17 +155,24 @@ def refused(field: str, message: str) -> HttpResponse:
     return HttpResponseBadRequest(f"{field}: {message}\n", content_type="text/plain")
 
 
+# A view: what admin_view takes and gives back, of the same type (the base class's signature).
+_View = TypeVar("_View", bound=Callable[..., HttpResponseBase])
+
+
 class GuardedAdminSite(admin.AdminSite):
-    def admin_view(self, view: Callable[..., Any], cacheable: bool = False) -> Callable[..., Any]:
+    def admin_view(self, view: _View, cacheable: bool = False) -> _View:
         owner = getattr(view, "__self__", None)
         name = getattr(view, "__name__", "")
+        checked: Callable[..., Any] = view
         if name == "changelist_view" and isinstance(owner, admin.ModelAdmin):
-            view = self._guard(view, lambda request: changelist_problem(owner, request))
+            checked = self._guard(view, lambda request: changelist_problem(owner, request))
         elif name in OBJECT_VIEWS and isinstance(owner, admin.ModelAdmin):
-            view = self._permission_first(view, owner)
+            checked = self._permission_first(view, owner)
         elif name == "autocomplete_view" and owner is self:
-            view = self._guard(view, autocomplete_problem)
-        return super().admin_view(view, cacheable)
+            checked = self._guard(view, autocomplete_problem)
+        # The wrappers take the view's arguments and answer its response or a
+        # 400/403 (functools.wraps keeps its name): still a view of its type.
+        return super().admin_view(cast(_View, checked), cacheable)
 
     @staticmethod
     def _permission_first(view: Callable[..., Any], model_admin: admin.ModelAdmin) -> Callable[..., Any]:

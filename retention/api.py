@@ -16,7 +16,7 @@ limited to the portfolios where the user may place holds.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from django.db.models import QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
@@ -165,8 +165,11 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         fields = super().get_fields()
         request = self.context.get("request")
         if request is not None:
-            fields["portfolio"].queryset = portfolios_where(request.user, HOLD_ADD)
-            fields["property"].queryset = scope_queryset(
+            # The two fields declared above (get_fields returns copies of them).
+            portfolio = cast(StrictPrimaryKeyRelatedField, fields["portfolio"])
+            property = cast(StrictPrimaryKeyRelatedField, fields["property"])
+            portfolio.queryset = portfolios_where(request.user, HOLD_ADD)
+            property.queryset = scope_queryset(
                 property_model()._default_manager.all(),
                 request.user,
                 perm=HOLD_ADD,

@@ -16,7 +16,7 @@ so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
@@ -27,6 +27,9 @@ from rest_framework.exceptions import APIException, ParseError, PermissionDenied
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
 from rest_framework.request import Request
+
+if TYPE_CHECKING:
+    from rest_framework.generics import GenericAPIView
 
 from retention.filters import FilterError, id_param
 from retention.filters import choice_param as filters_choice_param
@@ -86,7 +89,7 @@ class RolePermission(BasePermission):
         if not (request.user and request.user.is_authenticated):
             return False
         perms: dict[str, str] = getattr(view, "required_perms", {})
-        method = request.method.lower()
+        method = (request.method or "").lower()  # never None on a request DRF dispatched
         action = getattr(view, "action", None)
         if method in ("head", "options") or action == "metadata":
             required = [perms[key] for key in _read_keys(action) if key in perms]
@@ -122,7 +125,7 @@ class _FilterErrors:
     def __enter__(self) -> None:
         return None
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> Literal[False]:
         if isinstance(exc, FilterError):
             raise ValidationError({exc.field: exc.message}) from None
         return False
@@ -190,7 +193,15 @@ class ReasonSerializer(serializers.Serializer):
     reason = FreeTextField(required=False, allow_blank=True, default="")
 
 
-class TenantScoped:
+# For the type checker, TenantScoped is the generic view it is mixed into
+# (GenericAPIView's attributes and methods); at run time a plain mixin.
+if TYPE_CHECKING:
+    _ScopedBase = GenericAPIView[Any]
+else:
+    _ScopedBase = object
+
+
+class TenantScoped(_ScopedBase):
     """Mixin for viewsets over tenant data (``retention.scoping``).
 
     Lists and object lookups go through ``filter_queryset``, so narrowing it
@@ -208,26 +219,27 @@ class TenantScoped:
     """
 
     portfolio_field = "portfolio_id"
+    #: Every viewset that mixes this in declares it (RolePermission's map).
+    required_perms: dict[str, str]
 
     @property
     def read_perm(self) -> str:
-        perms: dict[str, str] = self.required_perms  # type: ignore[attr-defined]
-        return perms["retrieve"]
+        return self.required_perms["retrieve"]
 
     def scope(self, queryset: Any) -> Any:
         return scope_queryset(
             queryset,
-            self.request.user,  # type: ignore[attr-defined]
+            self.request.user,
             perm=self.read_perm,
             field=self.portfolio_field,
         )
 
     def filter_queryset(self, queryset: Any) -> Any:
-        return self.scope(super().filter_queryset(queryset))  # type: ignore[misc]
+        return self.scope(super().filter_queryset(queryset))
 
     def check_permissions(self, request: Request) -> None:
-        lookup = self.lookup_url_kwarg or self.lookup_field  # type: ignore[attr-defined]
+        lookup = self.lookup_url_kwarg or self.lookup_field
         user = request.user
-        if user and user.is_authenticated and lookup in self.kwargs and user.has_perm(self.read_perm):  # type: ignore[attr-defined]
-            self.get_object()  # type: ignore[attr-defined]
-        super().check_permissions(request)  # type: ignore[misc]
+        if user and user.is_authenticated and lookup in self.kwargs and user.has_perm(self.read_perm):
+            self.get_object()
+        super().check_permissions(request)

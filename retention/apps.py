@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from types import ModuleType
+
 from django.apps import AppConfig
 
 
@@ -7,7 +9,7 @@ class RetentionConfig(AppConfig):
     name = "retention"
     verbose_name = "Retention"
 
-    def __init__(self, app_name: str, app_module: object) -> None:
+    def __init__(self, app_name: str, app_module: ModuleType | None) -> None:
         super().__init__(app_name, app_module)
         from retention.conf import RETENTION_SETTINGS, apply_defaults
 
@@ -18,4 +20,9 @@ class RetentionConfig(AppConfig):
     def ready(self) -> None:
         # The system checks (registered on import): the record kinds', and
         # the settings' and the customer and site models'.
+        from django.db.models.signals import post_migrate
+
         from retention import checks, domain_checks  # noqa: F401
+        from retention.roles import role_groups_grant_on_migrate
+
+        post_migrate.connect(role_groups_grant_on_migrate, sender=self, dispatch_uid="retention.role_groups")

@@ -43,7 +43,7 @@ def _fk_to(model: type[models.Model], name: str, target_label: str) -> str | Non
     if not isinstance(field, models.ForeignKey):
         return f"{model._meta.label}.{name} is not a foreign key"
     target = field.related_model
-    if target is None or target._meta.label_lower != target_label.lower():  # type: ignore[union-attr]
+    if target is None or target._meta.label_lower != target_label.lower():  # type: ignore[union-attr]  # 'self' resolved once loaded
         return f"{model._meta.label}.{name} points at {target}, not at {target_label}"
     return None
 
@@ -110,28 +110,61 @@ def check_kind(kind: str, entry: Any) -> list[CheckMessage]:
     if attachment is not None:
         if not isinstance(attachment, Mapping) or not attachment.get("field"):
             problems.append(_error(kind, "attachment", "expected {'field': <name of a CharField>}", 7))
-        elif attachment.get("storage"):
+        else:
+            problems += _attachment_problems(kind, meta, attachment)
+    if not problems:
+        problems += _index_problems(kind, model, str(prop), str(entry["timestamp"]))
+    return problems
+
+
+# A storage alias, as a purge's document reference carries it (``alias:key``).
+STORAGE_ALIAS = re.compile(r"^[A-Za-z0-9_-]{1,64}\Z")
+
+
+def _attachment_problems(kind: str, meta: Any, attachment: Mapping[str, Any]) -> list[CheckMessage]:
+    """The attachment's field, and its storage when it names one: an alias of
+    ``STORAGES`` whose file (a ``FileField``) or key (a char field) it holds."""
+    unknown = sorted(set(attachment) - {"field", "storage"})
+    if unknown:
+        return [_error(kind, "attachment", f"unknown key {unknown[0]!r}; expected 'field' and optionally 'storage'", 7)]
+    storage = attachment.get("storage")
+    problems: list[CheckMessage] = []
+    if storage is not None:
+        configured = getattr(settings, "STORAGES", None) or {}
+        if not isinstance(storage, str) or not STORAGE_ALIAS.match(storage):
             problems.append(
                 _error(
                     kind,
                     "attachment",
-                    "attachments in Django storages are not supported in this version; they are purged from "
-                    "the document store at DOCSTORE_URL (remove 'storage')",
+                    f"'storage' must be a STORAGES alias of 1-64 of A-Z, a-z, 0-9, _ and -, got {storage!r}",
                     7,
                 )
             )
-        else:
-            try:
-                field = meta.get_field(str(attachment["field"]))
-            except Exception:
-                problems.append(_error(kind, "attachment", f"{meta.label} has no field {attachment['field']!r}", 7))
-            else:
-                if not isinstance(field, models.CharField):
-                    problems.append(
-                        _error(kind, "attachment", f"{meta.label}.{field.name} is not a CharField (a document id)", 7)
-                    )
-    if not problems:
-        problems += _index_problems(kind, model, str(prop), str(entry["timestamp"]))
+        elif storage not in configured:
+            problems.append(
+                _error(
+                    kind,
+                    "attachment",
+                    f"'storage' names {storage!r}, which is not an alias in STORAGES "
+                    f"(configured: {', '.join(sorted(configured)) or 'none'}); add it to STORAGES or fix 'storage'",
+                    7,
+                )
+            )
+    try:
+        field = meta.get_field(str(attachment["field"]))
+    except Exception:
+        return [*problems, _error(kind, "attachment", f"{meta.label} has no field {attachment['field']!r}", 7)]
+    if storage is None and not isinstance(field, models.CharField):
+        problems.append(_error(kind, "attachment", f"{meta.label}.{field.name} is not a CharField (a document id)", 7))
+    elif storage is not None and not isinstance(field, models.CharField | models.FileField):
+        problems.append(
+            _error(
+                kind,
+                "attachment",
+                f"{meta.label}.{field.name} is neither a FileField nor a CharField (a storage key)",
+                7,
+            )
+        )
     return problems
 
 
@@ -139,7 +172,7 @@ def _index_problems(kind: str, model: type[models.Model], prop: str, timestamp: 
     """The keyset scan walks an index on (property, primary key); without it
     every batch sorts the property's expired rows."""
     meta = model._meta
-    pk = meta.pk.name  # type: ignore[union-attr]
+    pk = meta.pk.name
     wanted = [prop, pk]
     declared = [list(index.fields[:2]) for index in meta.indexes] + [list(t[:2]) for t in meta.unique_together]
     if wanted in declared or [prop, "pk"] in declared:

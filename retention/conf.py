@@ -26,6 +26,11 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
+# Rows per batch, at most: one transaction's rows. The one home of the
+# ceiling — a policy's batch size, CLEANUP_BATCH_SIZE and a caller's fixed
+# size are all held under it (``retention.models`` re-exports it).
+MAX_BATCH_SIZE = 1000
+
 # A rule returns what is wrong with a value, or None when it is fine.
 Rule = Callable[[Any], str | None]
 
@@ -138,6 +143,6 @@ RETENTION_SETTINGS: tuple[Setting, ...] = (
     Setting("RETENTION_PROPERTY_MODEL", "properties.Property", model_label),
     Setting("RETENTION_PROPERTY_PORTFOLIO_FIELD", "portfolio", text(r"[A-Za-z_][A-Za-z0-9_]*", "a field name")),
     # Shared with cleanup_ops (both read them; either app may be the first to fill them in).
-    Setting("CLEANUP_BATCH_SIZE", 1000, integer(minimum=1, maximum=1000)),
+    Setting("CLEANUP_BATCH_SIZE", MAX_BATCH_SIZE, integer(minimum=1, maximum=MAX_BATCH_SIZE)),
     Setting("CLEANUP_SCOPE_LOCK_WAIT_SECONDS", 10.0, number(minimum=0.1)),
 )

@@ -79,7 +79,7 @@ def count_expired_and_held(
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind)
     where = [f"r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"]
-    params: list[object] = [*hold_params, db_datetime(cutoff)]
+    params: list[Any] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
         where.append(f"r.{spec.portfolio_column} = %s")
         params.append(portfolio_id)
@@ -94,16 +94,3 @@ def count_expired_and_held(
         cursor.execute(sql, params)
         expired, held = cursor.fetchone()
     return int(expired), int(held)
-
-
-def eligible_ids(kind: str, *, cutoff: datetime, property_id: int) -> list[int]:
-    """Ids of the rows of one property that the predicate admits (tests, preview)."""
-    spec = get_spec(kind)
-    pred, params = eligible_sql(kind, cutoff=cutoff)
-    with connection.cursor() as cursor:
-        cursor.execute(
-            f"SELECT r.{spec.pk_column} FROM {spec.table} r WHERE r.{spec.property_column} = %s AND {pred}"
-            f" ORDER BY r.{spec.pk_column}",
-            [property_id, *params],
-        )
-        return [row[0] for row in cursor.fetchall()]

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
-from django.db.models import Q, QuerySet
+from django.db.models import CharField, Q, QuerySet
 
 from retention.inputs import id_problem, text_problem
 from retention.models import AuditEvent
@@ -36,7 +36,7 @@ class FilterError(ValueError):
 def id_param(params: Mapping[str, Any], name: str, *, strict: bool) -> int | None:
     """An id parameter: None when absent; invalid → ``FilterError`` (strict) or None."""
     raw = params.get(name)
-    if raw in (None, ""):
+    if raw is None or raw == "":
         return None
     problem = id_problem(str(raw), field=name, from_form=True)
     if problem is not None:
@@ -120,7 +120,9 @@ class AuditFilter:
 
 def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilter:
     def column(name: str) -> int:
-        return AuditEvent._meta.get_field(name).max_length  # type: ignore[return-value]
+        # The filtered columns are the audit trail's CharFields, each with a max_length (retention.models).
+        field = cast("CharField[Any, Any]", AuditEvent._meta.get_field(name))
+        return cast(int, field.max_length)
 
     raw_actor = params.get("actor")
     by_id = isinstance(raw_actor, str) and raw_actor.isascii() and raw_actor.isdigit()

@@ -10,6 +10,8 @@ nothing.
 from __future__ import annotations
 
 import builtins
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from django.conf import settings
 from django.core.exceptions import ValidationError
@@ -17,7 +19,11 @@ from django.core.validators import MaxValueValidator, MinValueValidator
 from django.db import models
 from django.db.models import Q
 
+from retention import conf
 from retention.registry import record_kind_choices
+
+if TYPE_CHECKING:
+    from retention.actors import Actor
 
 MIN_RETENTION_DAYS = 1
 MAX_RETENTION_DAYS = 36500
@@ -25,7 +31,7 @@ MAX_RETENTION_DAYS = 36500
 # retention period (row width, indexes and lock behaviour differ per kind and
 # per customer). CLEANUP_BATCH_SIZE is the default for new policies.
 MIN_BATCH_SIZE = 1
-MAX_BATCH_SIZE = 1000
+MAX_BATCH_SIZE = conf.MAX_BATCH_SIZE
 
 
 class RetentionPolicy(models.Model):
@@ -113,7 +119,7 @@ class PolicyVersion(models.Model):
     def is_frozen(self) -> bool:
         return self.status in {self.Status.APPROVED, self.Status.SUPERSEDED, self.Status.REJECTED}
 
-    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def save(self, *args: Any, **kwargs: Any) -> None:
         # Reviewed versions are immutable. The only write allowed on one is
         # the supersede transition, which touches `status` alone.
         if self.pk is not None and not self._state.adding:
@@ -129,18 +135,18 @@ class PolicyVersion(models.Model):
                     raise ImmutableVersion(f"policy version {self.pk} is {stored} and cannot be changed")
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def delete(self, *args: Any, **kwargs: Any) -> tuple[int, dict[str, int]]:
         if self.is_frozen:
             raise ImmutableVersion(f"policy version {self.pk} is {self.status} and cannot be deleted")
         return super().delete(*args, **kwargs)
 
     # State transitions: each saves only the fields it changes.
-    def mark_submitted(self, *, at) -> None:  # type: ignore[no-untyped-def]
+    def mark_submitted(self, *, at: datetime) -> None:
         self.status = self.Status.IN_REVIEW
         self.submitted_at = at
         self.save(update_fields=["status", "submitted_at"])
 
-    def mark_reviewed(self, *, approved: bool, reviewer, at, note: str) -> None:  # type: ignore[no-untyped-def]
+    def mark_reviewed(self, *, approved: bool, reviewer: Actor, at: datetime, note: str) -> None:
         self.status = self.Status.APPROVED if approved else self.Status.REJECTED
         self.reviewer = reviewer
         self.reviewed_at = at
@@ -211,7 +217,7 @@ class LegalHold(models.Model):
     def is_active(self) -> bool:
         return self.released_at is None
 
-    def mark_released(self, *, by, at, reason: str) -> None:  # type: ignore[no-untyped-def]
+    def mark_released(self, *, by: Actor, at: datetime, reason: str) -> None:
         self.released_by = by
         self.released_at = at
         self.release_reason = reason
@@ -223,10 +229,10 @@ class AppendOnlyError(Exception):
 
 
 class AuditEventQuerySet(models.QuerySet):
-    def update(self, **kwargs):  # type: ignore[no-untyped-def]
+    def update(self, **kwargs: Any) -> NoReturn:
         raise AppendOnlyError("audit events are append-only")
 
-    def delete(self):  # type: ignore[no-untyped-def]
+    def delete(self) -> NoReturn:
         raise AppendOnlyError("audit events are append-only")
 
 
@@ -264,13 +270,13 @@ class AuditEvent(models.Model):
     def __str__(self) -> str:
         return f"{self.action} {self.object_type}:{self.object_id}"
 
-    def save(self, *args, **kwargs) -> None:  # type: ignore[no-untyped-def]
+    def save(self, *args: Any, **kwargs: Any) -> None:
         if not self._state.adding:
             raise AppendOnlyError("audit events are append-only")
         validate_audit_details(self.details)
         super().save(*args, **kwargs)
 
-    def delete(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+    def delete(self, *args: Any, **kwargs: Any) -> NoReturn:
         raise AppendOnlyError("audit events are append-only")
 
 

@@ -14,6 +14,11 @@ kind's name to its model and the fields the pipeline reads::
         },
     }
 
+An attachment lives in the demo's HTTP document store (``DOCSTORE_URL``),
+or, with ``"attachment": {"field": "contract_pdf", "storage": "contracts"}``,
+in the Django storage ``STORAGES["contracts"]`` (a ``FileField``, or a char
+field holding the storage's key): ``cleanup_ops.downstream.stores``.
+
 The default (``DEFAULT_RECORD_KINDS``) is the demo's three kinds. The policy
 choices, the eligibility predicate, admission, the delete statement, the
 purge's reference check and the console read column names from here, never
@@ -30,8 +35,7 @@ scope, and the customer isolation), the retention timestamp, and the index
 ``(property, pk) INCLUDE (timestamp)`` the keyset scan walks
 (``keyset_index_fields``). Not yet supported, and refused by the checks
 with that message: UUID primary keys, a property reached through a one-hop
-path, a kind without a property, and attachments kept in Django storages
-(attachments go to the document store of ``DOCSTORE_URL``).
+path, and a kind without a property.
 
 A ``DateField`` timestamp is eligible only when its whole day (UTC) is before
 the cutoff (``cutoff_sql``): a record closed on the cutoff's own day is kept.
@@ -87,6 +91,9 @@ class RecordKindSpec:
     portfolio_field: str = "portfolio"
     property_field: str = "property"
     attachment_field: str | None = None
+    # The ``STORAGES`` alias the attachment lives in; None: the HTTP document
+    # store at ``DOCSTORE_URL`` (``cleanup_ops.downstream.stores``).
+    attachment_storage: str | None = None
 
     @cached_property
     def model(self) -> type[models.Model]:
@@ -97,7 +104,7 @@ class RecordKindSpec:
         return self.model._meta.db_table
 
     def _column(self, name: str) -> str:
-        return self.model._meta.get_field(name).column  # type: ignore[union-attr]
+        return self.model._meta.get_field(name).column  # type: ignore[union-attr, return-value]  # a concrete field: has a column
 
     @property
     def timestamp_column(self) -> str:
@@ -113,7 +120,7 @@ class RecordKindSpec:
 
     @property
     def pk_column(self) -> str:
-        return self.model._meta.pk.column  # type: ignore[union-attr]
+        return self.model._meta.pk.column
 
     @property
     def attachment_column(self) -> str | None:
@@ -137,7 +144,7 @@ class RecordKindSpec:
 
     def keyset_index_fields(self) -> list[str]:
         """The index the keyset scan walks: (property, primary key)."""
-        return [self.property_field, self.model._meta.pk.name]  # type: ignore[union-attr]
+        return [self.property_field, self.model._meta.pk.name]
 
 
 def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
@@ -150,6 +157,9 @@ def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
         portfolio_field=str(entry.get("portfolio", "portfolio")),
         property_field=str(entry.get("property", "property")),
         attachment_field=str(attachment["field"]) if isinstance(attachment, Mapping) else None,
+        attachment_storage=(str(attachment["storage"]) if attachment.get("storage") else None)
+        if isinstance(attachment, Mapping)
+        else None,
     )
 
 

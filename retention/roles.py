@@ -20,19 +20,27 @@ Two kinds of role (see ``retention.scoping`` for the whole model):
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from retention.domain import portfolio_model_label, property_model_label, view_permission
+from retention.registry import configured_kinds
 
-# The customer and site models are the host's (retention.domain); the record
-# kinds' permissions follow (a permission of an app that is not installed is
-# simply not granted).
+
+def record_kinds_view() -> list[str]:
+    """The view permission of every configured record kind's model, from the
+    labels in ``RETENTION_RECORD_KINDS`` (known before the registry is ready)."""
+    kinds = configured_kinds().values()
+    return [view_permission(str(kind["model"])) for kind in kinds if isinstance(kind, Mapping) and kind.get("model")]
+
+
+# The customer and site models are the host's (retention.domain), and so are
+# the record kinds (a permission of an app that is not installed is simply
+# not granted).
 PROPERTY_VIEW = [
     view_permission(portfolio_model_label()),
     view_permission(property_model_label()),
-    "properties.view_lease",
-    "properties.view_maintenancerecord",
-    "properties.view_tenantactivity",
+    *record_kinds_view(),
 ]
 RETENTION_VIEW = [
     "retention.view_retentionpolicy",
@@ -121,6 +129,26 @@ MEMBERSHIP_ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
     ),
     "auditor": frozenset([*PROPERTY_VIEW, *RETENTION_VIEW, *CUSTOMER_CLEANUP_VIEW]),
 }
+
+
+def role_groups_grant_on_migrate(*, using: str = "default", **kwargs: Any) -> None:
+    """``post_migrate`` (retention's): grant each group its listed permissions
+    that exist, on every ``migrate`` — so a record kind added to the settings
+    later, which writes no migration of ours, gets its view permission then.
+    Runs after django.contrib.auth's own receiver has created the
+    permissions (receivers run in the order their apps are ready). Grants
+    only; never revokes what an administrator granted by hand."""
+    from django.contrib.auth.models import Group, Permission
+
+    for role, perms in ROLE_PERMISSIONS.items():
+        group, _ = Group.objects.using(using).get_or_create(name=role)
+        for dotted in perms:
+            app_label, codename = dotted.split(".")
+            permission = (
+                Permission.objects.using(using).filter(content_type__app_label=app_label, codename=codename).first()
+            )
+            if permission is not None:
+                group.permissions.add(permission)
 
 
 def sync_role_groups(apps: Any, schema_editor: Any = None) -> None:

@@ -7,6 +7,7 @@ from datetime import timedelta
 
 from django.utils import timezone
 
+from retention.conf import MAX_BATCH_SIZE
 from retention.eligibility import count_expired_and_held
 from retention.models import PolicyVersion
 
@@ -37,7 +38,7 @@ class ImpactPreview:
     expired_after: int
     held_after: int
     active_batch_size: int | None = None
-    proposed_batch_size: int = 1000
+    proposed_batch_size: int = MAX_BATCH_SIZE
     rows_per_second: float | None = None  # measured for this record kind, if known
 
     @property

@@ -25,12 +25,12 @@ from __future__ import annotations
 from typing import Any
 
 from django.conf import settings
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import IntegrityError, OperationalError, connection, transaction
 from django.db.models import Max, Model
 from django.utils import timezone
 
+from retention.actors import Actor
 from retention.domain import portfolio_model, property_model, property_portfolio_id
 from retention.inputs import MAX_TEXT_LENGTH, reason_problem, text_problem
 from retention.models import (
@@ -121,7 +121,7 @@ def scope_lock(*, portfolio_id: int, property_id: int | None, field: str) -> Non
 
 def audit_event_record(
     *,
-    actor: AbstractBaseUser | None,
+    actor: Actor | None,
     action: str,
     object_type: str,
     object_id: object,
@@ -171,7 +171,7 @@ def policy_version_submit(
     retention_days: int,
     enabled: bool = True,
     batch_size: int | None = None,
-    author: AbstractBaseUser,
+    author: Actor,
     reason: str,
 ) -> PolicyVersion:
     """Create the next version of ``policy`` and put it in review.
@@ -238,7 +238,7 @@ class ConcurrentApproval(Exception):
         self.version_id = version_id
 
 
-def _review(*, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool) -> PolicyVersion:
+def _review(*, version_id: int, reviewer: Actor, note: str, approve: bool) -> PolicyVersion:
     if not reviewer.has_perm("retention.approve_policyversion"):
         raise PermissionDenied("You do not have permission to review policy versions.")
     # Four-eyes within a customer: a customer's reviewer reviews only in the
@@ -285,7 +285,7 @@ def _another_version_approved(*, version_id: int) -> bool:
 
 
 def _review_once(
-    *, version_id: int, reviewer: AbstractBaseUser, note: str, approve: bool, seen_active: int | None
+    *, version_id: int, reviewer: Actor, note: str, approve: bool, seen_active: int | None
 ) -> PolicyVersion:
     now = timezone.now()
     with transaction.atomic():
@@ -332,12 +332,12 @@ def _review_once(
     return version
 
 
-def policy_version_approve(*, version_id: int, reviewer: AbstractBaseUser, note: str) -> PolicyVersion:
+def policy_version_approve(*, version_id: int, reviewer: Actor, note: str) -> PolicyVersion:
     """Make a version active; the previously active one is superseded atomically."""
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=True)
 
 
-def policy_version_reject(*, version_id: int, reviewer: AbstractBaseUser, note: str) -> PolicyVersion:
+def policy_version_reject(*, version_id: int, reviewer: Actor, note: str) -> PolicyVersion:
     return _review(version_id=version_id, reviewer=reviewer, note=note, approve=False)
 
 
@@ -378,7 +378,7 @@ def legal_hold_scope_validate(
 def legal_hold_place(
     *,
     portfolio: Model,
-    placed_by: AbstractBaseUser,
+    placed_by: Actor,
     reason: str,
     property: Model | None = None,
     record_kind: str = "",
@@ -404,7 +404,7 @@ def legal_hold_place(
         # Under the scope lock: a batch deleting the record either committed
         # before (the record is gone: refused) or waits for this hold.
         legal_hold_scope_validate(portfolio=portfolio, property=property, record_kind=record_kind, record_id=record_id)
-        hold = LegalHold.objects.create(
+        hold = LegalHold.objects.create(  # type: ignore[misc]  # the host's models, the demo's to the plugin
             portfolio=portfolio,
             property=property,
             record_kind=record_kind,
@@ -429,7 +429,7 @@ def legal_hold_place(
     return hold
 
 
-def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: str) -> LegalHold:
+def legal_hold_release(*, hold_id: int, released_by: Actor, reason: str) -> LegalHold:
     reason = require_reason(reason, field="reason")
     with transaction.atomic():
         hold = LegalHold.objects.select_for_update().get(pk=hold_id)
@@ -449,9 +449,7 @@ def legal_hold_release(*, hold_id: int, released_by: AbstractBaseUser, reason: s
     return hold
 
 
-def membership_grant(
-    *, user: AbstractBaseUser, portfolio: Model, role: str, granted_by: AbstractBaseUser | None
-) -> Membership:
+def membership_grant(*, user: Actor, portfolio: Model, role: str, granted_by: Actor | None) -> Membership:
     """Make ``user`` a member of ``portfolio`` with ``role`` (idempotent), as an audit event."""
     if role not in Membership.Role.values:
         raise ValidationError({"role": f"role must be one of {', '.join(Membership.Role.values)}."})
@@ -469,7 +467,7 @@ def membership_grant(
     return membership
 
 
-def membership_revoke(*, membership_id: int, revoked_by: AbstractBaseUser | None) -> None:
+def membership_revoke(*, membership_id: int, revoked_by: Actor | None) -> None:
     with transaction.atomic():
         membership = Membership.objects.select_for_update().get(pk=membership_id)
         details = {"portfolio_id": membership.portfolio_id, "user_id": membership.user_id, "role": membership.role}

@@ -659,9 +659,7 @@ class Guarantees(RuleBasedStateMachine):
                 for key, before in self.unsettled.items()
                 if before.kind == entry.record_kind
                 and entry.after_id < before.id <= entry.last_id
-                and any(
-                    h.covers(state) for state in (before, self.records.get(key)) if state is not None for h in self.holds
-                )
+                and any(h.covers(state) for state in (before, self.records.get(key)) if state for h in self.holds)
             ]
             strict = [r for r in held if (r.kind, r.id) not in self.unsettled]
             assert entry.rows_deleted <= entry.candidates, (entry.operation_id, entry.rows_deleted, entry.candidates)

@@ -4,11 +4,13 @@ from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
+from django.db import connection
 from django.utils import timezone
 
 from properties.models import Lease, MaintenanceRecord, Property, TenantActivity
-from retention.eligibility import count_expired_and_held, eligible_ids
+from retention.eligibility import count_expired_and_held, eligible_sql
 from retention.models import AuditEvent, LegalHold
+from retention.registry import get_spec
 from retention.services import legal_hold_place, legal_hold_release
 
 pytestmark = pytest.mark.django_db
@@ -45,6 +47,19 @@ def world(portfolio, reviewer):
         ended_on=timezone.now(),
     )
     return props, ids
+
+
+def eligible_ids(kind, *, cutoff, property_id):
+    """Ids of one property's rows the eligibility predicate admits."""
+    spec = get_spec(kind)
+    predicate, params = eligible_sql(kind, cutoff=cutoff)
+    with connection.cursor() as cursor:
+        cursor.execute(
+            f"SELECT r.{spec.pk_column} FROM {spec.table} r WHERE r.{spec.property_column} = %s AND {predicate}"
+            f" ORDER BY r.{spec.pk_column}",
+            [property_id, *params],
+        )
+        return [row[0] for row in cursor.fetchall()]
 
 
 def eligible_everywhere(props):

@@ -113,6 +113,8 @@ class DocumentsAffected:
     referenced: int = 0
     invalid: int = 0
     shown: tuple[str, ...] = ()
+    # The records whose file cannot be purged (``PurgeRequest.unpurgeable``).
+    unpurgeable_records: tuple[int, ...] = ()
 
     @property
     def waiting(self) -> int:
@@ -135,6 +137,11 @@ def documents_affected(job: CleanupJob) -> DocumentsAffected:
         referenced=request.documents_referenced,
         invalid=request.invalid_ids,
         shown=tuple(str(i) for i in ids[:DOCUMENTS_SHOWN]),
+        unpurgeable_records=tuple(
+            int(entry["record_id"])
+            for entry in (request.unpurgeable or [])[:DOCUMENTS_SHOWN]
+            if isinstance(entry, dict) and isinstance(entry.get("record_id"), int)
+        ),
     )
 
 

@@ -20,7 +20,7 @@ Paused and no-worker jobs are *blocked*: they do not finish whatever the rate.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -63,7 +63,7 @@ class OpenWork:
         return round((now - self.oldest_due_at).total_seconds(), 1) if self.oldest_due_at else None
 
 
-def _paused_q(pauses: list[dict[str, Any]]) -> Q:
+def _paused_q(pauses: Sequence[Mapping[str, Any]]) -> Q:
     if any(p["portfolio_id"] is None for p in pauses):
         return Q(pk__isnull=False)  # a global pause holds everything
     ids = [p["portfolio_id"] for p in pauses]
@@ -120,7 +120,13 @@ def open_work(
                 continue
             reason = PLATFORM_PAUSE_REASON if pid is None and portfolio_ids is not None else p["reason"]
             held.append(
-                {"portfolio_id": pid, "name": names.get(pid), "reason": reason, "since": p["paused_at"], "jobs": n}
+                {
+                    "portfolio_id": pid,
+                    "name": names.get(pid) if pid is not None else None,
+                    "reason": reason,
+                    "since": p["paused_at"],
+                    "jobs": n,
+                }
             )
             if pid is None:
                 break  # a global pause holds every job: the portfolios' own pauses add nothing

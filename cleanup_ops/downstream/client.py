@@ -92,7 +92,7 @@ class DocstoreClient:
     def close(self) -> None:
         self._http.close()
 
-    def _send(  # type: ignore[no-untyped-def]
+    def _send(
         self,
         method: str,
         document_id: str,
@@ -100,7 +100,7 @@ class DocstoreClient:
         idempotency_key: str,
         content: bytes | None = None,
         deadline: float | None = None,
-    ):
+    ) -> httpx.Response:
         if not document_id_valid(document_id):
             # Never interpolate it: it may be a URL or a path traversal.
             raise InvalidDocumentId("document id rejected")

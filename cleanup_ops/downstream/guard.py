@@ -24,7 +24,9 @@ Installed by ``guards_install`` after every ``migrate`` for the configured
 kinds whose models are managed (the tables this project creates); a table the
 product does not own (an unmanaged model) gets it only when its owner runs
 ``manage.py cleanup_reference_guard --install`` (or the SQL it prints). The
-trigger reads the row as JSON, so one function serves every table and column.
+trigger reads the row as JSON, so one function serves every table and column;
+a kind whose files are in a Django storage passes its alias as the trigger's
+second argument, and the trigger takes the disposition of ``<alias>:<key>``.
 SQLite (the demo) serialises writers: no guard is needed there.
 """
 
@@ -34,7 +36,7 @@ from typing import Any
 
 from django.db import connection
 
-from cleanup_ops.models import DispositionState, DocumentDisposition
+from cleanup_ops.models import STORAGE_KEY_MAX_BYTES, DispositionState, DocumentDisposition
 from retention.registry import REGISTRY, RecordKindSpec
 
 FUNCTION = "cleanup_ops_document_named"
@@ -52,6 +54,16 @@ BEGIN
     END IF;
     IF TG_OP = 'UPDATE' AND named IS NOT DISTINCT FROM (to_jsonb(OLD) ->> TG_ARGV[0]) THEN
         RETURN NEW;
+    END IF;
+    IF octet_length(named) > {STORAGE_KEY_MAX_BYTES} THEN
+        -- Longer than any store takes: never purged (the batch names the
+        -- record as unpurgeable), so there is no decision to take part in.
+        RETURN NEW;
+    END IF;
+    IF TG_NARGS > 1 THEN
+        -- A kind whose files are in a Django storage: the document's
+        -- reference is <alias>:<key> (downstream.stores.document_ref).
+        named := TG_ARGV[1] || ':' || named;
     END IF;
     -- The document's decision row, created if it has none yet (a purge that
     -- starts now waits for this transaction), then locked: this waits for a
@@ -75,10 +87,12 @@ def trigger_name(spec: RecordKindSpec) -> str:
 def trigger_sql(spec: RecordKindSpec) -> list[str]:
     """The statements that (re)create the guard on one kind's table."""
     name, table, column = trigger_name(spec), spec.table, spec.attachment_column
+    # The alias is checked to be [A-Za-z0-9_-] (retention.checks): safe as a literal.
+    arguments = f"'{column}', '{spec.attachment_storage}'" if spec.attachment_storage else f"'{column}'"
     return [
         f"DROP TRIGGER IF EXISTS {name} ON {table}",
         f"CREATE TRIGGER {name} BEFORE INSERT OR UPDATE OF {column} ON {table}"
-        f" FOR EACH ROW EXECUTE FUNCTION {FUNCTION}('{column}')",
+        f" FOR EACH ROW EXECUTE FUNCTION {FUNCTION}({arguments})",
     ]
 
 

@@ -59,9 +59,29 @@ Protocol of a purge job's slice (the job is already leased by
       same key, which the store answers from its idempotency record.
 3. Cursor at the end → the job is done, in the same fenced way: ``purged``, or
    ``purge_held`` when documents were set aside. If the outbox counted ids
-   that failed validation, the job instead becomes a ``policy_or_input`` dead
-   letter once the valid ones are done: the files of such records cannot be
-   found safely and an operator has to look.
+   or keys that cannot be purged (``PurgeRequest.unpurgeable`` names their
+   records), the job instead becomes a ``policy_or_input`` dead letter once
+   the valid ones are done, naming the kind and those records: the files of
+   such records cannot be found safely and an operator has to look.
+
+Stores that are not fenced (a Django storage: ``downstream.stores``; S3, the
+file system) follow the same protocol a batch of documents at a time
+(``_check_and_delete_many``, up to ``STORAGE_PURGE_BATCH_SIZE``, S3's
+``DeleteObjects`` limit of 1,000): in one transaction every document's
+disposition row ``FOR UPDATE`` in document order, then the scope rows of
+every deleted record that named any of them, then the holds (``HEAD`` before
+any set-aside) and the living references, set-based, a verdict per document;
+then one call for the clear ones. Nothing can refuse a late call, so it is
+started only if the session — and so the locks — is sure to outlive the
+call's client-side bound (``_call_gate``; otherwise ``StaleDecision``,
+nothing sent). Each key's result is recorded under the locks; after a call
+whose effect is unknown (a timeout) the store is asked about each key, and a
+file it no longer has is recorded as gone. Step d then moves the cursor past
+every document up to the first key the call did not settle (a per-key
+``SlowDown``), whose error is raised once the others are recorded. A key the
+store refuses (a per-key ``AccessDenied``) names its records in the request's
+``unpurgeable`` like a key that could not be sent; docs/architecture.md says
+what a hold placed at any moment gets on each backend.
 
 What remains open: a record that starts naming a document id after the
 check (record writes by the application take no lock of ours). SQLite (the
@@ -92,7 +112,18 @@ from django.db.models import Count, Exists, F, OuterRef, Sum
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import dispatch_after_commit
-from cleanup_ops.downstream.client import DocstoreClient, InvalidDocumentId
+from cleanup_ops.downstream.client import InvalidDocumentId
+from cleanup_ops.downstream.stores import (
+    ABSENT,
+    DELETED,
+    DOCSTORE,
+    FAILED,
+    REFUSED,
+    AttachmentStore,
+    KeyResult,
+    ref_key,
+    store_for,
+)
 from cleanup_ops.execution.batches import JobRef
 from cleanup_ops.execution.leases import (
     Lease,
@@ -118,9 +149,12 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.ratelimit import docstore_buckets_for, docstore_hold_remaining, docstore_hold_until
 from cleanup_ops.recovery.classification import (
+    DownstreamConnectionError,
     DownstreamError,
+    DownstreamTimeout,
     InvalidInput,
     LeaseLost,
+    StaleDecision,
     parse_retry_after,
     retry_after_jitter,
 )
@@ -162,6 +196,13 @@ class _Request:
     portfolio_id: int
     property_id: int
     record_kind: str
+    store: str
+
+
+class UnpurgeableDocuments(InvalidDocumentId):
+    """Records of the request name files that cannot be purged (an invalid
+    id, a key too long, blank or refused by the storage): named in the
+    request's ``unpurgeable``, for an operator (a ``policy_or_input`` letter)."""
 
 
 def idempotency_key(request_key: str, document_id: str) -> str:
@@ -190,11 +231,10 @@ def purge_run(
     lease_until = lease_until or lease_expiry_from(clock.now())
     started = time.monotonic()
     steps = 0
-    with DocstoreClient() as client:
+    with store_for(request.store) as store:
         while True:
             if cursor >= len(request.document_ids):
-                if request.invalid:
-                    raise InvalidDocumentId("purge request has invalid document ids")
+                _unpurgeable_raise(request)
                 progress.outcome = _purge_finish(job=job, lease=lease, request_id=request.id)
                 return
             wait = docstore_hold_remaining(now=clock.now().timestamp())
@@ -214,35 +254,74 @@ def purge_run(
                 return
             if before_request:
                 before_request(job.id)
-            document_id = request.document_ids[cursor]
+            outcomes: list[tuple[str, str, str]] = []
+            failure: BaseException | None = None
+            # The advance renews the lease from its own reading of the clock, later than this one.
+            renewed_from = clock.now()
             try:
-                verdict, effect = _check_and_delete(client, request=request, document_id=str(document_id))
+                if store.fenced:
+                    document_id = request.document_ids[cursor]
+                    verdict, effect = _check_and_delete(store, request=request, document_id=str(document_id))
+                    cursor = _purge_advance(
+                        job=job, lease=lease, request=request, cursor=cursor, verdict=verdict, effect=effect
+                    )
+                    outcomes = [(verdict, effect, "")]
+                else:
+                    refs = [str(d) for d in request.document_ids[cursor : cursor + store.max_keys]]
+                    done, failure = _check_and_delete_many(store, request=request, refs=refs)
+                    cursor = _purge_advance_many(job=job, lease=lease, request=request, cursor=cursor, outcomes=done)
+                    outcomes = done
             except DownstreamError as exc:
                 _hold_all_purges(exc)
                 raise
-            renewed_from = clock.now()
-            cursor = _purge_advance(
-                job=job, lease=lease, request=request, cursor=cursor, verdict=verdict, effect=effect
-            )
             lease_until = lease_expiry_from(renewed_from)
+            _progress_count(progress, outcomes)
+            if failure is not None:
+                # The documents before it are recorded; this one is retried.
+                if isinstance(failure, DownstreamError):
+                    _hold_all_purges(failure)
+                raise failure
             steps += 1
-            if verdict == HELD:
-                progress.set_aside += 1
-            elif verdict == REFERENCED:
-                progress.referenced += 1
-            elif verdict == CLEAR:
-                progress.requests += 1
-                if after_request:
-                    after_request(job.id)
+            if after_request and any(verdict == CLEAR for verdict, _, _ in outcomes):
+                after_request(job.id)
             if steps >= max_requests or time.monotonic() - started >= max_seconds:
                 job_release(lease=lease)
                 return
 
 
+def _progress_count(progress: PurgeProgress, outcomes: list[tuple[str, str, str]]) -> None:
+    for verdict, effect, _ in outcomes:
+        if verdict == HELD:
+            progress.set_aside += 1
+        elif verdict == REFERENCED:
+            progress.referenced += 1
+        elif verdict == CLEAR and effect != REFUSED:
+            progress.requests += 1
+
+
+def _unpurgeable_raise(request: _Request) -> None:
+    """Every document done: records whose files cannot be purged stop the job
+    (a dead letter naming the kind and those records, never the keys)."""
+    invalid, unpurgeable = PurgeRequest.objects.values_list("invalid_ids", "unpurgeable").get(pk=request.id)
+    if not invalid:
+        return
+    record_ids = [entry.get("record_id") for entry in unpurgeable or [] if isinstance(entry, dict)]
+    logger.warning(
+        "purge: %s record(s) of kind %s name files that cannot be purged: %s",
+        invalid,
+        request.record_kind,
+        record_ids,
+        extra={"purge_request_id": request.id, "record_kind": request.record_kind, "record_ids": record_ids},
+    )
+    if request.store:
+        raise UnpurgeableDocuments(f"{request.record_kind}: records {record_ids} name keys that cannot be purged")
+    raise InvalidDocumentId("purge request has invalid document ids")
+
+
 def _request_load(job: JobRef) -> _Request:
     row = (
-        PurgeRequest.objects.filter(pk=job.purge_request_id)
-        .values_list("id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind")
+        PurgeRequest.objects.filter(pk=job.purge_request_id)  # type: ignore[misc]  # None finds none: raised below
+        .values_list("id", "key", "document_ids", "invalid_ids", "portfolio_id", "property_id", "record_kind", "store")
         .first()
     )
     if row is None:
@@ -252,7 +331,7 @@ def _request_load(job: JobRef) -> _Request:
     return _Request(*row)
 
 
-def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id: str) -> tuple[str, str]:
+def _check_and_delete(store: AttachmentStore, *, request: _Request, document_id: str) -> tuple[str, str]:
     """Step 2b-c: the verdict, and the store's effect when the document was sent."""
     key = idempotency_key(request.key, document_id)
     if not sql.is_postgres():
@@ -261,7 +340,8 @@ def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id:
             verdict = _purge_decide(request=request, document_id=document_id)
         if verdict != CLEAR:
             return verdict, ""
-        effect = client.delete_document(document_id, idempotency_key=key)
+        (result,) = store.delete([document_id], idempotency_keys=[key])
+        effect = result.effect
         with transaction.atomic():
             _disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
         return verdict, effect
@@ -272,7 +352,7 @@ def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id:
             # session if it sits idle in this transaction longer than the
             # call's bound — a stalled worker gives its locks back.
             sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(_lock_bound_seconds() * 1000))], cur=cur)
-        verdict = _purge_decide(request=request, document_id=document_id, cur=cur, client=client)
+        verdict = _purge_decide(request=request, document_id=document_id, cur=cur, store=store)
         if verdict != CLEAR:
             return verdict, ""
         checkpoint("purge.before_store_call")
@@ -281,7 +361,8 @@ def _check_and_delete(client: DocstoreClient, *, request: _Request, document_id:
         # it) fails here and sends nothing; one that is alive now lives at
         # least its idle bound past this statement, which the deadline spans.
         deadline = _fence_deadline(cur)
-        effect = client.delete_document(document_id, idempotency_key=key, deadline=deadline)
+        (result,) = store.delete([document_id], idempotency_keys=[key], deadline=deadline)
+        effect = result.effect
         checkpoint("purge.after_store_call")
         # Still under the document's lock: no other purge decides it meanwhile.
         _disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
@@ -312,7 +393,7 @@ def _lock_bound_seconds() -> float:
     return 2 * connect + 3 * read + 5 + settings.DOCSTORE_CLOCK_SKEW_SECONDS
 
 
-def _purge_decide(*, request: _Request, document_id: str, cur: Any = None, client: DocstoreClient | None = None) -> str:
+def _purge_decide(*, request: _Request, document_id: str, cur: Any = None, store: AttachmentStore | None = None) -> str:
     """Inside the caller's transaction: the one decision about ``document_id``.
 
     The document's disposition row locked first (every purge of it waits
@@ -339,7 +420,7 @@ def _purge_decide(*, request: _Request, document_id: str, cur: Any = None, clien
         locked.fetchall()
     checkpoint("purge.after_scope_lock")
     if document_held(document_id):
-        if client is not None and not client.document_exists(document_id):
+        if store is not None and not store.exists(ref_key(request.store, document_id)):
             # The proof says what the store says: a file it no longer has
             # (a call of an earlier decision applied after its locks were
             # gone, or removed by other means) is not "set aside".
@@ -352,9 +433,161 @@ def _purge_decide(*, request: _Request, document_id: str, cur: Any = None, clien
             return ALREADY
         _disposition_mark(document_id, state=DispositionState.SET_ASIDE, request_id=request.id)
         return HELD
-    if document_still_referenced(document_id):
+    if document_still_referenced(document_id, store=request.store):
         return REFERENCED
     return CLEAR
+
+
+def _check_and_delete_many(
+    store: AttachmentStore, *, request: _Request, refs: list[str]
+) -> tuple[list[tuple[str, str, str]], BaseException | None]:
+    """Step 2b-c for a store that is not fenced (a Django storage), a batch
+    at a time: every document's decision in one transaction, one call for
+    the clear ones (``DeleteObjects`` on S3), each key's result recorded.
+
+    Returns (verdict, effect, code) for the documents done, in order, and
+    the failure that stops at the first key the call did not settle (its
+    error, raised once the documents before it are recorded), or None.
+    On PostgreSQL the locks are held across the call as for the HTTP store,
+    but nothing can refuse a late call: it is started only if the decision's
+    session is sure to outlive the call's client-side bound
+    (``_call_gate``), else nothing is sent and the job decides again."""
+    if not sql.is_postgres():
+        # SQLite serialises writers and has no row locks: decide, commit, call, record.
+        with transaction.atomic():
+            verdicts = _purge_decide_many(request=request, refs=refs, store=store)
+        results = _store_delete(store, request=request, refs=[r for r in refs if verdicts[r] == CLEAR])
+        with transaction.atomic():
+            _dispositions_mark_gone(results, request_id=request.id)
+        return _outcomes(refs, verdicts, results)
+    outermost = not connection.in_atomic_block
+    bound = _storage_lock_bound_seconds(store)
+    with transaction.atomic(), connection.cursor() as cur:
+        if outermost:
+            sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(bound * 1000))], cur=cur)
+        verdicts = _purge_decide_many(request=request, refs=refs, cur=cur, store=store)
+        clear = [r for r in refs if verdicts[r] == CLEAR]
+        results = {}
+        if clear:
+            checkpoint("purge.before_store_call")
+            _call_gate(cur, store=store, bound=bound)
+            results = _store_delete(store, request=request, refs=clear)
+            checkpoint("purge.after_store_call")
+            # Still under the documents' locks.
+            _dispositions_mark_gone(results, request_id=request.id)
+        return _outcomes(refs, verdicts, results)
+
+
+def _storage_lock_bound_seconds(store: AttachmentStore) -> float:
+    """How long a storage decision's locks may sit idle: the call's bound plus
+    the same margin and skew allowance as the HTTP store's."""
+    return store.call_bound_seconds() + 5 + settings.DOCSTORE_CLOCK_SKEW_SECONDS
+
+
+def _call_gate(cur: Any, *, store: AttachmentStore, bound: float) -> None:
+    """Right before a call the store cannot fence: read the database's clock
+    on the decision's own session (a session that ended while the worker
+    stalled fails here, and nothing is sent); the session then lives at
+    least ``bound`` past this statement. Start the call only if what is left
+    of that span — the deadline, less the clock skew allowed, less the time
+    since the reading — still covers the call's client-side bound; else
+    ``StaleDecision`` (nothing sent; retried under a fresh decision)."""
+    sql.execute("SELECT 1", cur=cur).fetchone()
+    read_at = time.monotonic()
+    left = bound - settings.DOCSTORE_CLOCK_SKEW_SECONDS - (time.monotonic() - read_at)
+    if left < store.call_bound_seconds():
+        raise StaleDecision("the decision's locks may not outlive the call")
+
+
+def _store_delete(store: AttachmentStore, *, request: _Request, refs: list[str]) -> dict[str, KeyResult]:
+    """One call for ``refs``; after a call whose effect is unknown (a timeout,
+    a lost connection), ask the store about each key (``exists``): a file it
+    no longer has is recorded as gone, one it still has as failed (retried)."""
+    if not refs:
+        return {}
+    keys = [ref_key(request.store, r) for r in refs]
+    try:
+        results = store.delete(keys)
+    except (DownstreamTimeout, DownstreamConnectionError) as exc:
+        try:
+            results = [KeyResult(FAILED, "", exc) if store.exists(key) else KeyResult(DELETED) for key in keys]
+        except Exception:
+            raise exc from None
+    return dict(zip(refs, results, strict=True))
+
+
+def _dispositions_mark_gone(results: dict[str, KeyResult], *, request_id: int) -> None:
+    gone = [ref for ref, result in results.items() if result.effect in (DELETED, ABSENT)]
+    if gone:
+        DocumentDisposition.objects.filter(document_id__in=gone).update(
+            state=DispositionState.PURGED, decided_by_id=request_id, decided_at=clock.now()
+        )
+
+
+def _outcomes(
+    refs: list[str], verdicts: dict[str, str], results: dict[str, KeyResult]
+) -> tuple[list[tuple[str, str, str]], BaseException | None]:
+    done: list[tuple[str, str, str]] = []
+    for ref in refs:
+        verdict = verdicts[ref]
+        if verdict != CLEAR:
+            done.append((verdict, "", ""))
+            continue
+        result = results[ref]
+        if result.effect == FAILED:
+            return done, result.error or DownstreamTimeout(result.code or "unknown")
+        done.append((verdict, result.effect, result.code))
+    return done, None
+
+
+def _purge_decide_many(
+    *, request: _Request, refs: list[str], store: AttachmentStore, cur: Any = None
+) -> dict[str, str]:
+    """``_purge_decide`` for a batch of documents, in the caller's transaction:
+    every document's disposition row locked first (in document order, as a
+    batch takes them), then the scope rows of every deleted record that named
+    any of them, then — in later statements — the hold and reference checks,
+    each set-based."""
+    ordered = sorted(set(refs))
+    DocumentDisposition.objects.bulk_create(
+        [DocumentDisposition(document_id=r) for r in ordered], ignore_conflicts=True
+    )
+    rows = list(
+        DocumentDisposition.objects.select_for_update()
+        .filter(document_id__in=ordered)
+        .order_by("document_id")
+        .values_list("document_id", "state", "decided_by_id")
+    )
+    checkpoint("purge.after_decision_lock")
+    verdicts: dict[str, str] = {}
+    undecided = []
+    for ref, state, decided_by in rows:
+        if state == DispositionState.PURGED:
+            verdicts[ref] = PURGED_BY_US if decided_by == request.id else ALREADY
+        else:
+            undecided.append(ref)
+    if undecided and sql.is_postgres():
+        sql.execute(sql.document_scopes_lock_many(), [undecided], cur=cur).fetchall()
+    checkpoint("purge.after_scope_lock")
+    held = documents_held(undecided) if undecided else set()
+    for ref in sorted(held):
+        if store.exists(ref_key(request.store, ref)):
+            _disposition_mark(ref, state=DispositionState.SET_ASIDE, request_id=request.id)
+            verdicts[ref] = HELD
+        else:
+            # As for the HTTP store: never "set aside" for a file the store does not have.
+            logger.warning(
+                "purge: document %s is under a legal hold but the store no longer has it",
+                ref,
+                extra={"document_id": ref, "purge_request_id": request.id},
+            )
+            _disposition_mark(ref, state=DispositionState.PURGED, request_id=request.id)
+            verdicts[ref] = ALREADY
+    rest = [r for r in undecided if r not in held]
+    referenced = documents_referenced(rest, store=request.store)
+    for ref in rest:
+        verdicts[ref] = REFERENCED if ref in referenced else CLEAR
+    return verdicts
 
 
 def documents_held(document_ids: list[str]) -> set[str]:
@@ -381,13 +614,29 @@ def _disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
     )
 
 
-def document_still_referenced(document_id: str) -> bool:
-    """Does any remaining record, of any kind with attachments, name ``document_id``?"""
+def document_still_referenced(document_id: str, *, store: str = DOCSTORE) -> bool:
+    """Does any remaining record, of any kind with attachments in the same
+    store, name ``document_id`` (a reference, ``stores.document_ref``)?"""
+    key = ref_key(store, document_id)
     return any(
-        spec.model._default_manager.filter(**{spec.attachment_field: document_id}).exists()
+        spec.model._default_manager.filter(**{spec.attachment_field: key}).exists()
         for spec in REGISTRY.values()
-        if spec.attachment_field
+        if spec.attachment_field and (spec.attachment_storage or DOCSTORE) == store
     )
+
+
+def documents_referenced(refs: list[str], *, store: str) -> set[str]:
+    """Those of ``refs`` that a remaining record of a kind of ``store`` names: a query per such kind."""
+    if not refs:
+        return set()
+    by_key = {ref_key(store, r): r for r in refs}
+    named: set[str] = set()
+    for spec in REGISTRY.values():
+        if spec.attachment_field and (spec.attachment_storage or DOCSTORE) == store:
+            field = spec.attachment_field
+            values = spec.model._default_manager.filter(**{f"{field}__in": list(by_key)}).values_list(field, flat=True)
+            named.update(str(v) for v in values)
+    return {by_key[k] for k in named if k in by_key}
 
 
 def _hold_all_purges(exc: DownstreamError) -> None:
@@ -417,6 +666,52 @@ def _purge_advance(*, job: JobRef, lease: Lease, request: _Request, cursor: int,
             counter = _COUNTERS[effect if verdict == CLEAR else verdict]
             PurgeRequest.objects.filter(pk=request.id).update(**{counter: F(counter) + 1})
     return cursor + 1
+
+
+def _purge_advance_many(
+    *, job: JobRef, lease: Lease, request: _Request, cursor: int, outcomes: list[tuple[str, str, str]]
+) -> int:
+    """``_purge_advance`` for a batch: one fenced transaction moves the cursor
+    past every document done and counts each; a key the store refused names
+    its records in ``unpurgeable`` (the store's error code as the problem)."""
+    if not outcomes:
+        return cursor
+    now = clock.now()
+    with transaction.atomic(), connection.cursor() as cur:
+        current = lock_job(cur, job_id=job.id, lease=lease, now=now)
+        if current != cursor:
+            raise LeaseLost(job.id)
+        after = cursor + len(outcomes)
+        sql.execute(sql.purge_advance(), [after, lease_renewal(now), job.id], cur=cur)
+        refs = [str(d) for d in request.document_ids[cursor:after]]
+        counts: dict[str, int] = {}
+        held: list[str] = []
+        refused: dict[str, str] = {}
+        for ref, (verdict, effect, code) in zip(refs, outcomes, strict=True):
+            if verdict == HELD:
+                held.append(ref)
+            elif verdict == CLEAR and effect == REFUSED:
+                refused[ref] = code
+            else:
+                counter = _COUNTERS[effect if verdict == CLEAR else verdict]
+                counts[counter] = counts.get(counter, 0) + 1
+        if held or refused:
+            row = PurgeRequest.objects.select_for_update().get(pk=request.id)
+            row.held_document_ids = [*row.held_document_ids, *(r for r in held if r not in row.held_document_ids)]
+            row.documents_held += len(held)
+            if refused:
+                named = DeletedAttachment.objects.filter(
+                    document_id__in=list(refused), record_kind=request.record_kind
+                ).values_list("document_id", "record_id")
+                entries = [{"record_id": rid, "problem": f"refused:{refused[ref] or 'unknown'}"} for ref, rid in named]
+                row.unpurgeable = [*row.unpurgeable, *entries]
+                row.invalid_ids += len(refused)
+            row.save(update_fields=["held_document_ids", "documents_held", "unpurgeable", "invalid_ids"])
+        if counts:
+            PurgeRequest.objects.filter(pk=request.id).update(
+                **{counter: F(counter) + n for counter, n in counts.items()}
+            )
+    return after
 
 
 # The request's counter for each way a document is done.
@@ -487,6 +782,7 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
                 portfolio_id=request.portfolio_id,
                 property_id=request.property_id,
                 record_kind=request.record_kind,
+                store=request.store,
                 document_ids=released,
                 origin=origin,
                 created_at=now,

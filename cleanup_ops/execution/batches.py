@@ -58,7 +58,7 @@ from django.db import connection, transaction
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
-from cleanup_ops.downstream.urls import document_id_valid
+from cleanup_ops.downstream import stores
 from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
 from cleanup_ops.lifecycle import JobAdvance, after_batch
 from cleanup_ops.models import (
@@ -73,8 +73,9 @@ from cleanup_ops.models import (
 )
 from cleanup_ops.recovery.classification import LeaseLost
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
+from retention.conf import MAX_BATCH_SIZE
 from retention.eligibility import db_datetime, eligible_sql_for
-from retention.models import MAX_BATCH_SIZE, PolicyVersion
+from retention.models import PolicyVersion
 from retention.registry import get_spec
 
 
@@ -160,7 +161,7 @@ class _Work:
     after_id: int
     cutoff: datetime
     version_id: int
-    limit: int = 1000  # this partition's batch size
+    limit: int = MAX_BATCH_SIZE  # this partition's batch size
     operation: str = ""
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: int | None = None
@@ -584,12 +585,26 @@ def purge_outbox_write_many(
     (which record named which document: what the purge's hold check asks
     about), in three statements whatever the number of batches.
 
-    Called inside the batch's transaction. Ids that are not plain identifiers
-    are counted, never stored (see ``PurgeRequest``).
+    Called inside the batch's transaction. Each document is kept as its
+    reference in the kind's store (``stores.document_ref``: the HTTP id, or
+    ``<alias>:<key>`` with the key exactly as the record holds it). Ids and
+    keys the store cannot take (``stores.key_checker``) are never stored:
+    counted, and their records named with the problem (see ``PurgeRequest``).
     """
     requests = []
+    refs: list[dict[str, str]] = []  # per batch: the record's document -> its reference (purgeable ones)
     for job, operation, named in batches:
-        document_ids = [document_id for document_id, _ in named]
+        store = get_spec(job.record_kind).attachment_storage or stores.DOCSTORE
+        problem_of = stores.key_checker(store)
+        refs_of: dict[str, str] = {}
+        unpurgeable = []
+        for document_id, record_id in named:
+            problem = problem_of(document_id)
+            if problem is None:
+                refs_of[document_id] = stores.document_ref(store, document_id)
+            else:
+                unpurgeable.append({"record_id": record_id, "problem": problem})
+        refs.append(refs_of)
         scope = scope_of(job)
         requests.append(
             PurgeRequest(
@@ -598,8 +613,10 @@ def purge_outbox_write_many(
                 portfolio_id=scope["portfolio_id"],
                 property_id=scope["property_id"],
                 record_kind=scope["record_kind"],
-                document_ids=list(dict.fromkeys(d for d in document_ids if document_id_valid(d))),
-                invalid_ids=sum(1 for d in document_ids if not document_id_valid(d)),
+                store=store,
+                document_ids=list(dict.fromkeys(refs_of[d] for d, _ in named if d in refs_of)),
+                invalid_ids=len(unpurgeable),
+                unpurgeable=unpurgeable,
                 created_at=now,
             )
         )
@@ -610,9 +627,7 @@ def purge_outbox_write_many(
         for pk, key in PurgeRequest.objects.filter(key__in=keys).values_list("pk", "key"):
             keys[key].pk = pk
     # This batch's part in each named document's one decision (``sql.dispositions_take``).
-    named_documents = sorted(
-        {document_id for _, _, named in batches for document_id, _ in named if document_id_valid(document_id)}
-    )
+    named_documents = sorted({ref for refs_of in refs for ref in refs_of.values()})
     if named_documents:
         params = {
             **sql.rows_params("x", sql.DISPOSITION_COLUMNS, [{"document_id": d} for d in named_documents]),
@@ -623,7 +638,7 @@ def purge_outbox_write_many(
     DeletedAttachment.objects.bulk_create(
         [
             DeletedAttachment(
-                document_id=document_id,
+                document_id=refs_of[document_id],
                 portfolio_id=job.portfolio_id,
                 property_id=job.property_id,
                 record_kind=job.record_kind,
@@ -631,9 +646,9 @@ def purge_outbox_write_many(
                 purge_request_id=request.pk,
                 deleted_at=now,
             )
-            for (job, _, named), request in zip(batches, requests, strict=True)
+            for (job, _, named), request, refs_of in zip(batches, requests, refs, strict=True)
             for document_id, record_id in named
-            if document_id_valid(document_id)
+            if document_id in refs_of
         ]
     )
     return CleanupJob.objects.bulk_create(

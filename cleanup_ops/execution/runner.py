@@ -54,6 +54,7 @@ from cleanup_ops.execution.leases import (
 from cleanup_ops.models import CleanupJob, JobKind, JobState
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
+from retention.conf import MAX_BATCH_SIZE
 
 logger = logging.getLogger(__name__)
 
@@ -76,7 +77,7 @@ def stop_on_sigterm() -> None:
     def request_stop(signum: int, frame: object) -> None:
         _stopping.set()
 
-    request_stop.cleanup_stop = True  # type: ignore[attr-defined]
+    request_stop.cleanup_stop = True  # type: ignore[attr-defined]  # a marker on the handler function
     signal.signal(signal.SIGTERM, request_stop)
 
 
@@ -121,7 +122,7 @@ def worker_session_bound() -> None:
     with connection.cursor() as cur:
         cur.execute("SELECT set_config('idle_in_transaction_session_timeout', %s, false)", [milliseconds])
     if not connection.in_atomic_block:
-        connection._cleanup_bounded_session = raw  # type: ignore[attr-defined]
+        connection._cleanup_bounded_session = raw  # type: ignore[attr-defined]  # our marker on the connection
 
 
 def job_run_slice(
@@ -151,7 +152,7 @@ def job_run_slice(
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
-    limit = min(batch_size, 1000) if batch_size else None
+    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     job = job_load(job_id)
     started = time.monotonic()
     try:
@@ -309,7 +310,7 @@ def group_run_slice(
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(pending)
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
-    limit = min(batch_size, 1000) if batch_size else None
+    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     jobs = jobs_load(pending)
     large: set[int] = set()
     worked: set[int] = set()

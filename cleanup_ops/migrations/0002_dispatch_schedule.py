@@ -1,9 +1,11 @@
 from __future__ import annotations
 
+from django.apps.registry import Apps
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 
-def install(apps, schema_editor):  # type: ignore[no-untyped-def]
+def install(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     # The periodic dispatcher: enqueues due and rescued jobs once a minute;
     # finished slices also wake it, so a busy pipeline never waits for this.
     Schedule = apps.get_model("django_q", "Schedule")
@@ -13,7 +15,7 @@ def install(apps, schema_editor):  # type: ignore[no-untyped-def]
     )
 
 
-def remove(apps, schema_editor):  # type: ignore[no-untyped-def]
+def remove(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     apps.get_model("django_q", "Schedule").objects.filter(name="cleanup_dispatch").delete()
 
 

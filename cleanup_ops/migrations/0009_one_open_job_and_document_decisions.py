@@ -12,11 +12,13 @@ their ``set_aside`` disposition.
 """
 
 import django.db.models.deletion
+from django.apps.registry import Apps
 from django.db import migrations, models
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 from django.db.models import Count
 
 
-def refuse_duplicate_open_jobs(apps, schema_editor):  # type: ignore[no-untyped-def]
+def refuse_duplicate_open_jobs(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     CleanupJob = apps.get_model("cleanup_ops", "CleanupJob")
     duplicates = list(
         CleanupJob.objects.filter(state__in=["pending", "leased"], kind="delete")
@@ -35,7 +37,7 @@ def refuse_duplicate_open_jobs(apps, schema_editor):  # type: ignore[no-untyped-
         )
 
 
-def backfill_document_decisions(apps, schema_editor):  # type: ignore[no-untyped-def]
+def backfill_document_decisions(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     PurgeRequest = apps.get_model("cleanup_ops", "PurgeRequest")
     DeletedAttachment = apps.get_model("cleanup_ops", "DeletedAttachment")
     DocumentDisposition = apps.get_model("cleanup_ops", "DocumentDisposition")

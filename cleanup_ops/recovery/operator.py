@@ -51,7 +51,6 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from django.contrib.auth.models import AbstractBaseUser
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError, IntegrityError, models, transaction
 
@@ -64,6 +63,7 @@ from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, JobState, Pipeli
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.selectors import DeadLetterFilter
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
+from retention.actors import Actor
 from retention.domain import portfolio_model
 from retention.inputs import MIN_REASON_LENGTH as MIN_REASON_LENGTH  # re-exported: the views read it here
 from retention.models import AuditEvent
@@ -91,7 +91,7 @@ def operator_reason(reason: str | None) -> str:
     return require_reason(reason or "", field="reason")
 
 
-def _require_perm(actor: AbstractBaseUser | None, perm: str) -> None:
+def _require_perm(actor: Actor | None, perm: str) -> None:
     # actor None: a trusted command-line operator (see cleanup_redrive).
     if actor is not None and not actor.has_perm(perm):
         raise PermissionDenied(f"You do not have the {perm} permission.")
@@ -215,7 +215,7 @@ def spanning_reason(*, portfolios: int, event_id: int) -> str:
 
 
 def _spanning_event(
-    *, actor: AbstractBaseUser | None, action: str, reason: str, portfolio_ids: set[int], count: int, noun: str
+    *, actor: Actor | None, action: str, reason: str, portfolio_ids: set[int], count: int, noun: str
 ) -> AuditEvent | None:
     """The one platform event of a decision over several portfolios (no
     ``portfolio_id`` in its details, so it is scoped to platform roles), or
@@ -236,7 +236,7 @@ def _decide_one(
     letter: DeadLetter,
     *,
     decision: Decision,
-    actor: AbstractBaseUser | None,
+    actor: Actor | None,
     reason: str,
     now: datetime,
     shown_reason: str | None = None,
@@ -269,7 +269,7 @@ def _decide(
     letters: list[DeadLetter],
     *,
     decision: Decision,
-    actor: AbstractBaseUser | None,
+    actor: Actor | None,
     reason: str,
     now: datetime,
     isolate: bool = False,
@@ -316,7 +316,7 @@ def _decide(
 def dead_letters_decide(
     *,
     decision: Decision,
-    actor: AbstractBaseUser | None,
+    actor: Actor | None,
     reason: str,
     letter_filter: DeadLetterFilter | None = None,
     letter_id: int | None = None,
@@ -342,19 +342,19 @@ def dead_letters_decide(
         return _decide(letters, decision=decision, actor=actor, reason=reason, now=now, isolate=letter_id is None)
 
 
-def dead_letter_redrive(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> CleanupJob:
+def dead_letter_redrive(*, letter_id: int, actor: Actor | None, reason: str) -> CleanupJob:
     """Try a dead letter again as a *new* job (new id, key ``<root key>:redrive:<n>``)."""
     _, jobs, _ = dead_letters_decide(decision=Decision.REDRIVE, actor=actor, reason=reason, letter_id=letter_id)
     return jobs[0]
 
 
-def dead_letter_dismiss(*, letter_id: int, actor: AbstractBaseUser | None, reason: str) -> DeadLetter:
+def dead_letter_dismiss(*, letter_id: int, actor: Actor | None, reason: str) -> DeadLetter:
     letters, _, _ = dead_letters_decide(decision=Decision.DISMISS, actor=actor, reason=reason, letter_id=letter_id)
     return letters[0]
 
 
 def dead_letters_redrive_bulk(
-    *, actor: AbstractBaseUser | None, reason: str, letter_filter: DeadLetterFilter | None = None
+    *, actor: Actor | None, reason: str, letter_filter: DeadLetterFilter | None = None
 ) -> BulkRedrive:
     """Redrive every open letter matching the filter, one audit event each.
     Letters no longer open are skipped (the caller sees which from the jobs);
@@ -366,7 +366,7 @@ def dead_letters_redrive_bulk(
 
 
 def dead_letters_dismiss_bulk(
-    *, actor: AbstractBaseUser | None, reason: str, letter_filter: DeadLetterFilter | None = None
+    *, actor: Actor | None, reason: str, letter_filter: DeadLetterFilter | None = None
 ) -> int:
     letters, _, _ = dead_letters_decide(
         decision=Decision.DISMISS, actor=actor, reason=reason, letter_filter=letter_filter
@@ -378,7 +378,7 @@ def _pause_scope(portfolio_id: int | None) -> tuple[str, object]:
     return ("portfolio", portfolio_id) if portfolio_id else ("pipeline", "all")
 
 
-def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+def pipeline_pause(*, actor: Actor | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
     """Stop new leases (everywhere, or for one portfolio); in-flight slices finish."""
     _require_perm(actor, "cleanup_ops.add_pipelinepause")
     reason = operator_reason(reason)
@@ -411,7 +411,7 @@ def pipeline_pause(*, actor: AbstractBaseUser | None, reason: str, portfolio_id:
     return pause
 
 
-def pipeline_resume(*, actor: AbstractBaseUser | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+def pipeline_resume(*, actor: Actor | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
     _require_perm(actor, "cleanup_ops.change_pipelinepause")
     reason = operator_reason(reason)
     object_type, object_id = _pause_scope(portfolio_id)
@@ -459,16 +459,14 @@ class JobsActed:
         return len(self.jobs)
 
 
-def jobs_in_reach(
-    *, action: JobAction, actor: AbstractBaseUser | None, job_filter: JobFilter
-) -> models.QuerySet[CleanupJob]:
+def jobs_in_reach(*, action: JobAction, actor: Actor | None, job_filter: JobFilter) -> models.QuerySet[CleanupJob]:
     """The jobs ``action`` applies to among those ``job_filter`` matches,
     within the portfolios where ``actor`` holds the action's permission."""
     scope = None if actor is None else portfolio_ids_where(actor, JOB_ACTION_PERMISSION[action])
     return CleanupJob.objects.filter(job_filter.q(), portfolio_ids_q(scope), state=JobState.PENDING)
 
 
-def jobs_act(*, action: JobAction, actor: AbstractBaseUser | None, reason: str, job_filter: JobFilter) -> JobsActed:
+def jobs_act(*, action: JobAction, actor: Actor | None, reason: str, job_filter: JobFilter) -> JobsActed:
     """Run now or cancel every pending job ``job_filter`` matches in the
     actor's reach (see the module docstring), in one transaction, the job
     rows locked ``FOR UPDATE``; one audit event per job."""

@@ -17,11 +17,12 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 from django.db.models import QuerySet
 
 
-def selection_ids(matching: QuerySet) -> list[int]:  # type: ignore[type-arg]
+def selection_ids(matching: QuerySet[Any]) -> list[int]:
     return sorted(matching.values_list("id", flat=True))
 
 

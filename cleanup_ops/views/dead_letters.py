@@ -49,6 +49,7 @@ from cleanup_ops.views.common import (
     start_commands,
 )
 from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
+from retention.actors import request_actor
 from retention.filters import int_param, text_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, id_check, text_check
 from retention.models import AuditEvent
@@ -84,7 +85,9 @@ def _operation(raw: str | None, request: HttpRequest) -> Decision | HttpResponse
     return decision
 
 
-def _matching(request: HttpRequest, params, letter_filter: DeadLetterFilter, *, perm: str):  # type: ignore[no-untyped-def]
+def _matching(
+    request: HttpRequest, params: QueryDict, letter_filter: DeadLetterFilter, *, perm: str
+) -> tuple[QuerySet[DeadLetter], str | None]:
     """The letters a filter and the free text ``q`` match, in the user's reach for ``perm``."""
     letters = scope_queryset(dead_letters(letter_filter), request.user, perm=perm)
     text = text_param(params, "q", strict=True, max_length=SEARCH_MAX_LENGTH)
@@ -257,7 +260,7 @@ def _decide(request: HttpRequest, decision: Decision, letter_filter: DeadLetterF
     """Apply the decision and say what happened (the one report of both entry points)."""
     try:
         decided, jobs, failed = dead_letters_decide(
-            decision=decision, actor=request.user, reason=reason, letter_filter=letter_filter
+            decision=decision, actor=request_actor(request), reason=reason, letter_filter=letter_filter
         )
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))

@@ -27,6 +27,7 @@ from cleanup_ops.recovery.operator import (
     jobs_in_reach,
 )
 from cleanup_ops.views.common import bad_input_as_400, bad_request, reason_problem, redirect_back
+from retention.actors import request_actor
 from retention.inputs import MAX_TEXT_LENGTH, id_check, text_check
 
 # One page's worth, and then some: the list shows 50 jobs a page.
@@ -49,7 +50,7 @@ def jobs_selected(request: HttpRequest) -> HttpResponse:
     ids = tuple(sorted({id_check(i, field="job", from_form=True) for i in ticked}))
     reason = text_check(request.POST.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
     pinned = JobFilter(job_ids=ids)
-    jobs = list(jobs_in_reach(action=action, actor=request.user, job_filter=pinned).order_by("id"))
+    jobs = list(jobs_in_reach(action=action, actor=request_actor(request), job_filter=pinned).order_by("id"))
     errors = [] if jobs else ["Tick at least one pending job."]
     if problem := reason_problem(reason):
         errors.append(problem)
@@ -71,7 +72,10 @@ def jobs_selected(request: HttpRequest) -> HttpResponse:
         )
     try:
         done = jobs_act(
-            action=action, actor=request.user, reason=reason, job_filter=JobFilter(job_ids=tuple(j.pk for j in jobs))
+            action=action,
+            actor=request_actor(request),
+            reason=reason,
+            job_filter=JobFilter(job_ids=tuple(j.pk for j in jobs)),
         )
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))

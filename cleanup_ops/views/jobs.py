@@ -36,6 +36,7 @@ from cleanup_ops.recovery.operator import (
     JOB_ACTION_PERMISSION,
     MIN_REASON_LENGTH,
     JobAction,
+    JobsActed,
     jobs_act,
     jobs_in_reach,
 )
@@ -50,6 +51,7 @@ from cleanup_ops.views.common import (
     start_commands,
 )
 from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
+from retention.actors import request_actor
 from retention.filters import int_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
 from retention.registry import record_kind_choices
@@ -112,7 +114,7 @@ def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
     }
 
 
-def _visible_jobs(request: HttpRequest):  # type: ignore[no-untyped-def]
+def _visible_jobs(request: HttpRequest) -> QuerySet[CleanupJob]:
     jobs = CleanupJob.objects.select_related("sweep", "policy_version", "policy_version__policy", "purge_request")
     return scope_queryset(jobs, request.user, perm=VIEW_PERM)
 
@@ -153,7 +155,7 @@ def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
     job = get_object_or_404(_visible_jobs(request), pk=job_id)
     reason = text_check(request.POST.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
     problem = reason_problem(reason)
-    if not jobs_in_reach(action=action, actor=request.user, job_filter=JobFilter(job_ids=(job.pk,))).exists():
+    if not jobs_in_reach(action=action, actor=request_actor(request), job_filter=JobFilter(job_ids=(job.pk,))).exists():
         if job.state == JobState.PENDING:
             raise PermissionDenied  # visible, but the action's role is not held in this portfolio
         state = job.get_state_display().lower()
@@ -162,7 +164,9 @@ def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
         context = _job_context(request, job) | {"action_error": problem, "action": action, "reason": reason}
         return render_live(request, "console/job.html", context, status=400)
     try:
-        done = jobs_act(action=action, actor=request.user, reason=reason, job_filter=JobFilter(job_ids=(job.pk,)))
+        done = jobs_act(
+            action=action, actor=request_actor(request), reason=reason, job_filter=JobFilter(job_ids=(job.pk,))
+        )
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
@@ -170,7 +174,7 @@ def job_action(request: HttpRequest, job_id: int) -> HttpResponse:
     return HttpResponseRedirect(reverse("console:job", args=[job.pk]))
 
 
-def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ignore[no-untyped-def]
+def _report(request: HttpRequest, action: JobAction, done: JobsActed) -> None:
     if action == JobAction.RUN_NOW:
         _report_run_now(request, done)
     else:
@@ -182,7 +186,7 @@ def _report(request: HttpRequest, action: JobAction, done) -> None:  # type: ign
         messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
 
 
-def _report_run_now(request: HttpRequest, done) -> None:  # type: ignore[no-untyped-def]
+def _report_run_now(request: HttpRequest, done: JobsActed) -> None:
     """Due now — and whether anything will take them: a paused portfolio's
     jobs wait for a resume, and jobs whose queue has no live cluster wait for
     one (the redrive's warnings, ``why_they_will_not_run``). Only the jobs
@@ -219,7 +223,7 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
     if not _may(request, action):
         raise PermissionDenied
     job_filter = replace(job_filter_parse(params, strict=True), state=None, job_ids=None)
-    matching = jobs_in_reach(action=action, actor=request.user, job_filter=job_filter)
+    matching = jobs_in_reach(action=action, actor=request_actor(request), job_filter=job_filter)
     count = matching.count()
     reason = text_check(params.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
     errors: list[str] = []
@@ -236,7 +240,11 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
             # The jobs seen are the jobs acted on: pinned by id.
             pinned = replace(job_filter, job_ids=tuple(matching.values_list("id", flat=True)))
             try:
-                _report(request, action, jobs_act(action=action, actor=request.user, reason=reason, job_filter=pinned))
+                _report(
+                    request,
+                    action,
+                    jobs_act(action=action, actor=request_actor(request), reason=reason, job_filter=pinned),
+                )
             except ValidationError as exc:
                 messages.error(request, "; ".join(exc.messages))
             return HttpResponseRedirect(reverse("console:jobs") + "?" + _params(job_filter))

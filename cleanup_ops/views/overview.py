@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any
+from typing import Any, cast
 
 from django.contrib.auth.decorators import login_required
 from django.core.cache import cache
@@ -32,6 +32,7 @@ from cleanup_ops.views.common import (
     live_kinds_now,
     render_live,
 )
+from retention.actors import request_actor
 from retention.filters import FilterError
 from retention.models import Membership
 from retention.scoping import (
@@ -58,8 +59,10 @@ def throughput_cached(*, now: datetime, hours: int, scope: frozenset[int] | None
     scope and hour: hourly buckets move on the scale of hours, not seconds."""
     scope_key = "all" if scope is None else ",".join(map(str, sorted(scope)))
     key = f"console:throughput:{hours}:{now:%Y%m%dT%H}:{scope_key}"
-    return cache.get_or_set(
-        key, lambda: throughput(now=now, hours=hours, portfolio_ids=scope), LONG_RANGE_CACHE_SECONDS
+    # What the lambda computed, now or within the minute (get_or_set's declared type allows None).
+    return cast(
+        "list[dict[str, Any]]",
+        cache.get_or_set(key, lambda: throughput(now=now, hours=hours, portfolio_ids=scope), LONG_RANGE_CACHE_SECONDS),
     )
 
 
@@ -81,7 +84,9 @@ def landing_page(request: HttpRequest) -> HttpResponse:
     customer's property manager or reviewer, logging in at the console or at
     ``/``): their portfolios and roles, and links to what they may do."""
     memberships = list(
-        Membership.objects.filter(user_id=request.user.pk).select_related("portfolio").order_by("portfolio__name")
+        Membership.objects.filter(user_id=request_actor(request).pk)
+        .select_related("portfolio")
+        .order_by("portfolio__name")
     )
     portfolios = list({m.portfolio_id: m.portfolio for m in memberships}.values())
     roles = sorted({m.get_role_display().lower() for m in memberships})

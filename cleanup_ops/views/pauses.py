@@ -28,6 +28,7 @@ from cleanup_ops.views.common import (
     redirect_back,
     render_live,
 )
+from retention.actors import request_actor
 from retention.inputs import MAX_TEXT_LENGTH, id_check, text_check
 from retention.scoping import (
     may_act_in,
@@ -53,11 +54,11 @@ def pause_toggle(request: HttpRequest) -> HttpResponse:
     perm = "cleanup_ops.change_pipelinepause" if resume else "cleanup_ops.add_pipelinepause"
     try:
         held = portfolio_id is not None and request.user.has_perm(perm)
-        if held and not may_act_in(request.user, perm, portfolio_id):
+        if held and portfolio_id is not None and not may_act_in(request.user, perm, portfolio_id):
             # Where the user does not hold the role: the answer for a portfolio that does not exist.
             raise ValidationError({"portfolio": f"no portfolio with id {portfolio_id}"})
         fn = pipeline_resume if resume else pipeline_pause
-        fn(actor=request.user, reason=reason, portfolio_id=portfolio_id)
+        fn(actor=request_actor(request), reason=reason, portfolio_id=portfolio_id)
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:

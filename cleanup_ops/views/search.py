@@ -11,6 +11,7 @@ from django.shortcuts import render
 from cleanup_ops.console_selectors import audit_names, portfolio_names, property_names
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import SEARCH_RESULTS, search_everything
+from cleanup_ops.models import CleanupJob, DeadLetter
 from cleanup_ops.views.common import LETTER_VIEW, VIEW_PERM, bad_input_as_400
 from retention.filters import text_param
 from retention.models import AuditEvent
@@ -34,7 +35,7 @@ def search_page(request: HttpRequest) -> HttpResponse:
             job_allowed=may_jobs,
             letter_allowed=may_letters,
         )
-    rows = [*(results.jobs if results else []), *(results.letters if results else [])]
+    rows: list[CleanupJob | DeadLetter] = [*(results.jobs if results else []), *(results.letters if results else [])]
     events = results.events if results else []
     return render(
         request,

@@ -1,7 +1,9 @@
 from __future__ import annotations
 
+from django.apps.registry import Apps
 from django.conf import settings
 from django.db import migrations
+from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 from retention.roles import sync_role_groups
 
@@ -27,12 +29,12 @@ DROP FUNCTION IF EXISTS retention_auditevent_append_only();
 """
 
 
-def add_trigger(apps, schema_editor):  # type: ignore[no-untyped-def]
+def add_trigger(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(APPEND_ONLY_SQL)
 
 
-def drop_trigger(apps, schema_editor):  # type: ignore[no-untyped-def]
+def drop_trigger(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
     if schema_editor.connection.vendor == "postgresql":
         schema_editor.execute(DROP_SQL)
 

@@ -36,3 +36,24 @@ class Inspection(models.Model):
 
     def __str__(self) -> str:
         return f"inspection {self.pk}"
+
+
+# --- Issue 27: attachments in Django storages ---------------------------------
+# (Kept apart from the other schema_b models: its own migration, 0002_signed_contract.)
+
+
+class SignedContract(models.Model):
+    """Its signed PDF in a Django storage (a ``FileField``: S3 or the file system)."""
+
+    customer = models.ForeignKey(Portfolio, on_delete=models.PROTECT, related_name="+")
+    building = models.ForeignKey(Property, on_delete=models.PROTECT, related_name="+", db_index=False)
+    signed_at = models.DateTimeField()
+    # Up to S3's key length in characters (a key is at most 1,024 bytes).
+    pdf = models.FileField(max_length=1024, blank=True, default="")
+
+    class Meta:
+        app_label = "schema_b"
+        indexes = [models.Index(fields=["building", "id"], include=["signed_at"], name="signedcontract_keyset_idx")]
+
+    def __str__(self) -> str:
+        return f"signed contract {self.pk}"

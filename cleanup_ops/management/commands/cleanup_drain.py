@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import time
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -28,7 +29,7 @@ class Command(BaseCommand):
         parser.add_argument("--idle-seconds", type=float, default=None, help="with --until-idle: the idle time")
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["max_seconds"] < 0:
             raise CommandError("--max-seconds must be 0 or more")
         idle = options["idle_seconds"]
@@ -49,7 +50,7 @@ class Command(BaseCommand):
             }
         else:
             slices = cleanup_drain(max_seconds=options["max_seconds"], progress=progress).slices
-        summary = {
+        summary: dict[str, Any] = {
             **drain_summary(),
             "purges": purge_summary(),
             "slices": slices,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -18,7 +19,7 @@ class Command(BaseCommand):
         parser.add_argument("file", help="a proof export (console: sweep page, proof; API: /sweeps/<id>/proof/)")
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         report = verify_file(str(options["file"]))
         for problem in report.problems:
             self.stdout.write(problem)

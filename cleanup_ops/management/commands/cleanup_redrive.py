@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+from typing import Any
 
 from django.contrib.auth.models import User
 from django.core.exceptions import PermissionDenied, ValidationError
@@ -25,7 +26,7 @@ class Command(BaseCommand):
         parser.add_argument("--dismiss", action="store_true", help="dismiss instead of redriving")
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         if options["category"] not in FailureCategory.values:
             raise CommandError(f"--category: unknown category {options['category']!r}")
         if (

@@ -1,12 +1,25 @@
 from __future__ import annotations
 
 import json
+from datetime import datetime
+from typing import Any, TypedDict
 
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 from django.utils import timezone
 
 from cleanup_ops.admission import sweep_preview
 from cleanup_ops.schedule import SlotError, slot_current, slot_format, slot_parse, sweep_trigger
+
+
+class PreviewRow(TypedDict):
+    """One partition of a dry run, as --json prints it."""
+
+    portfolio_id: int
+    record_kind: str
+    retention_days: int
+    cutoff: str
+    eligible: int
+    held: int
 
 
 class Command(BaseCommand):
@@ -18,7 +31,7 @@ class Command(BaseCommand):
         parser.add_argument("--portfolio", type=int, help="with --dry-run: only this portfolio id")
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
-    def handle(self, *args: object, **options: object) -> None:
+    def handle(self, *args: Any, **options: Any) -> None:
         now = timezone.now()
         try:
             slot = slot_parse(options["slot"], now=now) if options["slot"] else slot_current(now=now)
@@ -40,12 +53,12 @@ class Command(BaseCommand):
             f"{data['carried_over']} partitions carried over from earlier sweeps, status {data['status']}."
         )
 
-    def _dry_run(self, slot, options) -> None:  # type: ignore[no-untyped-def]
+    def _dry_run(self, slot: datetime, options: dict[str, Any]) -> None:
         try:
             preview = sweep_preview(slot=slot, portfolio_id=options["portfolio"])
         except ValueError as exc:
             raise CommandError(f"--{exc}") from None
-        rows = [
+        rows: list[PreviewRow] = [
             {
                 "portfolio_id": r.portfolio_id,
                 "record_kind": r.record_kind,
