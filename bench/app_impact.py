@@ -57,7 +57,10 @@ script), p99 against the idle p99; the cleanup's seconds, rows, statements
 (``pg_stat_statements.wal_bytes`` of every role but the application's, from the start
 of the run; the LSN difference over the run is shown too, application included);
 the CPU other processes on the machine used meanwhile (``harness.cpu.CpuWatch``) and
-the load average. The verdict: does a limited run keep p99 ≤ 1.2 x idle while its
+the load average. *Statements per batch*: the cleanup's statements per run over its
+batch transactions per run (the ledger's distinct ``applied_at``), with the rate-token
+and BEGIN/COMMIT shares, against the unlimited run with as many workers (the limiter's
+goal: within 1.5x). The verdict: does a limited run keep p99 ≤ 1.2 x idle while its
 sweep, projected to the 1M dataset, finishes before the next slot
 (``CLEANUP_SCHEDULE``'s interval, or ``--slot-hours``)?
 
@@ -425,6 +428,46 @@ class Phase:
         return self.wal_cleanup_bytes / self.rows_deleted if self.rows_deleted else None
 
 
+PER_BATCH_GOAL = 1.5  # statements per batch under a limit, against the unlimited run with as many workers
+
+
+def statements_per_batch(p: Phase, cls: str | None = None) -> float | None:
+    """The cleanup's statements (or those of one class) per batch transaction of ``p``."""
+    if p.statements is None or not p.transactions or not p.runs:
+        return None
+    per_run = p.statements if cls is None else p.extra.get("statements_by_class_per_run", {}).get(cls, 0)
+    return per_run / (p.transactions / p.runs)
+
+
+def unlimited_of(p: Phase) -> str:
+    """The name of the unlimited phase a limited one is compared with: q2lim-5-3 -> q2."""
+    return p.name.split("lim", 1)[0]
+
+
+def per_batch_lines(results: list[Phase]) -> list[str]:
+    """One line per qcluster phase: statements per batch, the rate-token and
+    BEGIN/COMMIT shares, and for a limited phase the ratio to the unlimited one."""
+    by_name = {p.name: p for p in results}
+    lines = []
+    for p in results:
+        total = statements_per_batch(p)
+        if total is None:
+            continue
+        tokens = statements_per_batch(p, "rate tokens") or 0.0
+        control = statements_per_batch(p, "transaction control") or 0.0
+        line = (
+            f"  {p.label}: {total:.1f} per batch (rate tokens {tokens:.2f}, BEGIN/COMMIT {control:.1f});"
+            f" {p.transactions // p.runs} batches a run"
+        )
+        base = by_name.get(unlimited_of(p)) if p.limits else None
+        base_total = statements_per_batch(base) if base is not None else None
+        if base_total:
+            ratio = total / base_total
+            line += f"; {ratio:.2f}x the unlimited run ({'met' if ratio <= PER_BATCH_GOAL else 'MISSED'})"
+        lines.append(line)
+    return lines
+
+
 # --------------------------------------------------------------------------- main
 
 
@@ -691,7 +734,10 @@ def main() -> None:
                         "eligible": ds.eligible,
                         "slot_hours": hours,
                         "args": {k: str(v) for k, v in vars(args).items()},
-                        "phases": [{**asdict(p), "wal_per_row": p.wal_per_row} for p in results],
+                        "phases": [
+                            {**asdict(p), "wal_per_row": p.wal_per_row, "statements_per_batch": statements_per_batch(p)}
+                            for p in results
+                        ],
                     },
                     indent=1,
                     default=str,
@@ -813,6 +859,14 @@ def report(
             top = ", ".join(f"{k} {v:,}" for k, v in list(classes.items())[:7])
             rate = f"{p.statements / span:,.0f}/s" if span and p.statements else "-"
             print(f"  {p.label}: {p.statements:,} ({rate}): {top}")
+    lines = per_batch_lines(results)
+    if lines:
+        print(
+            f"\nStatements per batch transaction (goal under a limit: <= {PER_BATCH_GOAL}x the unlimited run"
+            " with as many workers):"
+        )
+        for line in lines:
+            print(line)
     for p in results:
         if p.app.errors:
             print(f"{p.label}: pgbench reported {p.app.errors[:3]}")

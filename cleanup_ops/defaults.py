@@ -55,7 +55,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CLEANUP_LEASE_JOBS", 100, integer(minimum=1, maximum=1000)),
     Setting("CLEANUP_LEASE_LOCK_STRIPES", 16, integer(minimum=1, maximum=32)),
     Setting("CLEANUP_PORTFOLIO_MAX_LEASES", 2, integer(minimum=1)),
-    Setting("CLEANUP_TOKEN_WAIT_SECONDS", 0.5, number()),
+    Setting("CLEANUP_TOKEN_WAIT_SECONDS", 30.0, number()),
     # --- recovery: retries, budgets, rate limits
     Setting("CLEANUP_BACKOFF_BASE_SECONDS", 30.0, number()),
     Setting("CLEANUP_BACKOFF_CAP_SECONDS", 1800.0, number()),

@@ -1,18 +1,43 @@
 """Token buckets in the database, shared by every worker on every host.
 
-One bucket is a row (``RateBucket``). Taking a token is one conditional
-UPDATE that refills the bucket for the time elapsed since ``updated_at`` and
-takes a token only if one is there, so concurrent workers never over-spend:
-the row lock serialises them and each sees the other's result. The portfolio
-bucket is taken before the global one in every transaction (a fixed order, so
-two workers cannot deadlock on them), and both are taken or neither.
+One bucket is a row (``RateBucket``): ``tokens`` as of the instant
+``updated_at`` (epoch seconds, the database's clock: ``cleanup_ops.clock``),
+refilled at ``rate`` up to ``burst`` from that instant on. There is no refill
+process.
 
-Time is passed in (epoch seconds from ``timezone.now()``) so tests control it.
+Protocol (a *reservation*, ``tokens_reserve``; the buckets' "virtual
+scheduling", as in GCRA):
+
+- **Learn when, don't poll.** A worker that needs tokens asks once: one
+  statement (``sql.bucket_reserve``) locks the rows, computes when each will
+  have a token and the instant ``at`` at which the transaction can have all
+  it needs, and — if the worker can wait that long — takes them *for that
+  instant*: the row's state moves to ``at`` (``updated_at = at``, possibly in
+  the future). The worker then sleeps until ``at``; it never asks again.
+  Every later request, from any worker, is computed from that state and so
+  gets an instant no earlier: reservations on a bucket are granted in time
+  order and never exceed its rate plus its burst. A worker that cannot wait
+  that long takes nothing and is told exactly when (its job is deferred
+  until then).
+- **Order, both or neither.** The portfolios' buckets are locked before the
+  shared (global) one, portfolios by id (``_lock_order``), in reservations and
+  give-backs alike, so two workers cannot deadlock on them. A transaction
+  gets a portfolio's token only together with the global one; without the
+  global token it takes no portfolio's.
+- **Give back what was not used.** A transaction that took a portfolio's
+  token but left that portfolio's partitions for the next one, or did not
+  run (it raised, its worker was stopped while it slept), returns the token
+  (``tokens_give_back``): a token pays for the batches of its own portfolio
+  only, and a refused or unused global token must not slow everyone else.
+
+Time is passed in (epoch seconds from ``clock.now_ts()``) so tests control it
+with time-machine.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Iterable
+from dataclasses import dataclass, field
 
 from django.conf import settings
 from django.db import connection, transaction
@@ -76,57 +101,195 @@ def docstore_buckets_for(portfolio_id: int) -> list[BucketConfig]:
     return buckets
 
 
-def _take(cur, bucket: BucketConfig, now: float, *, first: bool = True) -> float:
-    """Take one token: 0.0 when granted, else seconds until one will be there."""
-    sql.execute(
-        sql.bucket_take(), [bucket.burst, now, bucket.rate, now, bucket.name, bucket.burst, now, bucket.rate], cur=cur
-    )
-    if cur.rowcount == 1:
-        return 0.0
-    row = sql.execute(sql.bucket_read(), [bucket.name], cur=cur).fetchone()
-    if row is None and first:
-        # First use of this bucket: create it full (a concurrent creator may
-        # win; either way the row exists now) and take from it as usual.
+# Float steps: a token accrued to within this of a whole one counts as there
+# (a grant due "now" must not miss by rounding and wait a few femtoseconds).
+EPSILON = 1e-9
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What one reservation answered, on the database's clock (epoch seconds).
+
+    ``reserved``: the tokens were taken for the instant ``at`` (``at == now``
+    when they were there already) — one from the bucket of each portfolio in
+    ``allowed`` and one from every shared bucket. Not reserved: nothing was
+    taken, because ``at`` is further away than the caller could wait.
+    ``ready``: for each portfolio asked about, when its own token and the
+    shared ones are all there (``at`` or later), so a portfolio left out is
+    deferred until exactly then.
+    """
+
+    now: float
+    at: float
+    reserved: bool
+    allowed: frozenset[int] = frozenset()
+    ready: dict[int, float] = field(default_factory=dict)
+
+    @property
+    def wait(self) -> float:
+        """Seconds from ``now`` until ``at`` (0 when due now)."""
+        return 0.0 if self.at - self.now <= EPSILON else self.at - self.now
+
+    def wait_of(self, portfolio_id: int) -> float:
+        """Seconds until ``portfolio_id``'s token and the shared ones are there."""
+        at = self.ready.get(portfolio_id, self.at)
+        return 0.0 if at - self.now <= EPSILON else at - self.now
+
+
+# (portfolio id, bucket): a bucket of one portfolio, or None for a shared one
+# (the global bucket; every bucket of a single-job request).
+Member = tuple[int | None, BucketConfig]
+
+
+def _lock_order(members: list[Member]) -> list[Member]:
+    """The one order every reservation and give-back locks bucket rows in:
+    portfolios' buckets by portfolio id, then the shared ones, in the order
+    given (the global bucket last)."""
+    own = sorted((m for m in members if m[0] is not None), key=lambda m: (m[0], m[1].name))
+    return own + [m for m in members if m[0] is None]
+
+
+def tokens_reserve(
+    *, members: list[Member], now: float, max_wait: float, portfolio_ids: Iterable[int] = ()
+) -> Reservation:
+    """Reserve the tokens one transaction needs, for the earliest instant they are there.
+
+    The instant ``at`` is the earliest at which every shared bucket has a
+    token and at least one of the portfolios' buckets does (the portfolios
+    whose token is there by then are ``allowed``; with no portfolio buckets,
+    every portfolio is). If ``at - now <= max_wait`` the tokens are taken for
+    ``at``: the row's state moves to the instant ``at`` (``tokens`` as of
+    ``updated_at = at``), so every later request, from any worker, gets an
+    instant no earlier and the rate holds however long each sleeps before
+    ``at``. Otherwise nothing changes. Both or neither: a refused shared token
+    takes no portfolio's.
+
+    PostgreSQL: one statement (``sql.bucket_reserve``) that locks the rows in
+    ``_lock_order``, decides and takes. No retry and no read after a miss:
+    a worker learns ``at`` and sleeps until then. ``portfolio_ids``: the
+    portfolios the transaction may touch, also those without a bucket of
+    their own (an unlimited portfolio rate: only the shared buckets decide).
+    """
+    ordered = _lock_order(members)
+    owners = sorted({*portfolio_ids, *(m[0] for m in members if m[0] is not None)})
+    if not ordered:
+        return Reservation(now=now, at=now, reserved=True, allowed=frozenset(owners), ready=dict.fromkeys(owners, now))
+    rows = _reserve_rows(ordered, now=now, max_wait=max_wait)
+    if rows is None:
+        # First use of some bucket: create it full (a concurrent creator may
+        # win; either way the row exists now) and ask again. Nothing was
+        # taken by the first try: it takes only when every row is there.
         RateBucket.objects.bulk_create(
-            [RateBucket(name=bucket.name, tokens=bucket.burst, updated_at=now)], ignore_conflicts=True
+            [RateBucket(name=bucket.name, tokens=bucket.burst, updated_at=now) for _, bucket in ordered],
+            ignore_conflicts=True,
         )
-        return _take(cur, bucket, now, first=False)
-    if row is None:
-        raise RuntimeError(f"rate bucket {bucket.name} could not be created")
-    tokens, updated_at = row
-    available = min(bucket.burst, tokens + max(0.0, now - updated_at) * bucket.rate)
-    return max(0.001, (1 - available) / bucket.rate)
+        rows = _reserve_rows(ordered, now=now, max_wait=max_wait)
+        if rows is None:
+            raise RuntimeError("rate buckets could not be created")
+    ready_of, at, reserved = rows
+    shared_ready = max([now, *(ready_of[b.name] for p, b in ordered if p is None)])
+    ready: dict[int, float] = {}
+    for owner in owners:
+        own = [ready_of[b.name] for p, b in ordered if p == owner]
+        ready[owner] = max([shared_ready, *own])
+    allowed = frozenset(p for p, t in ready.items() if t <= at) if reserved else frozenset()
+    return Reservation(now=now, at=at, reserved=reserved, allowed=allowed, ready=ready)
+
+
+def _reserve_rows(ordered: list[Member], *, now: float, max_wait: float) -> tuple[dict[str, float], float, bool] | None:
+    """(each bucket's ready instant, the instant, taken?) — None when a row is missing."""
+    if sql.is_postgres():
+        params = {
+            "names": [b.name for _, b in ordered],
+            "rates": [float(b.rate) for _, b in ordered],
+            "bursts": [float(b.burst) for _, b in ordered],
+            "shared": [p is None for p, _ in ordered],
+            "n": len(ordered),
+            "now": float(now),
+            "max_wait": float(max_wait) + EPSILON,
+        }
+        found = sql.execute(sql.bucket_reserve(), params)
+        if len(found) < len(ordered):
+            return None
+        return {name: float(ready) for name, ready, _, _ in found}, float(found[0][2]), bool(found[0][3])
+    return _reserve_rows_portable(ordered, now=now, max_wait=max_wait)
+
+
+def bucket_ready(*, tokens: float, updated_at: float, rate: float, burst: float, now: float) -> float:
+    """When a bucket in this state has a whole token (``now`` if it has one):
+    from the later of now and its state's instant, the time the missing part
+    of a token takes to refill. ``sql.bucket_reserve`` says the same in SQL."""
+    base = max(now, updated_at)
+    available = min(burst, tokens + max(0.0, now - updated_at) * rate)
+    return base + max(0.0, 1 - EPSILON - available) / rate
+
+
+def _reserve_rows_portable(
+    ordered: list[Member], *, now: float, max_wait: float
+) -> tuple[dict[str, float], float, bool] | None:
+    """The same decision in plain statements (SQLite, the demo: it serialises
+    writers, so the read and the writes of one transaction see no one else's)."""
+    names = [b.name for _, b in ordered]
+    with transaction.atomic(), connection.cursor() as cur:
+        # A write first: SQLite takes its write lock here, before the read.
+        sql.execute(sql.bucket_touch(len(names)), names, cur=cur)
+        state = {
+            name: (tokens, updated_at)
+            for name, tokens, updated_at in sql.execute(sql.bucket_state(len(names)), names, cur=cur).fetchall()
+        }
+        if len(state) < len(ordered):
+            return None
+        ready = {
+            b.name: bucket_ready(
+                tokens=state[b.name][0], updated_at=state[b.name][1], rate=b.rate, burst=b.burst, now=now
+            )
+            for _, b in ordered
+        }
+        own = [ready[b.name] for p, b in ordered if p is not None]
+        at = max([now, *(ready[b.name] for p, b in ordered if p is None), *([min(own)] if own else [])])
+        reserved = at - now <= max_wait + EPSILON
+        if reserved:
+            for _, b in ordered:
+                if ready[b.name] <= at:
+                    tokens, updated_at = state[b.name]
+                    left = min(b.burst, tokens + (at - updated_at) * b.rate) - 1
+                    sql.execute(sql.bucket_set(), [left, at, b.name], cur=cur)
+    return ready, at, reserved
 
 
 def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig] | None = None) -> float:
-    """Take a token from the portfolio's bucket and the global one, or from neither.
-
-    Returns 0.0 when granted, else the seconds until a retry could succeed.
-    """
+    """Take a token from each of ``buckets`` (by default the portfolio's and the
+    global one) now, or from none: 0.0 when taken, else the seconds until they
+    will all be there."""
     buckets = buckets_for(portfolio_id) if buckets is None else buckets
-    if not buckets:
-        return 0.0
-    with transaction.atomic(), connection.cursor() as cur:
-        for bucket in buckets:
-            wait = _take(cur, bucket, now)
-            if wait > 0:
-                transaction.set_rollback(True)
-                return wait
-    return 0.0
+    return tokens_reserve(members=[(None, b) for b in buckets], now=now, max_wait=0.0).wait
 
 
 def tokens_give_back(*, portfolio_ids: set[int], include_global: bool = False) -> None:
     """Return the portfolio tokens a transaction took but did not use (the
     portfolios of partitions it left for the next one): a token pays for the
     batches of its own portfolio only. ``include_global``: the transaction
-    touched no portfolio at all (or raised), so its global token goes back too."""
-    buckets = [bucket for portfolio_id in sorted(portfolio_ids) for bucket in portfolio_buckets(portfolio_id)]
+    touched no portfolio at all (or raised, or never ran), so its global token
+    goes back too."""
+    members: list[Member] = [(p, bucket) for p in sorted(portfolio_ids) for bucket in portfolio_buckets(p)]
     if include_global:
-        buckets += global_buckets()
-    if not buckets:
+        members += [(None, bucket) for bucket in global_buckets()]
+    buckets_give_back(members=members)
+
+
+def buckets_give_back(*, members: list[Member]) -> None:
+    """One token back into each bucket (capped at its burst), rows locked in
+    ``_lock_order`` like a reservation's, so the two never deadlock. On a
+    reserved bucket the token goes back at the reservation's instant."""
+    ordered = _lock_order(members)
+    if not ordered:
+        return
+    if sql.is_postgres():
+        names, bursts = [b.name for _, b in ordered], [float(b.burst) for _, b in ordered]
+        sql.execute(sql.bucket_give_back_many(), {"names": names, "bursts": bursts})
         return
     with transaction.atomic(), connection.cursor() as cur:
-        for bucket in buckets:
+        for _, bucket in ordered:
             sql.execute(sql.bucket_give_back(), [bucket.burst, bucket.name], cur=cur)
 
 

@@ -338,12 +338,51 @@ def count_carried_over(spec: RecordKindSpec) -> str:
 # --- Rate limits ----------------------------------------------------------------
 
 
-def bucket_take() -> str:
-    """Refill for the time elapsed and take one token, only if one is there."""
-    least, greatest = least_greatest()
-    refill = f"{least}(%s, tokens + {greatest}(0, %s - updated_at) * %s)"
-    # 1e-9: a whole token accrued in float steps must not miss by rounding.
-    return f"UPDATE {BUCKET} SET tokens = {refill} - 1, updated_at = %s WHERE name = %s AND {refill} >= 0.999999999"
+def bucket_reserve() -> str:
+    """Reserve one token from each bucket for the earliest instant they are there (PostgreSQL).
+
+    Parameters (named): ``names``, ``rates``, ``bursts``, ``shared`` (arrays,
+    in lock order: the portfolios' buckets, then the shared ones), ``n`` (how
+    many), ``now`` and ``max_wait`` (epoch seconds, seconds). The rows are
+    locked in the order given (``FOR UPDATE`` under ``ORDER BY``), so two
+    workers never wait on each other in a cycle. A bucket's *ready* instant:
+    from the later of now and its state's instant (``updated_at``, in the
+    future when reserved), the time its missing part of a token takes to
+    refill (to within 1e-9: a whole token accrued in float steps must not miss
+    by rounding). The instant ``at``: the latest ready of the shared buckets and the
+    earliest of the portfolios'. When every row is there and ``at`` is within
+    ``max_wait``, each bucket ready by ``at`` moves to its state at ``at`` less
+    one token. One row per bucket found: name, its ready instant, ``at``, and
+    how many buckets were taken from (0: none, nothing changed).
+    ``ratelimit.bucket_ready`` is the same arithmetic in Python.
+    """
+    return (
+        "WITH want AS (SELECT * FROM unnest(%(names)s::text[], %(rates)s::float8[], %(bursts)s::float8[],"
+        " %(shared)s::bool[]) WITH ORDINALITY AS w(name, rate, burst, shared, ord)),"
+        f" held AS (SELECT b.name, b.tokens, b.updated_at, w.rate, w.burst, w.shared, w.ord FROM {BUCKET} b"
+        " JOIN want w ON w.name = b.name ORDER BY w.ord FOR UPDATE OF b),"
+        " ready AS (SELECT h.*, GREATEST(%(now)s::float8, h.updated_at) + GREATEST(0, 0.999999999 - LEAST(h.burst,"
+        " h.tokens + GREATEST(0, %(now)s::float8 - h.updated_at) * h.rate)) / h.rate AS ready FROM held h),"
+        " plan AS (SELECT GREATEST(%(now)s::float8, COALESCE(MAX(ready) FILTER (WHERE shared), %(now)s::float8),"
+        " COALESCE(MIN(ready) FILTER (WHERE NOT shared), %(now)s::float8)) AS at, COUNT(*) = %(n)s AS complete"
+        " FROM ready),"
+        f" taken AS (UPDATE {BUCKET} b SET tokens = LEAST(r.burst, r.tokens + (p.at - r.updated_at) * r.rate) - 1,"
+        " updated_at = p.at FROM ready r, plan p WHERE b.name = r.name AND r.ready <= p.at AND p.complete"
+        " AND p.at - %(now)s::float8 <= %(max_wait)s::float8 RETURNING b.name)"
+        " SELECT r.name, r.ready, p.at, (SELECT COUNT(*) FROM taken) FROM ready r, plan p ORDER BY r.ord"
+    )
+
+
+def bucket_give_back_many() -> str:
+    """One token back into each named bucket, capped at its burst, the rows
+    locked in the order given (a reservation's order). Parameters (named):
+    ``names``, ``bursts`` (PostgreSQL)."""
+    return (
+        f"WITH back AS (SELECT b.name, w.burst, w.ord FROM {BUCKET} b JOIN unnest(%(names)s::text[],"
+        " %(bursts)s::float8[]) WITH ORDINALITY AS w(name, burst, ord) ON w.name = b.name"
+        f" ORDER BY w.ord FOR UPDATE OF b) UPDATE {BUCKET} b SET tokens = LEAST(back.burst, b.tokens + 1)"
+        " FROM back WHERE b.name = back.name"
+    )
 
 
 def bucket_give_back() -> str:
@@ -352,8 +391,17 @@ def bucket_give_back() -> str:
     return f"UPDATE {BUCKET} SET tokens = {least}(%s, tokens + 1) WHERE name = %s"
 
 
-def bucket_read() -> str:
-    return f"SELECT tokens, updated_at FROM {BUCKET} WHERE name = %s"
+def bucket_touch(n: int) -> str:
+    """A write that changes nothing (SQLite: takes the write lock before the read)."""
+    return f"UPDATE {BUCKET} SET name = name WHERE name IN ({', '.join(['%s'] * n)})"
+
+
+def bucket_state(n: int) -> str:
+    return f"SELECT name, tokens, updated_at FROM {BUCKET} WHERE name IN ({', '.join(['%s'] * n)})"
+
+
+def bucket_set() -> str:
+    return f"UPDATE {BUCKET} SET tokens = %s, updated_at = %s WHERE name = %s"
 
 
 # --- Console figures ------------------------------------------------------------

@@ -339,7 +339,7 @@ CLEANUP_LEASE_JOBS = env_int("CLEANUP_LEASE_JOBS", 100, minimum=1, maximum=1000)
 # portfolios run side by side.
 CLEANUP_LEASE_LOCK_STRIPES = env_int("CLEANUP_LEASE_LOCK_STRIPES", 16, minimum=1, maximum=32)
 # How long a worker may wait for a token before it defers the job instead.
-CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 0.5)
+CLEANUP_TOKEN_WAIT_SECONDS = env_float("CLEANUP_TOKEN_WAIT_SECONDS", 30.0)
 
 # --- DOCSTORE: downstream document store (purge of attachments) ---------------
 # The only place the store's address comes from. Checked at start-up against

@@ -59,3 +59,21 @@ def test_compare_reads_old_and_new_tables() -> None:
         "pipeline: qcluster, 1 worker": (95016, 10.61, 0.13),
     }
     assert parse(new) == {"DELETE loop (1 process)": (95016, 1.4, 1.0)}
+
+
+def test_statements_per_batch_compare_a_limited_run_with_the_unlimited_one_of_as_many_workers() -> None:
+    from bench.app_impact import Phase, per_batch_lines, statements_per_batch
+
+    empty = _stats_from([], [], [])
+    free = Phase("q2", "q2, no limit", empty, runs=2, statements=2400, transactions=400)
+    free.extra["statements_by_class_per_run"] = {"transaction control": 600, "rate tokens": 0}
+    limited = Phase("q2lim-5-3", "q2, limit 5/s", empty, runs=1, statements=3400, transactions=200, limits=(5, 3))
+    limited.extra["statements_by_class_per_run"] = {"transaction control": 700, "rate tokens": 210}
+    loop = Phase("loop", "DELETE loop", empty, runs=1, statements=397)  # no batch transactions counted
+    assert statements_per_batch(free) == 12.0  # 2,400 a run over 200 batches a run
+    assert statements_per_batch(limited, "rate tokens") == 1.05
+    lines = per_batch_lines([loop, free, limited])
+    assert len(lines) == 2
+    assert "12.0 per batch" in lines[0] and "x the unlimited" not in lines[0]
+    assert "17.0 per batch (rate tokens 1.05, BEGIN/COMMIT 3.5)" in lines[1]
+    assert "1.42x the unlimited run (met)" in lines[1]

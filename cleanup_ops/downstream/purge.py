@@ -125,7 +125,16 @@ from cleanup_ops.downstream.stores import (
     store_for,
 )
 from cleanup_ops.execution.batches import JobRef
-from cleanup_ops.execution.leases import Lease, job_finish, job_release, lease_renewal, lock_job, wait_for_token
+from cleanup_ops.execution.leases import (
+    Lease,
+    job_finish,
+    job_release,
+    lease_expiry_from,
+    lease_renewal,
+    lock_job,
+    token_wait_next_slice,
+    wait_for_token,
+)
 from cleanup_ops.models import (
     CleanupJob,
     DeletedAttachment,
@@ -209,11 +218,17 @@ def purge_run(
     max_seconds: float,
     before_request: Hook | None = None,
     after_request: Hook | None = None,
+    lease_until: datetime | None = None,
 ) -> None:
-    """Run a bounded slice of a leased purge job; raises on failure (the caller classifies)."""
+    """Run a bounded slice of a leased purge job; raises on failure (the caller classifies).
+
+    ``lease_until``: the earliest the lease may expire (read before it was
+    taken; by default a lease taken now), which bounds a sleep for the
+    store's tokens; each request's advance renews it."""
     request = _request_load(job)
     cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
     buckets = docstore_buckets_for(job.portfolio_id)
+    lease_until = lease_until or lease_expiry_from(clock.now())
     started = time.monotonic()
     steps = 0
     with store_for(request.store) as store:
@@ -226,7 +241,13 @@ def purge_run(
             if wait > 0:
                 wait += retry_after_jitter()
             else:
-                wait = wait_for_token(job.portfolio_id, buckets=buckets)
+                slice_left = max_seconds - (time.monotonic() - started)
+                wait = wait_for_token(job.portfolio_id, buckets=buckets, lease_until=lease_until, slice_left=slice_left)
+                if wait > 0 and token_wait_next_slice(wait):
+                    # Only this slice's end comes before the store's token: back
+                    # due now, the next slice reserves and sleeps.
+                    job_release(lease=lease)
+                    return
             if wait > 0:
                 progress.deferred_seconds = wait
                 job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
@@ -235,6 +256,8 @@ def purge_run(
                 before_request(job.id)
             outcomes: list[tuple[str, str, str]] = []
             failure: BaseException | None = None
+            # The advance renews the lease from its own reading of the clock, later than this one.
+            renewed_from = clock.now()
             try:
                 if store.fenced:
                     document_id = request.document_ids[cursor]
@@ -251,6 +274,7 @@ def purge_run(
             except DownstreamError as exc:
                 _hold_all_purges(exc)
                 raise
+            lease_until = lease_expiry_from(renewed_from)
             _progress_count(progress, outcomes)
             if failure is not None:
                 # The documents before it are recorded; this one is retried.

@@ -24,9 +24,19 @@ Protocol:
   store's deadline instead, ``downstream.purge``).
 - **Release.** The job goes back to pending with its cursor kept, due now or
   at a later instant (a rate-limit deferral), only if the lease is still ours.
-- **Tokens.** ``wait_for_token`` takes a rate-limit token or says how long
-  until one is there; a long wait defers the job rather than sleeping with
-  the lease held.
+- **Tokens.** A worker reserves its rate-limit tokens for the instant they
+  are there (``ratelimit.tokens_reserve``: one statement) and sleeps until
+  then with its lease kept (``token_sleep``), if that wait fits what is left
+  of its slice, ``CLEANUP_TOKEN_WAIT_SECONDS`` and what its lease can bear
+  (``token_wait_bound``: the sleep ends a quarter of ``CLEANUP_LEASE_SECONDS``
+  before the lease would expire, so the batch after it still fences and
+  renews). A longer wait reserves nothing: when only the slice's end is
+  nearer than the tokens (``token_wait_next_slice``) the job goes back due
+  now and the next slice sleeps; otherwise it is deferred until exactly when
+  its tokens will be there (no attempt counted). The sleep checks the
+  stop flag (``stop_requested``, set by SIGTERM: ``runner.stop_on_sigterm``)
+  every ``SLEEP_STEP_SECONDS``; a stopped sleeper gives its reserved tokens
+  back and its job back.
 
 Time is the database's (``cleanup_ops.clock``): a lease's expiry, the
 holders counted against the cap and due-ness are compared with timestamps
@@ -43,6 +53,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from dataclasses import dataclass
@@ -57,7 +68,17 @@ from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.lifecycle import JobEvent, leased_fields, next_state, released_fields
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause
-from cleanup_ops.ratelimit import BucketConfig, global_buckets, portfolio_buckets, tokens_acquire, tokens_give_back
+from cleanup_ops.ratelimit import (
+    BucketConfig,
+    Member,
+    Reservation,
+    buckets_for,
+    buckets_give_back,
+    global_buckets,
+    portfolio_buckets,
+    tokens_give_back,
+    tokens_reserve,
+)
 from cleanup_ops.recovery.classification import LeaseLost
 from retention.eligibility import db_datetime
 
@@ -276,41 +297,110 @@ def lease_renewal(now: datetime) -> object:
     return db_datetime(now + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS))
 
 
-def wait_for_token(portfolio_id: int, buckets: list[BucketConfig] | None = None) -> float:
-    """0 once a token is taken; else the deferral, after at most one short wait."""
-    wait = tokens_acquire(portfolio_id=portfolio_id, now=clock.now().timestamp(), buckets=buckets)
-    if 0 < wait <= settings.CLEANUP_TOKEN_WAIT_SECONDS:
-        time.sleep(wait)
-        wait = tokens_acquire(portfolio_id=portfolio_id, now=clock.now().timestamp(), buckets=buckets)
-    return wait
+# Set by SIGTERM in a worker process (``runner.stop_on_sigterm``): take no new
+# lease, finish the batch in flight, give the rest back — and wake from a
+# token sleep.
+stop_event = threading.Event()
+
+# How often a token sleep looks at the stop flag. Not an Event.wait woken by
+# the signal handler: the handler runs in this (main) thread, and setting the
+# event there while this thread holds the event's lock would deadlock.
+SLEEP_STEP_SECONDS = 0.1
+
+
+def stop_requested() -> bool:
+    return stop_event.is_set()
+
+
+def token_sleep(seconds: float) -> bool:
+    """Sleep ``seconds`` (host time: the wait was computed on the database's
+    clock) unless a stop is requested first; True when slept to the end."""
+    end = time.monotonic() + max(0.0, seconds)
+    while not stop_requested():
+        left = end - time.monotonic()
+        if left <= 0:
+            return True
+        time.sleep(min(SLEEP_STEP_SECONDS, left))
+    return False
+
+
+def lease_expiry_from(start: datetime) -> datetime:
+    """The earliest a lease taken or renewed at ``start`` or later expires (the
+    caller reads ``start`` before the statement that leases or renews)."""
+    return start + timedelta(seconds=settings.CLEANUP_LEASE_SECONDS)
+
+
+def token_wait_bound(*, lease_until: datetime, slice_left: float, now: datetime | None = None) -> float:
+    """The longest a worker may sleep for tokens with its lease kept: within
+    ``CLEANUP_TOKEN_WAIT_SECONDS``, what is left of its slice, and its lease's
+    expiry less a quarter of ``CLEANUP_LEASE_SECONDS`` (the batch after the
+    sleep must still fence and renew)."""
+    now = now or clock.now()
+    lease_left = (lease_until - now).total_seconds() - settings.CLEANUP_LEASE_SECONDS / 4
+    return max(0.0, min(float(settings.CLEANUP_TOKEN_WAIT_SECONDS), slice_left, lease_left))
+
+
+def token_wait_next_slice(wait: float) -> bool:
+    """Whether the next slice would sleep through ``wait`` with a fresh lease:
+    within a whole slice (``CLEANUP_SLICE_SECONDS``), ``CLEANUP_TOKEN_WAIT_SECONDS``
+    and three quarters of ``CLEANUP_LEASE_SECONDS``. A slice that meets such a
+    wait only because its own end is nearer gives its jobs back due now instead
+    of deferring them: a deferral sends a broker message per job and leases each
+    again for it, and the next slice reserves and sleeps anyway."""
+    fresh = min(
+        float(settings.CLEANUP_TOKEN_WAIT_SECONDS),
+        float(settings.CLEANUP_SLICE_SECONDS),
+        settings.CLEANUP_LEASE_SECONDS * 3 / 4,
+    )
+    return wait <= fresh
+
+
+def wait_for_token(
+    portfolio_id: int, buckets: list[BucketConfig] | None = None, *, lease_until: datetime, slice_left: float
+) -> float:
+    """0 once the job's tokens (by default its portfolio's and the global one;
+    a purge passes the store's) are taken and their instant has come; else the
+    seconds to defer the job by. One reservation, then at most one sleep
+    (``token_wait_bound``). Stopped while asleep: the tokens go back and the
+    rest of the wait is the deferral."""
+    buckets = buckets_for(portfolio_id) if buckets is None else buckets
+    if not buckets:
+        return 0.0
+    members: list[Member] = [(None, bucket) for bucket in buckets]
+    now = clock.now()
+    bound = token_wait_bound(lease_until=lease_until, slice_left=slice_left, now=now)
+    grant = tokens_reserve(members=members, now=now.timestamp(), max_wait=bound)
+    if not grant.reserved:
+        return grant.wait
+    started = time.monotonic()
+    if token_sleep(grant.wait):
+        return 0.0
+    buckets_give_back(members=members)
+    return max(0.001, grant.wait - (time.monotonic() - started))
 
 
 def group_tokens_unused(portfolio_ids: set[int], *, touched_none: bool = False) -> None:
     """Give back the tokens of portfolios a transaction was allowed but did not
-    touch; with ``touched_none`` (it applied nothing, or raised) the global
-    token as well."""
+    touch; with ``touched_none`` (it applied nothing, raised, or never ran)
+    the global token as well."""
     tokens_give_back(portfolio_ids=portfolio_ids, include_global=touched_none)
 
 
-def group_tokens(portfolio_ids: set[int]) -> tuple[set[int], dict[int, float]]:
-    """Tokens for one transaction over the portfolios it may touch: one from
-    each portfolio's bucket, then one global. Returns (portfolios allowed,
-    seconds to wait for each portfolio left out: its own bucket's wait, or
-    the global one's). Without a global token every portfolio is left out.
-    Unlimited rates cost no query. Tokens of allowed portfolios the
-    transaction then leaves untouched go back (``group_tokens_unused``)."""
-    now = clock.now().timestamp()
-    waits: dict[int, float] = {}
-    for portfolio_id in sorted(portfolio_ids):
-        wait = tokens_acquire(portfolio_id=portfolio_id, now=now, buckets=portfolio_buckets(portfolio_id))
-        if wait > 0:
-            waits[portfolio_id] = wait
-    allowed = set(portfolio_ids) - set(waits)
-    if allowed:
-        wait = tokens_acquire(portfolio_id=0, now=now, buckets=global_buckets())
-        if wait > 0:
-            # No global token: nothing runs, so the portfolio tokens go back.
-            tokens_give_back(portfolio_ids=allowed)
-            waits.update(dict.fromkeys(allowed, wait))
-            allowed = set()
-    return allowed, waits
+def group_tokens(portfolio_ids: set[int], *, max_wait: float = 0.0, now: datetime | None = None) -> Reservation:
+    """Tokens for one transaction over the portfolios it may touch, reserved
+    in one statement: one from each portfolio's bucket whose token is there
+    by the instant ``at`` (``allowed``), and one global, ``at`` being the
+    earliest instant the global token and some portfolio's are both there.
+    Reserved only when ``at`` is within ``max_wait``; the caller sleeps until
+    ``at`` (``token_sleep``). ``ready`` says when each portfolio left out
+    could go. Unlimited rates cost no statement. Tokens of allowed portfolios
+    the transaction then leaves untouched go back (``group_tokens_unused``)."""
+    members: list[Member] = [(p, bucket) for p in sorted(portfolio_ids) for bucket in portfolio_buckets(p)]
+    members += [(None, bucket) for bucket in global_buckets()]
+    if not members:
+        # No statement, and no clock reading either.
+        return Reservation(
+            now=0.0, at=0.0, reserved=True, allowed=frozenset(portfolio_ids), ready=dict.fromkeys(portfolio_ids, 0.0)
+        )
+    at = (now or clock.now()).timestamp()
+    return tokens_reserve(members=members, now=at, max_wait=max_wait, portfolio_ids=portfolio_ids)

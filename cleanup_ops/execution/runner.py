@@ -3,9 +3,11 @@
 A **slice** leases one job, runs a bounded number of batches (or purge
 requests) — ``CLEANUP_SLICE_BATCHES`` or ``CLEANUP_SLICE_SECONDS``, whichever
 comes first — then releases it with its cursor saved, so one big property
-never holds a worker for long and other portfolios get a turn. A rate-limit
-wait longer than ``CLEANUP_TOKEN_WAIT_SECONDS`` gives the job back for later
-without counting an attempt. Any exception is classified
+never holds a worker for long and other portfolios get a turn. Rate-limit
+tokens are reserved for the instant they are there and slept for, lease
+kept; a wait longer than the slice, ``CLEANUP_TOKEN_WAIT_SECONDS`` or the
+lease can bear gives the job back until then, without counting an attempt
+(``execution.leases``, "Tokens"). Any exception is classified
 (``recovery.classification``) and recorded under the lease
 (``recovery.failures``); a slice never raises for a job's failure, so the
 django-q2 task always returns normally.
@@ -40,6 +42,12 @@ from cleanup_ops.execution.leases import (
     job_release,
     jobs_lease_group,
     jobs_release,
+    lease_expiry_from,
+    stop_event,
+    stop_requested,
+    token_sleep,
+    token_wait_bound,
+    token_wait_next_slice,
     wait_for_token,
     worker_name,
 )
@@ -51,11 +59,12 @@ from retention.conf import MAX_BATCH_SIZE
 logger = logging.getLogger(__name__)
 
 # Set by SIGTERM in a worker process: take no new lease, finish the batch in
-# flight, give the rest back. (django-q2 stops a cluster by letting each
-# worker finish its current task; a SIGTERM that reaches a worker directly —
-# a whole-group stop, a container runtime — must not cut a batch short
-# either, and must not start another.)
-_stopping = threading.Event()
+# flight, give the rest back, wake from a token sleep. (django-q2 stops a
+# cluster by letting each worker finish its current task; a SIGTERM that
+# reaches a worker directly — a whole-group stop, a container runtime — must
+# not cut a batch short either, and must not start another.) The flag lives
+# in ``execution.leases``, whose token sleep watches it.
+_stopping = stop_event
 
 
 def stop_on_sigterm() -> None:
@@ -70,10 +79,6 @@ def stop_on_sigterm() -> None:
 
     request_stop.cleanup_stop = True  # type: ignore[attr-defined]  # a marker on the handler function
     signal.signal(signal.SIGTERM, request_stop)
-
-
-def stop_requested() -> bool:
-    return _stopping.is_set()
 
 
 @dataclass
@@ -139,6 +144,7 @@ def job_run_slice(
     if stop_requested():
         return result
     worker_session_bound()
+    lease_until = lease_expiry_from(clock.now())
     lease = job_lease(job_id=job_id, owner=owner or worker_name())
     if lease is None:
         return result
@@ -159,6 +165,7 @@ def job_run_slice(
                     progress=progress,
                     max_requests=max_batches,
                     max_seconds=max_seconds,
+                    lease_until=lease_until,
                     before_request=before_batch,
                     after_request=after_batch,
                 )
@@ -169,16 +176,26 @@ def job_run_slice(
                 result.deferred_seconds = progress.deferred_seconds
         else:
             while True:
-                wait = wait_for_token(job.portfolio_id)
+                slice_left = max_seconds - (time.monotonic() - started)
+                wait = wait_for_token(job.portfolio_id, lease_until=lease_until, slice_left=slice_left)
+                if wait > 0 and token_wait_next_slice(wait):
+                    # Only this slice's end (or a stop) comes before the token:
+                    # back due now, the next slice reserves and sleeps.
+                    job_release(lease=lease)
+                    break
                 if wait > 0:
-                    # No token soon: give the job back for later (not an attempt)
-                    # rather than sleeping while holding the lease.
+                    # No token within what a slice and the lease can bear: give
+                    # the job back until its tokens are there (not an attempt)
+                    # rather than holding the lease.
                     result.deferred_seconds = wait
                     job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
                     break
                 if before_batch:
                     before_batch(job_id)
+                # The batch renews the lease from its own reading of the clock, later than this one.
+                renewed_from = clock.now()
                 deleted, outcome = run_batch(job=job, lease=lease, limit=limit)
+                lease_until = lease_expiry_from(renewed_from)
                 result.batches += 1
                 result.rows_deleted += deleted
                 if after_batch:
@@ -238,6 +255,7 @@ class GroupSliceResult:
     finished: int = 0
     deferred_seconds: float = 0.0
     fell_back: bool = False  # a transaction failed: its jobs ran alone
+    out_of_time: bool = False  # the next tokens come after the slice's end: its jobs went back due now
 
 
 def group_run_slice(
@@ -271,10 +289,15 @@ def group_run_slice(
     if stop_requested():
         return result
     worker_session_bound()
+    leased_from = clock.now()
     group = jobs_lease_group(owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS)
     if group is None:
         return result
     lease, pending = group.lease, list(group.job_ids)
+    # The earliest each job's lease may expire: from the lease, then from each
+    # transaction that advanced it (a job a transaction did not reach keeps
+    # the older expiry). A token sleep must end well before the earliest.
+    lease_until = dict.fromkeys(pending, lease_expiry_from(leased_from))
     result.leased = len(pending)
     # By default (the in-process drain) up to a slice's batches for each
     # partition leased, within the seconds: with processor sharing every
@@ -306,38 +329,49 @@ def group_run_slice(
         else:
             working = [job_id for job_id in pending if job_id not in large][:window]
         # Tokens only for the portfolios this transaction may touch (a large
-        # partition alone spends its own portfolio's token, nobody else's).
-        allowed, waits = group_tokens({jobs[job_id].portfolio_id for job_id in working})
+        # partition alone spends its own portfolio's token, nobody else's),
+        # reserved in one statement for the instant they are there. A wait
+        # within what the slice and the leases can bear is slept, lease kept:
+        # giving the partitions back and leasing them again would cost more
+        # statements than the batch the limit is there to slow down.
+        now = clock.now()
+        bound = token_wait_bound(
+            lease_until=min(lease_until[job_id] for job_id in working),
+            slice_left=max_seconds - (time.monotonic() - started),
+            now=now,
+        )
+        grant = group_tokens({jobs[job_id].portfolio_id for job_id in working}, max_wait=bound, now=now)
+        if not grant.reserved and token_wait_next_slice(grant.wait):
+            # Only this slice's end comes before the tokens: end it here, its
+            # partitions go back due now (below) and the next slice sleeps.
+            result.out_of_time = True
+            break
+        allowed = set(grant.allowed)
+        # Partitions whose portfolio has no token by then: kept for a later
+        # transaction of this slice (or the next slice) when the next slice
+        # could sleep through their wait, else deferred until exactly when
+        # their tokens will be there.
         left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in allowed]
-        # A token due within CLEANUP_TOKEN_WAIT_SECONDS (and within the
-        # slice's time) is waited for with the lease kept: giving the
-        # partition back and leasing it again would cost more statements than
-        # the batch the limit is there to slow down.
-        elapsed = time.monotonic() - started
-        wait_of = {job_id: waits[jobs[job_id].portfolio_id] for job_id in left_out}
-        soon = {
-            job_id
-            for job_id, wait in wait_of.items()
-            if wait <= settings.CLEANUP_TOKEN_WAIT_SECONDS and elapsed + wait < max_seconds
-        }
-        deferred = [job_id for job_id in left_out if job_id not in soon]
-        if soon and not allowed and not deferred:
-            time.sleep(min(wait_of[job_id] for job_id in soon))
-            continue
-        working = [job_id for job_id in working if job_id not in soon]
+        deferred = [
+            job_id for job_id in left_out if not token_wait_next_slice(grant.wait_of(jobs[job_id].portfolio_id))
+        ]
+        working = [job_id for job_id in working if jobs[job_id].portfolio_id in allowed]
         if deferred:
-            # Each deferred partition waits for its own portfolio's token.
             by_wait: dict[float, list[int]] = {}
             for job_id in deferred:
-                by_wait.setdefault(waits[jobs[job_id].portfolio_id], []).append(job_id)
+                by_wait.setdefault(grant.wait_of(jobs[job_id].portfolio_id), []).append(job_id)
             for wait, ids in sorted(by_wait.items()):
-                jobs_release(lease=lease, job_ids=ids, available_at=clock.now() + timedelta(seconds=wait))
+                jobs_release(lease=lease, job_ids=ids, available_at=now + timedelta(seconds=wait))
             result.deferred_seconds = max(result.deferred_seconds, *by_wait)
             gone = set(deferred)
             pending = [job_id for job_id in pending if job_id not in gone]
-            working = [job_id for job_id in working if job_id not in gone]
-            if not working:
-                continue
+        if not working:
+            continue
+        if grant.wait > 0 and not token_sleep(grant.wait):
+            # Stopped while asleep: these tokens will not be used.
+            group_tokens_unused(allowed, touched_none=True)
+            break
+        renewed_from = clock.now()
         try:
             steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
         except LeaseLost:
@@ -363,6 +397,7 @@ def group_run_slice(
             break
         result.transactions += 1
         applied = {job_id for job_id, step in steps.items() if step.applied}
+        lease_until.update(dict.fromkeys(applied, lease_expiry_from(renewed_from)))
         touched = {jobs[job_id].portfolio_id for job_id in applied}
         if allowed - touched:
             group_tokens_unused(allowed - touched, touched_none=not touched)
@@ -459,7 +494,9 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
         turn.rows_deleted += group.rows_deleted
         turn.jobs_leased += group.leased
         batches_left -= max(1, group.transactions)
-        if group.deferred_seconds and not group.transactions:
+        if group.out_of_time or (group.deferred_seconds and not group.transactions):
+            # The next tokens come after this turn's end (or much later): a
+            # group leased now would only be given back.
             break
     # The message for ``job_id`` is consumed. If this turn did not lease that
     # job (another worker's group took it, or its portfolio was at its cap),
