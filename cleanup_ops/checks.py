@@ -155,7 +155,7 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="cleanup_ops.E112",
             )
         )
-    if (
+    if _storage_kinds_configured() and (
         settings.STORAGE_PURGE_CONNECT_TIMEOUT + 2 * settings.STORAGE_PURGE_READ_TIMEOUT
         >= settings.CLEANUP_LEASE_SECONDS
     ):
@@ -318,3 +318,14 @@ def _login_url_warnings() -> list[checks.CheckMessage]:
             )
         ]
     return []
+
+
+def _storage_kinds_configured() -> bool:
+    """Whether any record kind keeps its attachments in a Django storage (the
+    storage timeouts matter only then; the HTTP store has its own check)."""
+    from retention.registry import configured_kinds
+
+    return any(
+        isinstance(kind, dict) and isinstance(kind.get("attachment"), dict) and kind["attachment"].get("storage")
+        for kind in configured_kinds().values()
+    )

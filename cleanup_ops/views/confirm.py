@@ -11,15 +11,30 @@ differ (``selection_changed``), nothing happens and the page asks again.
 
 The digest names ids only (no record contents); it is not a secret, just a
 compact fingerprint of the set.
+
+``bulk_confirmation`` is the one flow of both bulk pages (jobs and dead
+letters): the reason, the count, the digest, and — only when every check
+passes — the ids to act on, pinned, so a decision never reaches beyond what
+the page showed.
 """
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 from django.db.models import QuerySet
+from django.http import QueryDict
+
+from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
+from cleanup_ops.views.common import reason_problem
+from retention.filters import int_param
+from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
+
+# Rows of a bulk page's breakdown (by customer and kind or category).
+BULK_BREAKDOWN_ROWS = 20
 
 
 def selection_ids(matching: QuerySet[Any]) -> list[int]:
@@ -44,3 +59,55 @@ def selection_changed(*, seen: str, ids: list[int], expected: int | None, noun: 
         f"The {noun} matching changed since the page was shown (some appeared, some are gone),"
         f" though there are still {len(ids)}; check and confirm again."
     )
+
+
+@dataclass
+class BulkConfirmation:
+    """Where a bulk page stands: what it shows, and the ids to act on once
+    confirmed (``pinned``; None while it only shows, or asks again)."""
+
+    reason: str
+    count: int
+    seen: str
+    errors: list[str] = field(default_factory=list)
+    pinned: tuple[int, ...] | None = None
+
+    def context(self, *, breakdown: list[dict[str, Any]]) -> dict[str, Any]:
+        """The template context both bulk pages share."""
+        return {
+            "count": self.count,
+            "reason": self.reason,
+            "errors": self.errors,
+            "breakdown": breakdown,
+            "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
+            "min_reason": MIN_REASON_LENGTH,
+            "seen": self.seen,
+        }
+
+
+def bulk_confirmation(
+    *, method: str, params: QueryDict, matching: QuerySet[Any], noun: str, none_left: str
+) -> BulkConfirmation:
+    """The confirm-count-reason flow of a bulk decision over ``matching``.
+
+    A GET (or a POST without ``confirm=yes``) only shows. A confirming POST
+    passes when the reason meets the rule, something still matches, and the
+    ids matching are the ones shown (``expected``, ``seen``); then
+    ``pinned`` holds them. Otherwise ``errors`` says why, and nothing is
+    acted on."""
+    ids = selection_ids(matching)
+    reason = text_check(params.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
+    page = BulkConfirmation(reason=reason, count=len(ids), seen=selection_digest(ids))
+    if method != "POST" or params.get("confirm") != "yes":
+        return page
+    expected = int_param(params, "expected", strict=True, minimum=0, maximum=MAX_ID)
+    problem = reason_problem(reason)
+    if problem:
+        page.errors.append(problem)
+    elif not ids:
+        page.errors.append(none_left)
+    elif changed := selection_changed(seen=params.get("seen", ""), ids=ids, expected=expected, noun=noun):
+        page.errors.append(changed)
+    else:
+        page.pinned = tuple(ids)
+    return page

@@ -48,14 +48,13 @@ from cleanup_ops.views.common import (
     render_live,
     start_commands,
 )
-from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
+from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
-from retention.filters import int_param, text_param
-from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, id_check, text_check
+from retention.filters import text_param
+from retention.inputs import MAX_TEXT_LENGTH, id_check, text_check
 from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
 
-BULK_BREAKDOWN_ROWS = 20
 # The inbox's sortable columns (``paging.sort_parse``): word → field.
 LETTER_SORTS = {
     "id": "id",
@@ -206,24 +205,19 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
     parsed = dead_letter_filter_parse(params, strict=True)
     letter_filter = replace(parsed, status=DeadLetter.Status.OPEN, letter_ids=None)
     matching, text = _matching(request, params, letter_filter, perm=perm)
-    count = matching.count()
-    reason = text_check(params.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
     filters = {k: v for k, v in letter_filter.as_params().items() if k != "status"} | ({"q": text} if text else {})
-    errors: list[str] = []
-    if request.method == "POST" and params.get("confirm") == "yes":
-        expected = int_param(params, "expected", strict=True, minimum=0, maximum=MAX_ID)
-        problem = reason_problem(reason)
-        if problem:
-            errors.append(problem)
-        elif count == 0:
-            errors.append("No open dead letter matches this filter any more.")
-        elif changed := _bulk_selection_changed(params, matching, expected):
-            errors.append(changed)
-        else:
-            # Never act beyond what was seen (the letters shown, the user's portfolios, the search): pin them.
-            letter_filter = replace(letter_filter, letter_ids=tuple(matching.values_list("id", flat=True)))
-            _decide(request, decision, letter_filter, reason, count)
-            return HttpResponseRedirect(reverse("console:dead_letters") + "?" + urlencode(filters))
+    page = bulk_confirmation(
+        method=request.method or "GET",
+        params=params,
+        matching=matching,
+        noun="open letters",
+        none_left="No open dead letter matches this filter any more.",
+    )
+    if page.pinned is not None:
+        # Never act beyond what was seen (the letters shown, the user's portfolios, the search): pin them.
+        letter_filter = replace(letter_filter, letter_ids=page.pinned)
+        _decide(request, decision, letter_filter, page.reason, page.count)
+        return HttpResponseRedirect(reverse("console:dead_letters") + "?" + urlencode(filters))
     breakdown = list(
         matching.order_by()
         .values("category", "portfolio_id")
@@ -234,25 +228,12 @@ def dead_letters_bulk(request: HttpRequest) -> HttpResponse:
         request,
         "console/dead_letters_bulk.html",
         {
+            **page.context(breakdown=breakdown),
             "operation": decision.value,
-            "count": count,
-            "reason": reason,
-            "errors": errors,
             "filters": filters,
-            "breakdown": breakdown,
-            "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
             "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [letter_filter.portfolio_id]),
-            "min_reason": MIN_REASON_LENGTH,
-            "seen": selection_digest(selection_ids(matching)),
         },
-        status=400 if errors else 200,
-    )
-
-
-def _bulk_selection_changed(params: QueryDict, matching: QuerySet[DeadLetter], expected: int | None) -> str | None:
-    """Issue 30, item 13: the letters matching now are the letters the page showed, or why not."""
-    return selection_changed(
-        seen=params.get("seen", ""), ids=selection_ids(matching), expected=expected, noun="open letters"
+        status=400 if page.errors else 200,
     )
 
 

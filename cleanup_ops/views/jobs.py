@@ -12,7 +12,7 @@ from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, QuerySet
-from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -50,14 +50,11 @@ from cleanup_ops.views.common import (
     render_live,
     start_commands,
 )
-from cleanup_ops.views.confirm import selection_changed, selection_digest, selection_ids
+from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
-from retention.filters import int_param
-from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
+from retention.inputs import MAX_TEXT_LENGTH, text_check
 from retention.registry import record_kind_choices
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
-
-BULK_BREAKDOWN_ROWS = 20
 
 
 def _may(request: HttpRequest, action: JobAction) -> bool:
@@ -224,30 +221,22 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
         raise PermissionDenied
     job_filter = replace(job_filter_parse(params, strict=True), state=None, job_ids=None)
     matching = jobs_in_reach(action=action, actor=request_actor(request), job_filter=job_filter)
-    count = matching.count()
-    reason = text_check(params.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
-    errors: list[str] = []
-    if request.method == "POST" and params.get("confirm") == "yes":
-        expected = int_param(params, "expected", strict=True, minimum=0, maximum=MAX_ID)
-        problem = reason_problem(reason)
-        if problem:
-            errors.append(problem)
-        elif count == 0:
-            errors.append("No pending job matches this filter any more.")
-        elif changed := _bulk_selection_changed(params, matching, expected):
-            errors.append(changed)
-        else:
-            # The jobs seen are the jobs acted on: pinned by id.
-            pinned = replace(job_filter, job_ids=tuple(matching.values_list("id", flat=True)))
-            try:
-                _report(
-                    request,
-                    action,
-                    jobs_act(action=action, actor=request_actor(request), reason=reason, job_filter=pinned),
-                )
-            except ValidationError as exc:
-                messages.error(request, "; ".join(exc.messages))
-            return HttpResponseRedirect(reverse("console:jobs") + "?" + _params(job_filter))
+    page = bulk_confirmation(
+        method=request.method or "GET",
+        params=params,
+        matching=matching,
+        noun="pending jobs",
+        none_left="No pending job matches this filter any more.",
+    )
+    if page.pinned is not None:
+        # The jobs seen are the jobs acted on: pinned by id.
+        pinned = replace(job_filter, job_ids=page.pinned)
+        try:
+            done = jobs_act(action=action, actor=request_actor(request), reason=page.reason, job_filter=pinned)
+            _report(request, action, done)
+        except ValidationError as exc:
+            messages.error(request, "; ".join(exc.messages))
+        return HttpResponseRedirect(reverse("console:jobs") + "?" + _params(job_filter))
     breakdown = list(
         matching.order_by()
         .values("portfolio_id", "kind")
@@ -258,25 +247,12 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
         request,
         "console/jobs_bulk.html",
         {
+            **page.context(breakdown=breakdown),
             "action": action,
-            "count": count,
-            "reason": reason,
-            "errors": errors,
             "filters": job_filter.as_params(),
-            "breakdown": breakdown,
-            "breakdown_more": len(breakdown) == BULK_BREAKDOWN_ROWS,
             "names": portfolio_names([row["portfolio_id"] for row in breakdown] + [job_filter.portfolio_id]),
-            "min_reason": MIN_REASON_LENGTH,
-            "seen": selection_digest(selection_ids(matching)),
         },
-        status=400 if errors else 200,
-    )
-
-
-def _bulk_selection_changed(params: QueryDict, matching: QuerySet[CleanupJob], expected: int | None) -> str | None:
-    """Issue 30, item 13: the jobs matching now are the jobs the page showed, or why not."""
-    return selection_changed(
-        seen=params.get("seen", ""), ids=selection_ids(matching), expected=expected, noun="pending jobs"
+        status=400 if page.errors else 200,
     )
 
 
