@@ -119,7 +119,7 @@ SCRIPTS: dict[str, tuple[int, str]] = {
         50,
         "\\set prop random(:prop_lo, :prop_hi)\n"
         "SELECT id, unit, tenant_name, started_on FROM properties_lease"
-        " WHERE property_id = :prop AND (ended_on IS NULL OR ended_on > now()) ORDER BY id LIMIT 100;\n",
+        " WHERE property_id = :prop AND (ended_at IS NULL OR ended_at > now()) ORDER BY id LIMIT 100;\n",
     ),
     "insert": (
         30,
@@ -179,9 +179,9 @@ def add_application_rows(ds: Dataset, big_portfolio: int, quiet: int, maintenanc
     Property.objects.bulk_create([Property(portfolio=po, name=f"{po.slug} house {i}") for po in pos for i in (1, 2, 3)])
     quiet_ids = [po.pk for po in pos]
     last_prop = sql("SELECT max(id) FROM properties_property")[0][0]
-    # Running leases in the quiet portfolios (NULL ended_on): read by the application, never eligible.
+    # Running leases in the quiet portfolios (NULL ended_at): read by the application, never eligible.
     sql(
-        f"INSERT INTO {ds.kinds[KIND].table} (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
+        f"INSERT INTO {ds.kinds[KIND].table} (portfolio_id, property_id, unit, tenant_name, started_on, ended_at)"
         " SELECT p.portfolio_id, p.id, 'Q-' || g, 'Quiet tenant ' || g, (%s::timestamptz - interval '200 days')::date,"
         " NULL FROM properties_property p CROSS JOIN generate_series(1, 40) g"
         " WHERE p.portfolio_id = ANY(%s) ORDER BY g, p.id",

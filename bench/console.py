@@ -86,7 +86,7 @@ def load(jobs: int, ledger: int, *, spread_hours: int) -> int:
         )
         # 300k leases, 5% of them overdue (past the cutoff, not yet deleted).
         cur.execute(
-            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on,"
+            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_at,"
             " document_id) SELECT p.portfolio_id, p.id, '1', 'T', now()::date,"
             " now() - (CASE WHEN g % 20 = 0 THEN 800 ELSE 100 END) * interval '1 day', ''"
             " FROM properties_property p, generate_series(1, 300) g"

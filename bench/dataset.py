@@ -199,7 +199,7 @@ def load_records(scope: Scope, rows: int, slot: datetime) -> Dataset:
     with fk_triggers_off():
         sql("SELECT setseed(0.42)")
         sql(
-            f"INSERT INTO {TABLE} (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
+            f"INSERT INTO {TABLE} (portfolio_id, property_id, unit, tenant_name, started_on, ended_at)"
             " SELECT s.portfolio_id, s.property_id, 'U-' || mod(y.g, 400), 'Tenant ' || y.g,"
             " (COALESCE(y.e, %s) - interval '700 days')::date, y.e"
             " FROM (SELECT x.g, CASE WHEN mod(x.g, 2) = 0 THEN mod(x.g / 2, %s) ELSE %s + mod(x.g / 2, %s) END AS idx,"
@@ -264,7 +264,7 @@ def kind_stats(kind: str, cutoff: datetime) -> KindStats:
 # ``y.g`` (row number) and ``y.e`` (the retention timestamp, NULL for open records).
 _NIGHTLY_COLUMNS = {
     "lease": (
-        "unit, tenant_name, started_on, ended_on",
+        "unit, tenant_name, started_on, ended_at",
         "'U-' || mod(y.g, 400), 'Tenant ' || y.g, (COALESCE(y.e, %(slot)s) - interval '700 days')::date, y.e",
         True,
     ),

@@ -128,7 +128,7 @@ class BenchEnv:
 
     def expired_lease(self, prop: tuple[int, int], slot: datetime) -> None:
         sql(
-            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
+            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_at)"
             " VALUES (%s, %s, 'P', 'pickup', (%s::timestamptz - interval '900 days')::date,"
             " %s::timestamptz - interval '400 days')",
             [prop[1], prop[0], slot, slot],
@@ -198,7 +198,7 @@ def bench_lease(job_id: int) -> Any:
     from django.conf import settings
     from django.db.models import F
 
-    from cleanup_ops.execution.leases import Lease
+    from cleanup_ops.execution.leases import JobLease
     from cleanup_ops.models import CleanupJob, JobState
 
     token = uuid.uuid4()
@@ -211,7 +211,7 @@ def bench_lease(job_id: int) -> Any:
         leases=F("leases") + 1,
         first_leased_at=now,
     )
-    return Lease(job_id=job_id, token=token, owner="bench")
+    return JobLease(job_id=job_id, token=token, owner="bench")
 
 
 def parked_jobs(env: BenchEnv, base_slot: datetime, n: int, tag: str) -> list[int]:

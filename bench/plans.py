@@ -96,7 +96,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     sweep_trigger(slot=slot)
     settings.Q_CLUSTER["sync"] = False
     jobs = list(
-        CleanupJob.objects.filter(kind="delete")
+        CleanupJob.objects.filter(job_kind="delete")
         .order_by("available_at", "id")
         .values_list("id", "portfolio_id", "property_id", "record_kind", "cutoff")[:group]
     )

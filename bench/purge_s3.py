@@ -69,7 +69,7 @@ def _seed(*, mode: int, files: int, bucket: str, moto: str) -> tuple[Any, list[s
                 unit="1",
                 tenant_name="T",
                 started_on=at.date(),
-                ended_on=at,
+                ended_at=at,
                 document_id=key,
             )
             for key in keys
@@ -112,7 +112,7 @@ def _run_mode(*, mode: int, label: str, batch: int, files: int, moto: str, proxy
     portfolio, _ = _seed(mode=mode, files=files, bucket=bucket, moto=moto)
     slot = slot_current() - timedelta(days=mode)
     sweep_trigger(slot=slot)
-    for job in CleanupJob.objects.filter(kind=JobKind.DELETE, portfolio_id=portfolio.pk):
+    for job in CleanupJob.objects.filter(job_kind=JobKind.DELETE, portfolio_id=portfolio.pk):
         while CleanupJob.objects.get(pk=job.pk).state not in (JobState.DONE, JobState.DEAD):
             job_run_slice(job_id=job.pk)
     proxy.reset()

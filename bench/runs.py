@@ -258,7 +258,7 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
                 t0 = time.perf_counter()
                 cur.execute(
                     f"SELECT COUNT(*), MAX(c.id) FROM (SELECT r.id FROM {TABLE} r WHERE r.property_id = %s"
-                    " AND r.id > %s AND r.ended_on < %s ORDER BY r.property_id, r.id LIMIT %s) c",
+                    " AND r.id > %s AND r.ended_at < %s ORDER BY r.property_id, r.id LIMIT %s) c",
                     [prop_id, after, db_datetime(cutoff), batch],
                 )
                 candidates, last = cur.fetchone()
@@ -482,7 +482,7 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, f
             gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
             stats["tx_gap_ms_median"] = round(statistics.median(gaps) * 1000, 2)
     jobs = list(
-        CleanupJob.objects.filter(kind="delete").values_list(
+        CleanupJob.objects.filter(job_kind="delete").values_list(
             "property_id", "created_at", "first_leased_at", "finished_at"
         )
     )
@@ -665,7 +665,7 @@ def admission_phase(slot: datetime, properties_per_portfolio: int = 100, portfol
     )
     # Three rows per new property and kind: two past the cutoff, one recent.
     columns = {
-        "lease": ("unit, tenant_name, started_on, ended_on", "'U', 'T', (%(slot)s - interval '900 days')::date, {ts}"),
+        "lease": ("unit, tenant_name, started_on, ended_at", "'U', 'T', (%(slot)s - interval '900 days')::date, {ts}"),
         "maintenance_record": ("summary, opened_at, closed_at", "'W', %(slot)s - interval '900 days', {ts}"),
         "tenant_activity": ("activity_type, details, occurred_at", "'payment', '', {ts}"),
     }

@@ -120,7 +120,7 @@ def _fair_pick(
     full = {portfolio for portfolio, n in busy.items() if n >= cap}
     qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=(paused - {None}) | full)
     if kinds is not None:
-        qs = qs.filter(kind__in=list(kinds))
+        qs = qs.filter(job_kind__in=list(kinds))
     if exclude_enqueued:
         qs = qs.not_waiting_in_broker(now=now)
     # One indexed range scan over the oldest due jobs (the open-and-due
@@ -286,7 +286,7 @@ def hint_due_at(*, job_ids: list[int], at: datetime) -> None:
     limit = broker_max_delay_seconds()
     if limit is not None and (at - clock.now()) > timedelta(seconds=limit):
         return
-    kinds = dict(CleanupJob.objects.filter(pk__in=job_ids).values_list("id", "kind"))
+    kinds = dict(CleanupJob.objects.filter(pk__in=job_ids).values_list("id", "job_kind"))
     CleanupJob.objects.filter(pk__in=job_ids).update(enqueued_at=at)
     by_queue: dict[str, list[int]] = {}
     for job_id in job_ids:

@@ -52,14 +52,17 @@ def due_work_count(*, now: datetime | None = None, kinds: Collection[str] | None
     """Jobs (of ``kinds``, default every kind) that want a worker now."""
     qs = CleanupJob.objects.due_work(now=now or timezone.now())
     if kinds is not None:
-        qs = qs.filter(kind__in=list(kinds))
+        qs = qs.filter(job_kind__in=list(kinds))
     return qs.count()
 
 
 def due_work_by_kind(*, now: datetime | None = None) -> dict[str, int]:
     """``due_work_count`` per job kind, in one query (every kind present, 0 when none)."""
     counts = dict(
-        CleanupJob.objects.due_work(now=now or timezone.now()).values_list("kind").annotate(n=Count("id")).order_by()
+        CleanupJob.objects.due_work(now=now or timezone.now())
+        .values_list("job_kind")
+        .annotate(n=Count("id"))
+        .order_by()
     )
     return {kind: counts.get(kind, 0) for kind in CleanupJob.Kind.values}
 

@@ -130,7 +130,7 @@ def register_alert_metrics(registry: CollectorRegistry, *, figures: dict[str, An
     due = Gauge(
         "retention_due_work_jobs",
         "Jobs that want a worker: due or held by a live lease, outside every pause (what KEDA scales on)",
-        ["kind"],
+        ["job_kind"],
         registry=registry,
     )
     for kind, n in due_work_by_kind(now=now).items():

@@ -185,7 +185,7 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
         return self.filter(not_waiting_in_broker_q(now=now))
 
     def deletes(self) -> CleanupJobQuerySet:
-        return self.filter(kind=JobKind.DELETE)
+        return self.filter(job_kind=JobKind.DELETE)
 
     def lease_holders_by_portfolio(self, *, now: datetime) -> dict[int, int]:
         """Per portfolio, how many leases (workers) hold jobs right now: the
@@ -224,7 +224,9 @@ class CleanupJob(models.Model):
 
     sweep = models.ForeignKey(Sweep, on_delete=models.PROTECT, related_name="jobs")
     key = models.CharField(max_length=255, unique=True)
-    kind = models.CharField(max_length=10, choices=JobKind.choices, default=JobKind.DELETE, db_default=JobKind.DELETE)
+    job_kind = models.CharField(
+        max_length=10, choices=JobKind.choices, default=JobKind.DELETE, db_default=JobKind.DELETE
+    )
     # Purge jobs only: the outbox row with the document ids (shared by redrives).
     purge_request = models.ForeignKey(
         "PurgeRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
@@ -282,7 +284,7 @@ class CleanupJob(models.Model):
             # partitions (several may be open for one scope).
             models.UniqueConstraint(
                 fields=["portfolio_id", "property_id", "record_kind"],
-                condition=Q(state__in=["pending", "leased"], kind="delete"),
+                condition=Q(state__in=["pending", "leased"], job_kind="delete"),
                 name="job_one_open_per_partition",
             ),
             # A kind without a property is partitioned by its portfolio
@@ -290,7 +292,7 @@ class CleanupJob(models.Model):
             # (NULLs are distinct): the same rule, on (portfolio, kind).
             models.UniqueConstraint(
                 fields=["portfolio_id", "record_kind"],
-                condition=Q(state__in=["pending", "leased"], kind="delete", property_id__isnull=True),
+                condition=Q(state__in=["pending", "leased"], job_kind="delete", property_id__isnull=True),
                 name="job_one_open_per_portfolio_partition",
             ),
         ]

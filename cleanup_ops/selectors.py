@@ -634,7 +634,7 @@ def sweep_attachments(*, sweep_id: int, portfolio_ids: PortfolioScope = None) ->
     many of those still wait for the hold's release), skipped because a
     remaining record still names them, and ids that were not identifiers."""
     requests = PurgeRequest.objects.filter(
-        pk__in=CleanupJob.objects.filter(sweep_id=sweep_id, kind=JobKind.PURGE).values("purge_request_id")
+        pk__in=CleanupJob.objects.filter(sweep_id=sweep_id, job_kind=JobKind.PURGE).values("purge_request_id")
     )
     if portfolio_ids is not None:
         requests = requests.filter(portfolio_id__in=sorted(portfolio_ids))

@@ -289,7 +289,7 @@ def _open_elsewhere(spec: RecordKindSpec) -> str:
     same_property = "o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL"
     return (
         f"EXISTS (SELECT 1 FROM {JOB} o WHERE o.portfolio_id = d.portfolio_id AND {same_property}"
-        f" AND o.record_kind = %s AND o.state IN ({states}) AND o.kind = '{JobKind.DELETE}' AND o.sweep_id <> %s)"
+        f" AND o.record_kind = %s AND o.state IN ({states}) AND o.job_kind = '{JobKind.DELETE}' AND o.sweep_id <> %s)"
     )
 
 
@@ -314,7 +314,7 @@ def admit_partitions(spec: RecordKindSpec) -> str:
     prop = "d.property_id" if spec.has_property else "'-'"
     key = f"{text} || ':' || d.portfolio_id || ':' || {prop} || ':' || {text}"
     return (
-        f"{cte} INSERT INTO {JOB} (sweep_id, key, kind, portfolio_id, property_id, record_kind, policy_version_id,"
+        f"{cte} INSERT INTO {JOB} (sweep_id, key, job_kind, portfolio_id, property_id, record_kind, policy_version_id,"
         f" cutoff, state, outcome, available_at, lease_owner, leases, attempt, last_error_category,"
         f" last_error_class, cursor, batches, rows_deleted, rows_held, created_at)"
         f" SELECT {typed('bigint')}, {key}, '{JobKind.DELETE}', d.portfolio_id, d.property_id, {text},"

@@ -212,7 +212,7 @@ def _make_records(
                     unit=f"{rng.randint(1, 40)}{rng.choice('ABCD')}",
                     tenant_name=f"Tenant {rng.randint(1000, 9999)}",
                     started_on=(at - timedelta(days=365)).date(),
-                    ended_on=None if running else at,
+                    ended_at=None if running else at,
                 )
             )
         elif kind == "maintenance_record":

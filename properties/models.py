@@ -99,11 +99,11 @@ class Lease(models.Model):
     tenant_name = models.CharField(max_length=200)
     started_on = models.DateField()
     # Retention timestamp; null while the lease is still running.
-    ended_on = models.DateTimeField(null=True, blank=True)
+    ended_at = models.DateTimeField(null=True, blank=True)
     document_id = document_id_field()
 
     class Meta:
-        indexes = [*record_indexes("lease", "ended_on"), document_index("lease")]
+        indexes = [*record_indexes("lease", "ended_at"), document_index("lease")]
 
     def __str__(self) -> str:
         return f"Lease {self.pk} ({self.unit})"

@@ -55,7 +55,7 @@ class RecordAdmin(PortfolioScopedAdmin):
 
 
 class LeaseAdmin(RecordAdmin):
-    list_display = ["id", "portfolio_id", "property_id", "unit", "ended_on"]
+    list_display = ["id", "portfolio_id", "property_id", "unit", "ended_at"]
 
 
 class MaintenanceRecordAdmin(RecordAdmin):

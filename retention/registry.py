@@ -84,7 +84,7 @@ DEFAULT_RECORD_KINDS: dict[str, dict[str, Any]] = {
     "lease": {
         "model": "properties.Lease",
         "label": "Lease",
-        "timestamp": "ended_on",
+        "timestamp": "ended_at",
         "portfolio": "portfolio",
         "property": "property",
         "attachment": {"field": "document_id"},

@@ -187,7 +187,7 @@ def make_records(prop: Property, kind: str, count: int, *, ended: datetime) -> l
     common = {"portfolio_id": prop.portfolio_id, "property_id": prop.pk}
     if kind == "lease":
         objs = [
-            Lease(**common, unit="1", tenant_name="T", started_on=ended.date(), ended_on=ended) for _ in range(count)
+            Lease(**common, unit="1", tenant_name="T", started_on=ended.date(), ended_at=ended) for _ in range(count)
         ]
     elif kind == "maintenance_record":
         objs = [MaintenanceRecord(**common, summary="s", opened_at=ended, closed_at=ended) for _ in range(count)]

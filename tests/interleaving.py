@@ -427,7 +427,7 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
     jobs = {
         job.pk: job
         for job in CleanupJob.objects.select_related("sweep").only(
-            "id", "cutoff", "sweep__slot", "portfolio_id", "record_kind", "kind", "purge_request_id", "outcome"
+            "id", "cutoff", "sweep__slot", "portfolio_id", "record_kind", "job_kind", "purge_request_id", "outcome"
         )
     }
 
@@ -526,7 +526,7 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
         for row in job_rows.values():
             if row["state"] == "leased" and row.get("lease_expires_at") and _ts(row["lease_expires_at"]) > now:
                 holders[int(row["portfolio_id"])].add(row["lease_token"])
-            if row["state"] in ("pending", "leased") and row.get("kind", "delete") == "delete":
+            if row["state"] in ("pending", "leased") and row.get("job_kind", "delete") == "delete":
                 open_partitions[(row["portfolio_id"], row["property_id"], row["record_kind"])].append(int(row["id"]))
         for portfolio_id, tokens in holders.items():
             if len(tokens) > expect.cap:

@@ -25,7 +25,7 @@ def in_review(portfolio, prop, manager, reviewer, active_policy):
             unit=str(d),
             tenant_name="T",
             started_on=now.date(),
-            ended_on=now - timedelta(days=d),
+            ended_at=now - timedelta(days=d),
         )
         for d in (50, 500, 1500, 2000)
     ]

@@ -37,7 +37,7 @@ needs_promtool = pytest.mark.skipif(
 # Labels a scrape adds to every series; everything else must come from /metrics.
 SCRAPE_LABELS = {"instance", "job"}
 # The only labels /metrics may carry: enumerations and identifiers, never record contents.
-ALLOWED_LABELS = {"state", "category", "record_kind", "held", "kind", "status", "host", "cluster", "code", "le"}
+ALLOWED_LABELS = {"state", "category", "record_kind", "held", "job_kind", "status", "host", "cluster", "code", "le"}
 
 
 def rules() -> list[dict]:
@@ -180,7 +180,7 @@ def test_the_alert_series_read_the_pipelines_state(busy_pipeline):
         for s in family.samples
     }
     assert values[("retention_dead_letters_created_total", ())] == 1
-    assert values[("retention_due_work_jobs", (("kind", "delete"),))] == 2
+    assert values[("retention_due_work_jobs", (("job_kind", "delete"),))] == 2
     assert values[("retention_sweep_forecast", (("status", "measuring"),))] == 1
     assert values[("retention_sweep_open_jobs", ())] == 2
     assert values[("retention_cluster_wedged", (("cluster", "default"), ("host", "worker-1")))] == 0

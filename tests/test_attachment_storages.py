@@ -130,7 +130,7 @@ def the_purge_request() -> PurgeRequest:
 
 
 def the_purge_job() -> CleanupJob:
-    return CleanupJob.objects.get(kind=JobKind.PURGE, record_kind="signed_contract")
+    return CleanupJob.objects.get(job_kind=JobKind.PURGE, record_kind="signed_contract")
 
 
 @pytest.mark.usefixtures("clock")
@@ -178,7 +178,7 @@ class TestS3:
         contract(prop, OLD, "contracts/kept.pdf")
         contract(prop, OLD, "contracts/lost.pdf")
         sweep_trigger(slot=SLOT, now=NOW)
-        delete = CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract")
+        delete = CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract")
         assert job_run_slice(job_id=delete.pk).outcome == JobOutcome.DELETED
         # A record-level hold cannot name a deleted record: the kind's, on the property.
         legal_hold_place(
@@ -246,7 +246,7 @@ class TestS3:
         contract(prop, OLD, "contracts/2024/a.pdf")
         contract(prop, OLD, "contracts/2024/b.pdf")
         sweep_trigger(slot=SLOT, now=NOW)
-        delete = CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract")
+        delete = CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract")
         job_run_slice(job_id=delete.pk)
         on_s3.reset()
         on_s3.fail("DeleteObjects", times=2)
@@ -304,7 +304,7 @@ class TestS3:
         for name in ("contracts/a.pdf", "contracts/b.pdf", "contracts/c.pdf"):
             contract(prop, OLD, name)
         sweep_trigger(slot=SLOT, now=NOW)
-        job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+        job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract").pk)
         request = the_purge_request()
         second = request.document_ids[1].split(":", 1)[1]
         on_s3.reset()
@@ -338,7 +338,7 @@ class TestS3:
         contract(prop, OLD, "contracts/a.pdf")
         contract(prop, OLD, "contracts/b.pdf")
         sweep_trigger(slot=SLOT, now=NOW)
-        job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+        job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract").pk)
         on_s3.reset()
         on_s3.answer_late("DeleteObjects", seconds=2.0)
 
@@ -490,7 +490,7 @@ def test_a_hold_placed_while_a_delete_objects_is_in_flight_waits_for_it_and_keep
     for name in names:
         contract(prop, OLD, name)
     sweep_trigger(slot=timezone.now().replace(second=0, microsecond=0))
-    job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+    job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract").pk)
     job = the_purge_job()
     first_batch = {ref.split(":", 1)[1] for ref in the_purge_request().document_ids[:2]}
     reviewer = make_user("race-reviewer", "compliance_reviewer")
@@ -571,7 +571,7 @@ def test_a_purge_whose_session_ended_while_it_stalled_before_the_call_sends_noth
     for name in sorted(names):
         contract(prop, OLD, name)
     sweep_trigger(slot=timezone.now().replace(second=0, microsecond=0))
-    job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE, record_kind="signed_contract").pk)
+    job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract").pk)
     job = the_purge_job()
     reviewer = make_user("stall-reviewer", "compliance_reviewer")
     on_s3.reset()

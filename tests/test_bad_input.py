@@ -389,11 +389,11 @@ def test_a_legal_hold_form_with_a_property_that_is_not_an_id_is_no_server_error(
         ("created_at__year=9999", "created_at__year"),
         ("q=a%00b", "q"),
         ("unit__regex=(a", "unit__regex"),
-        ("ended_on__year=99999", "ended_on__year"),
+        ("ended_at__year=99999", "ended_at__year"),
     ],
 )
 def test_an_admin_changelist_lookup_it_does_not_offer_or_a_bad_value_is_a_400_naming_it(world, query, field):
-    model = "lease" if query.startswith(("unit", "ended_on")) else "auditevent"
+    model = "lease" if query.startswith(("unit", "ended_at")) else "auditevent"
     app = "properties" if model == "lease" else "retention"
     response = client_for(world["root"]).get(f"/admin/{app}/{model}/?{query}")
     assert_refused_naming(response, field)

@@ -287,7 +287,7 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
 
         def leased_by_a_delete_worker() -> bool:
             for job_id, owner in CleanupJob.objects.filter(
-                state=JobState.LEASED, kind=JobKind.DELETE, lease_expires_at__gt=timezone.now()
+                state=JobState.LEASED, job_kind=JobKind.DELETE, lease_expires_at__gt=timezone.now()
             ).values_list("id", "lease_owner"):
                 pid = int(owner.rsplit(":", 1)[-1]) if owner.rsplit(":", 1)[-1].isdigit() else 0
                 if pid in deleting.worker_pids:
@@ -297,7 +297,7 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
 
         assert wait_for(leased_by_a_delete_worker, timeout=60), "no delete worker ever held a lease"
         os.kill(victim["pid"], signal.SIGKILL)
-        assert open_jobs(kind=JobKind.DELETE) > 0, "the drain was over before the kill"
+        assert open_jobs(job_kind=JobKind.DELETE) > 0, "the drain was over before the kill"
 
         drained = wait_for(lambda: open_jobs() == 0, timeout=180, step=0.5)
         assert drained, (
@@ -314,7 +314,7 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
     operation_ids = list(LedgerEntry.objects.values_list("operation_id", flat=True))
     assert len(operation_ids) == len(set(operation_ids))
     assert CleanupJob.objects.get(pk=victim["job"]).state == JobState.DONE
-    assert set(CleanupJob.objects.filter(kind=JobKind.DELETE).values_list("outcome", flat=True)) == {"deleted"}
+    assert set(CleanupJob.objects.filter(job_kind=JobKind.DELETE).values_list("outcome", flat=True)) == {"deleted"}
     assert not CleanupJob.objects.filter(state=JobState.DEAD).exists()
     # Every file of a deleted record purged once, none of a held record's.
     applied = Counter(
@@ -325,7 +325,7 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
     assert set(applied) == estate["documents"]
     assert max(applied.values()) == 1
     # Each queue carried its own kind: deletes on the delete cluster, purges on the purge cluster.
-    kinds = dict(CleanupJob.objects.values_list("id", "kind"))
+    kinds = dict(CleanupJob.objects.values_list("id", "job_kind"))
     ran = {(task.cluster, kinds.get(task.args[0])) for task in Task.objects.filter(func="cleanup_ops.tasks.run_job")}
     assert ran <= {("retention", JobKind.DELETE), ("retention-purge", JobKind.PURGE)}, ran
     assert ("retention-purge", JobKind.PURGE) in ran

@@ -386,7 +386,7 @@ def test_a_purge_job_shows_its_attachments_not_a_cursor(world, op):
     purge = CleanupJob.objects.create(
         sweep=delete_job.sweep,
         key=f"{delete_job.key}:purge",
-        kind=JobKind.PURGE,
+        job_kind=JobKind.PURGE,
         purge_request=request,
         portfolio_id=delete_job.portfolio_id,
         property_id=delete_job.property_id,

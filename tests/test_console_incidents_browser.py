@@ -121,7 +121,7 @@ def test_the_workers_page_agrees_with_cleanup_health_for_a_delete_and_a_purge_cl
     CleanupJob.objects.create(
         sweep=birch_job.sweep,
         key=f"{birch_job.key}:purge",
-        kind=JobKind.PURGE,
+        job_kind=JobKind.PURGE,
         purge_request=request,
         portfolio_id=birch_job.portfolio_id,
         property_id=birch_job.property_id,

@@ -52,9 +52,9 @@ def test_a_purge_refused_with_403_shows_its_status_message_class_documents_and_w
         Lease.objects.filter(pk=record_id).update(document_id=f"doc-{record_id}")
     sweep_trigger(slot=SLOT, now=NOW)
     docstore.create(*[f"doc-{i}" for i in ids])
-    assert job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE).pk).outcome == JobOutcome.DELETED
+    assert job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE).pk).outcome == JobOutcome.DELETED
     docstore.set_faults(status=403, content_type="application/problem+json; charset=utf-8")
-    purge = CleanupJob.objects.get(kind=JobKind.PURGE)
+    purge = CleanupJob.objects.get(job_kind=JobKind.PURGE)
     job_run_slice(job_id=purge.pk)
 
     letter = DeadLetter.objects.get()

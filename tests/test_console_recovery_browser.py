@@ -180,7 +180,7 @@ def test_the_incident_demos_printed_recovery_followed_literally_ends_with_nothin
         if not CleanupJob.objects.open().exists() and not DeadLetter.objects.open().exists():
             break
         time.sleep(1)
-    open_jobs = list(CleanupJob.objects.open().values_list("id", "kind", "state"))
+    open_jobs = list(CleanupJob.objects.open().values_list("id", "job_kind", "state"))
     again = list(DeadLetter.objects.open().values_list("category", "error_class"))
     assert not open_jobs and not again, (open_jobs, again)
     assert set(DeadLetter.objects.values_list("status", flat=True)) == {"redriven"}

@@ -70,11 +70,11 @@ def attach(model, ids: list[int], prefix: str = "doc") -> list[str]:  # type: ig
 
 
 def delete_job() -> CleanupJob:
-    return CleanupJob.objects.get(kind=JobKind.DELETE)
+    return CleanupJob.objects.get(job_kind=JobKind.DELETE)
 
 
 def purge_jobs() -> list[CleanupJob]:
-    return list(CleanupJob.objects.filter(kind=JobKind.PURGE).order_by("id"))
+    return list(CleanupJob.objects.filter(job_kind=JobKind.PURGE).order_by("id"))
 
 
 @pytest.fixture
@@ -306,7 +306,7 @@ class TestPurge:
         redriven = dead_letters_redrive_bulk(
             actor=None, reason=REASON, letter_filter=DeadLetterFilter(category=FailureCategory.RETRY_BUDGET_EXHAUSTED)
         )
-        assert [(j.kind, j.purge_request_id, j.redrive_of_id) for j in redriven] == [
+        assert [(j.job_kind, j.purge_request_id, j.redrive_of_id) for j in redriven] == [
             (JobKind.PURGE, job.purge_request_id, job.pk) for job in jobs
         ]
         assert AuditEvent.objects.filter(action="dead_letter.redriven").count() == 2
@@ -711,7 +711,7 @@ def test_four_workers_keep_the_store_under_the_configured_request_rate(docstore,
     def worker(n: int) -> None:
         try:
             while time.monotonic() < deadline:
-                if not CleanupJob.objects.filter(kind=JobKind.PURGE, state__in=["pending", "leased"]).exists():
+                if not CleanupJob.objects.filter(job_kind=JobKind.PURGE, state__in=["pending", "leased"]).exists():
                     return
                 due = fair_due_job_ids(now=timezone.now(), limit=4, exclude_enqueued=False)
                 if not due:

@@ -68,7 +68,7 @@ def clock(time_machine):  # type: ignore[no-untyped-def]
 
 
 def job_of(prop: Property) -> CleanupJob:
-    return CleanupJob.objects.get(property_id=prop.pk, kind="delete")
+    return CleanupJob.objects.get(property_id=prop.pk, job_kind="delete")
 
 
 class Held:
@@ -144,7 +144,7 @@ class TestOneDecisionPerDocument:
         sweep_trigger(slot=SLOT, now=NOW)
         result = group_run_slice(owner="w")
         assert (result.leased, result.transactions, result.rows_deleted) == (2, 1, 2)
-        purges = {job.record_kind: job for job in CleanupJob.objects.filter(kind=JobKind.PURGE)}
+        purges = {job.record_kind: job for job in CleanupJob.objects.filter(job_kind=JobKind.PURGE)}
         assert set(purges) == {"lease", "maintenance_record"}
         return purges
 
@@ -256,8 +256,8 @@ class Partitions:
 
     def jobs(self, prop: Property):  # type: ignore[no-untyped-def]
         if self.kind == "lease":
-            return CleanupJob.objects.filter(property_id=prop.pk, kind="delete")
-        return CleanupJob.objects.filter(portfolio_id=prop.portfolio_id, record_kind="notice", kind="delete")
+            return CleanupJob.objects.filter(property_id=prop.pk, job_kind="delete")
+        return CleanupJob.objects.filter(portfolio_id=prop.portfolio_id, record_kind="notice", job_kind="delete")
 
     def job(self, prop: Property) -> CleanupJob:
         return self.jobs(prop).get()

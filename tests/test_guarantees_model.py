@@ -212,7 +212,7 @@ class Guarantees(RuleBasedStateMachine):
     def _insert_old(self, app: Any, target: Property) -> Record:
         """The application inserts an old row (its transaction still open)."""
         row = app.execute(
-            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_on)"
+            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_at)"
             " VALUES (%s, %s, '1', 'T', %s, %s) RETURNING id",
             [target.portfolio_id, target.pk, OLD.date(), OLD],
         ).fetchone()
@@ -399,7 +399,7 @@ class Guarantees(RuleBasedStateMachine):
             try:
                 barrier.wait(10)
                 if purge:
-                    due = CleanupJob.objects.due(now=timezone.now()).filter(kind=JobKind.PURGE)
+                    due = CleanupJob.objects.due(now=timezone.now()).filter(job_kind=JobKind.PURGE)
                     job_id = due.values_list("id", flat=True).first()
                     if job_id:
                         job_run_slice(job_id=job_id, owner=name, max_batches=2)
@@ -468,7 +468,7 @@ class Guarantees(RuleBasedStateMachine):
             dead_letter_redrive(letter_id=letter.pk, actor=self.operator, reason=REASON)
         except PartitionBusy as exc:
             job = letter.job
-            assert job.kind == JobKind.DELETE
+            assert job.job_kind == JobKind.DELETE
             busy = CleanupJob.objects.open().deletes().get(pk=exc.open_job_id)
             assert (busy.portfolio_id, busy.property_id, busy.record_kind) == (
                 job.portfolio_id,

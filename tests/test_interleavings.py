@@ -172,7 +172,7 @@ class World:
                 unit="1",
                 tenant_name="T",
                 started_on=ended.date(),
-                ended_on=ended,
+                ended_at=ended,
                 document_id=doc,
             )
             self.leases[name] = lease.pk
@@ -282,7 +282,7 @@ class World:
                     unit="9",
                     tenant_name="N",
                     started_on=OLD.date(),
-                    ended_on=OLD,
+                    ended_at=OLD,
                     document_id="d-shared",
                 ).pk
             )
@@ -290,7 +290,7 @@ class World:
 
     def _application_extends_a_lease(self, pid: int) -> Callable[[], Any]:
         target = self.target()
-        return self._app(lambda: Lease.objects.filter(pk=target).update(ended_on=NOW + timedelta(days=400)))
+        return self._app(lambda: Lease.objects.filter(pk=target).update(ended_at=NOW + timedelta(days=400)))
 
     def _application_moves_it_within_the_portfolio(self, pid: int) -> Callable[[], Any]:
         target, to = self.target(), self.a2
@@ -567,7 +567,9 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
     time_machine.move_to(later, tick=False)
     cleanup_drain()
     left = CleanupJob.objects.due(now=later).filter(unpaused_q())
-    assert not left.exists(), list(left.values("id", "kind", "state", "available_at", "lease_expires_at", "attempt"))
+    assert not left.exists(), list(
+        left.values("id", "job_kind", "state", "available_at", "lease_expires_at", "attempt")
+    )
 
     history = History()
     deletes = [

@@ -109,7 +109,9 @@ def _finish(settings: Any, store: Any, time_machine: Any, since: datetime, *, fr
     time_machine.move_to(later, tick=False)
     cleanup_drain()
     left = CleanupJob.objects.due(now=later).filter(unpaused_q())
-    assert not left.exists(), list(left.values("id", "kind", "state", "available_at", "lease_expires_at", "attempt"))
+    assert not left.exists(), list(
+        left.values("id", "job_kind", "state", "available_at", "lease_expires_at", "attempt")
+    )
     deletes = [
         (r["path"].rsplit("/", 1)[1], datetime.fromtimestamp(r["at"], tz=UTC))
         for r in store.requests()
@@ -135,7 +137,7 @@ def _lease(prop: Property, *, ended: datetime = OLD, document_id: str | None = N
         unit="1",
         tenant_name="T",
         started_on=ended.date(),
-        ended_on=ended,
+        ended_at=ended,
         document_id=document_id,
     ).pk
 
@@ -331,7 +333,7 @@ def test_a_worker_whose_clock_runs_120_seconds_ahead_takes_no_second_lease_while
         from cleanup_ops.schedule import sweep_trigger
 
         sweep_trigger(slot=SLOT + timedelta(hours=1), now=NOW + timedelta(hours=1))
-    wanted = CleanupJob.objects.filter(property_id=world.a2.pk, kind=JobKind.DELETE).order_by("-id").first().pk
+    wanted = CleanupJob.objects.filter(property_id=world.a2.pk, job_kind=JobKind.DELETE).order_by("-id").first().pk
 
     since = _db_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})

@@ -23,7 +23,7 @@ from django.utils import timezone
 
 from cleanup_ops.console_selectors.jobs import JobFilter
 from cleanup_ops.execution.batches import job_load, run_batch
-from cleanup_ops.execution.leases import Lease, job_lease, jobs_release
+from cleanup_ops.execution.leases import JobLease, job_lease, jobs_release
 from cleanup_ops.lifecycle import (
     TRANSITIONS,
     JobEvent,
@@ -90,7 +90,7 @@ def put_in(job: CleanupJob, variant: str) -> None:
 
 def apply(event: JobEvent, job: CleanupJob) -> None:
     """Make the code attempt ``event`` on ``job`` the way production does."""
-    lease = Lease(job_id=job.pk, token=TOKEN, owner="w")
+    lease = JobLease(job_id=job.pk, token=TOKEN, owner="w")
     if event == JobEvent.LEASE:
         job_lease(job_id=job.pk, owner="other")
     elif event == JobEvent.RELEASE:
@@ -121,7 +121,7 @@ def delete_job(active_policy, portfolio, prop, time_machine) -> CleanupJob:  # t
     active_policy(portfolio, "lease", 365)
     make_records(prop, "lease", 5, ended=OLD)
     sweep_trigger(slot=SLOT)
-    return CleanupJob.objects.get(kind="delete")
+    return CleanupJob.objects.get(job_kind="delete")
 
 
 @pytest.mark.postgres
@@ -176,7 +176,7 @@ def test_a_real_batch_finishes_with_the_outcome_its_totals_give(
                 reason="litigation",
             )
     sweep_trigger(slot=SLOT)
-    job = CleanupJob.objects.filter(kind="delete").first()
+    job = CleanupJob.objects.filter(job_kind="delete").first()
     if job is None:
         # Nothing past the cutoff: admission creates no job at all.
         assert expired == 0

@@ -32,7 +32,7 @@ def test_batch_scans_and_due_probes_use_the_record_indexes(kind):
         at = base + timedelta(hours=i)
         common = {"portfolio": portfolio, "property": p}
         if kind == "lease":
-            rows.append(Lease(**common, unit="1", tenant_name="T", started_on=at.date(), ended_on=at))
+            rows.append(Lease(**common, unit="1", tenant_name="T", started_on=at.date(), ended_at=at))
         elif kind == "maintenance_record":
             rows.append(MaintenanceRecord(**common, summary="s", opened_at=at, closed_at=at))
         else:

@@ -28,7 +28,7 @@ def world(portfolio, reviewer):
     for p in props:
         common = {"portfolio": portfolio, "property": p}
         leases = [
-            Lease.objects.create(**common, unit=f"{i}A", tenant_name="T", started_on=OLD.date(), ended_on=OLD)
+            Lease.objects.create(**common, unit=f"{i}A", tenant_name="T", started_on=OLD.date(), ended_at=OLD)
             for i in range(3)
         ]
         records = [MaintenanceRecord.objects.create(**common, summary="x", opened_at=OLD, closed_at=OLD)]
@@ -44,7 +44,7 @@ def world(portfolio, reviewer):
         unit="8",
         tenant_name="T",
         started_on=OLD.date(),
-        ended_on=timezone.now(),
+        ended_at=timezone.now(),
     )
     return props, ids
 
@@ -200,7 +200,7 @@ class TestRecordHoldScope:
         other = Portfolio.objects.create(name="Other", slug="other")
         elsewhere = Property.objects.create(portfolio=other, name="Elsewhere")
         lease = Lease.objects.create(
-            portfolio=other, property=elsewhere, unit="1", tenant_name="T", started_on=OLD.date(), ended_on=OLD
+            portfolio=other, property=elsewhere, unit="1", tenant_name="T", started_on=OLD.date(), ended_at=OLD
         )
         return other, lease
 

@@ -72,7 +72,7 @@ def lease_in(prop: Property, *, ended=OLD, document_id: str | None = None) -> in
         unit="1",
         tenant_name="T",
         started_on=ended.date(),
-        ended_on=ended,
+        ended_at=ended,
         document_id=document_id,
     ).pk
 
@@ -281,7 +281,7 @@ def test_a_lease_extended_while_the_batch_waits_on_it_is_not_counted_as_held(act
     extended = lease_in(prop)
     lease_in(prop)
     sweep_trigger(slot=SLOT, now=NOW)
-    app = Writer(("UPDATE properties_lease SET ended_on = %s WHERE id = %s", [NOW + timedelta(days=200), extended]))
+    app = Writer(("UPDATE properties_lease SET ended_at = %s WHERE id = %s", [NOW + timedelta(days=200), extended]))
     batch = InThread(lambda: job_run_slice(job_id=job_of(prop).pk, owner="w"))
     assert settle(batch) == "waiting" and waits_on(batch, app.pid)
     app.commit()

@@ -42,7 +42,7 @@ def clock(time_machine):
 
 
 def job_of(prop: Property) -> CleanupJob:
-    return CleanupJob.objects.get(property_id=prop.pk, kind="delete")
+    return CleanupJob.objects.get(property_id=prop.pk, job_kind="delete")
 
 
 def in_other_connection(fn) -> None:  # type: ignore[no-untyped-def]

@@ -40,7 +40,7 @@ def frozen(time_machine):  # type: ignore[no-untyped-def]
 
 
 def job_of(prop: Property) -> CleanupJob:
-    return CleanupJob.objects.get(property_id=prop.pk, kind="delete")
+    return CleanupJob.objects.get(property_id=prop.pk, job_kind="delete")
 
 
 @pytest.mark.django_db

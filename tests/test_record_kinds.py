@@ -81,7 +81,7 @@ def test_a_kind_of_other_names_keeps_the_cutoffs_own_day_and_holds_and_purges_it
     cleanup_drain()
 
     assert set(WorkOrder.objects.values_list("number", flat=True)) == {kept_same_day, held, young}
-    job = CleanupJob.objects.get(record_kind="work_order", kind="delete")
+    job = CleanupJob.objects.get(record_kind="work_order", job_kind="delete")
     assert (job.outcome, job.rows_deleted, job.rows_held) == (JobOutcome.DELETED, 1, 1)
     (entry,) = LedgerEntry.objects.filter(record_kind="work_order")
     assert (entry.candidates, entry.rows_deleted, entry.rows_held) == (2, 1, 1)

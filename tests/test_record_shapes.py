@@ -151,7 +151,7 @@ def test_uuid_keyed_records_are_cleaned_in_keyset_batches_keeping_held_and_young
     cleanup_drain()
 
     assert set(Ticket.objects.values_list("pk", flat=True)) == {held, *young}
-    jobs = CleanupJob.objects.filter(record_kind="ticket", kind="delete")
+    jobs = CleanupJob.objects.filter(record_kind="ticket", job_kind="delete")
     assert jobs.count() == 6 and sum(job.rows_deleted for job in jobs) == 6 * 7 - 1
     assert sum(job.rows_held for job in jobs) == 1
     ledger = LedgerEntry.objects.filter(record_kind="ticket").order_by("job_id", "id")
@@ -184,8 +184,8 @@ def test_a_uuid_kind_and_an_integer_kind_share_a_batch_transaction_each_with_its
     cleanup_drain()
 
     assert not Ticket.objects.exists()
-    lease_job = CleanupJob.objects.get(record_kind="lease", kind="delete")
-    ticket_job = CleanupJob.objects.get(record_kind="ticket", kind="delete")
+    lease_job = CleanupJob.objects.get(record_kind="lease", job_kind="delete")
+    ticket_job = CleanupJob.objects.get(record_kind="ticket", job_kind="delete")
     assert (lease_job.rows_deleted, ticket_job.rows_deleted) == (5, 5)
     assert lease_job.cursor > 0 and lease_job.cursor_key == ""
     assert ticket_job.cursor == 0 and ticket_job.cursor_key
@@ -298,7 +298,7 @@ def test_a_kind_without_a_property_is_partitioned_by_portfolio_and_honours_portf
     cleanup_drain()
 
     assert set(Notice.objects.values_list("pk", flat=True)) == {old_first[3], *kept, *young}
-    jobs = {job.portfolio_id: job for job in CleanupJob.objects.filter(record_kind="notice", kind="delete")}
+    jobs = {job.portfolio_id: job for job in CleanupJob.objects.filter(record_kind="notice", job_kind="delete")}
     assert {job.property_id for job in jobs.values()} == {None}
     assert all(job.key.endswith(f":{job.portfolio_id}:-:notice") for job in jobs.values())
     # The two portfolios' batches have the same slot, cutoff, cursor and limit:
@@ -425,7 +425,7 @@ def test_a_kind_reached_through_its_unit_is_partitioned_held_and_deleted_through
 
     kept = {held_one, *old[held_site.pk], moved, *young, *nowhere}
     assert set(Visit.objects.values_list("pk", flat=True)) == kept
-    jobs = {job.property_id: job for job in CleanupJob.objects.filter(record_kind="visit", kind="delete")}
+    jobs = {job.property_id: job for job in CleanupJob.objects.filter(record_kind="visit", job_kind="delete")}
     assert set(jobs) == {site.pk for site in sites}  # none for the visits that reach no property
     assert (jobs[held_site.pk].rows_held, jobs[held_site.pk].outcome) == (6, JobOutcome.HELD)
     assert (jobs[sites[0].pk].rows_deleted, jobs[sites[0].pk].rows_held) == (4, 1)
@@ -616,7 +616,7 @@ def test_on_every_shape_a_replay_from_an_older_cursor_deletes_nothing_twice_and_
         portfolio=portfolio, record_kind=kind, record_id=str(held), placed_by=reviewer, reason="a held row of the shape"
     )
     sweep_trigger(slot=SLOT, now=NOW)
-    job = CleanupJob.objects.get(record_kind=kind, kind="delete")
+    job = CleanupJob.objects.get(record_kind=kind, job_kind="delete")
     ref = job_load(job.pk)
 
     def batch(limit: int) -> None:

@@ -67,7 +67,7 @@ def test_an_edit_that_keeps_the_document_leaves_its_decision_alone(portfolio, pr
     Lease.objects.filter(pk=record).update(document_id="contract-8")
     # Naming it created the document's decision row; say it was purged since.
     DocumentDisposition.objects.filter(document_id="contract-8").update(state=DispositionState.PURGED)
-    Lease.objects.filter(pk=record).update(ended_on=NOW)  # document unchanged: not named anew
+    Lease.objects.filter(pk=record).update(ended_at=NOW)  # document unchanged: not named anew
     assert DocumentDisposition.objects.get(document_id="contract-8").state == DispositionState.PURGED
 
 
@@ -95,8 +95,8 @@ def test_a_record_named_while_the_purge_decides_waits_for_the_decision(
     Lease.objects.filter(pk=first).update(document_id="contract-9")
     docstore.create("contract-9")
     sweep_trigger(slot=SLOT, now=NOW)
-    job_run_slice(job_id=CleanupJob.objects.get(kind=JobKind.DELETE).pk)
-    purge = CleanupJob.objects.get(kind=JobKind.PURGE)
+    job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE).pk)
+    purge = CleanupJob.objects.get(job_kind=JobKind.PURGE)
     (young,) = make_records(prop, "lease", 1, ended=NOW)
 
     settings.CLEANUP_CHECKPOINTS = frozenset({"purge.before_store_call"})

@@ -207,7 +207,7 @@ def build_world() -> World:
         Lease.objects.bulk_create(
             [
                 *[
-                    Lease(**common, unit=f"{i}A", tenant_name=f"{marker}-tenant", started_on=OLD.date(), ended_on=OLD)
+                    Lease(**common, unit=f"{i}A", tenant_name=f"{marker}-tenant", started_on=OLD.date(), ended_at=OLD)
                     for i in range(3)
                 ],
                 Lease(**common, unit="9Z", tenant_name=f"{marker}-tenant-running", started_on=OLD.date()),

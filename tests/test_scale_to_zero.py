@@ -110,8 +110,8 @@ def jobs_of_every_state(portfolio, active_policy):  # type: ignore[no-untyped-de
     job("dead", state=JobState.DEAD)
     job("paused-portfolio", portfolio_id=paused.pk)
     # Purge jobs: 1 wanting a worker.
-    job("purge-due", kind=JobKind.PURGE)
-    job("purge-later", kind=JobKind.PURGE, available_at=now + hour)
+    job("purge-due", job_kind=JobKind.PURGE)
+    job("purge-later", job_kind=JobKind.PURGE, available_at=now + hour)
     pipeline_pause(actor=None, reason="portfolio under migration", portfolio_id=paused.pk)
     return now
 

@@ -23,7 +23,7 @@ def snapshot() -> dict[str, list[tuple]]:
     return {
         "portfolios": rows(Portfolio, "name", "slug"),
         "properties": rows(Property, "portfolio__slug", "name"),
-        "leases": rows(Lease, "property__name", "unit", "tenant_name", "started_on", "ended_on"),
+        "leases": rows(Lease, "property__name", "unit", "tenant_name", "started_on", "ended_at"),
         "maintenance": rows(MaintenanceRecord, "property__name", "summary", "opened_at", "closed_at"),
         "activities": rows(TenantActivity, "property__name", "activity_type", "occurred_at"),
         "policies": rows(PolicyVersion, "policy__portfolio__slug", "policy__record_kind", "retention_days", "status"),
@@ -75,8 +75,8 @@ def test_seed_demo_is_skewed_has_policies_holds_users_and_expired_rows():
         "auditor",
         "lead",
     }
-    assert Lease.objects.filter(ended_on__lt=utc("2024-08-21T00:00:00Z")).exists()
-    assert Lease.objects.filter(ended_on__gt=utc("2025-08-21T00:00:00Z")).exists()
+    assert Lease.objects.filter(ended_at__lt=utc("2024-08-21T00:00:00Z")).exists()
+    assert Lease.objects.filter(ended_at__gt=utc("2025-08-21T00:00:00Z")).exists()
 
 
 def test_seed_demo_refuses_a_database_that_already_has_portfolios_and_writes_nothing():

@@ -190,7 +190,7 @@ class TestAdmission:
         CleanupJob.objects.create(
             sweep=first.sweep,
             key="purge:waiting-on-retry-after",
-            kind="purge",
+            job_kind="purge",
             portfolio_id=first.portfolio_id,
             property_id=first.property_id,
             record_kind=first.record_kind,

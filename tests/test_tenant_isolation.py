@@ -89,7 +89,7 @@ def build_customer(name: str, *, base_id: int, active_policy: Any) -> Customer:
         for i in range(3)
     ]
     for lease in leases:
-        lease.ended_on = OLD  # expired: the sweep deletes these three
+        lease.ended_at = OLD  # expired: the sweep deletes these three
     # Still running: outlives the sweep, for the pages and checks that need a lease.
     leases.append(Lease(id=base_id + 103, **common, unit="9Z", tenant_name=f"{name} tenant 9", started_on=OLD.date()))
     Lease.objects.bulk_create(leases)

@@ -67,7 +67,7 @@ class JobFilter:
         if self.category is not None:
             q &= Q(last_error_category=self.category)
         if self.job_kind is not None:
-            q &= Q(kind=self.job_kind)
+            q &= Q(job_kind=self.job_kind)
         return q
 
     def as_params(self) -> dict[str, str]:
@@ -171,7 +171,7 @@ def job_chain(job: CleanupJob) -> list[CleanupJob]:
             portfolio_id=job.portfolio_id,
             property_id=job.property_id,
             record_kind=job.record_kind,
-            kind=job.kind,
+            job_kind=job.job_kind,
             purge_request_id=job.purge_request_id,
         )
         .select_related("dead_letter")

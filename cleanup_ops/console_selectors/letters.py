@@ -124,7 +124,7 @@ class DocumentsAffected:
 
 def documents_affected(job: CleanupJob) -> DocumentsAffected:
     """No query beyond the job's purge request (``select_related`` by the caller)."""
-    if job.kind != JobKind.PURGE or job.purge_request is None:
+    if job.job_kind != JobKind.PURGE or job.purge_request is None:
         return DocumentsAffected(purge=False)
     request = job.purge_request
     ids = list(request.document_ids or [])

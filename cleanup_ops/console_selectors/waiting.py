@@ -85,7 +85,7 @@ def open_work(
     scope = Q() if portfolio_ids is None else Q(portfolio_id__isnull=True) | portfolio_ids_q(portfolio_ids)
     pauses = list(PipelinePause.objects.active().filter(scope).values("portfolio_id", "reason", "paused_at"))
     paused = _paused_q(pauses)
-    no_worker = ~paused & ~Q(kind__in=sorted(live_kinds)) if live_kinds is not None else NOTHING
+    no_worker = ~paused & ~Q(job_kind__in=sorted(live_kinds)) if live_kinds is not None else NOTHING
     runnable = ~paused & ~no_worker
     later = runnable & Q(state=JobState.PENDING, available_at__gt=now)
     failed = Q(attempt__gt=0) & ~Q(last_error_category="")
@@ -106,7 +106,7 @@ def open_work(
     )
     kinds_without_worker: list[str] = []
     if agg["no_worker"]:
-        kinds_without_worker = sorted(set(jobs.filter(no_worker).values_list("kind", flat=True).distinct()))
+        kinds_without_worker = sorted(set(jobs.filter(no_worker).values_list("job_kind", flat=True).distinct()))
     held: list[dict[str, Any]] = []
     if agg["paused"]:
         per_portfolio = dict(

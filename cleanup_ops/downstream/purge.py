@@ -126,7 +126,7 @@ from cleanup_ops.downstream.stores import (
 )
 from cleanup_ops.execution.batches import JobRef
 from cleanup_ops.execution.leases import (
-    Lease,
+    JobLease,
     job_finish,
     job_release,
     lease_expiry_from,
@@ -212,7 +212,7 @@ def idempotency_key(request_key: str, document_id: str) -> str:
 def purge_run(
     *,
     job: JobRef,
-    lease: Lease,
+    lease: JobLease,
     progress: PurgeProgress,
     max_requests: int,
     max_seconds: float,
@@ -655,7 +655,7 @@ def _hold_all_purges(exc: DownstreamError) -> None:
             docstore_hold_until(until=until.timestamp())
 
 
-def _purge_advance(*, job: JobRef, lease: Lease, request: _Request, cursor: int, verdict: str, effect: str) -> int:
+def _purge_advance(*, job: JobRef, lease: JobLease, request: _Request, cursor: int, verdict: str, effect: str) -> int:
     """Fenced: record one document as done and renew the lease. Returns the new cursor."""
     now = clock.now()
     with transaction.atomic(), connection.cursor() as cur:
@@ -678,7 +678,7 @@ def _purge_advance(*, job: JobRef, lease: Lease, request: _Request, cursor: int,
 
 
 def _purge_advance_many(
-    *, job: JobRef, lease: Lease, request: _Request, cursor: int, outcomes: list[tuple[str, str, str]]
+    *, job: JobRef, lease: JobLease, request: _Request, cursor: int, outcomes: list[tuple[str, str, str]]
 ) -> int:
     """``_purge_advance`` for a batch: one fenced transaction moves the cursor
     past every document done and counts each; a key the store refused names
@@ -733,7 +733,7 @@ _COUNTERS = {
 }
 
 
-def _purge_finish(*, job: JobRef, lease: Lease, request_id: int) -> str:
+def _purge_finish(*, job: JobRef, lease: JobLease, request_id: int) -> str:
     """Fenced: the job is done; ``purge_held`` when its request set documents aside."""
     now = clock.now()
     held = PurgeRequest.objects.filter(pk=request_id, documents_held__gt=0).exists()
@@ -801,7 +801,7 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
                 CleanupJob.objects.create(
                     sweep=sweep,
                     key=f"purge:{key}",
-                    kind=JobKind.PURGE,
+                    job_kind=JobKind.PURGE,
                     purge_request=again,
                     cutoff=delete_job.cutoff,
                     available_at=now,
@@ -816,7 +816,7 @@ def purge_requeue_released(*, sweep: Sweep, now: datetime | None = None) -> list
 def purge_summary() -> dict[str, Any]:
     """Purge jobs by state and documents purged: what ``cleanup_drain`` prints."""
     by_state = dict(
-        CleanupJob.objects.filter(kind=JobKind.PURGE).values_list("state").annotate(n=Count("id")).order_by()
+        CleanupJob.objects.filter(job_kind=JobKind.PURGE).values_list("state").annotate(n=Count("id")).order_by()
     )
     totals = PurgeRequest.objects.aggregate(
         purged=Sum("documents_purged"),

@@ -67,7 +67,7 @@ from django.db import connection, transaction
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.downstream import stores
-from cleanup_ops.execution.leases import Lease, lease_renewal, token_param
+from cleanup_ops.execution.leases import JobLease, lease_renewal, token_param
 from cleanup_ops.lifecycle import JobAdvance, after_batch
 from cleanup_ops.models import (
     CleanupJob,
@@ -99,7 +99,7 @@ class JobRef:
     policy_version_id: int
     slot: datetime
     sweep_id: int
-    kind: str
+    job_kind: str
     purge_request_id: int | None
 
 
@@ -112,7 +112,7 @@ _JOB_FIELDS = (
     "policy_version_id",
     "sweep__slot",
     "sweep_id",
-    "kind",
+    "job_kind",
     "purge_request_id",
 )
 
@@ -195,14 +195,16 @@ class _Work:
     held: int = 0
 
 
-def run_batch(*, job: JobRef, lease: Lease, limit: int | None = None, now: datetime | None = None) -> tuple[int, str]:
+def run_batch(
+    *, job: JobRef, lease: JobLease, limit: int | None = None, now: datetime | None = None
+) -> tuple[int, str]:
     """One batch of one job in one transaction. Returns (rows deleted, outcome if the job finished)."""
     step = run_group_batch(jobs=[job], lease=lease, limit=limit, now=now)[job.id]
     return step.deleted, step.outcome
 
 
 def run_group_batch(
-    *, jobs: list[JobRef], lease: Lease, limit: int | None = None, now: datetime | None = None
+    *, jobs: list[JobRef], lease: JobLease, limit: int | None = None, now: datetime | None = None
 ) -> dict[int, PartitionStep]:
     """One batch transaction over the leased ``jobs`` (one or many partitions).
 
@@ -422,7 +424,9 @@ Fenced = dict[int, tuple[Key, int, int]]
 Policies = dict[int, tuple[int | None, int, bool, int]]
 
 
-def _fence_scopes_and_policies(cur: Any, *, jobs: list[JobRef], lease: Lease, now: datetime) -> tuple[Fenced, Policies]:
+def _fence_scopes_and_policies(
+    cur: Any, *, jobs: list[JobRef], lease: JobLease, now: datetime
+) -> tuple[Fenced, Policies]:
     """The fence, the scope locks and the policy read
     (``sql.group_fence_scopes_and_policies``): (cursor, rows deleted, rows
     held) per job still ours, and per such job whose scope exists (active
@@ -728,7 +732,7 @@ def purge_outbox_write_many(
             CleanupJob(
                 sweep_id=job.sweep_id,
                 key=f"purge:{operation}",
-                kind=JobKind.PURGE,
+                job_kind=JobKind.PURGE,
                 purge_request_id=request.pk,
                 cutoff=job.cutoff,
                 available_at=now,

@@ -84,7 +84,9 @@ from retention.eligibility import db_datetime
 
 
 @dataclass
-class Lease:
+class JobLease:
+    """A worker's lease on a job (the job id, its token and owner) — not the ``lease`` record kind."""
+
     job_id: int
     token: uuid.UUID
     owner: str
@@ -124,7 +126,7 @@ def token_param(token: uuid.UUID) -> object:
     return CleanupJob._meta.get_field("lease_token").get_db_prep_value(token, connection)
 
 
-def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease | None:
+def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> JobLease | None:
     """Claim the job if it is due, not validly leased, not paused and its
     portfolio is under its lease cap; None when not."""
     now = now or clock.now()
@@ -156,7 +158,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> Lease 
         claimed = (
             CleanupJob.objects.filter(pk=job_id).due(now=now).update(**leased_fields(token=token, owner=owner, now=now))
         )
-    return Lease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
+    return JobLease(job_id=job_id, token=token, owner=owner) if claimed == 1 else None
 
 
 # A group lease takes at least this many of a portfolio's due jobs (when it
@@ -165,14 +167,14 @@ GROUP_SHARE_MIN = 4
 
 
 @dataclass
-class GroupLease:
+class GroupJobLease:
     """One lease (one token) over several jobs, worked in shared transactions."""
 
-    lease: Lease
+    lease: JobLease
     job_ids: list[int]
 
 
-def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> GroupLease | None:
+def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> GroupJobLease | None:
     """Lease up to ``limit`` due delete jobs under one token; None when none is due.
 
     The pick is one indexed query over the open-and-due index, oldest
@@ -243,11 +245,11 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
         if not chosen:
             return None
         CleanupJob.objects.filter(pk__in=chosen).update(**leased_fields(token=token, owner=owner, now=now))
-    return GroupLease(lease=Lease(job_id=chosen[0], token=token, owner=owner), job_ids=chosen)
+    return GroupJobLease(lease=JobLease(job_id=chosen[0], token=token, owner=owner), job_ids=chosen)
 
 
 def jobs_release(
-    *, lease: Lease, job_ids: list[int], available_at: datetime | None = None, keep_place: bool = False
+    *, lease: JobLease, job_ids: list[int], available_at: datetime | None = None, keep_place: bool = False
 ) -> int:
     """Give back those of ``job_ids`` still held by ``lease`` (pending, cursors kept).
 
@@ -271,12 +273,12 @@ def jobs_release(
     return released
 
 
-def job_release(*, lease: Lease, available_at: datetime | None = None) -> bool:
+def job_release(*, lease: JobLease, available_at: datetime | None = None) -> bool:
     """Give the job back (pending, cursor kept). False if the lease was lost."""
     return jobs_release(lease=lease, job_ids=[lease.job_id], available_at=available_at) == 1
 
 
-def lock_job(cur: Any, *, job_id: int, lease: Lease, now: datetime) -> int:
+def lock_job(cur: Any, *, job_id: int, lease: JobLease, now: datetime) -> int:
     """Fence: lock the job row while our lease is valid; its cursor, or ``LeaseLost``."""
     row = sql.execute(
         sql.job_lock_fenced(), [job_id, JobState.LEASED, token_param(lease.token), db_datetime(now)], cur=cur

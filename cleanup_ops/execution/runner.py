@@ -156,7 +156,7 @@ def job_run_slice(
     job = job_load(job_id)
     started = time.monotonic()
     try:
-        if job.kind == JobKind.PURGE:
+        if job.job_kind == JobKind.PURGE:
             progress = PurgeProgress()
             try:
                 purge_run(
@@ -471,7 +471,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     deadline = time.monotonic() + settings.CLEANUP_SLICE_SECONDS
     batches_left = settings.CLEANUP_SLICE_BATCHES
     turn = TurnResult()
-    kind = CleanupJob.objects.filter(pk=job_id).values_list("kind", flat=True).first()
+    kind = CleanupJob.objects.filter(pk=job_id).values_list("job_kind", flat=True).first()
     if kind == JobKind.PURGE:
         # Purges are bound by the store's latency: one at a time, alone.
         purge = job_run_slice(job_id=job_id, owner=owner)

@@ -20,7 +20,7 @@ from django.db import transaction
 
 from cleanup_ops import clock
 from cleanup_ops.dispatch import hint_due_at
-from cleanup_ops.execution.leases import Lease
+from cleanup_ops.execution.leases import JobLease
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, scope_of
 from cleanup_ops.recovery.classification import (
     Classification,
@@ -31,7 +31,7 @@ from cleanup_ops.recovery.classification import (
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 
 
-def job_fail(*, lease: Lease, classification: Classification, now: datetime | None = None) -> bool:
+def job_fail(*, lease: JobLease, classification: Classification, now: datetime | None = None) -> bool:
     """Record a failed attempt: schedule a retry or make a dead letter. True if dead."""
     now = now or clock.now()
     with transaction.atomic():

@@ -177,7 +177,7 @@ def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
     is the guarantee; the read first only names the job that holds it, and an
     insert that loses a race with a concurrent admission is caught the same way."""
     old = letter.job
-    if old.kind == JobKind.DELETE:
+    if old.job_kind == JobKind.DELETE:
         busy = _open_job_of_partition(old)
         if busy is not None:
             raise PartitionBusy(letter, busy)
@@ -187,7 +187,7 @@ def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
                 sweep_id=old.sweep_id,
                 key=redrive_key(old),
                 # A purge job's kind and outbox row belong to its scope too.
-                kind=old.kind,
+                job_kind=old.job_kind,
                 purge_request_id=old.purge_request_id,
                 cutoff=old.cutoff,
                 # The old cursor is a safe start: the ledger replays anything already applied.
@@ -197,7 +197,7 @@ def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
                 **scope_of(old),
             )
     except IntegrityError:
-        busy = _open_job_of_partition(old) if old.kind == JobKind.DELETE else None
+        busy = _open_job_of_partition(old) if old.job_kind == JobKind.DELETE else None
         if busy is None:
             raise
         raise PartitionBusy(letter, busy) from None

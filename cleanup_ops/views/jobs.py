@@ -239,9 +239,9 @@ def jobs_bulk(request: HttpRequest) -> HttpResponse:
         return HttpResponseRedirect(reverse("console:jobs") + "?" + _params(job_filter))
     breakdown = list(
         matching.order_by()
-        .values("portfolio_id", "kind")
+        .values("portfolio_id", "job_kind")
         .annotate(n=Count("id"))
-        .order_by("-n", "portfolio_id", "kind")[:BULK_BREAKDOWN_ROWS]
+        .order_by("-n", "portfolio_id", "job_kind")[:BULK_BREAKDOWN_ROWS]
     )
     return render(
         request,

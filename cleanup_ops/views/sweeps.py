@@ -67,9 +67,9 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
     }
     outcomes = list(
         CleanupJob.objects.filter(portfolio_ids_q(scope), sweep=sweep)
-        .values("kind", "state", "outcome")
+        .values("job_kind", "state", "outcome")
         .annotate(n=Count("id"))
-        .order_by("kind", "state", "outcome")
+        .order_by("job_kind", "state", "outcome")
     )
     letters = list(DeadLetter.objects.filter(portfolio_ids_q(scope), sweep=sweep).order_by("-id")[:PAGE_SIZE])
     forecast = None

@@ -1,0 +1,88 @@
+"""The code's layout rules, checked over every Python module the repository tracks.
+
+- A module stays under ``MAX_LINES`` lines (migrations excepted: Django writes them,
+  and a squashed history is long by nature). Past that a reader can no longer hold a
+  module's protocol in view; split it by what its parts do.
+- No module imports another module's underscore name: a leading underscore says
+  "this module's own", so a second user means the name wants to be public (or the
+  code wants to move). Importing an underscore name from inside one's own package
+  ``__init__`` is the same rule: it is another module.
+
+The rules read the source with ``ast``; nothing is imported. ``lint-imports``
+(``.importlinter``) keeps the layers and the absence of cycles; this keeps the rest.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+MAX_LINES = 600
+
+
+def tracked_modules() -> list[Path]:
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard", "*.py"],  # noqa: S607
+        cwd=ROOT,
+        capture_output=True,
+        check=True,
+    ).stdout.decode()
+    return sorted(ROOT / name for name in listed.split("\0") if name and "/migrations/" not in f"/{name}")
+
+
+def long_modules(paths: list[Path], *, limit: int = MAX_LINES) -> dict[str, int]:
+    lengths = {str(p.relative_to(ROOT)): len(p.read_text().splitlines()) for p in paths if p.exists()}
+    return {name: n for name, n in lengths.items() if n > limit}
+
+
+def underscore_imports(path: Path) -> list[str]:
+    """``from x import _y`` (``_y`` not a dunder) in ``path``, as "line: module._y"."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            for alias in node.names:
+                name = alias.name
+                if name.startswith("_") and not (name.startswith("__") and name.endswith("__")):
+                    found.append(f"{node.lineno}: {'.' * node.level}{node.module or ''}.{name}")
+    return found
+
+
+def test_every_module_is_under_six_hundred_lines():
+    assert long_modules(tracked_modules()) == {}
+
+
+def test_no_module_imports_another_modules_underscore_name():
+    offenders = {}
+    for path in tracked_modules():
+        if path.exists() and (found := underscore_imports(path)):
+            offenders[str(path.relative_to(ROOT))] = found
+    assert offenders == {}
+
+
+@pytest.mark.parametrize(
+    ("source", "expected"),
+    [
+        ("from a.b import _private\n", ["1: a.b._private"]),
+        ("from . import _sibling, public\n", ["1: ._sibling"]),
+        ("def f():\n    from x import _late\n", ["2: x._late"]),
+        ("from a import __version__, public\nimport _thread\n", []),
+    ],
+)
+def test_the_underscore_rule_sees_each_way_a_private_name_is_imported(tmp_path, source, expected):
+    module = tmp_path / "m.py"
+    module.write_text(source)
+    assert underscore_imports(module) == expected
+
+
+def test_the_length_rule_counts_lines_and_names_the_module(tmp_path, monkeypatch):
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    short, long = tmp_path / "short.py", tmp_path / "long.py"
+    short.write_text("x = 1\n" * 3)
+    long.write_text("x = 1\n" * 4)
+    assert long_modules([short, long], limit=3) == {"long.py": 4}
