@@ -377,7 +377,7 @@ def jobs(portfolio, active_policy, settings):  # type: ignore[no-untyped-def]
                 CleanupJob.objects.create(
                     sweep=sweep,
                     key=f"{sweep.key}:{n}:{kind}",
-                    kind=kind,
+                    job_kind=kind,
                     portfolio_id=portfolio.pk,
                     property_id=n,
                     record_kind="lease",

@@ -136,7 +136,7 @@ def test_the_incident_demos_printed_recovery_followed_literally_ends_with_nothin
     store.stop()  # … and stopped when it ends, as the Makefile does.
     printed = out.getvalue()
     letters = DeadLetter.objects.open().count()
-    assert letters and set(DeadLetter.objects.open().values_list("job__kind", flat=True)) == {"purge"}
+    assert letters and set(DeadLetter.objects.open().values_list("job__job_kind", flat=True)) == {"purge"}
     paused = Portfolio.objects.get(pk=PipelinePause.objects.active().get().portfolio_id)
     # The periodic dispatcher a migrated database has (a transactional test's flush removed it).
     Schedule.objects.update_or_create(

@@ -27,6 +27,6 @@ def test_the_incident_demo_leaves_a_running_sweep_a_paused_portfolio_and_letters
     assert sweep.jobs.open().exists() and not sweep.jobs.open().exclude(portfolio_id=pause.portfolio_id).exists()
     letters = DeadLetter.objects.open()
     assert letters.exists() and set(letters.values_list("category", flat=True)) == {"downstream_rejected"}
-    assert set(letters.values_list("job__kind", flat=True)) == {"purge"}
+    assert set(letters.values_list("job__job_kind", flat=True)) == {"purge"}
     printed = out.getvalue()
     assert "Incident staged" in printed and "/console/dead-letters/" in printed and "password" in printed

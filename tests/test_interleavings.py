@@ -141,7 +141,7 @@ class World:
         return _path(self.checkpoint)
 
     def job(self, prop: Property, kind: str = JobKind.DELETE) -> CleanupJob | None:
-        return CleanupJob.objects.filter(property_id=prop.pk, kind=kind).order_by("-id").first()
+        return CleanupJob.objects.filter(property_id=prop.pk, job_kind=kind).order_by("-id").first()
 
     def build(self) -> None:
         self.manager = make_user("manager", "property_manager")

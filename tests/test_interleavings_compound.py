@@ -159,7 +159,7 @@ def test_a_purge_waiting_on_another_scope_keeps_a_file_whose_other_record_goes_a
     sweep_trigger(slot=SLOT, now=NOW)
 
     def job(name: str, kind: str = JobKind.DELETE) -> int:
-        return CleanupJob.objects.filter(property_id=props[name].pk, kind=kind).order_by("-id").first().pk
+        return CleanupJob.objects.filter(property_id=props[name].pk, job_kind=kind).order_by("-id").first().pk
 
     # C's lease goes and its purge keeps the file (A's and B's still name it); A's lease goes.
     job_run_slice(job_id=job("C"), owner="setup")

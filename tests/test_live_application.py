@@ -78,7 +78,7 @@ def lease_in(prop: Property, *, ended=OLD, document_id: str | None = None) -> in
 
 
 def job_of(prop: Property, kind: str = JobKind.DELETE) -> CleanupJob:
-    return CleanupJob.objects.filter(property_id=prop.pk, kind=kind).order_by("-id").first()
+    return CleanupJob.objects.filter(property_id=prop.pk, job_kind=kind).order_by("-id").first()
 
 
 class Writer:

@@ -83,12 +83,12 @@ def jobs_of_every_state(portfolio, active_policy):  # type: ignore[no-untyped-de
     sweep = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=utc("2026-08-21T02:00:00Z"))
     token = uuid.uuid4()
 
-    def job(name: str, *, kind: str = JobKind.DELETE, portfolio_id: int | None = None, **fields: object) -> None:
+    def job(name: str, *, job_kind: str = JobKind.DELETE, portfolio_id: int | None = None, **fields: object) -> None:
         fields.setdefault("available_at", now - hour)
         CleanupJob.objects.create(
             sweep=sweep,
             key=f"{sweep.key}:{name}",
-            kind=kind,
+            job_kind=job_kind,
             portfolio_id=portfolio_id or portfolio.pk,
             property_id=abs(hash(name)) % 10_000,
             record_kind="lease",
@@ -123,7 +123,7 @@ def test_kedas_query_counts_exactly_the_jobs_the_orm_calls_due_work(jobs_of_ever
     queries = keda_queries()
     assert set(queries) == {"retention-qcluster", "retention-qcluster-purge"}
     for deployment, kind, expected in (("retention-qcluster", "delete", 4), ("retention-qcluster-purge", "purge", 1)):
-        orm = CleanupJob.objects.due_work(now=now).filter(kind=kind).count()
+        orm = CleanupJob.objects.due_work(now=now).filter(job_kind=kind).count()
         assert run_query(queries[deployment]) == orm == expected, deployment
 
 
