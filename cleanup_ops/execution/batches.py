@@ -4,7 +4,7 @@ Protocol of ``run_group_batch`` (one database transaction over the leased
 jobs of a group; ``run_batch`` is a group of one; see ``docs/architecture.md``,
 "Lock, then read" and "One batch, one transaction"):
 
-a. **Fence and scope, one statement** (``sql.group_fence_scopes_and_policies``):
+a. **Fence and scope, one statement** (``statements.group_fence_scopes_and_policies``):
    the job rows ``FOR UPDATE`` where the lease token is ours and not expired
    (on the database's clock, ``cleanup_ops.clock``) — jobs whose lease is lost
    drop out and are reported, ``LeaseLost`` only when none is left — then the
@@ -12,7 +12,7 @@ a. **Fence and scope, one statement** (``sql.group_fence_scopes_and_policies``):
    approving a version locks one of them ``FOR UPDATE``, so nothing below
    can be changed under the batch by either. A missing scope ends the job as
    ``scope_missing``.
-b. **Policy, after the locks** (``sql.policies_and_ledger_lookup``): the
+b. **Policy, after the locks** (``statements.policies_and_ledger_lookup``): the
    active version read by a statement that starts once every lock is held;
    the first statement's reading is only the guess the replay lookup is made
    with (looked up again when the two differ). None or withdrawn ends the job
@@ -48,7 +48,7 @@ interleaving tests.
 A kind whose key is not an integer (``retention.registry``, "Keys") carries
 its cursor as text: after the fence, one statement reads the text cursors of
 such jobs (their rows are already locked by it), and before the commit one
-writes them (``sql.jobs_cursor_keys``/``jobs_cursor_keys_set``); their ledger
+writes them (``statements.jobs_cursor_keys``/``jobs_cursor_keys_set``); their ledger
 rows take the range as ``after_key``/``last_key``. A kind without a property
 is partitioned by its portfolio: its rows in a group are told apart by the
 portfolio, not the property.
@@ -67,6 +67,7 @@ from django.db import connection, transaction
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.downstream import stores
+from cleanup_ops.execution import statements
 from cleanup_ops.execution.leases import JobLease, lease_renewal, token_param
 from cleanup_ops.lifecycle import JobAdvance, after_batch
 from cleanup_ops.models import (
@@ -350,20 +351,24 @@ def run_group_batch(
             )
         if cursor_keys:
             rows = [{"job_id": job_id, "cursor_key": key} for job_id, key in sorted(cursor_keys.items())]
-            params = sql.rows_params("g", sql.KEY_CURSOR_COLUMNS, rows)
-            sql.execute(sql.jobs_cursor_keys_set(len(rows)), params, cur=cur)
+            params = sql.rows_params("g", statements.KEY_CURSOR_COLUMNS, rows)
+            sql.execute(statements.jobs_cursor_keys_set(len(rows)), params, cur=cur)
         if updates:
-            params = {**sql.rows_params("g", sql.ADVANCE_COLUMNS, updates), "now": db_datetime(now), "renew": renew}
-            statement = sql.group_jobs_advance(len(updates))
+            params = {
+                **sql.rows_params("g", statements.ADVANCE_COLUMNS, updates),
+                "now": db_datetime(now),
+                "renew": renew,
+            }
+            statement = statements.group_jobs_advance(len(updates))
             keys = any(row["after_key"] or row["last_key"] for row in ledger)
-            columns = sql.ledger_columns(keys=keys)
+            columns = statements.ledger_columns(keys=keys)
             if ledger and sql.is_postgres():
                 # Every job with a ledger row is among the updates.
-                statement = sql.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates), keys=keys)
+                statement = statements.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates), keys=keys)
                 params |= sql.rows_params("l", columns, ledger)
             elif ledger:
                 ledger_params = sql.rows_params("g", columns, ledger)
-                sql.execute(sql.ledger_insert_many(len(ledger), keys=keys), ledger_params, cur=cur)
+                sql.execute(statements.ledger_insert_many(len(ledger), keys=keys), ledger_params, cur=cur)
             for job_id, state, outcome in sql.execute(statement, params, cur=cur).fetchall():
                 steps[job_id].applied = True
                 if state == JobState.DONE:
@@ -428,19 +433,19 @@ def _fence_scopes_and_policies(
     cur: Any, *, jobs: list[JobRef], lease: JobLease, now: datetime
 ) -> tuple[Fenced, Policies]:
     """The fence, the scope locks and the policy read
-    (``sql.group_fence_scopes_and_policies``): (cursor, rows deleted, rows
+    (``statements.group_fence_scopes_and_policies``): (cursor, rows deleted, rows
     held) per job still ours, and per such job whose scope exists (active
     version id or None, retention days, enabled, batch size); ``LeaseLost``
     if no job is still ours."""
     params = {
         **sql.any_params("ids", [job.id for job in jobs]),
-        **sql.rows_params("g", sql.SCOPE_COLUMNS, _scope_rows(jobs)),
+        **sql.rows_params("g", statements.SCOPE_COLUMNS, _scope_rows(jobs)),
         "state": JobState.LEASED,
         "token": token_param(lease.token),
         "now": db_datetime(now),
         "approved": PolicyVersion.Status.APPROVED,
     }
-    statement = sql.group_fence_scopes_and_policies(
+    statement = statements.group_fence_scopes_and_policies(
         len(jobs), portfolio_partitions=any(job.property_id is None for job in jobs)
     )
     rows = sql.execute(statement, params, cur=cur).fetchall()
@@ -456,17 +461,17 @@ def _fence_scopes_and_policies(
 
 
 def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) -> tuple[Policies, dict[str, Key]]:
-    """The second statement (``sql.policies_and_ledger_lookup``): each job's
+    """The second statement (``statements.policies_and_ledger_lookup``): each job's
     active version as it is once the scope locks are held, and the last id of
     each of ``operations`` already on the ledger."""
     if not jobs:
         return {}, {}
     params = {
-        **sql.rows_params("p", sql.POLICY_COLUMNS, _scope_rows(jobs)),
+        **sql.rows_params("p", statements.POLICY_COLUMNS, _scope_rows(jobs)),
         **sql.any_params("ops", operations or [""]),
         "approved": PolicyVersion.Status.APPROVED,
     }
-    statement = sql.policies_and_ledger_lookup(jobs=len(jobs), operations=max(1, len(operations)))
+    statement = statements.policies_and_ledger_lookup(jobs=len(jobs), operations=max(1, len(operations)))
     policies: Policies = {}
     replayed: dict[str, Key] = {}
     for job_id, vid, days, enabled, size, operation, last_id in sql.execute(statement, params, cur=cur).fetchall():
@@ -478,7 +483,7 @@ def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) 
 
 
 def _replayed_operations(cur: Any, operations: list[str]) -> dict[str, Key]:
-    rows = sql.execute(sql.ledger_lookup(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
+    rows = sql.execute(statements.ledger_lookup(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
     return {op: int(last_id) for op, last_id in rows}
 
 
@@ -492,7 +497,7 @@ def _text_key(kind: str) -> bool:
 def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
     """Replace the (unused, 0) bigint cursor of non-integer kinds' jobs by
     their text cursor; the fence holds their rows."""
-    statement = sql.jobs_cursor_keys(len(job_ids))
+    statement = statements.jobs_cursor_keys(len(job_ids))
     for job_id, key in sql.execute(statement, sql.any_params("ids", job_ids), cur=cur).fetchall():
         _, deleted, held = fenced[int(job_id)]
         fenced[int(job_id)] = (str(key), deleted, held)
@@ -500,7 +505,9 @@ def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
 
 def _replayed_last_keys(cur: Any, operations: list[str]) -> dict[str, Key]:
     """The text last ids of replayed ledger rows of non-integer kinds."""
-    rows = sql.execute(sql.ledger_last_keys(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
+    rows = sql.execute(
+        statements.ledger_last_keys(len(operations)), sql.any_params("ops", operations), cur=cur
+    ).fetchall()
     return {op: str(last_key) for op, last_key in rows}
 
 
@@ -527,8 +534,8 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
                 }
                 for ord_, item in enumerate(items)
             ]
-            statement = sql.group_candidates(spec, jobs=len(items))
-            params = {**sql.rows_params("g", sql.candidate_columns(spec), rows), "budget": budget + 1}
+            statement = statements.group_candidates(spec, jobs=len(items))
+            params = {**sql.rows_params("g", statements.candidate_columns(spec), rows), "budget": budget + 1}
             found = sql.execute(statement, params, cur=cur).fetchall()
             returned = sum(int(rows) for _, _, rows, *_ in found)
             reached = max((int(ord_) for ord_, *_ in found), default=-1)
@@ -543,7 +550,7 @@ def _count_candidates(cur: Any, work: list[_Work], *, budget: int) -> None:
             # found. For one partition its values are known when PostgreSQL
             # plans it, so it walks the keyset index instead of sorting every
             # expired row of the property (as the lateral's generic plan does).
-            statement = sql.partition_candidates(spec)
+            statement = statements.partition_candidates(spec)
             seen = 0
             for item in items:
                 if seen >= budget:
@@ -571,7 +578,7 @@ def _count_and_delete_alone(cur: Any, item: _Work) -> tuple[dict[int, int], dict
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
     attachment = attachment_column(kind)
-    statement = sql.partition_count_and_delete(spec, predicate=predicate)
+    statement = statements.partition_count_and_delete(spec, predicate=predicate)
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
@@ -621,7 +628,7 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
             }
             for item in items
         ]
-        params = {**sql.rows_params("g", sql.delete_columns(spec), ranges), **predicate_params, "kind": kind}
+        params = {**sql.rows_params("g", statements.delete_columns(spec), ranges), **predicate_params, "kind": kind}
         if sql.is_postgres():
             # The DELETE takes the counted candidates: they are the ledger's.
             params["ids"] = [i for item in items for i in item.ids or ()]
@@ -629,11 +636,11 @@ def _delete(cur: Any, work: list[_Work]) -> tuple[dict[int, int], dict[int, list
                 item.in_range = item.candidates
         else:
             # SQLite: the counts just before the DELETE (one writer at a time).
-            counts = sql.group_range_counts(spec, jobs=len(items))
+            counts = statements.group_range_counts(spec, jobs=len(items))
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
-        statement = sql.group_delete(spec, predicate=predicate, jobs=len(items))
+        statement = statements.group_delete(spec, predicate=predicate, jobs=len(items))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n_held is not None:
