@@ -3,7 +3,7 @@ dataset, after admission, the statements of one 100-partition group transaction 
 timed in isolation, each in a transaction that is rolled back, median of ``REPEAT``:
 
 * **round trip**: ``SELECT 1`` (the floor of any statement);
-* **candidates**: the group candidate query as ``_count_candidates`` runs it
+* **candidates**: the group candidate query as ``execution.candidates`` runs it
   (``execution.statements.group_candidates``, named parameters, the partitions a ``g`` of arrays through
   ``unnest``, keyset index ``(property, id)``) against the same statement (same ``g``,
   same parameters) finding the rows through the due index ``(property, timestamp, id)``
@@ -11,7 +11,7 @@ timed in isolation, each in a transaction that is rolled back, median of ``REPEA
   partition up to the limit, the second only the expired ones; in the nightly shape ~1
   row in 100 is expired. Both return the same counts (checked);
 * **delete**: ``execution.statements.group_delete`` over those partitions' candidate ranges, as
-  ``_delete`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
+  ``execution.candidates`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
 * **ledger insert**: ``execution.statements.ledger_insert_many(100)`` (13 arrays through ``unnest``, the
   committed form) against the same 100 rows as a ``VALUES`` list of 1,300 scalar
   parameters (built here), client time and server time (``EXPLAIN ANALYZE``), to tell

@@ -4,7 +4,7 @@ Protocol of ``run_group_batch`` (one database transaction over the leased
 jobs of a group; ``run_batch`` is a group of one; see ``docs/architecture.md``,
 "Lock, then read" and "One batch, one transaction"):
 
-a. **Fence and scope, one statement** (``statements.group_fence_scopes_and_policies``):
+a. **Fence and scope, one statement** (``execution.statements.group_fence_scopes_and_policies``):
    the job rows ``FOR UPDATE`` where the lease token is ours and not expired
    (on the database's clock, ``cleanup_ops.clock``) — jobs whose lease is lost
    drop out and are reported, ``LeaseLost`` only when none is left — then the
@@ -12,7 +12,7 @@ a. **Fence and scope, one statement** (``statements.group_fence_scopes_and_polic
    approving a version locks one of them ``FOR UPDATE``, so nothing below
    can be changed under the batch by either. A missing scope ends the job as
    ``scope_missing``.
-b. **Policy, after the locks** (``statements.policies_and_ledger_lookup``): the
+b. **Policy, after the locks** (``execution.statements.policies_and_ledger_lookup``): the
    active version read by a statement that starts once every lock is held;
    the first statement's reading is only the guess the replay lookup is made
    with (looked up again when the two differ). None or withdrawn ends the job
@@ -29,6 +29,8 @@ d. **Delete**: the next ``limit`` candidate ids after the cursor; a DELETE of
    active hold covers (the ledger's held: never candidates minus deleted).
    Partitions are taken in order while their candidates fit in one
    transaction's rows; the others wait, still leased, for the next one.
+   How the candidates are counted depends on how many partitions there are
+   (``execution.candidates.Counting``).
 e. **Ledger and cursor**: insert the ledger rows, advance the cursors past
    every candidate (held ones too) and renew the lease, in one statement.
 f. **Outbox**: for record kinds with attachments the DELETE returns the
@@ -36,7 +38,7 @@ f. **Outbox**: for record kinds with attachments the DELETE returns the
    disposition row (``sql.dispositions_take``: a purge deciding about that
    document waits for this commit, or this batch for its decision) and writes
    one ``PurgeRequest`` (key = the operation id), one ``purge`` job and one
-   ``DeletedAttachment`` per record. A held or replayed batch deletes nothing
+   ``DeletedAttachment`` per record (``execution.outbox``). A held or replayed batch deletes nothing
    and so purges nothing; a rolled-back batch takes its outbox rows with it.
 
 A batch with fewer candidates than the limit (or none) was the last one: the
@@ -48,7 +50,7 @@ interleaving tests.
 A kind whose key is not an integer (``retention.registry``, "Keys") carries
 its cursor as text: after the fence, one statement reads the text cursors of
 such jobs (their rows are already locked by it), and before the commit one
-writes them (``statements.jobs_cursor_keys``/``jobs_cursor_keys_set``); their ledger
+writes them (``execution.statements.jobs_cursor_keys``/``jobs_cursor_keys_set``); their ledger
 rows take the range as ``after_key``/``last_key``. A kind without a property
 is partitioned by its portfolio: its rows in a group are told apart by the
 portfolio, not the property.
