@@ -22,8 +22,8 @@ vendor helpers below (and in the builders that use them, here and in
 serialises writers, so its row locks are simply left out. Where the two
 databases take a different *path* (another statement, or none), the caller
 branches on ``is_postgres()`` itself; today ``execution/batches.py``,
-``execution/leases.py``, ``execution/runner.py``, ``downstream/purge.py``,
-``ratelimit.py``, ``selectors.py`` and ``health.py`` do.
+``execution/candidates.py``, ``execution/leases.py``, ``execution/runner.py``,
+``downstream/purge.py``, ``ratelimit.py``, ``selectors.py`` and ``health.py`` do.
 
 The ledger insert stays a named statement: through the ORM it would build a
 model instance per batch for nothing.
