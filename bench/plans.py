@@ -3,20 +3,20 @@ dataset, after admission, the statements of one 100-partition group transaction 
 timed in isolation, each in a transaction that is rolled back, median of ``REPEAT``:
 
 * **round trip**: ``SELECT 1`` (the floor of any statement);
-* **candidates**: the group candidate query as ``_count_candidates`` runs it
-  (``sql.group_candidates``, named parameters, the partitions a ``g`` of arrays through
+* **candidates**: the group candidate query as ``execution.candidates`` runs it
+  (``execution.statements.group_candidates``, named parameters, the partitions a ``g`` of arrays through
   ``unnest``, keyset index ``(property, id)``) against the same statement (same ``g``,
   same parameters) finding the rows through the due index ``(property, timestamp, id)``
   (an ``OFFSET 0`` subquery, then sorted by id): the first walks every row of a
   partition up to the limit, the second only the expired ones; in the nightly shape ~1
   row in 100 is expired. Both return the same counts (checked);
-* **delete**: ``sql.group_delete`` over those partitions' candidate ranges, as
-  ``_delete`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
-* **ledger insert**: ``sql.ledger_insert_many(100)`` (13 arrays through ``unnest``, the
+* **delete**: ``execution.statements.group_delete`` over those partitions' candidate ranges, as
+  ``execution.candidates`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
+* **ledger insert**: ``execution.statements.ledger_insert_many(100)`` (13 arrays through ``unnest``, the
   committed form) against the same 100 rows as a ``VALUES`` list of 1,300 scalar
   parameters (built here), client time and server time (``EXPLAIN ANALYZE``), to tell
   parameter handling from the insert itself;
-* **job update**: the group's finishing ``sql.group_jobs_advance`` of 100 job rows
+* **job update**: the group's finishing ``execution.statements.group_jobs_advance`` of 100 job rows
   (``state`` 'done', outcome 'deleted': every index of the job table gets a new entry)
   against an update of the same rows that changes no indexed column (a HOT update).
 
@@ -86,6 +86,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     from django.conf import settings
 
     from cleanup_ops import sql as pipeline_sql
+    from cleanup_ops.execution import statements
     from cleanup_ops.lifecycle import JobOutcome, JobState
     from cleanup_ops.models import CleanupJob
     from cleanup_ops.schedule import sweep_trigger
@@ -109,7 +110,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     items = [j for j in jobs if j[3] == kind]
     spec = get_spec(kind)
     try:
-        keyset = pipeline_sql.group_candidates(spec, jobs=len(items))
+        keyset = statements.group_candidates(spec, jobs=len(items))
         candidate_rows = [
             {
                 "ord": ord_,
@@ -121,12 +122,12 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             }
             for ord_, (job_id, _po, prop, _k, cutoff) in enumerate(items)
         ]
-        full = {**pipeline_sql.rows_params("g", pipeline_sql.CANDIDATE_COLUMNS, candidate_rows), "budget": 1001}
+        full = {**pipeline_sql.rows_params("g", statements.CANDIDATE_COLUMNS, candidate_rows), "budget": 1001}
         # The same statement (same CTE ``g``, same parameters, same global limit), the
         # rows found through the due index instead.
         ts = spec.timestamp_column
         due = (
-            f"WITH {pipeline_sql.rows_cte('g', pipeline_sql.CANDIDATE_COLUMNS, len(items))}"
+            f"WITH {pipeline_sql.rows_cte('g', statements.CANDIDATE_COLUMNS, len(items))}"
             " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
             f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
             f"SELECT d.id FROM (SELECT r.id FROM {spec.table} r WHERE r.property_id = g.property_id"
@@ -174,9 +175,9 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             predicate, predicate_params = pipeline_sql.named(
                 *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
             )
-            statement = pipeline_sql.group_delete(spec, predicate=predicate, jobs=len(ranges))
+            statement = statements.group_delete(spec, predicate=predicate, jobs=len(ranges))
             delete_params = {
-                **pipeline_sql.rows_params("g", pipeline_sql.DELETE_COLUMNS, ranges),
+                **pipeline_sql.rows_params("g", statements.DELETE_COLUMNS, ranges),
                 **predicate_params,
                 "kind": kind,
                 "ids": ids,  # the candidates, as _delete passes them
@@ -219,8 +220,8 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         for job_id, po, prop, k, cutoff in jobs
     ]
     try:
-        arrays = pipeline_sql.ledger_insert_many(len(ledger_rows))
-        columns = pipeline_sql.LEDGER_COLUMNS
+        arrays = statements.ledger_insert_many(len(ledger_rows))
+        columns = statements.LEDGER_COLUMNS
         array_params = pipeline_sql.rows_params("g", columns, ledger_rows)
     except (AttributeError, TypeError) as exc:
         arrays = None
@@ -244,7 +245,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
 
     # The finishing job update (state -> done: not HOT) against a HOT update.
     try:
-        advance = pipeline_sql.group_jobs_advance(len(jobs))
+        advance = statements.group_jobs_advance(len(jobs))
         finishing = [
             {
                 "job_id": job_id,
@@ -259,7 +260,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             for job_id, *_ in jobs
         ]
         adv_params = {
-            **pipeline_sql.rows_params("g", pipeline_sql.ADVANCE_COLUMNS, finishing),
+            **pipeline_sql.rows_params("g", statements.ADVANCE_COLUMNS, finishing),
             "now": db_datetime(now),
             "renew": db_datetime(now + timedelta(seconds=60)),
         }

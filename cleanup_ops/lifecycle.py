@@ -4,9 +4,13 @@ The states are ``JobState``; the table below is every transition the code
 makes, and the functions after it are the only places that decide a new state
 or an outcome. The writers elsewhere (the lease and release in
 ``execution.leases``, the batch's job update in ``execution.batches`` and its
-SQL in ``sql.group_jobs_advance``, the purge's finish, ``CleanupJob.mark_retry``
-and ``mark_dead``) take the fields they write from here, so no state or
-outcome is decided in SQL.
+SQL in ``execution.statements.group_jobs_advance``, the purge's finish,
+``CleanupJob.mark_retry`` and ``mark_dead``) take the fields they write from
+here, so no state or outcome is decided in SQL. Where SQL must tell states
+apart (the batch's update keeps the lease of a job an *advance* left leased
+and clears a *finished* one's; a sweep is drained once none of its jobs is
+open), the states it names come from ``TRANSITIONS`` (``state_after``,
+``OPEN_STATES``).
 
 ====================  ======================================  ===========
 event                 from                                    to
@@ -24,7 +28,7 @@ cancel (an operator)  pending                                 dead
 job (``recovery.operator``), and the partial unique index
 ``job_one_open_per_partition`` lets at most one open delete job exist per
 partition at any time. "Leased by us" is the fence (the batch's first statement,
-``sql.group_fence_scopes_and_policies``, and ``leases.lock_job`` elsewhere): a
+``execution.statements.group_fence_scopes_and_policies``, and ``leases.lock_job`` elsewhere): a
 worker whose lease expired matches no row and writes nothing for that job.
 """
 
@@ -84,6 +88,22 @@ TRANSITIONS: dict[JobEvent, tuple[frozenset[str], str]] = {
 }
 
 
+# A state no event leaves is final (``done``, ``dead``): the job's work is
+# over. Every other state is open. The SQL that tests for either
+# (``sql.sweep_finish_if_drained``, admission's open-elsewhere test) takes
+# the sets from here.
+FINAL_STATES: frozenset[str] = frozenset(target for _, target in TRANSITIONS.values()) - frozenset(
+    state for sources, _ in TRANSITIONS.values() for state in sources
+)
+OPEN_STATES: tuple[str, ...] = tuple(state for state in JobState.values if state not in FINAL_STATES)
+
+
+def state_after(event: JobEvent) -> str:
+    """The state ``event`` leads to (the table's last column), for SQL that
+    tells one transition's rows from another's (``execution.statements.group_jobs_advance``)."""
+    return TRANSITIONS[event][1]
+
+
 class TransitionRefused(ValueError):
     """A transition the table does not allow (a programming error, never an operator's)."""
 
@@ -111,7 +131,7 @@ def outcome_when_finished(*, fixed: str = "", rows_deleted: int, rows_held: int)
 
 @dataclass
 class JobAdvance:
-    """One job's write at the end of a batch transaction (``sql.ADVANCE_COLUMNS``)."""
+    """One job's write at the end of a batch transaction (``execution.statements.ADVANCE_COLUMNS``)."""
 
     job_id: int
     new_cursor: int

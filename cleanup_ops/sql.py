@@ -1,4 +1,4 @@
-"""The pipeline's raw SQL, by name, and its vendor switch.
+"""The pipeline's raw SQL, by name, its vendor switch and how a statement is composed.
 
 Why raw SQL at all: on the per-batch path every statement counts (an ORM query
 that builds model instances costs several plain round trips), and a few
@@ -8,13 +8,22 @@ else (admission's bulk insert, the admin, the API) uses the ORM.
 
 Each statement is a function named after what it does, returning the SQL text
 with ``%s`` placeholders; the callers pass the parameters. Table and column
-names come from the models' ``_meta``, never from input. The PostgreSQL/SQLite
-differences *in a statement's text* live in the small ``vendor`` helpers
-below: SQLite is the embedded demo database, it serialises writers, so its row
-locks are simply left out. Where the two databases take a different *path*
-(another statement, or none), the caller branches on ``is_postgres()``
-itself; today ``execution/batches.py``, ``execution/leases.py``,
-``downstream/purge.py``, ``selectors.py`` and ``health.py`` do.
+names come from the models' ``_meta``, never from input, and go into the text
+as identifiers (``compose``; the purge's, admission's, rate limits' and
+console figures' builders still interpolate them as f-strings). Here are the
+statements several packages run (sweeps, purge, admission, rate limits,
+console figures) and the helpers every statement is built with; the batch
+transaction's own are in ``execution/statements.py`` and the lease's in
+``execution/leases.py``, next to their only caller.
+
+The PostgreSQL/SQLite differences *in a statement's text* live in the small
+vendor helpers below (and in the builders that use them, here and in
+``execution/statements.py``): SQLite is the embedded demo database, it
+serialises writers, so its row locks are simply left out. Where the two
+databases take a different *path* (another statement, or none), the caller
+branches on ``is_postgres()`` itself; today ``execution/batches.py``,
+``execution/candidates.py``, ``execution/leases.py``, ``execution/runner.py``,
+``downstream/purge.py``, ``ratelimit.py``, ``selectors.py`` and ``health.py`` do.
 
 The ledger insert stays a named statement: through the ORM it would build a
 model instance per batch for nothing.
@@ -22,13 +31,15 @@ model instance per batch for nothing.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+import functools
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, ParamSpec
 
 from django.db import connection
+from psycopg import sql as pg
 
+from cleanup_ops.lifecycle import OPEN_STATES, JobEvent, state_after
 from cleanup_ops.models import (
-    OPEN_STATES,
     CleanupJob,
     DeadLetter,
     DeadLetterStatus,
@@ -42,7 +53,7 @@ from cleanup_ops.models import (
     SweepStatus,
 )
 from retention.domain import portfolio_model, property_model, property_portfolio_column
-from retention.models import LegalHold, PolicyVersion, RetentionPolicy
+from retention.models import PolicyVersion, RetentionPolicy
 from retention.registry import RecordKindSpec
 
 JOB = CleanupJob._meta.db_table
@@ -60,8 +71,7 @@ PROPERTY_PORTFOLIO = property_portfolio_column()
 POLICY = RetentionPolicy._meta.db_table
 VERSION = PolicyVersion._meta.db_table
 
-# pg_advisory_xact_lock(namespace, stripe) around a lease's cap check.
-LEASE_LOCK_NAMESPACE = 7401
+P = ParamSpec("P")
 
 
 # --- Vendor switches ------------------------------------------------------------
@@ -96,57 +106,175 @@ def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: An
         return fresh.fetchall() if fresh.description else []
 
 
-# --- Leases and fencing ---------------------------------------------------------
+# --- Composition -----------------------------------------------------------------
+# Names go into a statement through ``psycopg.sql``: a template with ``{name}``
+# fields, each table or column name an ``Identifier`` (quoted), each fragment
+# our code wrote (a vendor switch, a record kind's predicate) plain ``SQL``.
 
 
-def lease_cap_lock() -> str:
-    """Serialises the cap check and the claim of one portfolio's stripe (PostgreSQL only)."""
-    return "SELECT pg_advisory_xact_lock(%s, %s)"
+# The tables and columns above, as identifiers every template may name
+# (``{job}``, ``{property_pk}`` …).
+NAMES: dict[str, pg.Identifier] = {
+    "job": pg.Identifier(JOB),
+    "sweep": pg.Identifier(SWEEP),
+    "ledger": pg.Identifier(LEDGER),
+    "letter": pg.Identifier(LETTER),
+    "property": pg.Identifier(PROPERTY),
+    "portfolio": pg.Identifier(PORTFOLIO),
+    "property_pk": pg.Identifier(PROPERTY_PK),
+    "portfolio_pk": pg.Identifier(PORTFOLIO_PK),
+    "property_portfolio": pg.Identifier(PROPERTY_PORTFOLIO),
+    "policy": pg.Identifier(POLICY),
+    "version": pg.Identifier(VERSION),
+}
+
+
+def ident(*names: str) -> pg.Identifier:
+    """A table or column name (several: ``table.column``), quoted in the text."""
+    return pg.Identifier(*names)
+
+
+def compose(template: str, **parts: str | pg.Composable) -> str:
+    """``template`` with its ``{field}``s filled, as text: an identifier
+    (``ident``, ``NAMES``) quoted, a string taken as the SQL fragment it is.
+
+    Rendered without a connection (``as_string(None)``, psycopg ≥ 3.2): the
+    double-quoted identifiers PostgreSQL's own quoting gives, which SQLite
+    (the demo, fed the text by Django) reads the same way. ``%s`` and
+    ``%(name)s`` placeholders pass through untouched."""
+    fields = {name: value if isinstance(value, pg.Composable) else pg.SQL(value) for name, value in parts.items()}
+    return pg.SQL(template).format(**{**NAMES, **fields}).as_string(None)
+
+
+def statement(build: Callable[P, str]) -> Callable[P, str]:
+    """A statement builder whose text is composed once per shape: cached on
+    its (hashable) arguments and the database's vendor, so a batch pays a
+    dictionary lookup, not a composition, per statement."""
+
+    def compose_for(vendor: str, *args: Any, **kwargs: Any) -> str:
+        return build(*args, **kwargs)
+
+    composed: Callable[..., str] = functools.cache(compose_for)
+
+    @functools.wraps(build)
+    def text(*args: P.args, **kwargs: P.kwargs) -> str:
+        return composed(connection.vendor, *args, **kwargs)
+
+    return text
+
+
+# One transaction over one or several partitions. Every statement takes named
+# parameters; the list of partitions is a table ``g`` (``rows_cte``): on
+# PostgreSQL one array parameter per column through ``unnest``, so the text is
+# the same whatever the number of partitions (psycopg parses it once and
+# caches it) and a group of 100 partitions quotes six arrays, not 600 values;
+# on SQLite (the demo) a ``VALUES`` list with one named parameter per cell.
+# PostgreSQL needs the types spelled out; SQLite must not get them (its CAST
+# to an unknown type name would turn a timestamp into a number).
+
+Columns = Sequence[tuple[str, str]]  # (name, PostgreSQL type)
+
+
+def typed(sql_type: str) -> str:
+    return f"CAST(%s AS {sql_type})" if is_postgres() else "%s"
+
+
+def values_list(rows: int, types: Sequence[str]) -> str:
+    row = "(" + ", ".join(typed(t) for t in types) + ")"
+    return ", ".join([row] * rows)
+
+
+def rows_cte(name: str, columns: Columns, rows: int) -> str:
+    """``name(col, …) AS (…)``, the body of a ``WITH`` over ``rows`` rows;
+    ``rows_params`` gives its parameters."""
+    names = ", ".join(column for column, _ in columns)
+    if is_postgres():
+        arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
+        return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
+    cells = ("(" + ", ".join(f"%({name}_{column}_{i})s" for column, _ in columns) + ")" for i in range(rows))
+    return f"{name}({names}) AS (VALUES {', '.join(cells)})"
+
+
+def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
+    """The parameters of ``rows_cte(name, columns, len(rows))``: each row an
+    object with an attribute (or a mapping with a key) per column."""
+
+    def cell(row: Any, column: str) -> Any:
+        return row[column] if isinstance(row, Mapping) else getattr(row, column)
+
+    if is_postgres():
+        return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
+    return {f"{name}_{column}_{i}": cell(row, column) for i, row in enumerate(rows) for column, _ in columns}
+
+
+def any_of(name: str, sql_type: str, values: int) -> str:
+    """``= ANY(array)`` on PostgreSQL, ``IN (…)`` on SQLite; ``any_params`` gives the parameters."""
+    if is_postgres():
+        return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
+    return "IN (" + ", ".join(f"%({name}_{i})s" for i in range(values)) + ")"
+
+
+def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
+    if is_postgres():
+        return {name: list(values)}
+    return {f"{name}_{i}": value for i, value in enumerate(values)}
+
+
+def named(statement: str, params: Sequence[Any], *, prefix: str) -> tuple[str, dict[str, Any]]:
+    """A fragment written with ``%s`` placeholders (the eligibility predicate)
+    turned into named ones, ``%(prefix_0)s`` …, for a statement that names its
+    parameters."""
+    parts = statement.split("%s")
+    if len(parts) - 1 != len(params):
+        raise ValueError(f"{prefix}: {len(parts) - 1} placeholders for {len(params)} parameters")
+    text = parts[0] + "".join(f"%({prefix}_{i})s{part}" for i, part in enumerate(parts[1:]))
+    return text, {f"{prefix}_{i}": value for i, value in enumerate(params)}
+
+
+# --- Health ---------------------------------------------------------------------
 
 
 def max_locks_per_transaction() -> str:
     return "SELECT current_setting('max_locks_per_transaction')::integer"
 
 
-def job_lock_fenced() -> str:
-    """The job's cursor, row-locked, only while our lease token is valid: a
-    worker whose lease expired gets no row and commits nothing."""
-    return (
-        f"SELECT cursor FROM {JOB} WHERE id = %s AND state = %s AND lease_token = %s"
-        f" AND lease_expires_at > %s{for_update()}"
-    )
-
-
-def job_finish() -> str:
-    return (
-        f"UPDATE {JOB} SET state = %s, outcome = %s, finished_at = %s, lease_token = NULL,"
-        f" lease_owner = '', lease_expires_at = NULL WHERE id = %s"
-    )
-
-
 # --- Sweeps ---------------------------------------------------------------------
 
 
+@statement
 def sweep_lock_running() -> str:
     """Lock a running sweep's row (no row: not running). Parameters: ``sweep``."""
-    return f"SELECT id FROM {SWEEP} WHERE id = %(sweep)s AND status = '{SweepStatus.RUNNING}'{for_update()}"
+    return compose(
+        "SELECT id FROM {sweep} WHERE id = %(sweep)s AND status = {running}{lock}",
+        running=pg.Literal(SweepStatus.RUNNING.value),
+        lock=for_update(),
+    )
 
 
+@statement
 def sweep_finish_if_drained() -> str:
     """Finish the sweep if none of its jobs is open: drained, or drained with
     dead letters when one of its jobs is dead and not redriven (a redriven
     job's work is its redrive's: once that is done, the sweep is drained).
     Run after ``sweep_lock_running`` in the same transaction (a statement of
     its own, so its snapshot is taken once the lock is held). Parameters:
-    ``sweep``, ``now``."""
-    open_states = ", ".join(f"'{state}'" for state in OPEN_STATES)
-    return (
-        f"UPDATE {SWEEP} SET finished_at = %(now)s, status = CASE WHEN EXISTS (SELECT 1 FROM {JOB} j"
-        f" WHERE j.sweep_id = %(sweep)s AND j.state = '{JobState.DEAD}' AND NOT EXISTS (SELECT 1 FROM {LETTER} d"
-        f" WHERE d.job_id = j.id AND d.status = '{DeadLetterStatus.REDRIVEN}'))"
-        f" THEN '{SweepStatus.DRAINED_WITH_DEAD_LETTERS}' ELSE '{SweepStatus.DRAINED}' END"
-        f" WHERE id = %(sweep)s AND NOT EXISTS (SELECT 1 FROM {JOB} j WHERE j.sweep_id = %(sweep)s"
-        f" AND j.state IN ({open_states}))"
+    ``sweep``, ``now``.
+
+    The job states come from ``lifecycle.TRANSITIONS``: open is every state
+    some event leaves (``lifecycle.OPEN_STATES``), dead the one *fail* leads
+    to. Which sweep status follows is the sweep's own rule, stated here."""
+    return compose(
+        "UPDATE {sweep} SET finished_at = %(now)s, status = CASE WHEN EXISTS (SELECT 1 FROM {job} j"
+        " WHERE j.sweep_id = %(sweep)s AND j.state = {dead} AND NOT EXISTS (SELECT 1 FROM {letter} d"
+        " WHERE d.job_id = j.id AND d.status = {redriven}))"
+        " THEN {with_dead_letters} ELSE {drained} END"
+        " WHERE id = %(sweep)s AND NOT EXISTS (SELECT 1 FROM {job} j WHERE j.sweep_id = %(sweep)s"
+        " AND j.state IN ({open}))",
+        dead=pg.Literal(state_after(JobEvent.FAIL)),
+        redriven=pg.Literal(DeadLetterStatus.REDRIVEN.value),
+        with_dead_letters=pg.Literal(SweepStatus.DRAINED_WITH_DEAD_LETTERS.value),
+        drained=pg.Literal(SweepStatus.DRAINED.value),
+        open=pg.SQL(", ").join(pg.Literal(state) for state in OPEN_STATES),
     )
 
 
@@ -470,534 +598,3 @@ def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
         " SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)"
         f"{source} GROUP BY c.portfolio_id"
     )
-
-
-# --- The multi-partition batch --------------------------------------------------
-# One transaction over one or several partitions. Every statement takes named
-# parameters; the list of partitions is a table ``g`` (``rows_cte``): on
-# PostgreSQL one array parameter per column through ``unnest``, so the text is
-# the same whatever the number of partitions (psycopg parses it once and
-# caches it) and a group of 100 partitions quotes six arrays, not 600 values;
-# on SQLite (the demo) a ``VALUES`` list with one named parameter per cell.
-# PostgreSQL needs the types spelled out; SQLite must not get them (its CAST
-# to an unknown type name would turn a timestamp into a number).
-
-Columns = Sequence[tuple[str, str]]  # (name, PostgreSQL type)
-
-
-def typed(sql_type: str) -> str:
-    return f"CAST(%s AS {sql_type})" if is_postgres() else "%s"
-
-
-def values_list(rows: int, types: Sequence[str]) -> str:
-    row = "(" + ", ".join(typed(t) for t in types) + ")"
-    return ", ".join([row] * rows)
-
-
-def rows_cte(name: str, columns: Columns, rows: int) -> str:
-    """``name(col, …) AS (…)``, the body of a ``WITH`` over ``rows`` rows;
-    ``rows_params`` gives its parameters."""
-    names = ", ".join(column for column, _ in columns)
-    if is_postgres():
-        arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
-        return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
-    cells = ("(" + ", ".join(f"%({name}_{column}_{i})s" for column, _ in columns) + ")" for i in range(rows))
-    return f"{name}({names}) AS (VALUES {', '.join(cells)})"
-
-
-def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
-    """The parameters of ``rows_cte(name, columns, len(rows))``: each row an
-    object with an attribute (or a mapping with a key) per column."""
-
-    def cell(row: Any, column: str) -> Any:
-        return row[column] if isinstance(row, Mapping) else getattr(row, column)
-
-    if is_postgres():
-        return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
-    return {f"{name}_{column}_{i}": cell(row, column) for i, row in enumerate(rows) for column, _ in columns}
-
-
-def any_of(name: str, sql_type: str, values: int) -> str:
-    """``= ANY(array)`` on PostgreSQL, ``IN (…)`` on SQLite; ``any_params`` gives the parameters."""
-    if is_postgres():
-        return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
-    return "IN (" + ", ".join(f"%({name}_{i})s" for i in range(values)) + ")"
-
-
-def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
-    if is_postgres():
-        return {name: list(values)}
-    return {f"{name}_{i}": value for i, value in enumerate(values)}
-
-
-def named(statement: str, params: Sequence[Any], *, prefix: str) -> tuple[str, dict[str, Any]]:
-    """A fragment written with ``%s`` placeholders (the eligibility predicate)
-    turned into named ones, ``%(prefix_0)s`` …, for a statement that names its
-    parameters."""
-    parts = statement.split("%s")
-    if len(parts) - 1 != len(params):
-        raise ValueError(f"{prefix}: {len(parts) - 1} placeholders for {len(params)} parameters")
-    text = parts[0] + "".join(f"%({prefix}_{i})s{part}" for i, part in enumerate(parts[1:]))
-    return text, {f"{prefix}_{i}": value for i, value in enumerate(params)}
-
-
-FENCE_COLUMNS = "id, cursor, rows_deleted, rows_held"
-
-SCOPE_COLUMNS: Columns = (
-    ("job_id", "bigint"),
-    ("property_id", "bigint"),
-    ("portfolio_id", "bigint"),
-    ("record_kind", "varchar"),
-)
-
-
-def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = False) -> str:
-    """Steps a-c of the batch for a group, in one statement. The fence ``f``:
-    those of the group's jobs whose lease is still ours — cursor and the
-    totals so far (the finishing outcome is decided from them) — rows locked
-    in id order (two groups never wait on each other in a cycle). The scope
-    ``s``: property and portfolio rows ``FOR SHARE`` (the hold race) in
-    property id order, and each job's active policy version. ``s`` is locked
-    after a sort over a join that reads ``f`` whole, so every job row is
-    locked before any property or portfolio row. Per job still ours: id,
-    cursor, rows deleted, rows held, whether its scope exists, and the
-    version (id, days, enabled, batch size; NULLs when none). On SQLite the
-    same statement without the locks. Parameters: ``g`` (``SCOPE_COLUMNS``),
-    ``ids`` (``any_params``), ``state``, ``token``, ``now``, ``approved``.
-
-    ``portfolio_partitions``: the group has jobs of a kind without a
-    property (``property_id`` NULL). Their scope is the portfolio row alone,
-    locked ``FOR SHARE`` by a second scope CTE (in portfolio id order, after
-    the property jobs' rows); a group without such jobs gets the text above
-    unchanged."""
-    materialized = "MATERIALIZED " if is_postgres() else ""
-    scopes = "s"
-    portfolio_scope = ""
-    if portfolio_partitions:
-        scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t) s"
-        portfolio_scope = (
-            f", t AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
-            f" FROM g JOIN f ON f.id = g.job_id"
-            f" JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = g.portfolio_id AND g.property_id IS NULL"
-            f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = g.record_kind"
-            f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-            f" ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')})"
-        )
-    return (
-        f"WITH {rows_cte('g', SCOPE_COLUMNS, jobs)},"
-        f" f AS {materialized}(SELECT {FENCE_COLUMNS} FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
-        f" AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s"
-        f" ORDER BY id{for_update()}),"
-        f" s AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
-        f" FROM g JOIN f ON f.id = g.job_id"
-        f" JOIN {PROPERTY} p ON p.{PROPERTY_PK} = g.property_id"
-        f" JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO} AND po.{PORTFOLIO_PK} = g.portfolio_id"
-        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = g.record_kind"
-        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}){portfolio_scope}"
-        f" SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
-        f" s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id ORDER BY f.id"
-    )
-
-
-def ledger_lookup(operations: int) -> str:
-    """Parameters: ``ops`` (``any_params``)."""
-    return f"SELECT operation_id, last_id FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"
-
-
-POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", "bigint"), ("record_kind", "varchar"))
-
-
-def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
-    """Lock, then read: the policy decision of the batch, read by a statement
-    that starts once every scope lock is held (``group_fence_scopes_and_policies``
-    took them), so under READ COMMITTED it sees every version approved before
-    those locks were granted — and approving takes the portfolio row
-    ``FOR UPDATE``, so none can commit after them until the batch does. In
-    the same round trip, the replay lookup of the operation ids computed from
-    the first statement's reading of the policy (the caller looks again in
-    the rare case the two readings differ). Rows: (job id, version id, days,
-    enabled, batch size, NULL, NULL) per job, then (NULL, …, operation id,
-    last id) per ledger row found. Parameters: ``p`` (``POLICY_COLUMNS``),
-    ``ops`` (``any_params``), ``approved``."""
-    return (
-        f"WITH {rows_cte('p', POLICY_COLUMNS, jobs)}"
-        f" SELECT p.job_id, v.id, v.retention_days, v.enabled, v.batch_size,"
-        f" CAST(NULL AS varchar), CAST(NULL AS bigint) FROM p"
-        f" LEFT JOIN {POLICY} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = p.record_kind"
-        f" LEFT JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        f" UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, operation_id, last_id FROM {LEDGER}"
-        f" WHERE operation_id {any_of('ops', 'varchar', operations)}"
-    )
-
-
-def _next_candidates(spec: RecordKindSpec) -> str:
-    """The ids of one partition's next candidates after its cursor (the keyset walk).
-    Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
-    pk = spec.pk_column
-    partition = spec.in_partition("r", property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
-    return (
-        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE {partition} AND {spec.after('r', '%(after_id)s')}"
-        f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('%(cutoff)s')}"
-        f" ORDER BY {spec.keyset_order('r')} LIMIT %(lim)s"
-    )
-
-
-def partition_candidates(spec: RecordKindSpec) -> str:
-    """One partition's next candidates after its cursor: (count, last id, the
-    ids — PostgreSQL, for ``group_delete``; NULL on SQLite). Parameters:
-    ``_next_candidates``'s."""
-    ids = "ARRAY_AGG(c.id)" if is_postgres() else "NULL"
-    return f"SELECT COUNT(*), {spec.max_key('c.id')}, {ids} FROM ({_next_candidates(spec)}) c"
-
-
-def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
-    """PostgreSQL: one partition's next candidates and the DELETE of those the
-    eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
-    admits, in one statement. The DELETE re-tests the scope (property and
-    portfolio) as well as the predicate: a row the application moved while
-    the DELETE waited for its row lock is re-checked by PostgreSQL as it is
-    now, and no longer matches. The rows a hold kept are counted from the
-    holds, never as candidates minus deleted (a row the application
-    extended or deleted meanwhile was kept by nobody): every candidate under
-    a hold over the partition's whole scope, else the candidates with a
-    record hold (``CASE`` reads only the branch it takes). Returns a row
-    (candidates, last candidate id, held, NULL), then per deleted record
-    (NULL, NULL, record id, document id or NULL). The candidates are read
-    once (a CTE used twice is materialised), planned with the partition's
-    own values: the keyset walk. Parameters: ``_next_candidates``'s,
-    ``portfolio_id``, ``kind`` and the predicate's."""
-    table, pk = spec.table, spec.pk_column
-    holds = LegalHold._meta.db_table
-    document = f"{table}.{spec.attachment_column}" if spec.attachment_column else "NULL"
-    hold_property = (
-        "(h.property_id IS NULL OR h.property_id = %(property_id)s)" if spec.has_property else "h.property_id IS NULL"
-    )
-    scope = (
-        "h.released_at IS NULL AND h.portfolio_id = %(portfolio_id)s"
-        f" AND {hold_property}"
-        " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
-    )
-    held = (
-        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {_scope_wide(spec)})"
-        " THEN (SELECT COUNT(*) FROM c)"
-        f" ELSE (SELECT COUNT(DISTINCT c.id) FROM {holds} h JOIN c ON c.id = {_hold_key(spec)} WHERE {scope}) END"
-    )
-    # The record's scope as it is now (the property through its path).
-    # Not an index condition (see group_delete): fewer paths to plan.
-    portfolio = f"({table}.{spec.portfolio_column} = %(portfolio_id)s) IS TRUE"
-    if spec.has_property:
-        in_property = spec.in_partition(table, property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
-        rescope = f"{in_property} AND {portfolio}"
-    else:
-        rescope = portfolio
-    # A non-integer key: the ids and the held count share a text column.
-    record, held_cell = ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", f"CAST(({held}) AS text)")
-    return (
-        f"WITH c AS ({_next_candidates(spec)}),"
-        f" d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id"
-        f" AND {rescope}"
-        f" AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
-        f" SELECT (SELECT COUNT(*) FROM c), (SELECT {spec.max_key('c.id')} FROM c),"
-        f" {held_cell}, CAST(NULL AS text)"
-        f" UNION ALL SELECT NULL, NULL, {record}, d.document_id FROM d"
-    )
-
-
-def _scope_wide(spec: RecordKindSpec) -> str:
-    """A hold (alias ``h``) that names no record."""
-    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
-
-
-def _hold_key(spec: RecordKindSpec) -> str:
-    """The record a record hold (alias ``h``) names, as the key's type."""
-    return "h.record_id" if spec.integer_key else spec.key_param("h.record_key")
-
-
-CANDIDATE_COLUMNS: Columns = (
-    ("ord", "integer"),
-    ("job_id", "bigint"),
-    ("property_id", "bigint"),
-    ("after_id", "bigint"),
-    ("cutoff", "timestamptz"),
-    ("lim", "integer"),
-)
-
-
-def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
-    """Candidates of several partitions of one kind, in one statement, reading
-    no more than one batch of rows in all.
-
-    Per partition (in the listed order ``ord``): the next candidate ids after
-    its cursor (an index range scan, ``LIMIT`` per partition), and over all of
-    them a global ``LIMIT``: a lateral join is a nested loop over the list in
-    its order, so the scan stops once one batch (plus one row) is found
-    instead of counting a full batch for every partition leased. Returns
-    (ord, job id, rows returned, candidates, last candidate id, the candidate
-    ids — what ``group_delete`` deletes from); when the
-    global limit was reached the partition with the highest ``ord`` may be
-    cut short and is not counted this time. Parameters: ``g``
-    (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
-    batch size), ``budget`` (the global limit)."""
-    pk = spec.pk_column
-    partition = spec.in_partition("r", property_sql="g.property_id", portfolio_sql="g.portfolio_id")
-    return (
-        f"WITH {rows_cte('g', candidate_columns(spec), jobs)}"
-        f" SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), {spec.max_key('x.id')},"
-        f" ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL) FROM ("
-        f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
-        f"SELECT r.{pk} AS id FROM {spec.table} r WHERE {partition} AND {spec.after('r', 'g.after_id')}"
-        f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
-        f" ORDER BY {spec.keyset_order('r')} LIMIT g.lim) c ON true"
-        f" LIMIT %(budget)s) x GROUP BY x.ord, x.job_id"
-    )
-
-
-def candidate_columns(spec: RecordKindSpec) -> Columns:
-    """``CANDIDATE_COLUMNS`` for ``spec``: the same for an integer key and a
-    property; a text cursor for other keys, and the portfolio for a kind
-    partitioned by it."""
-    if spec.integer_key and spec.has_property:
-        return CANDIDATE_COLUMNS
-    after = ("after_id", spec.key_sql_type())
-    columns = [after if name == "after_id" else (name, kind) for name, kind in CANDIDATE_COLUMNS]
-    return (*columns, ("portfolio_id", "bigint"))
-
-
-def delete_columns(spec: RecordKindSpec) -> Columns:
-    """``DELETE_COLUMNS`` for ``spec`` (the cursor range as text for a non-integer key)."""
-    if spec.integer_key:
-        return DELETE_COLUMNS
-    key = spec.key_sql_type()
-    return tuple((name, key if name in ("after_id", "last_id") else kind) for name, kind in DELETE_COLUMNS)
-
-
-DELETE_COLUMNS: Columns = (
-    ("property_id", "bigint"),
-    ("portfolio_id", "bigint"),
-    ("after_id", "bigint"),
-    ("last_id", "bigint"),
-    ("cutoff", "timestamptz"),
-)
-
-
-def _in_range(spec: RecordKindSpec, alias: str) -> str:
-    partition = spec.in_partition(alias, property_sql="g.property_id", portfolio_sql="g.portfolio_id")
-    return f"{partition} AND {spec.after(alias, 'g.after_id')} AND {spec.at_most(alias, 'g.last_id')}"
-
-
-def _partition_of_g(spec: RecordKindSpec) -> str:
-    """What names a partition of ``g`` in the rows returned: its property, or its portfolio without one."""
-    return "g.property_id" if spec.has_property else "g.portfolio_id"
-
-
-def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
-    """SQLite: per partition of ``g`` (``DELETE_COLUMNS``), the rows of its
-    candidate range past its cutoff, and of those the ones an active hold
-    covers, counted just before the DELETE (one writer at a time). Rows:
-    (property id, candidates, held). Parameter: ``kind``."""
-    in_range = f"{_in_range(spec, 'r')} AND r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
-    return (
-        f"WITH {rows_cte('g', delete_columns(spec), jobs)} SELECT {_partition_of_g(spec)},"
-        f" (SELECT COUNT(*) FROM {spec.table} r WHERE {in_range}) AS n, {_held_in(spec, in_range)} AS held"
-        " FROM g"
-    )
-
-
-def _hold_scope(spec: RecordKindSpec) -> str:
-    hold_property = (
-        "(h.property_id IS NULL OR h.property_id = g.property_id)" if spec.has_property else "h.property_id IS NULL"
-    )
-    return (
-        "h.released_at IS NULL AND h.portfolio_id = g.portfolio_id"
-        f" AND {hold_property}"
-        " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
-    )
-
-
-def _held_in(spec: RecordKindSpec, rows: str) -> str:
-    """Of the rows of ``spec``'s table (alias ``r``) matching ``rows``, those an
-    active hold of partition ``g``'s scope covers, counted from the holds: a
-    hold over the whole scope holds every such row; otherwise the record
-    holds of that scope whose record matches (a handful, however many
-    rows). ``CASE`` evaluates only the branch it takes, so without a
-    scope-wide hold the rows are not read again."""
-    holds, table, pk = LegalHold._meta.db_table, spec.table, spec.pk_column
-    scope = _hold_scope(spec)
-    return (
-        f"CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {_scope_wide(spec)})"
-        f" THEN (SELECT COUNT(*) FROM {table} r WHERE {rows})"
-        f" ELSE (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = {_hold_key(spec)}"
-        f" WHERE {scope} AND {rows}) END"
-    )
-
-
-def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
-    """Delete the eligible rows of every partition's candidates; returns one
-    row per deleted record: (property id — a group holds one job per
-    property and kind —, document id, record id, NULL) for kinds with
-    attachments (NULLs otherwise), and on PostgreSQL then one row per
-    partition with held rows (property id, NULL, NULL, held).
-
-    On PostgreSQL the DELETE takes the candidate ids the count found
-    (``ids``, every partition's), so the range is read once and deleted rows
-    can never exceed the candidates, even when the application inserted or
-    moved an old row into the range since (it is the next sweep's). Held
-    is counted in this statement's snapshot, from the holds (``_held_in``):
-    rows a hold covers, not a difference. SQLite (one writer at a time, no
-    arrays) deletes the candidate range and counts it just before
-    (``group_range_counts``). ``predicate`` is the eligibility predicate
-    over ``table`` with the cutoff ``g.cutoff``, its parameters named
-    (``named``): the hold check is inside this statement, and so is the
-    scope (property and portfolio), re-tested on a row the application
-    changed while the DELETE waited for it. Parameters: ``g``
-    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL) and the
-    predicate's."""
-    table, pk = spec.table, spec.pk_column
-    cte = f"WITH {rows_cte('g', delete_columns(spec), jobs)}"
-    returning = spec.attachment_column
-    # A non-integer key is returned as text (the cursor's form).
-    key_type = "bigint" if spec.integer_key else "text"
-    record = f"{table}.{pk}" if spec.integer_key else f"CAST({table}.{pk} AS text)"
-    extra = (
-        f"CAST({table}.{returning} AS text), {record}" if returning else f"CAST(NULL AS text), CAST(NULL AS {key_type})"
-    )
-    # ``(… = …) IS TRUE``: the same test, but not one the planner can answer
-    # from the portfolio's index — it would AND a bitmap of the portfolio's
-    # every row (half the table for a large customer) with the range's.
-    portfolio = f"({table}.{spec.portfolio_column} = g.portfolio_id) IS TRUE"
-    in_range = f"{_in_range(spec, table)} AND {portfolio} AND {predicate}"
-    if is_postgres():
-        # Which partition a deleted row was of: its property column, else
-        # (a path, no property) the partition's row of ``g`` it matched.
-        partition = f"{table}.{spec.property_column}" if spec.property_shape == "direct" else _partition_of_g(spec)
-        ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
-        past = f"r.{spec.timestamp_column} < {spec.cutoff_sql('g.cutoff')}"
-        rows = f"r.{pk} = ANY({ids}) AND {_in_range(spec, 'r')} AND {past}"
-        return (
-            f"{cte}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}) AND {in_range}"
-            f" RETURNING {partition}, {extra}),"
-            f" k AS (SELECT {_partition_of_g(spec)}, {_held_in(spec, rows)} AS held FROM g)"
-            f" SELECT d.*, CAST(NULL AS bigint) FROM d"
-            f" UNION ALL SELECT k.{_partition_of_g(spec)[2:]}, CAST(NULL AS text), CAST(NULL AS {key_type}),"
-            " CAST(k.held AS bigint)"
-            " FROM k WHERE k.held > 0"
-        )
-    partition = {
-        "direct": f"{table}.{spec.property_column}" if spec.has_property else "",
-        "path": spec.property_of(table) if spec.property_shape == "path" else "",
-        "none": f"{table}.{spec.portfolio_column}",
-    }[spec.property_shape]
-    # SQLite has no DELETE … USING and no DELETE inside a WITH.
-    return (
-        f"{cte} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
-        f" RETURNING {partition}, {extra}, NULL"
-    )
-
-
-LEDGER_COLUMNS: Columns = (
-    ("operation_id", "varchar"),
-    ("job_id", "bigint"),
-    ("portfolio_id", "bigint"),
-    ("property_id", "bigint"),
-    ("record_kind", "varchar"),
-    ("policy_version_id", "bigint"),
-    ("cutoff", "timestamptz"),
-    ("after_id", "bigint"),
-    ("last_id", "bigint"),
-    ("batch_limit", "integer"),
-    ("candidates", "integer"),
-    ("rows_deleted", "integer"),
-    ("rows_held", "integer"),
-    ("applied_at", "timestamptz"),
-)
-
-
-# A group with a non-integer kind: the ranges as text too (``retention.registry``, "Keys").
-LEDGER_KEY_COLUMNS: Columns = (*LEDGER_COLUMNS, ("after_key", "varchar"), ("last_key", "varchar"))
-
-
-def ledger_columns(*, keys: bool) -> Columns:
-    return LEDGER_KEY_COLUMNS if keys else LEDGER_COLUMNS
-
-
-def ledger_insert_many(rows: int, *, keys: bool = False) -> str:
-    """One ledger row per applied batch. Parameters: ``g`` (``ledger_columns``)."""
-    columns = ledger_columns(keys=keys)
-    names = ", ".join(column for column, _ in columns)
-    return f"WITH {rows_cte('g', columns, rows)} INSERT INTO {LEDGER} ({names}) SELECT {names} FROM g"
-
-
-ADVANCE_COLUMNS: Columns = (
-    ("job_id", "bigint"),
-    ("new_cursor", "bigint"),
-    ("add_batches", "integer"),
-    ("add_deleted", "bigint"),
-    ("add_held", "bigint"),
-    ("batch_size", "integer"),
-    ("state", "varchar"),
-    ("outcome", "varchar"),
-)
-
-
-def ledger_insert_and_jobs_advance(*, rows: int, jobs: int, keys: bool = False) -> str:
-    """PostgreSQL: the ledger rows (``l``) and the jobs' advance (``g``) in
-    one statement (a data-modifying CTE), one round trip fewer per batch
-    transaction. Parameters: those of ``ledger_insert_many`` under ``l``,
-    then ``group_jobs_advance``'s."""
-    columns = ledger_columns(keys=keys)
-    names = ", ".join(column for column, _ in columns)
-    insert = f"{rows_cte('l', columns, rows)}, written AS (INSERT INTO {LEDGER} ({names}) SELECT {names} FROM l)"
-    return group_jobs_advance(jobs).replace("WITH ", f"WITH {insert}, ", 1)
-
-
-def group_jobs_advance(jobs: int) -> str:
-    """Every job of the transaction in one statement: cursor, counts, batch
-    size (0 keeps it), and the state and outcome ``lifecycle.after_batch``
-    decided. A job still leased has its lease renewed; a finished one has it
-    cleared and its finishing time set. Parameters: ``g``
-    (``ADVANCE_COLUMNS``), ``now``, ``renew`` (the new lease expiry)."""
-    leased = f"g.state = '{JobState.LEASED}'"
-    return (
-        f"WITH {rows_cte('g', ADVANCE_COLUMNS, jobs)}"
-        f" UPDATE {JOB} SET cursor = g.new_cursor, batches = batches + g.add_batches,"
-        f" batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {JOB}.batch_size END,"
-        f" rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,"
-        f" state = g.state, outcome = g.outcome,"
-        f" finished_at = CASE WHEN {leased} THEN finished_at ELSE %(now)s END,"
-        f" lease_token = CASE WHEN {leased} THEN lease_token ELSE NULL END,"
-        f" lease_owner = CASE WHEN {leased} THEN lease_owner ELSE '' END,"
-        f" lease_expires_at = CASE WHEN {leased} THEN %(renew)s ELSE NULL END"
-        f" FROM g WHERE {JOB}.id = g.job_id RETURNING {JOB}.id, {JOB}.state, {JOB}.outcome"
-    )
-
-
-# --- Non-integer keys (``retention.registry``, "Keys") ---------------------------
-# Run only for groups with such a kind: the integer path's statements are untouched.
-
-KEY_CURSOR_COLUMNS: Columns = (("job_id", "bigint"), ("cursor_key", "varchar"))
-
-
-def jobs_cursor_keys(jobs: int) -> str:
-    """The text cursors of jobs the fence has just locked. Parameters: ``ids`` (``any_params``)."""
-    return f"SELECT id, cursor_key FROM {JOB} WHERE id {any_of('ids', 'bigint', jobs)}"
-
-
-def jobs_cursor_keys_set(jobs: int) -> str:
-    """Move the text cursors of jobs still under the fence. Parameters: ``g`` (``KEY_CURSOR_COLUMNS``)."""
-    return (
-        f"WITH {rows_cte('g', KEY_CURSOR_COLUMNS, jobs)}"
-        f" UPDATE {JOB} SET cursor_key = g.cursor_key FROM g WHERE {JOB}.id = g.job_id"
-    )
-
-
-def ledger_last_keys(operations: int) -> str:
-    """The text last ids of ledger rows being replayed. Parameters: ``ops`` (``any_params``)."""
-    return f"SELECT operation_id, last_key FROM {LEDGER} WHERE operation_id {any_of('ops', 'varchar', operations)}"
-
-
-def lease_caps_lock(stripes: int) -> str:
-    """The cap locks of several stripes, taken in stripe order
-    (PostgreSQL only; parameters: the namespace, then the stripe numbers)."""
-    rows = values_list(stripes, ["integer"])
-    return f"SELECT pg_advisory_xact_lock(CAST(%s AS integer), v.p) FROM (VALUES {rows}) AS v(p) ORDER BY v.p"

@@ -557,9 +557,9 @@ def test_a_monthly_partitioned_table_is_cleaned_by_row_deletes_pruned_to_the_par
     # The batch's candidate scan, with the cutoff a batch would have: the
     # partitions wholly after it are pruned, the others walk their copy of the index.
     spec = get_spec("meter_reading")
-    from cleanup_ops import sql
+    from cleanup_ops.execution import statements
 
-    statement = sql.partition_candidates(spec)
+    statement = statements.partition_candidates(spec)
     params = {"property_id": prop.pk, "after_id": 0, "cutoff": utc("2026-07-22T02:00:00Z"), "lim": 25}
     with connection.cursor() as cursor:
         cursor.execute("EXPLAIN " + statement, params)

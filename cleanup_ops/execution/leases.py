@@ -17,7 +17,7 @@ Protocol:
   serialise their (short) lease transactions.
 - **Fencing.** Every write to a job made under a lease first locks the job
   row *where the lease token is ours and not expired* — the batch's first
-  statement for a whole group (``sql.group_fence_scopes_and_policies``), and
+  statement for a whole group (``execution.statements.group_fence_scopes_and_policies``), and
   ``lock_job`` for the purge's cursor and the finishing writes: a worker
   whose lease expired gets no row and commits nothing for that job (a purge's
   decision about a document is fenced by the document's own lock and the
@@ -92,6 +92,45 @@ class JobLease:
     owner: str
 
 
+# --- This module's statements ---------------------------------------------------
+
+# pg_advisory_xact_lock(namespace, stripe) around a lease's cap check.
+LEASE_LOCK_NAMESPACE = 7401
+
+
+def _cap_lock() -> str:
+    """Serialises the cap check and the claim of one portfolio's stripe (PostgreSQL only)."""
+    return "SELECT pg_advisory_xact_lock(%s, %s)"
+
+
+@sql.statement
+def _caps_lock(stripes: int) -> str:
+    """The cap locks of several stripes, taken in stripe order
+    (PostgreSQL only; parameters: the namespace, then the stripe numbers)."""
+    return sql.compose(
+        "SELECT pg_advisory_xact_lock(CAST(%s AS integer), v.p) FROM (VALUES {rows}) AS v(p) ORDER BY v.p",
+        rows=sql.values_list(stripes, ["integer"]),
+    )
+
+
+@sql.statement
+def _job_lock_fenced() -> str:
+    """The job's cursor, row-locked, only while our lease token is valid: a
+    worker whose lease expired gets no row and commits nothing."""
+    return sql.compose(
+        "SELECT cursor FROM {job} WHERE id = %s AND state = %s AND lease_token = %s AND lease_expires_at > %s{lock}",
+        lock=sql.for_update(),
+    )
+
+
+@sql.statement
+def _job_finish() -> str:
+    return sql.compose(
+        "UPDATE {job} SET state = %s, outcome = %s, finished_at = %s, lease_token = NULL,"
+        " lease_owner = '', lease_expires_at = NULL WHERE id = %s"
+    )
+
+
 def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
@@ -117,7 +156,7 @@ def pause_locks(portfolio_id: int | None) -> None:
         cur.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [timeout])
         (previous, _) = cur.fetchone()
         try:
-            sql.execute(sql.lease_caps_lock(len(stripes)), [sql.LEASE_LOCK_NAMESPACE, *stripes], cur=cur)
+            sql.execute(_caps_lock(len(stripes)), [LEASE_LOCK_NAMESPACE, *stripes], cur=cur)
         finally:
             cur.execute("SELECT set_config('lock_timeout', %s, true)", [previous])
 
@@ -141,7 +180,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> JobLea
         if portfolio_id is None:
             return None
         if sql.is_postgres():
-            sql.execute(sql.lease_cap_lock(), [sql.LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
+            sql.execute(_cap_lock(), [LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
         checkpoint("lease.after_cap_lock")
         if PipelinePause.objects.covering(portfolio_id=portfolio_id).exists():
             return None
@@ -208,7 +247,7 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
         portfolios = sorted({row[1] for row in rows})
         if sql.is_postgres():
             stripes = sorted({lease_stripe(p) for p in portfolios})
-            sql.execute(sql.lease_caps_lock(len(stripes)), [sql.LEASE_LOCK_NAMESPACE, *stripes])
+            sql.execute(_caps_lock(len(stripes)), [LEASE_LOCK_NAMESPACE, *stripes])
             checkpoint("lease_group.after_stripe_locks")
             # Re-read under the locks: another worker may have taken the last
             # slot, or an operator paused a portfolio since the pick.
@@ -281,7 +320,7 @@ def job_release(*, lease: JobLease, available_at: datetime | None = None) -> boo
 def lock_job(cur: Any, *, job_id: int, lease: JobLease, now: datetime) -> int:
     """Fence: lock the job row while our lease is valid; its cursor, or ``LeaseLost``."""
     row = sql.execute(
-        sql.job_lock_fenced(), [job_id, JobState.LEASED, token_param(lease.token), db_datetime(now)], cur=cur
+        _job_lock_fenced(), [job_id, JobState.LEASED, token_param(lease.token), db_datetime(now)], cur=cur
     ).fetchone()
     if row is None:
         raise LeaseLost(job_id)
@@ -291,7 +330,7 @@ def lock_job(cur: Any, *, job_id: int, lease: JobLease, now: datetime) -> int:
 def job_finish(cur: Any, *, job_id: int, outcome: str, now: datetime) -> None:
     """Done with an outcome, lease cleared; the caller holds the fenced row lock."""
     done = next_state(JobEvent.FINISH, JobState.LEASED)
-    sql.execute(sql.job_finish(), [done, outcome, db_datetime(now), job_id], cur=cur)
+    sql.execute(_job_finish(), [done, outcome, db_datetime(now), job_id], cur=cur)
 
 
 def lease_renewal(now: datetime) -> object:

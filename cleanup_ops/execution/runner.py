@@ -25,8 +25,8 @@ import signal
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from datetime import timedelta
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
@@ -34,8 +34,9 @@ from django.db import connection
 from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.downstream.purge import PurgeProgress, purge_run
-from cleanup_ops.execution.batches import job_load, jobs_load, run_batch, run_group_batch
+from cleanup_ops.execution.batches import JobRef, PartitionStep, job_load, jobs_load, run_batch, run_group_batch
 from cleanup_ops.execution.leases import (
+    JobLease,
     group_tokens,
     group_tokens_unused,
     job_lease,
@@ -52,6 +53,7 @@ from cleanup_ops.execution.leases import (
     worker_name,
 )
 from cleanup_ops.models import CleanupJob, JobKind, JobState
+from cleanup_ops.ratelimit import Reservation
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 from retention.conf import MAX_BATCH_SIZE
@@ -258,6 +260,55 @@ class GroupSliceResult:
     out_of_time: bool = False  # the next tokens come after the slice's end: its jobs went back due now
 
 
+@dataclass
+class _Turns:
+    """Whose turn it is among a group slice's leased partitions (processor sharing)."""
+
+    pending: list[int]  # leased and not finished, in turn order
+    # How many partitions the next shared transaction covers: all of them at
+    # first (small nightly partitions all fit one batch), then twice as many
+    # as the last one took, so a backlog (a partition or two fill a batch)
+    # does not fence, lock and replay-check every leased partition for each.
+    window: int
+    large: set[int] = field(default_factory=set)  # filled their last batch
+    worked: set[int] = field(default_factory=set)  # applied a batch in this slice
+
+    def next_working(self) -> list[int]:
+        """The partitions the next transaction may cover. A partition that
+        filled its last batch takes the next one alone: fencing, locking and
+        replay-checking the whole group for it again would cost more than its batch."""
+        if self.pending[0] in self.large:
+            return self.pending[:1]
+        return [job_id for job_id in self.pending if job_id not in self.large][: self.window]
+
+    def drop(self, gone: set[int]) -> None:
+        self.pending = [job_id for job_id in self.pending if job_id not in gone]
+
+    def after(self, working: list[int], steps: dict[int, PartitionStep], applied: set[int]) -> None:
+        """Processor sharing: the partitions this transaction worked go to the
+        back, so every leased partition gets a batch before any gets a second,
+        and a large one never keeps the small ones waiting for its slice; those
+        it did not reach keep their place at the front. Finished and lost ones leave."""
+        self.large = {job_id for job_id, step in steps.items() if step.full} | (self.large - set(steps))
+        done = {job_id for job_id, step in steps.items() if step.outcome or step.lost}
+        self.worked |= applied
+        if len(working) > 1:
+            self.window = len(working) * 2 if applied >= set(working) else max(MIN_WINDOW, 2 * len(applied))
+        waiting = [job_id for job_id in self.pending if job_id not in done and job_id not in applied]
+        self.pending = waiting + [job_id for job_id in self.pending if job_id in applied and job_id not in done]
+
+    def release(self, lease: JobLease) -> None:
+        """The slice's end: worked partitions are due again now, behind every
+        waiting one; the ones this slice did not reach keep their place in the queue."""
+        if not self.pending:
+            return
+        untouched = [job_id for job_id in self.pending if job_id not in self.worked]
+        if untouched:
+            jobs_release(lease=lease, job_ids=untouched, keep_place=True)
+        if len(untouched) < len(self.pending):
+            jobs_release(lease=lease, job_ids=[job_id for job_id in self.pending if job_id in self.worked])
+
+
 def group_run_slice(
     *,
     owner: str | None = None,
@@ -293,12 +344,12 @@ def group_run_slice(
     group = jobs_lease_group(owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS)
     if group is None:
         return result
-    lease, pending = group.lease, list(group.job_ids)
+    lease, turns = group.lease, _Turns(list(group.job_ids), window=len(group.job_ids))
     # The earliest each job's lease may expire: from the lease, then from each
     # transaction that advanced it (a job a transaction did not reach keeps
     # the older expiry). A token sleep must end well before the earliest.
-    lease_until = dict.fromkeys(pending, lease_expiry_from(leased_from))
-    result.leased = len(pending)
+    lease_until = dict.fromkeys(turns.pending, lease_expiry_from(leased_from))
+    result.leased = len(turns.pending)
     # By default (the in-process drain) up to a slice's batches for each
     # partition leased, within the seconds: with processor sharing every
     # partition gets its turn inside the lease, and the drain leases and
@@ -306,28 +357,15 @@ def group_run_slice(
     # The drain's slice also ends once fewer than half of the partitions it
     # leased are left: holding on to a few large ones while other partitions
     # wait unleased would undo the processor sharing.
-    refill_below = 0 if max_batches else (len(pending) + 1) // 2
-    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(pending)
+    refill_below = 0 if max_batches else (len(turns.pending) + 1) // 2
+    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(turns.pending)
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
-    jobs = jobs_load(pending)
-    large: set[int] = set()
-    worked: set[int] = set()
-    # How many partitions the next shared transaction covers: all of them at
-    # first (small nightly partitions all fit one batch), then twice as many
-    # as the last one took, so a backlog (a partition or two fill a batch)
-    # does not fence, lock and replay-check every leased partition for each.
-    window = len(pending)
+    jobs = jobs_load(turns.pending)
     started = time.monotonic()
-    while pending:
-        # A partition that filled its last batch takes the next one alone:
-        # fencing, locking and replay-checking the whole group for it again
-        # would cost more than its batch.
-        if pending[0] in large:
-            working = pending[:1]
-        else:
-            working = [job_id for job_id in pending if job_id not in large][:window]
+    while turns.pending:
+        working = turns.next_working()
         # Tokens only for the portfolios this transaction may touch (a large
         # partition alone spends its own portfolio's token, nobody else's),
         # reserved in one statement for the instant they are there. A wait
@@ -347,24 +385,7 @@ def group_run_slice(
             result.out_of_time = True
             break
         allowed = set(grant.allowed)
-        # Partitions whose portfolio has no token by then: kept for a later
-        # transaction of this slice (or the next slice) when the next slice
-        # could sleep through their wait, else deferred until exactly when
-        # their tokens will be there.
-        left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in allowed]
-        deferred = [
-            job_id for job_id in left_out if not token_wait_next_slice(grant.wait_of(jobs[job_id].portfolio_id))
-        ]
-        working = [job_id for job_id in working if jobs[job_id].portfolio_id in allowed]
-        if deferred:
-            by_wait: dict[float, list[int]] = {}
-            for job_id in deferred:
-                by_wait.setdefault(grant.wait_of(jobs[job_id].portfolio_id), []).append(job_id)
-            for wait, ids in sorted(by_wait.items()):
-                jobs_release(lease=lease, job_ids=ids, available_at=now + timedelta(seconds=wait))
-            result.deferred_seconds = max(result.deferred_seconds, *by_wait)
-            gone = set(deferred)
-            pending = [job_id for job_id in pending if job_id not in gone]
+        working = _defer_without_tokens(working, grant, jobs=jobs, lease=lease, turns=turns, result=result, now=now)
         if not working:
             continue
         if grant.wait > 0 and not token_sleep(grant.wait):
@@ -375,10 +396,10 @@ def group_run_slice(
         try:
             steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
         except LeaseLost:
-            logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(pending))
+            logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(turns.pending))
             if allowed:
                 group_tokens_unused(allowed, touched_none=True)
-            pending = []
+            turns.pending = []
             break
         except Exception as exc:
             if allowed:
@@ -386,14 +407,16 @@ def group_run_slice(
                 group_tokens_unused(allowed, touched_none=True)
             logger.warning(
                 "cleanup group of %s jobs: %s; running them one by one",
-                len(pending),
+                len(turns.pending),
                 type(exc).__name__,
                 extra={"category": classify(exc, now=clock.now()).category},
             )
-            jobs_release(lease=lease, job_ids=pending)
+            jobs_release(lease=lease, job_ids=turns.pending)
             result.fell_back = True
-            _run_alone(pending, owner=owner, batch_size=batch_size, result=result, started=started, budget=max_seconds)
-            pending = []
+            _run_alone(
+                turns.pending, owner=owner, batch_size=batch_size, result=result, started=started, budget=max_seconds
+            )
+            turns.pending = []
             break
         result.transactions += 1
         applied = {job_id for job_id, step in steps.items() if step.applied}
@@ -403,32 +426,41 @@ def group_run_slice(
             group_tokens_unused(allowed - touched, touched_none=not touched)
         for step in steps.values():
             result.rows_deleted += step.deleted
-            if step.outcome:
-                result.finished += 1
-        large = {job_id for job_id, step in steps.items() if step.full} | (large - set(steps))
-        done = {job_id for job_id, step in steps.items() if step.outcome or step.lost}
-        worked |= applied
-        if len(working) > 1:
-            window = len(working) * 2 if applied >= set(working) else max(MIN_WINDOW, 2 * len(applied))
-        # Processor sharing: the partitions this transaction worked go to the
-        # back, so every leased partition gets a batch before any gets a
-        # second, and a large one never keeps the small ones waiting for its
-        # slice; those it did not reach keep their place at the front.
-        waiting = [job_id for job_id in pending if job_id not in done and job_id not in applied]
-        pending = waiting + [job_id for job_id in pending if job_id in applied and job_id not in done]
+            result.finished += int(bool(step.outcome))
+        turns.after(working, steps, applied)
         if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
             break
-        if len(pending) < refill_below:
+        if len(turns.pending) < refill_below:
             break
-    if pending:
-        # Worked partitions are due again now, behind every waiting one; the
-        # ones this slice did not reach keep their place in the queue.
-        untouched = [job_id for job_id in pending if job_id not in worked]
-        if untouched:
-            jobs_release(lease=lease, job_ids=untouched, keep_place=True)
-        if len(untouched) < len(pending):
-            jobs_release(lease=lease, job_ids=[job_id for job_id in pending if job_id in worked])
+    turns.release(lease)
     return result
+
+
+def _defer_without_tokens(
+    working: list[int],
+    grant: Reservation,
+    *,
+    jobs: dict[int, JobRef],
+    lease: JobLease,
+    turns: _Turns,
+    result: GroupSliceResult,
+    now: datetime,
+) -> list[int]:
+    """The partitions of ``working`` whose portfolio has its token. The
+    others are kept for a later transaction of this slice (or the next slice)
+    when the next slice could sleep through their wait, else released until
+    exactly when their tokens will be there."""
+    left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in grant.allowed]
+    deferred = [job_id for job_id in left_out if not token_wait_next_slice(grant.wait_of(jobs[job_id].portfolio_id))]
+    if deferred:
+        by_wait: dict[float, list[int]] = {}
+        for job_id in deferred:
+            by_wait.setdefault(grant.wait_of(jobs[job_id].portfolio_id), []).append(job_id)
+        for wait, ids in sorted(by_wait.items()):
+            jobs_release(lease=lease, job_ids=ids, available_at=now + timedelta(seconds=wait))
+        result.deferred_seconds = max(result.deferred_seconds, *by_wait)
+        turns.drop(set(deferred))
+    return [job_id for job_id in working if jobs[job_id].portfolio_id in grant.allowed]
 
 
 def _run_alone(

@@ -1,0 +1,597 @@
+"""The batch transaction's statements, next to their only caller (``execution.batches``).
+
+The fence with the scope locks and the policy read, the replay lookups, the
+candidates, the DELETE, the ledger insert and the jobs' advance, and the text
+cursors of non-integer keys: the statements a reader of one batch follows in
+order, apart from those other packages run (purge, admission, buckets,
+sweeps), which stay in ``cleanup_ops.sql`` with the vendor switch and the
+composition helpers these use.
+
+Every builder is a ``sql.statement``: composed with ``psycopg.sql`` (each
+table and column name an identifier, ``sql.compose``) once per shape — its
+arguments and the database — and cached, so a batch composes nothing.
+Every statement takes named parameters; the list of partitions is a table
+``g`` (``sql.rows_cte``).
+"""
+
+from __future__ import annotations
+
+from psycopg.sql import Composable, Identifier, Literal
+
+from cleanup_ops.lifecycle import JobEvent, state_after
+from cleanup_ops.sql import (
+    Columns,
+    any_of,
+    compose,
+    for_share_of,
+    for_update,
+    ident,
+    is_postgres,
+    rows_cte,
+    statement,
+)
+from retention.models import LegalHold
+from retention.registry import RecordKindSpec
+
+SCOPE_COLUMNS: Columns = (
+    ("job_id", "bigint"),
+    ("property_id", "bigint"),
+    ("portfolio_id", "bigint"),
+    ("record_kind", "varchar"),
+)
+
+
+@statement
+def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = False) -> str:
+    """Steps a-c of the batch for a group, in one statement. The fence ``f``:
+    those of the group's jobs whose lease is still ours — cursor and the
+    totals so far (the finishing outcome is decided from them) — rows locked
+    in id order (two groups never wait on each other in a cycle). The scope
+    ``s``: property and portfolio rows ``FOR SHARE`` (the hold race) in
+    property id order, and each job's active policy version. ``s`` is locked
+    after a sort over a join that reads ``f`` whole, so every job row is
+    locked before any property or portfolio row. Per job still ours: id,
+    cursor, rows deleted, rows held, whether its scope exists, and the
+    version (id, days, enabled, batch size; NULLs when none). On SQLite the
+    same statement without the locks. Parameters: ``g`` (``SCOPE_COLUMNS``),
+    ``ids`` (``any_params``), ``state``, ``token``, ``now``, ``approved``.
+
+    ``portfolio_partitions``: the group has jobs of a kind without a
+    property (``property_id`` NULL). Their scope is the portfolio row alone,
+    locked ``FOR SHARE`` by a second scope CTE (in portfolio id order, after
+    the property jobs' rows); a group without such jobs gets the text above
+    unchanged."""
+    materialized = "MATERIALIZED " if is_postgres() else ""
+    scopes = "s"
+    portfolio_scope = ""
+    if portfolio_partitions:
+        scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t) s"
+        portfolio_scope = compose(
+            ", t AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+            " FROM g JOIN f ON f.id = g.job_id"
+            " JOIN {portfolio} po ON po.{portfolio_pk} = g.portfolio_id AND g.property_id IS NULL"
+            " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
+            " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
+            " ORDER BY po.{portfolio_pk}{lock})",
+            materialized=materialized,
+            lock=for_share_of("po"),
+        )
+    return compose(
+        "WITH {g},"
+        " f AS {materialized}(SELECT id, cursor, rows_deleted, rows_held FROM {job} WHERE id {ids}"
+        " AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s"
+        " ORDER BY id{fence_lock}),"
+        " s AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+        " FROM g JOIN f ON f.id = g.job_id"
+        " JOIN {property} p ON p.{property_pk} = g.property_id"
+        " JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio} AND po.{portfolio_pk} = g.portfolio_id"
+        " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
+        " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
+        " ORDER BY p.{property_pk}{scope_lock}){portfolio_scope}"
+        " SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
+        " s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id ORDER BY f.id",
+        g=rows_cte("g", SCOPE_COLUMNS, jobs),
+        materialized=materialized,
+        ids=any_of("ids", "bigint", jobs),
+        fence_lock=for_update(),
+        scope_lock=for_share_of("p", "po"),
+        portfolio_scope=portfolio_scope,
+        scopes=scopes,
+    )
+
+
+@statement
+def ledger_lookup(operations: int) -> str:
+    """Parameters: ``ops`` (``any_params``)."""
+    return compose(
+        "SELECT operation_id, last_id FROM {ledger} WHERE operation_id {ops}",
+        ops=any_of("ops", "varchar", operations),
+    )
+
+
+POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", "bigint"), ("record_kind", "varchar"))
+
+
+@statement
+def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
+    """Lock, then read: the policy decision of the batch, read by a statement
+    that starts once every scope lock is held (``group_fence_scopes_and_policies``
+    took them), so under READ COMMITTED it sees every version approved before
+    those locks were granted — and approving takes the portfolio row
+    ``FOR UPDATE``, so none can commit after them until the batch does. In
+    the same round trip, the replay lookup of the operation ids computed from
+    the first statement's reading of the policy (the caller looks again in
+    the rare case the two readings differ). Rows: (job id, version id, days,
+    enabled, batch size, NULL, NULL) per job, then (NULL, …, operation id,
+    last id) per ledger row found. Parameters: ``p`` (``POLICY_COLUMNS``),
+    ``ops`` (``any_params``), ``approved``."""
+    return compose(
+        "WITH {p}"
+        " SELECT p.job_id, v.id, v.retention_days, v.enabled, v.batch_size,"
+        " CAST(NULL AS varchar), CAST(NULL AS bigint) FROM p"
+        " LEFT JOIN {policy} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = p.record_kind"
+        " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
+        " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, operation_id, last_id FROM {ledger}"
+        " WHERE operation_id {ops}",
+        p=rows_cte("p", POLICY_COLUMNS, jobs),
+        ops=any_of("ops", "varchar", operations),
+    )
+
+
+def _kind_names(spec: RecordKindSpec) -> dict[str, Identifier]:
+    """The record kind's table and columns as identifiers, for a template's
+    ``{table}``, ``{pk}``, ``{ts}``, ``{portfolio_col}``."""
+    return {
+        "table": ident(spec.table),
+        "pk": ident(spec.pk_column),
+        "ts": ident(spec.timestamp_column),
+        "portfolio_col": ident(spec.portfolio_column),
+    }
+
+
+def _next_candidates(spec: RecordKindSpec) -> str:
+    """The ids of one partition's next candidates after its cursor (the keyset walk).
+    Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
+    return compose(
+        "SELECT r.{pk} AS id FROM {table} r WHERE {partition} AND {after}"
+        " AND r.{ts} < {cutoff} ORDER BY {order} LIMIT %(lim)s",
+        **_kind_names(spec),
+        partition=spec.in_partition("r", property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s"),
+        after=spec.after("r", "%(after_id)s"),
+        cutoff=spec.cutoff_sql("%(cutoff)s"),
+        order=spec.keyset_order("r"),
+    )
+
+
+@statement
+def partition_candidates(spec: RecordKindSpec) -> str:
+    """One partition's next candidates after its cursor: (count, last id, the
+    ids — PostgreSQL, for ``group_delete``; NULL on SQLite). Parameters:
+    ``_next_candidates``'s."""
+    return compose(
+        "SELECT COUNT(*), {last}, {ids} FROM ({candidates}) c",
+        last=spec.max_key("c.id"),
+        ids="ARRAY_AGG(c.id)" if is_postgres() else "NULL",
+        candidates=_next_candidates(spec),
+    )
+
+
+def _scope_wide(spec: RecordKindSpec) -> str:
+    """A hold (alias ``h``) that names no record."""
+    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
+
+
+def _hold_key(spec: RecordKindSpec) -> str:
+    """The record a record hold (alias ``h``) names, as the key's type."""
+    return "h.record_id" if spec.integer_key else spec.key_param("h.record_key")
+
+
+HOLDS = ident(LegalHold._meta.db_table)
+
+
+@statement
+def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
+    """PostgreSQL: one partition's next candidates and the DELETE of those the
+    eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
+    admits, in one statement. The DELETE re-tests the scope (property and
+    portfolio) as well as the predicate: a row the application moved while
+    the DELETE waited for its row lock is re-checked by PostgreSQL as it is
+    now, and no longer matches. The rows a hold kept are counted from the
+    holds, never as candidates minus deleted (a row the application
+    extended or deleted meanwhile was kept by nobody): every candidate under
+    a hold over the partition's whole scope, else the candidates with a
+    record hold (``CASE`` reads only the branch it takes). Returns a row
+    (candidates, last candidate id, held, NULL), then per deleted record
+    (NULL, NULL, record id, document id or NULL). The candidates are read
+    once (a CTE used twice is materialised), planned with the partition's
+    own values: the keyset walk. Parameters: ``_next_candidates``'s,
+    ``portfolio_id``, ``kind`` and the predicate's."""
+    names = _kind_names(spec)
+    hold_property = (
+        "(h.property_id IS NULL OR h.property_id = %(property_id)s)" if spec.has_property else "h.property_id IS NULL"
+    )
+    scope = compose(
+        "h.released_at IS NULL AND h.portfolio_id = %(portfolio_id)s"
+        " AND {hold_property} AND (h.record_kind = '' OR h.record_kind = %(kind)s)",
+        hold_property=hold_property,
+    )
+    held = compose(
+        "CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})"
+        " THEN (SELECT COUNT(*) FROM c)"
+        " ELSE (SELECT COUNT(DISTINCT c.id) FROM {holds} h JOIN c ON c.id = {hold_key} WHERE {scope}) END",
+        holds=HOLDS,
+        scope=scope,
+        scope_wide=_scope_wide(spec),
+        hold_key=_hold_key(spec),
+    )
+    # The record's scope as it is now (the property through its path).
+    # Not an index condition (see group_delete): fewer paths to plan.
+    rescope = compose("({table}.{portfolio_col} = %(portfolio_id)s) IS TRUE", **names)
+    if spec.has_property:
+        in_property = spec.in_partition(spec.table, property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
+        rescope = f"{in_property} AND {rescope}"
+    # A non-integer key: the ids and the held count share a text column.
+    record, held_cell = ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", f"CAST(({held}) AS text)")
+    return compose(
+        "WITH c AS ({candidates}),"
+        " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id AND {rescope}"
+        " AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
+        " SELECT (SELECT COUNT(*) FROM c), (SELECT {last} FROM c), {held_cell}, CAST(NULL AS text)"
+        " UNION ALL SELECT NULL, NULL, {record}, d.document_id FROM d",
+        **names,
+        candidates=_next_candidates(spec),
+        rescope=rescope,
+        predicate=predicate,
+        document=ident(spec.table, spec.attachment_column) if spec.attachment_column else "NULL",
+        last=spec.max_key("c.id"),
+        held_cell=held_cell,
+        record=record,
+    )
+
+
+CANDIDATE_COLUMNS: Columns = (
+    ("ord", "integer"),
+    ("job_id", "bigint"),
+    ("property_id", "bigint"),
+    ("after_id", "bigint"),
+    ("cutoff", "timestamptz"),
+    ("lim", "integer"),
+)
+
+
+@statement
+def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
+    """Candidates of several partitions of one kind, in one statement, reading
+    no more than one batch of rows in all.
+
+    Per partition (in the listed order ``ord``): the next candidate ids after
+    its cursor (an index range scan, ``LIMIT`` per partition), and over all of
+    them a global ``LIMIT``: a lateral join is a nested loop over the list in
+    its order, so the scan stops once one batch (plus one row) is found
+    instead of counting a full batch for every partition leased. Returns
+    (ord, job id, rows returned, candidates, last candidate id, the candidate
+    ids — what ``group_delete`` deletes from); when the
+    global limit was reached the partition with the highest ``ord`` may be
+    cut short and is not counted this time. Parameters: ``g``
+    (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
+    batch size), ``budget`` (the global limit)."""
+    return compose(
+        "WITH {g}"
+        " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), {last},"
+        " ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL) FROM ("
+        "SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
+        "SELECT r.{pk} AS id FROM {table} r WHERE {partition} AND {after}"
+        " AND r.{ts} < {cutoff}"
+        " ORDER BY {order} LIMIT g.lim) c ON true"
+        " LIMIT %(budget)s) x GROUP BY x.ord, x.job_id",
+        **_kind_names(spec),
+        g=rows_cte("g", candidate_columns(spec), jobs),
+        last=spec.max_key("x.id"),
+        partition=spec.in_partition("r", property_sql="g.property_id", portfolio_sql="g.portfolio_id"),
+        after=spec.after("r", "g.after_id"),
+        cutoff=spec.cutoff_sql("g.cutoff"),
+        order=spec.keyset_order("r"),
+    )
+
+
+def candidate_columns(spec: RecordKindSpec) -> Columns:
+    """``CANDIDATE_COLUMNS`` for ``spec``: the same for an integer key and a
+    property; a text cursor for other keys, and the portfolio for a kind
+    partitioned by it."""
+    if spec.integer_key and spec.has_property:
+        return CANDIDATE_COLUMNS
+    after = ("after_id", spec.key_sql_type())
+    columns = [after if name == "after_id" else (name, kind) for name, kind in CANDIDATE_COLUMNS]
+    return (*columns, ("portfolio_id", "bigint"))
+
+
+def delete_columns(spec: RecordKindSpec) -> Columns:
+    """``DELETE_COLUMNS`` for ``spec`` (the cursor range as text for a non-integer key)."""
+    if spec.integer_key:
+        return DELETE_COLUMNS
+    key = spec.key_sql_type()
+    return tuple((name, key if name in ("after_id", "last_id") else kind) for name, kind in DELETE_COLUMNS)
+
+
+DELETE_COLUMNS: Columns = (
+    ("property_id", "bigint"),
+    ("portfolio_id", "bigint"),
+    ("after_id", "bigint"),
+    ("last_id", "bigint"),
+    ("cutoff", "timestamptz"),
+)
+
+
+def _in_range(spec: RecordKindSpec, alias: str) -> str:
+    partition = spec.in_partition(alias, property_sql="g.property_id", portfolio_sql="g.portfolio_id")
+    return f"{partition} AND {spec.after(alias, 'g.after_id')} AND {spec.at_most(alias, 'g.last_id')}"
+
+
+def _partition_of_g(spec: RecordKindSpec) -> str:
+    """The column of ``g`` that names a partition: its property, or its portfolio without one."""
+    return "property_id" if spec.has_property else "portfolio_id"
+
+
+def _past_cutoff(spec: RecordKindSpec) -> str:
+    """Rows of ``spec``'s table (alias ``r``) past the cutoff of partition ``g``."""
+    return compose("r.{ts} < {cutoff}", **_kind_names(spec), cutoff=spec.cutoff_sql("g.cutoff"))
+
+
+@statement
+def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
+    """SQLite: per partition of ``g`` (``DELETE_COLUMNS``), the rows of its
+    candidate range past its cutoff, and of those the ones an active hold
+    covers, counted just before the DELETE (one writer at a time). Rows:
+    (property id, candidates, held). Parameter: ``kind``."""
+    in_range = f"{_in_range(spec, 'r')} AND {_past_cutoff(spec)}"
+    return compose(
+        "WITH {g} SELECT g.{partition}, (SELECT COUNT(*) FROM {table} r WHERE {in_range}) AS n, {held} AS held FROM g",
+        **_kind_names(spec),
+        g=rows_cte("g", delete_columns(spec), jobs),
+        partition=_partition_of_g(spec),
+        in_range=in_range,
+        held=_held_in(spec, in_range),
+    )
+
+
+def _hold_scope(spec: RecordKindSpec) -> str:
+    hold_property = (
+        "(h.property_id IS NULL OR h.property_id = g.property_id)" if spec.has_property else "h.property_id IS NULL"
+    )
+    return (
+        "h.released_at IS NULL AND h.portfolio_id = g.portfolio_id"
+        f" AND {hold_property}"
+        " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
+    )
+
+
+def _held_in(spec: RecordKindSpec, rows: str) -> str:
+    """Of the rows of ``spec``'s table (alias ``r``) matching ``rows``, those an
+    active hold of partition ``g``'s scope covers, counted from the holds: a
+    hold over the whole scope holds every such row; otherwise the record
+    holds of that scope whose record matches (a handful, however many
+    rows). ``CASE`` evaluates only the branch it takes, so without a
+    scope-wide hold the rows are not read again."""
+    return compose(
+        "CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})"
+        " THEN (SELECT COUNT(*) FROM {table} r WHERE {rows})"
+        " ELSE (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = {hold_key}"
+        " WHERE {scope} AND {rows}) END",
+        **_kind_names(spec),
+        holds=HOLDS,
+        scope=_hold_scope(spec),
+        scope_wide=_scope_wide(spec),
+        hold_key=_hold_key(spec),
+        rows=rows,
+    )
+
+
+@statement
+def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
+    """Delete the eligible rows of every partition's candidates; returns one
+    row per deleted record: (property id — a group holds one job per
+    property and kind —, document id, record id, NULL) for kinds with
+    attachments (NULLs otherwise), and on PostgreSQL then one row per
+    partition with held rows (property id, NULL, NULL, held).
+
+    On PostgreSQL the DELETE takes the candidate ids the count found
+    (``ids``, every partition's), so the range is read once and deleted rows
+    can never exceed the candidates, even when the application inserted or
+    moved an old row into the range since (it is the next sweep's). Held
+    is counted in this statement's snapshot, from the holds (``_held_in``):
+    rows a hold covers, not a difference. SQLite (one writer at a time, no
+    arrays) deletes the candidate range and counts it just before
+    (``group_range_counts``). ``predicate`` is the eligibility predicate
+    over ``table`` with the cutoff ``g.cutoff``, its parameters named
+    (``named``): the hold check is inside this statement, and so is the
+    scope (property and portfolio), re-tested on a row the application
+    changed while the DELETE waited for it. Parameters: ``g``
+    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL) and the
+    predicate's."""
+    table = spec.table
+    names = _kind_names(spec)
+    # A non-integer key is returned as text (the cursor's form).
+    key_type = "bigint" if spec.integer_key else "text"
+    record = compose("{table}.{pk}" if spec.integer_key else "CAST({table}.{pk} AS text)", **names)
+    attachment = spec.attachment_column
+    extra = (
+        compose("CAST({document} AS text), {record}", document=ident(table, attachment), record=record)
+        if attachment
+        else f"CAST(NULL AS text), CAST(NULL AS {key_type})"
+    )
+    # ``(… = …) IS TRUE``: the same test, but not one the planner can answer
+    # from the portfolio's index — it would AND a bitmap of the portfolio's
+    # every row (half the table for a large customer) with the range's.
+    in_range = compose(
+        "{range} AND ({table}.{portfolio_col} = g.portfolio_id) IS TRUE AND {predicate}",
+        **names,
+        range=_in_range(spec, table),
+        predicate=predicate,
+    )
+    common: dict[str, str | Composable] = {
+        **names,
+        "g": rows_cte("g", delete_columns(spec), jobs),
+        "in_range": in_range,
+        "extra": extra,
+    }
+    if is_postgres():
+        # Which partition a deleted row was of: its property column, else
+        # (a path, no property) the partition's row of ``g`` it matched.
+        partition = (
+            ident(table, spec.property_column) if spec.property_shape == "direct" else f"g.{_partition_of_g(spec)}"
+        )
+        ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
+        rows = compose(
+            "r.{pk} = ANY({ids}) AND {range} AND {past}",
+            **names,
+            ids=ids,
+            range=_in_range(spec, "r"),
+            past=_past_cutoff(spec),
+        )
+        return compose(
+            "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}) AND {in_range}"
+            " RETURNING {partition}, {extra}),"
+            " k AS (SELECT g.{of_g}, {held} AS held FROM g)"
+            " SELECT d.*, CAST(NULL AS bigint) FROM d"
+            " UNION ALL SELECT k.{of_g}, CAST(NULL AS text), CAST(NULL AS {key_type}), CAST(k.held AS bigint)"
+            " FROM k WHERE k.held > 0",
+            **common,
+            ids=ids,
+            partition=partition,
+            of_g=_partition_of_g(spec),
+            held=_held_in(spec, rows),
+            key_type=key_type,
+        )
+    partition = {
+        "direct": ident(table, spec.property_column) if spec.has_property else "",
+        "path": spec.property_of(table) if spec.property_shape == "path" else "",
+        "none": ident(table, spec.portfolio_column),
+    }[spec.property_shape]
+    # SQLite has no DELETE … USING and no DELETE inside a WITH.
+    return compose(
+        "WITH {g} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
+        " RETURNING {partition}, {extra}, NULL",
+        **common,
+        partition=partition,
+    )
+
+
+LEDGER_COLUMNS: Columns = (
+    ("operation_id", "varchar"),
+    ("job_id", "bigint"),
+    ("portfolio_id", "bigint"),
+    ("property_id", "bigint"),
+    ("record_kind", "varchar"),
+    ("policy_version_id", "bigint"),
+    ("cutoff", "timestamptz"),
+    ("after_id", "bigint"),
+    ("last_id", "bigint"),
+    ("batch_limit", "integer"),
+    ("candidates", "integer"),
+    ("rows_deleted", "integer"),
+    ("rows_held", "integer"),
+    ("applied_at", "timestamptz"),
+)
+
+
+# A group with a non-integer kind: the ranges as text too (``retention.registry``, "Keys").
+LEDGER_KEY_COLUMNS: Columns = (*LEDGER_COLUMNS, ("after_key", "varchar"), ("last_key", "varchar"))
+
+
+def ledger_columns(*, keys: bool) -> Columns:
+    return LEDGER_KEY_COLUMNS if keys else LEDGER_COLUMNS
+
+
+def _ledger_names(keys: bool) -> str:
+    return ", ".join(column for column, _ in ledger_columns(keys=keys))
+
+
+@statement
+def ledger_insert_many(rows: int, *, keys: bool = False) -> str:
+    """One ledger row per applied batch. Parameters: ``g`` (``ledger_columns``)."""
+    return compose(
+        "WITH {g} INSERT INTO {ledger} ({columns}) SELECT {columns} FROM g",
+        g=rows_cte("g", ledger_columns(keys=keys), rows),
+        columns=_ledger_names(keys),
+    )
+
+
+ADVANCE_COLUMNS: Columns = (
+    ("job_id", "bigint"),
+    ("new_cursor", "bigint"),
+    ("add_batches", "integer"),
+    ("add_deleted", "bigint"),
+    ("add_held", "bigint"),
+    ("batch_size", "integer"),
+    ("state", "varchar"),
+    ("outcome", "varchar"),
+)
+
+
+@statement
+def ledger_insert_and_jobs_advance(*, rows: int, jobs: int, keys: bool = False) -> str:
+    """PostgreSQL: the ledger rows (``l``) and the jobs' advance (``g``) in
+    one statement (a data-modifying CTE), one round trip fewer per batch
+    transaction. Parameters: those of ``ledger_insert_many`` under ``l``,
+    then ``group_jobs_advance``'s."""
+    insert = compose(
+        "{l}, written AS (INSERT INTO {ledger} ({columns}) SELECT {columns} FROM l)",
+        l=rows_cte("l", ledger_columns(keys=keys), rows),
+        columns=_ledger_names(keys),
+    )
+    return group_jobs_advance(jobs).replace("WITH ", f"WITH {insert}, ", 1)
+
+
+@statement
+def group_jobs_advance(jobs: int) -> str:
+    """Every job of the transaction in one statement: cursor, counts, batch
+    size (0 keeps it), and the state and outcome ``lifecycle.after_batch``
+    decided. The lease columns follow that state: the state an *advance*
+    leads to (``lifecycle.TRANSITIONS``: leased → leased) keeps the lease,
+    renewed; any other is a *finish* (leased → done), which clears it and
+    sets the finishing time. Parameters: ``g`` (``ADVANCE_COLUMNS``),
+    ``now``, ``renew`` (the new lease expiry)."""
+    return compose(
+        "WITH {g}"
+        " UPDATE {job} SET cursor = g.new_cursor, batches = batches + g.add_batches,"
+        " batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {job}.batch_size END,"
+        " rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,"
+        " state = g.state, outcome = g.outcome,"
+        " finished_at = CASE WHEN {advanced} THEN finished_at ELSE %(now)s END,"
+        " lease_token = CASE WHEN {advanced} THEN lease_token ELSE NULL END,"
+        " lease_owner = CASE WHEN {advanced} THEN lease_owner ELSE '' END,"
+        " lease_expires_at = CASE WHEN {advanced} THEN %(renew)s ELSE NULL END"
+        " FROM g WHERE {job}.id = g.job_id RETURNING {job}.id, {job}.state, {job}.outcome",
+        g=rows_cte("g", ADVANCE_COLUMNS, jobs),
+        advanced=compose("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE))),
+    )
+
+
+# --- Non-integer keys (``retention.registry``, "Keys") ---------------------------
+# Run only for groups with such a kind: the integer path's statements are untouched.
+
+KEY_CURSOR_COLUMNS: Columns = (("job_id", "bigint"), ("cursor_key", "varchar"))
+
+
+@statement
+def jobs_cursor_keys(jobs: int) -> str:
+    """The text cursors of jobs the fence has just locked. Parameters: ``ids`` (``any_params``)."""
+    return compose("SELECT id, cursor_key FROM {job} WHERE id {ids}", ids=any_of("ids", "bigint", jobs))
+
+
+@statement
+def jobs_cursor_keys_set(jobs: int) -> str:
+    """Move the text cursors of jobs still under the fence. Parameters: ``g`` (``KEY_CURSOR_COLUMNS``)."""
+    return compose(
+        "WITH {g} UPDATE {job} SET cursor_key = g.cursor_key FROM g WHERE {job}.id = g.job_id",
+        g=rows_cte("g", KEY_CURSOR_COLUMNS, jobs),
+    )
+
+
+@statement
+def ledger_last_keys(operations: int) -> str:
+    """The text last ids of ledger rows being replayed. Parameters: ``ops`` (``any_params``)."""
+    return compose(
+        "SELECT operation_id, last_key FROM {ledger} WHERE operation_id {ops}",
+        ops=any_of("ops", "varchar", operations),
+    )
