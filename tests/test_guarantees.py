@@ -270,7 +270,7 @@ def partitions(request, settings, active_policy):  # type: ignore[no-untyped-def
         return
     from retention.registry import DEFAULT_RECORD_KINDS, registry_reload
 
-    from .test_record_shapes import NOTICE
+    from .record_shapes import NOTICE
 
     settings.RETENTION_RECORD_KINDS = {**DEFAULT_RECORD_KINDS, "notice": NOTICE}
     registry_reload()
