@@ -450,7 +450,7 @@ DEEP_JSON = "[" * 50_000 + "]" * 50_000
 def every_route_with(value: str) -> list[str]:
     """Each route of the resolver with ``value`` in every parameter, or (a
     route without parameters) appended to its path."""
-    from .test_route_crawler import fill, routes
+    from .route_enumeration import fill, routes
 
     urls = []
     for route in routes():
@@ -484,7 +484,7 @@ def test_an_admin_object_id_that_is_nul_is_a_400_not_a_server_error(world):
 def test_json_nested_50000_deep_posted_to_any_route_is_a_4xx_never_a_server_error(world):
     """Any logged-in user could send it: the session CSRF check parses the
     body before permissions. Every API route answers 4xx; no route 5xx."""
-    from .test_route_crawler import fill, routes
+    from .route_enumeration import fill, routes
 
     clients = [client_for(world["operator"]), client_for(User.objects.get(username="pm"))]
     before = snapshot()

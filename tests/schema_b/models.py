@@ -61,7 +61,7 @@ class SignedContract(models.Model):
         return f"signed contract {self.pk}"
 
 
-# --- Record shapes (tests/test_record_shapes.py) --------------------------------
+# --- Record shapes (tests/record_shapes.py) -------------------------------------
 # Kinds of other shapes than the demo's: a UUID key, a property reached
 # through a unit, no property, an unmanaged table made in SQL, a monthly-
 # partitioned table. Kept apart from the models above (and in migrations of
