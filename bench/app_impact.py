@@ -34,7 +34,7 @@ Phases, each from a fresh copy of the same snapshot:
 * ``idle``: the application alone (``--idle-seconds``), measured before every other
   phase and once more at the end, the windows pooled: the baseline every other phase
   is compared with (the machine's load drifts; the baseline spans the same hour);
-* ``loop``: during the plain ``DELETE`` loop (``bench.runs.run_loop``, one process);
+* ``loop``: during the plain ``DELETE`` loop (``bench.baselines.run_loop``, one process);
 * ``q2``: during ``sweep_trigger`` + ``qcluster`` with 2 workers, no rate limit;
 * ``q2lim``: the same with ``CLEANUP_RATE_GLOBAL`` / ``CLEANUP_RATE_PORTFOLIO`` set, one
   run per ``--limits`` entry ``G:P`` (batches per second; a batch is one transaction
@@ -97,9 +97,10 @@ if str(ROOT) not in sys.path:
 
 from bench import cputime
 from bench import runs as runs_module
+from bench.baselines import run_loop
 from bench.common import code_version, django_setup, log, sql
 from bench.dataset import KIND, Dataset, build_scope, kind_stats, load_records, restore, snapshot
-from bench.runs import RunResult, run_loop, run_qcluster
+from bench.runs import RunResult, run_qcluster
 from bench.statements import WATCH_ROLE, PgStats
 from harness.cpu import CpuWatch
 from harness.postgres import Cluster, ClusterError, create_database
@@ -341,7 +342,7 @@ class AppLoad:
 def wal_by_role(stats: PgStats) -> dict[str, int]:
     """WAL bytes per role in the benchmark database since the last
     ``pg_stat_statements_reset()`` (each run resets it as it starts:
-    ``bench.runs._ServerCount``). The extension lives in the admin database."""
+    ``bench.runs.ServerCount``). The extension lives in the admin database."""
     import psycopg
 
     with psycopg.connect(stats.admin, autocommit=True) as conn:
