@@ -503,7 +503,7 @@ def suite_settings(settings, store, time_machine):  # type: ignore[no-untyped-de
     history_uninstall()
 
 
-def _db_now() -> datetime:
+def db_now() -> datetime:
     observer = raw_connection()
     try:
         return observer.execute("SELECT clock_timestamp()").fetchone()[0]
@@ -544,7 +544,7 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
     world.build()
     subject = world.subject()
 
-    since = _db_now()
+    since = db_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
@@ -562,7 +562,7 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
 
     # Whatever is left runs to the end, every lease expired.
     suite_settings.CLEANUP_CHECKPOINTS = frozenset()
-    boundary = _db_now()
+    boundary = db_now()
     later = NOW + timedelta(minutes=30)
     time_machine.move_to(later, tick=False)
     cleanup_drain()

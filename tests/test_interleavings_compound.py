@@ -57,7 +57,7 @@ from .interleaving import (
     poll,
     raw_connection,
 )
-from .test_interleavings import CAP, NOW, OLD, SLOT, ScopeBusy, World, _db_now
+from .test_interleavings import CAP, NOW, OLD, SLOT, ScopeBusy, World, db_now
 from .test_live_application import FAKETIME, ROOT, SKEWED_WORKER, Writer, subprocess_env
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
@@ -104,7 +104,7 @@ def _hold_scope(scope: str, portfolio: Portfolio, prop: Property) -> dict[str, A
 def _finish(settings: Any, store: Any, time_machine: Any, since: datetime, *, frozen: datetime | None) -> None:
     """Drain what is left, every lease expired, and check every invariant."""
     settings.CLEANUP_CHECKPOINTS = frozenset()
-    boundary = _db_now()
+    boundary = db_now()
     later = (frozen or boundary) + timedelta(minutes=30)
     time_machine.move_to(later, tick=False)
     cleanup_drain()
@@ -168,7 +168,7 @@ def test_a_purge_waiting_on_another_scope_keeps_a_file_whose_other_record_goes_a
     assert "doc-x" in store.documents()
     purge_a, batch_b = job("A", JobKind.PURGE), job("B")
 
-    since = _db_now()
+    since = db_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
     # The application pins C's property row (an admin edit), before the purge decides.
     pin = Writer(("UPDATE properties_property SET name = 'Renamed' WHERE id = %s", [props["C"].pk]))
@@ -237,7 +237,7 @@ def test_a_purge_worker_whose_session_ended_while_held_deletes_no_held_file_and_
     world.build()
     subject = world.subject()
 
-    since = _db_now()
+    since = db_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
@@ -288,7 +288,7 @@ def test_a_version_approved_while_the_batch_waits_on_a_pinned_scope_row_is_obeye
     subject = world.subject()
     approve = world.act(0)
 
-    since = _db_now()
+    since = db_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
@@ -335,7 +335,7 @@ def test_a_worker_whose_clock_runs_120_seconds_ahead_takes_no_second_lease_while
         sweep_trigger(slot=SLOT + timedelta(hours=1), now=NOW + timedelta(hours=1))
     wanted = CleanupJob.objects.filter(property_id=world.a2.pk, job_kind=JobKind.DELETE).order_by("-id").first().pk
 
-    since = _db_now()
+    since = db_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
