@@ -182,17 +182,9 @@ def utc(text: str) -> datetime:
 
 def make_records(prop: Property, kind: str, count: int, *, ended: datetime) -> list[int]:
     """``count`` rows of ``kind`` in ``prop`` whose retention timestamp is ``ended``."""
-    from properties.models import Lease, MaintenanceRecord, TenantActivity
+    from properties.records import record_build
 
-    common = {"portfolio_id": prop.portfolio_id, "property_id": prop.pk}
-    if kind == "lease":
-        objs = [
-            Lease(**common, unit="1", tenant_name="T", started_on=ended.date(), ended_at=ended) for _ in range(count)
-        ]
-    elif kind == "maintenance_record":
-        objs = [MaintenanceRecord(**common, summary="s", opened_at=ended, closed_at=ended) for _ in range(count)]
-    else:
-        objs = [TenantActivity(**common, activity_type="login", occurred_at=ended) for _ in range(count)]
+    objs = [record_build(kind, portfolio_id=prop.portfolio_id, property_id=prop.pk, at=ended) for _ in range(count)]
     model = type(objs[0])
     model.objects.bulk_create(objs)
     return list(model.objects.filter(property_id=prop.pk).order_by("-id").values_list("id", flat=True)[:count])[::-1]
