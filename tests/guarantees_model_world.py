@@ -175,7 +175,7 @@ class ModelWorld(RuleBasedStateMachine):
 
     def _due(self, kind: str) -> list[int]:
         return list(
-            CleanupJob.objects.due(now=timezone.now()).filter(kind=kind).order_by("id").values_list("id", flat=True)
+            CleanupJob.objects.due(now=timezone.now()).filter(job_kind=kind).order_by("id").values_list("id", flat=True)
         )
 
     # --- the promises, after every step ---------------------------------------
