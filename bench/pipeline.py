@@ -46,8 +46,9 @@ Every run is verified: the rows deleted are exactly those the predicate
 admits (count and id sum) and every held row is still there.
 
 This file is the command line; the dataset is in ``bench/dataset.py``, the runs
-in ``bench/runs.py``, the output in ``bench/report.py``, and the PostgreSQL,
-qcluster and CPU-watch machinery in ``harness/``.
+in ``bench/runs.py`` (the DELETE loops in ``bench/baselines.py``), the output in
+``bench/report.py``, and the PostgreSQL, qcluster and CPU-watch machinery in
+``harness/``.
 """
 
 # ruff: noqa: E402 - the bench and harness imports need the repository root on sys.path first
@@ -73,6 +74,7 @@ if str(ROOT) not in sys.path:
 
 from bench import report
 from bench import runs as runs_module
+from bench.baselines import run_loop, run_loop_ranged, run_single_delete
 from bench.common import code_version, django_setup, log
 from bench.dataset import (
     NIGHTLY_PORTFOLIOS,
@@ -85,16 +87,7 @@ from bench.dataset import (
     restore,
     snapshot,
 )
-from bench.runs import (
-    RunResult,
-    admission_phase,
-    child_main,
-    run_child,
-    run_loop,
-    run_loop_ranged,
-    run_qcluster,
-    run_single_delete,
-)
+from bench.runs import RunResult, admission_phase, child_main, run_child, run_qcluster
 from bench.statements import PgStats
 from harness.cpu import CpuWatch
 from harness.postgres import Cluster, ClusterError, create_database, drop_database

@@ -36,7 +36,8 @@ from django.db.models import CharField, Value
 from django.db.models.functions import Cast, Concat
 
 from cleanup_ops.schedule import slot_current
-from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
+from properties.models import Lease, MaintenanceRecord, Portfolio, Property
+from properties.records import record_build
 from retention.models import Membership
 from retention.registry import REGISTRY
 from retention.services import (
@@ -202,38 +203,7 @@ def _make_records(
         kind = kinds[i % len(kinds)]
         # Ages up to three retention periods: about two thirds of every kind expire.
         age = timedelta(days=rng.randint(0, 3 * DEFAULT_RETENTION_DAYS[kind]), seconds=rng.randint(0, 86399))
-        at = today - age
-        common = {"portfolio_id": portfolio.pk, "property_id": prop.pk}
-        if kind == "lease":
-            running = rng.random() < 0.1
-            rows[kind].append(
-                Lease(
-                    **common,
-                    unit=f"{rng.randint(1, 40)}{rng.choice('ABCD')}",
-                    tenant_name=f"Tenant {rng.randint(1000, 9999)}",
-                    started_on=(at - timedelta(days=365)).date(),
-                    ended_at=None if running else at,
-                )
-            )
-        elif kind == "maintenance_record":
-            still_open = rng.random() < 0.05
-            rows[kind].append(
-                MaintenanceRecord(
-                    **common,
-                    summary=rng.choice(["Leaking tap", "Boiler service", "Broken window", "Pest control"]),
-                    opened_at=at - timedelta(days=rng.randint(0, 30)),
-                    closed_at=None if still_open else at,
-                )
-            )
-        else:
-            rows[kind].append(
-                TenantActivity(
-                    **common,
-                    activity_type=rng.choice(["portal_login", "payment", "message", "viewing"]),
-                    details="demo",
-                    occurred_at=at,
-                )
-            )
+        rows[kind].append(record_build(kind, portfolio_id=portfolio.pk, property_id=prop.pk, at=today - age, rng=rng))
     return rows
 
 

@@ -176,23 +176,86 @@ def wait_until_blocked(pid: int, *, by: int, timeout: float = 10.0) -> list[tupl
     raise AssertionError(f"backend {pid} never waited on a lock held by backend {by}")
 
 
+def hold_placed_during_a_purge_call(
+    *, job_id: int, prop: Property, reviewer: User, call_sent: Callable[[], object], check_call: Callable[[], None]
+) -> object:
+    """One purge batch of job ``job_id`` in a thread, its store call answered late; once
+    ``call_sent()`` says the call is in flight (and ``check_call()`` has checked what
+    was sent), a hold on ``prop`` placed from a second thread must queue behind the
+    purge's lock, held across the call. Both threads joined; returns the hold placed.
+
+    The scaffolding of "a hold placed while a delete is in flight waits for it",
+    whichever store answers late (the HTTP document store, S3's ``DeleteObjects``).
+    """
+    import threading
+    import time
+
+    from django.db import connections
+
+    from cleanup_ops.execution.runner import job_run_slice
+    from retention.services import legal_hold_place
+
+    pids: dict[str, int] = {}
+    placed: list = []  # type: ignore[type-arg]
+    errors: list[BaseException] = []
+    purge_started = threading.Event()
+
+    def purge_one_batch() -> None:
+        try:
+            pids["purge"] = backend_pid()
+            purge_started.set()
+            job_run_slice(job_id=job_id, owner="purger", max_batches=1)
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    def place_hold() -> None:
+        try:
+            pids["hold"] = backend_pid()
+            placed.append(
+                legal_hold_place(
+                    portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late for the tests"
+                )
+            )
+        except BaseException as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+        finally:
+            connections.close_all()
+
+    purger = threading.Thread(target=purge_one_batch)
+    purger.start()
+    holder = None
+    try:
+        assert purge_started.wait(10)
+        deadline = time.monotonic() + 10
+        while not call_sent() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        check_call()
+        holder = threading.Thread(target=place_hold)
+        holder.start()
+        while "hold" not in pids and time.monotonic() < deadline:
+            time.sleep(0.01)
+        # The hold's FOR UPDATE queues behind the purge's share lock, held across the call.
+        assert wait_until_blocked(pids["hold"], by=pids["purge"]) == [("transactionid", "ShareLock")]
+        assert not placed
+    finally:
+        purger.join(30)
+        if holder is not None:
+            holder.join(30)
+    assert errors == [] and len(placed) == 1
+    return placed[0]
+
+
 def utc(text: str) -> datetime:
     return datetime.fromisoformat(text.replace("Z", "+00:00"))
 
 
 def make_records(prop: Property, kind: str, count: int, *, ended: datetime) -> list[int]:
     """``count`` rows of ``kind`` in ``prop`` whose retention timestamp is ``ended``."""
-    from properties.models import Lease, MaintenanceRecord, TenantActivity
+    from properties.records import record_build
 
-    common = {"portfolio_id": prop.portfolio_id, "property_id": prop.pk}
-    if kind == "lease":
-        objs = [
-            Lease(**common, unit="1", tenant_name="T", started_on=ended.date(), ended_at=ended) for _ in range(count)
-        ]
-    elif kind == "maintenance_record":
-        objs = [MaintenanceRecord(**common, summary="s", opened_at=ended, closed_at=ended) for _ in range(count)]
-    else:
-        objs = [TenantActivity(**common, activity_type="login", occurred_at=ended) for _ in range(count)]
+    objs = [record_build(kind, portfolio_id=prop.portfolio_id, property_id=prop.pk, at=ended) for _ in range(count)]
     model = type(objs[0])
     model.objects.bulk_create(objs)
     return list(model.objects.filter(property_id=prop.pk).order_by("-id").values_list("id", flat=True)[:count])[::-1]

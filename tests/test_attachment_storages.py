@@ -472,15 +472,11 @@ def test_a_hold_placed_while_a_delete_objects_is_in_flight_waits_for_it_and_keep
     """S3 cannot refuse a late call: the decision's locks are held across a
     bounded one instead, so the hold queues behind them and the next batch is
     decided under it."""
-    import threading
-    import time
-
-    from django.db import connections
     from django.utils import timezone
 
     from properties.models import Portfolio
 
-    from .conftest import backend_pid, make_user, wait_until_blocked
+    from .conftest import hold_placed_during_a_purge_call, make_user
 
     settings.STORAGE_PURGE_BATCH_SIZE = 2
     portfolio = Portfolio.objects.create(name="Race", slug="race")
@@ -496,50 +492,17 @@ def test_a_hold_placed_while_a_delete_objects_is_in_flight_waits_for_it_and_keep
     reviewer = make_user("race-reviewer", "compliance_reviewer")
     on_s3.reset()
     on_s3.answer_late("DeleteObjects", seconds=3.0)  # applied by moto, answered late (within the read timeout)
-    pids: dict[str, int] = {}
-    placed: list = []  # type: ignore[type-arg]
-    errors: list[BaseException] = []
 
-    def purge_one_batch() -> None:
-        try:
-            pids["purge"] = backend_pid()
-            job_run_slice(job_id=job.pk, owner="purger", max_batches=1)
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    def place_hold() -> None:
-        try:
-            pids["hold"] = backend_pid()
-            placed.append(
-                legal_hold_place(portfolio=portfolio, property=prop, placed_by=reviewer, reason="late for the tests")
-            )
-        except BaseException as exc:  # pragma: no cover - reported below
-            errors.append(exc)
-        finally:
-            connections.close_all()
-
-    purger = threading.Thread(target=purge_one_batch)
-    purger.start()
-    holder = None
-    try:
-        deadline = time.monotonic() + 10
-        while not on_s3.calls["DeleteObjects"] and time.monotonic() < deadline:
-            time.sleep(0.01)
+    def two_keys_sent() -> None:
         assert on_s3.keys_per_delete_objects == [2]
-        holder = threading.Thread(target=place_hold)
-        holder.start()
-        while "hold" not in pids and time.monotonic() < deadline:
-            time.sleep(0.01)
-        # The hold's FOR UPDATE queues behind the purge's share lock, held across the call.
-        assert wait_until_blocked(pids["hold"], by=pids["purge"]) == [("transactionid", "ShareLock")]
-        assert not placed
-    finally:
-        purger.join(30)
-        if holder is not None:
-            holder.join(30)
-    assert errors == [] and len(placed) == 1
+
+    hold_placed_during_a_purge_call(
+        job_id=job.pk,
+        prop=prop,
+        reviewer=reviewer,
+        call_sent=lambda: on_s3.calls["DeleteObjects"],
+        check_call=two_keys_sent,
+    )
     # The batch in flight went before the hold; the rest is set aside under it.
     assert job_run_slice(job_id=job.pk, owner="next").outcome == JobOutcome.PURGE_HELD
     request = the_purge_request()

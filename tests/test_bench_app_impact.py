@@ -1,27 +1,29 @@
-"""The arithmetic of bench/app_impact.py and bench/compare.py: pgbench's per-transaction
-log parsed, transactions counted only inside a run's window, nearest-rank percentiles,
-and the throughput tables of old and new pipeline.py output read alike. No timing."""
+"""The arithmetic of bench/app_impact.py (bench/app_workload.py, bench/app_report.py) and
+bench/compare.py: pgbench's per-transaction log parsed, transactions counted only inside
+a run's window, nearest-rank percentiles, and the throughput tables of old and new
+pipeline.py output read alike. No timing."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from bench.app_impact import SCRIPTS, AppLoad, AppScope, _percentile, _stats_from
+from bench.app_report import percentile, stats_from
+from bench.app_workload import SCRIPTS, AppLoad, AppScope
 from bench.compare import parse
 
 
 def test_percentile_is_nearest_rank() -> None:
     values = [float(v) for v in range(1, 101)]
-    assert _percentile(values, 50) == 50.0
-    assert _percentile(values, 99) == 99.0
-    assert _percentile([7.0], 99) == 7.0
-    assert _percentile([], 99) != _percentile([], 99)  # NaN: nothing measured
+    assert percentile(values, 50) == 50.0
+    assert percentile(values, 99) == 99.0
+    assert percentile([7.0], 99) == 7.0
+    assert percentile([], 99) != percentile([], 99)  # NaN: nothing measured
 
 
 def test_stats_count_only_transactions_inside_the_windows() -> None:
     # (end epoch, latency ms, lag ms, script index)
     rows = [(10.5, 1.0, 0.0, 0), (11.0, 2.0, 0.1, 1), (20.0, 50.0, 0.0, 2), (30.5, 3.0, 0.0, 3)]
-    stats = _stats_from(rows, [(10.0, 12.0), (30.0, 31.0)], [])
+    stats = stats_from(rows, [(10.0, 12.0), (30.0, 31.0)], [])
     assert stats.transactions == 3
     assert stats.seconds == 3.0
     assert stats.tps == 1.0
@@ -62,9 +64,9 @@ def test_compare_reads_old_and_new_tables() -> None:
 
 
 def test_statements_per_batch_compare_a_limited_run_with_the_unlimited_one_of_as_many_workers() -> None:
-    from bench.app_impact import Phase, per_batch_lines, statements_per_batch
+    from bench.app_report import Phase, per_batch_lines, statements_per_batch
 
-    empty = _stats_from([], [], [])
+    empty = stats_from([], [], [])
     free = Phase("q2", "q2, no limit", empty, runs=2, statements=2400, transactions=400)
     free.extra["statements_by_class_per_run"] = {"transaction control": 600, "rate tokens": 0}
     limited = Phase("q2lim-5-3", "q2, limit 5/s", empty, runs=1, statements=3400, transactions=200, limits=(5, 3))

@@ -45,7 +45,15 @@ from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.models import AuditEvent
 from retention.services import legal_hold_place, legal_hold_release
 
-from .conftest import backend_pid, make_records, make_user, remaining_ids, utc, wait_until_blocked
+from .conftest import (
+    backend_pid,
+    hold_placed_during_a_purge_call,
+    make_records,
+    make_user,
+    remaining_ids,
+    utc,
+    wait_until_blocked,
+)
 
 SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T02:05:00Z")
@@ -631,55 +639,14 @@ class TestPurgeAndHoldRace:
     def test_a_hold_placed_while_a_delete_is_in_flight_waits_for_it_and_keeps_the_rest(self, world, docstore):
         job, prop, reviewer, documents = world
         docstore.set_faults(hang_after_apply=3.0, count=1)  # the first DELETE is applied, then answered late
-        pids: dict[str, int] = {}
-        placed: list = []
-        errors: list[BaseException] = []
-        purge_started = threading.Event()
 
-        def purge_one() -> None:
-            try:
-                pids["purge"] = backend_pid()
-                purge_started.set()
-                job_run_slice(job_id=job.pk, owner="purger", max_batches=1)
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
-
-        def place_hold() -> None:
-            try:
-                pids["hold"] = backend_pid()
-                placed.append(
-                    legal_hold_place(
-                        portfolio=prop.portfolio, property=prop, placed_by=reviewer, reason="late for the tests"
-                    )
-                )
-            except BaseException as exc:  # pragma: no cover - reported below
-                errors.append(exc)
-            finally:
-                connections.close_all()
-
-        purger = threading.Thread(target=purge_one)
-        purger.start()
-        holder = None
-        try:
-            assert purge_started.wait(10)
-            deadline = time.monotonic() + 10
-            while not docstore.requests() and time.monotonic() < deadline:
-                time.sleep(0.01)  # the store logs the DELETE when it applies it, before its late answer
+        def one_delete_sent() -> None:
             assert [r["path"] for r in docstore.requests()] == [f"/documents/{documents[0]}"]
-            holder = threading.Thread(target=place_hold)
-            holder.start()
-            while "hold" not in pids and time.monotonic() < deadline:
-                time.sleep(0.01)
-            # The hold's FOR UPDATE queues behind the purge's share lock, held across the call.
-            assert wait_until_blocked(pids["hold"], by=pids["purge"]) == [("transactionid", "ShareLock")]
-            assert not placed
-        finally:
-            purger.join(30)
-            if holder is not None:
-                holder.join(30)
-        assert errors == [] and len(placed) == 1
+
+        # The store logs the DELETE when it applies it, before its late answer.
+        hold_placed_during_a_purge_call(
+            job_id=job.pk, prop=prop, reviewer=reviewer, call_sent=docstore.requests, check_call=one_delete_sent
+        )
         # The document in flight went before the hold; the rest wait for its release.
         assert job_run_slice(job_id=job.pk, owner="next").outcome == JobOutcome.PURGE_HELD
         request = PurgeRequest.objects.get()

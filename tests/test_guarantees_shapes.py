@@ -21,29 +21,25 @@ the demo schema's machine is the long one.
 
 from __future__ import annotations
 
-import os
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck
-from hypothesis import settings as hypothesis_settings
 from hypothesis import strategies as st
-from hypothesis.stateful import initialize, rule, run_state_machine_as_test
+from hypothesis.stateful import initialize, rule
 
 from properties.models import Property
 from retention.registry import registry_reload
 from tests.schema_b.models import MeterReading, Notice, Ticket, Unit, Visit
 
-from .test_guarantees_model import CAP, OLD, Guarantees, Record
+from .guarantees_model_world import OLD, Record, guarantees_run
+from .test_guarantees_model import Guarantees
 from .test_record_shapes import SHAPES
 
 pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
 
 KINDS = list(SHAPES)
-EXAMPLES = int(os.environ.get("MODEL_EXAMPLES", "6"))
-STEPS = int(os.environ.get("MODEL_STEPS", "30"))
 
 
 def _truncate_unmanaged() -> None:
@@ -165,18 +161,4 @@ def shapes_only(settings) -> Iterator[None]:  # type: ignore[no-untyped-def]
 
 @pytest.mark.usefixtures("shapes_only")
 def test_the_guarantees_hold_on_kinds_of_other_shapes_under_any_interleaving(docstore, settings):  # type: ignore[no-untyped-def]
-    settings.CLEANUP_PORTFOLIO_MAX_LEASES = CAP
-    settings.CLEANUP_BACKOFF_BASE_SECONDS = 20.0
-    settings.CLEANUP_TOKEN_WAIT_SECONDS = 0.0
-    ShapeGuarantees.store = docstore
-    run_state_machine_as_test(
-        ShapeGuarantees,
-        settings=hypothesis_settings(
-            max_examples=EXAMPLES,
-            stateful_step_count=STEPS,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
-        ),
-    )
+    guarantees_run(ShapeGuarantees, docstore=docstore, settings=settings, examples=6, steps=30)
