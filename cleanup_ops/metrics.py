@@ -39,7 +39,8 @@ from prometheus_client.registry import Collector
 
 from cleanup_ops.console_selectors import ForecastStatus, sweep_forecast
 from cleanup_ops.fleet import due_work_by_kind
-from cleanup_ops.models import CleanupJob, DeadLetter, Sweep, WorkerHeartbeat, liveness_verdict, unpaused_q
+from cleanup_ops.health import liveness_verdict
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep, WorkerHeartbeat, unpaused_q
 
 # The trigger endpoint's latency objective: 99% of POST /api/v1/sweeps/ answer
 # within this many seconds (admission runs inside the request: 10,000

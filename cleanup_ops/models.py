@@ -41,17 +41,6 @@ class SweepStatus(models.TextChoices):
     DRAINED_WITH_DEAD_LETTERS = "drained_with_dead_letters", "Drained with dead letters"
 
 
-def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:
-    """A sweep's status as a customer's staff see it: from their own jobs'
-    counts (open, dead), so another customer's jobs never show through.
-    ``dead_jobs``: dead jobs that were not redriven (``superseded_q``)."""
-    if status == SweepStatus.ADMITTING:
-        return status
-    if open_jobs:
-        return SweepStatus.RUNNING
-    return SweepStatus.DRAINED_WITH_DEAD_LETTERS if dead_jobs else SweepStatus.DRAINED
-
-
 def superseded_q(prefix: str = "") -> Q:
     """Dead jobs whose dead letter was redriven: their work moved to the
     redrive job, so figures of what is dead (the sweep's status, "jobs
@@ -672,22 +661,3 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}@{self.host}"
-
-
-def liveness_verdict(
-    *, waited: float | None, heartbeat: WorkerHeartbeat | None, now: datetime, stale: float
-) -> tuple[str, float | None]:
-    """The one rule for "wedged", used by ``cleanup_health --liveness`` and the
-    console's workers page: ("idle" | "working" | "wedged", seconds since the
-    cluster's last progress or start). Idle: no due work it could take.
-    Working: that work has waited less than ``stale``, or the cluster made
-    progress (or started) less than ``stale`` ago. Otherwise wedged."""
-    quiet = None
-    if heartbeat is not None:
-        reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
-        quiet = (now - reference).total_seconds()
-    if waited is None:
-        return "idle", quiet
-    if waited < stale or (quiet is not None and quiet < stale):
-        return "working", quiet
-    return "wedged", quiet

@@ -38,10 +38,10 @@ from cleanup_ops.models import (
     open_letter_q,
     open_q,
     superseded_q,
-    sweep_status_seen,
 )
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
+from cleanup_ops.sweeps import sweep_status_seen
 from retention.eligibility import db_datetime, hold_covers_sql
 from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param
 from retention.models import PolicyVersion
