@@ -32,6 +32,7 @@ from rest_framework.response import Response
 from rest_framework.views import APIView
 
 from cleanup_ops.console_selectors import JobFilter
+from cleanup_ops.console_selectors.overview import overview
 from cleanup_ops.metrics import timed_trigger
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
@@ -51,13 +52,7 @@ from cleanup_ops.recovery.operator import (
     pipeline_resume,
 )
 from cleanup_ops.schedule import SlotError, slot_parse, sweep_trigger
-from cleanup_ops.selectors import (
-    DeadLetterFilter,
-    dead_letter_filter_parse,
-    overview,
-    sweep_figures_seen,
-    sweeps_seen,
-)
+from cleanup_ops.selectors import DeadLetterFilter, dead_letter_filter_parse, sweep_figures_seen, sweeps_seen
 from retention import apiutils
 from retention.apiutils import (
     Conflict,

@@ -109,7 +109,7 @@ class _DeadLettersCreated(Collector):
 
 def register_alert_metrics(registry: CollectorRegistry, *, figures: dict[str, Any], now: datetime) -> None:
     """The series the alerting rules read, beside the console's (``figures``
-    is ``selectors.overview()``, already computed for the scrape). Five
+    is ``console_selectors.overview.overview()``, already computed for the scrape). Five
     queries: dead letters, due work (two), the current sweep's forecast,
     heartbeats."""
     registry.register(_DeadLettersCreated(DeadLetter.objects.count()))

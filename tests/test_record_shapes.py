@@ -344,7 +344,7 @@ def test_a_portfolio_partition_has_at_most_one_open_delete_job(shapes, portfolio
 def test_the_console_the_api_and_the_debt_figures_show_the_shapes_jobs(
     shapes, client, portfolio, prop, active_policy, operator_user
 ):
-    from cleanup_ops.selectors import retention_debt
+    from cleanup_ops.console_selectors.overview import retention_debt
 
     for kind in SHAPES:
         active_policy(portfolio, kind, 30)

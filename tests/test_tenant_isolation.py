@@ -28,13 +28,13 @@ from django.urls import reverse
 from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
+from cleanup_ops.console_selectors.overview import overview
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, PipelinePause, Sweep
 from cleanup_ops.proof import sweep_proof
 from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
-from cleanup_ops.selectors import overview
 from properties.models import Lease, MaintenanceRecord, Portfolio, Property, TenantActivity
 from retention.models import AuditEvent, LegalHold, Membership, PolicyVersion, RetentionPolicy
 from retention.scoping import portfolios_visible_to, visible_portfolio_ids
