@@ -223,7 +223,7 @@ def sweeps_seen(*, portfolio_ids: PortfolioScope) -> QuerySet[Sweep]:
         return qs
     mine = portfolio_ids_q(portfolio_ids, field="jobs__portfolio_id")
     return qs.annotate(
-        own_admitted=Count("jobs", filter=mine & Q(jobs__kind=JobKind.DELETE, jobs__redrive_of__isnull=True)),
+        own_admitted=Count("jobs", filter=mine & Q(jobs__job_kind=JobKind.DELETE, jobs__redrive_of__isnull=True)),
         own_open=Count("jobs", filter=mine & Q(jobs__state__in=OPEN_STATES)),
         own_dead=Count("jobs", filter=mine & Q(jobs__state=JobState.DEAD))
         - Count("jobs", filter=mine & superseded_q("jobs__")),
