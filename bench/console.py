@@ -240,17 +240,17 @@ def main() -> int:
         print(f"loaded {jobs} jobs, {ledger} ledger rows in {time.monotonic() - started:.1f} s")
         from django.utils import timezone
 
-        from cleanup_ops import selectors
+        from cleanup_ops.console_selectors import overview as figures
 
         now = timezone.now()
-        current = selectors.current_sweep()
+        current = figures.current_sweep()
         parts = {
-            "jobs_overview (with sweep progress)": lambda: selectors.jobs_overview(now=now, sweep=current),
-            "throughput": lambda: selectors.throughput(now=now),
-            "retries_by_category": lambda: selectors.retries_by_category(sweep=current),
-            "dead_letter_figures": lambda: selectors.dead_letter_figures(now=now),
-            "portfolio_fairness": lambda: selectors.portfolio_fairness(now=now, sweep=current),
-            "retention_debt": lambda: selectors.retention_debt(now=now),
+            "jobs_overview (with sweep progress)": lambda: figures.jobs_overview(now=now, sweep=current),
+            "throughput": lambda: figures.throughput(now=now),
+            "retries_by_category": lambda: figures.retries_by_category(sweep=current),
+            "dead_letter_figures": lambda: figures.dead_letter_figures(now=now),
+            "portfolio_fairness": lambda: figures.portfolio_fairness(now=now, sweep=current),
+            "retention_debt": lambda: figures.retention_debt(now=now),
         }
         print("overview parts (ms, best of 5): " + ", ".join(f"{name} {best_of(fn):.1f}" for name, fn in parts.items()))
         client = Client(HTTP_HOST="localhost")

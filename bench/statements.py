@@ -72,7 +72,7 @@ DATA_CLASSES = (
 # Text rules, first match wins, on the statement with double quotes removed and
 # whitespace collapsed, lower case. Written against the SQL in cleanup_ops/sql.py,
 # cleanup_ops/execution/statements.py and
-# the ORM queries of leases.py, dispatch.py, admission.py and models.py.
+# the ORM queries of leases.py, dispatch.py, admission.py and models/jobs.py.
 _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (

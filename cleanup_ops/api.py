@@ -7,9 +7,9 @@ Views are thin: they check the role (``RolePermission`` maps each action to a
 Django permission), see only the portfolios where the user holds that
 permission (``TenantScoped`` for jobs and letters; sweeps, proofs and metrics
 count those portfolios only, see ``cleanup_ops.selectors``), validate input
-with a serializer, call a service and render the result. Output serializers
-are read-only and each action's form in the browsable API is its input
-serializer (``get_serializer_class``), so no form lists related objects.
+with a serializer (``cleanup_ops.apiserializers``: output serializers are
+read-only and each action's form in the browsable API is its input
+serializer, ``get_serializer_class``), call a service and render the result.
 Service errors map to HTTP: ``ValidationError`` → 400, ``PermissionDenied``
 → 403, ``DeadLetterNotOpen`` and ``PartitionBusy`` → 409. The shared plumbing is in
 ``retention.apiutils``; the router is wired in ``cleanup_ops/urls.py``.
@@ -31,7 +31,20 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
 
+from cleanup_ops.apiserializers import (
+    BulkLetterDecisionSerializer,
+    BulkLetterResultSerializer,
+    DeadLetterSerializer,
+    JobActionResultSerializer,
+    JobSerializer,
+    PauseSerializer,
+    SweepDetailSerializer,
+    SweepSerializer,
+    TriggerResultSerializer,
+    TriggerSerializer,
+)
 from cleanup_ops.console_selectors import JobFilter
+from cleanup_ops.console_selectors.overview import overview
 from cleanup_ops.metrics import timed_trigger
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
@@ -51,18 +64,10 @@ from cleanup_ops.recovery.operator import (
     pipeline_resume,
 )
 from cleanup_ops.schedule import SlotError, slot_parse, sweep_trigger
-from cleanup_ops.selectors import (
-    DeadLetterFilter,
-    dead_letter_filter_parse,
-    overview,
-    sweep_figures_seen,
-    sweeps_seen,
-)
+from cleanup_ops.selectors import DeadLetterFilter, dead_letter_filter_parse, sweeps_seen
 from retention import apiutils
 from retention.apiutils import (
     Conflict,
-    FreeTextField,
-    IdField,
     ReasonSerializer,
     RolePermission,
     TenantScoped,
@@ -82,171 +87,6 @@ def call_service(fn: Any, **kwargs: Any) -> Any:
         return apiutils.call_service(fn, **kwargs)
     except (DeadLetterNotOpen, PartitionBusy) as exc:
         raise Conflict(str(exc)) from None
-
-
-# --- Serializers ----------------------------------------------------------------
-
-
-class SweepSerializer(serializers.ModelSerializer):
-    carried_over = serializers.IntegerField(
-        read_only=True, allow_null=True, help_text="null for a customer's staff: not attributed per portfolio"
-    )
-
-    class Meta:
-        model = Sweep
-        fields = [
-            "id",
-            "key",
-            "slot",
-            "status",
-            "jobs_admitted",
-            "carried_over",
-            "created_at",
-            "admitted_at",
-            "finished_at",
-        ]
-        read_only_fields = fields
-
-    def to_representation(self, instance: Sweep) -> dict[str, Any]:
-        # A customer's staff see their own figures (cleanup_ops.selectors.sweeps_seen).
-        data = super().to_representation(instance)
-        seen = sweep_figures_seen(instance)
-        if seen.get("finished_at") is not None:
-            seen["finished_at"] = serializers.DateTimeField().to_representation(seen["finished_at"])
-        return {**data, **seen}
-
-
-class SweepDetailSerializer(SweepSerializer):
-    jobs_by_state = serializers.SerializerMethodField()
-    rows_deleted = serializers.SerializerMethodField()
-
-    class Meta(SweepSerializer.Meta):
-        fields = [*SweepSerializer.Meta.fields, "jobs_by_state", "rows_deleted"]
-        read_only_fields = fields
-
-    def get_jobs_by_state(self, obj: Sweep) -> dict[str, int]:
-        return self.context["figures"]["jobs_by_state"]
-
-    def get_rows_deleted(self, obj: Sweep) -> int:
-        return self.context["figures"]["rows_deleted"]
-
-
-class TriggerSerializer(serializers.Serializer):
-    slot = FreeTextField(
-        required=False, max_length=40, help_text="UTC minute, e.g. 2026-08-21T02:00Z; default: current slot"
-    )
-
-
-class TriggerResultSerializer(serializers.Serializer):
-    id = serializers.IntegerField()
-    key = serializers.CharField()
-    status = serializers.CharField()
-    created = serializers.BooleanField()
-    jobs_admitted = serializers.IntegerField()
-    carried_over = serializers.IntegerField()
-
-
-class JobSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = CleanupJob
-        fields = [
-            "id",
-            "key",
-            "sweep",
-            "portfolio_id",
-            "property_id",
-            "record_kind",
-            "policy_version",
-            "cutoff",
-            "state",
-            "outcome",
-            "attempt",
-            "available_at",
-            "lease_expires_at",
-            "cursor",
-            "batches",
-            "batch_size",
-            "rows_deleted",
-            "rows_held",
-            "last_error_category",
-            "redrive_of",
-            "created_at",
-            "finished_at",
-        ]
-        # Related fields never take input here (no form lists jobs or versions).
-        read_only_fields = ["sweep", "policy_version", "redrive_of"]
-
-
-class DeadLetterSerializer(serializers.ModelSerializer):
-    class Meta:
-        model = DeadLetter
-        fields = [
-            "id",
-            "job",
-            "sweep",
-            "category",
-            "error_class",
-            "http_status",
-            "message_class",
-            "attempts",
-            "first_seen_at",
-            "last_seen_at",
-            "portfolio_id",
-            "property_id",
-            "record_kind",
-            "policy_version_id",
-            "status",
-            "resolved_by",
-            "resolved_at",
-            "resolution_reason",
-            "redrive_job",
-        ]
-        # Related fields never take input here (no form lists jobs or users).
-        read_only_fields = ["job", "sweep", "resolved_by", "redrive_job"]
-
-
-# At most this many ids in one bulk call: one transaction, one response.
-BULK_MAX_IDS = 1000
-
-
-class JobActionResultSerializer(serializers.Serializer):
-    job = JobSerializer()
-    dead_letter = serializers.IntegerField(allow_null=True, help_text="cancel: the job's new dead letter")
-
-
-class BulkLetterDecisionSerializer(ReasonSerializer):
-    """Decide the letters named by id, or every open letter matching a filter
-    (the inbox's: ``category``, ``http_status``, ``kind``, ``portfolio``,
-    ``sweep``, ``older_than_hours``), which then needs ``expected``: the
-    number of letters the caller saw, as the console's confirmation does."""
-
-    operation = serializers.ChoiceField(choices=Decision.choices)
-    letter_ids = serializers.ListField(
-        child=IdField(), required=False, allow_empty=False, max_length=BULK_MAX_IDS, help_text="the letters to decide"
-    )
-    filter = serializers.DictField(
-        child=FreeTextField(max_length=40), required=False, help_text="an inbox filter instead of ids"
-    )
-    expected = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
-
-    def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
-        if ("letter_ids" in attrs) == ("filter" in attrs):
-            raise ValidationError({"letter_ids": "give either letter_ids or filter, not both and not neither."})
-        if "filter" in attrs and "expected" not in attrs:
-            raise ValidationError({"expected": "a filter needs expected: the number of open letters it matched."})
-        return attrs
-
-
-class BulkLetterResultSerializer(serializers.Serializer):
-    decided = serializers.ListField(child=serializers.IntegerField())
-    jobs = serializers.ListField(child=serializers.IntegerField(), help_text="redrive: the new jobs")
-    failed = serializers.ListField(child=serializers.DictField(), help_text="letters still open, and why")
-    not_open = serializers.ListField(child=serializers.IntegerField(), help_text="matched but no longer open")
-    not_found = serializers.ListField(child=serializers.IntegerField(), help_text="ids that are no letter of yours")
-
-
-class PauseSerializer(ReasonSerializer):
-    portfolio_id = IdField(required=False, allow_null=True, default=None)
 
 
 # --- Views ----------------------------------------------------------------------

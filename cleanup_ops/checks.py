@@ -323,9 +323,8 @@ def _login_url_warnings() -> list[checks.CheckMessage]:
 def _storage_kinds_configured() -> bool:
     """Whether any record kind keeps its attachments in a Django storage (the
     storage timeouts matter only then; the HTTP store has its own check)."""
-    from retention.registry import configured_kinds
+    from retention.registry import REGISTRY
 
-    return any(
-        isinstance(kind, dict) and isinstance(kind.get("attachment"), dict) and kind["attachment"].get("storage")
-        for kind in configured_kinds().values()
-    )
+    # The registry's reading of each kind (``RecordKindSpec.attachment_storage``),
+    # not the raw setting again: one home for "which kinds use a Django storage".
+    return any(spec.attachment_storage for spec in REGISTRY.values())

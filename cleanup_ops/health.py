@@ -52,7 +52,7 @@ from django.utils import timezone
 
 from cleanup_ops import sql
 from cleanup_ops.dispatch import cluster_job_kinds, cluster_queue, dispatch_due_jobs, fair_due_job_ids, queues
-from cleanup_ops.models import CleanupJob, WorkerHeartbeat, liveness_verdict
+from cleanup_ops.models import CleanupJob, WorkerHeartbeat
 
 logger = logging.getLogger(__name__)
 
@@ -284,6 +284,25 @@ def due_work_waited(*, kinds: list[str], now: datetime) -> float | None:
         CleanupJob.objects.filter(pk=takeable[0]).values_list("available_at", flat=True).first() if takeable else None
     )
     return (now - due_since).total_seconds() if due_since else None
+
+
+def liveness_verdict(
+    *, waited: float | None, heartbeat: WorkerHeartbeat | None, now: datetime, stale: float
+) -> tuple[str, float | None]:
+    """The one rule for "wedged", used by ``cleanup_health --liveness`` and the
+    console's workers page: ("idle" | "working" | "wedged", seconds since the
+    cluster's last progress or start). Idle: no due work it could take.
+    Working: that work has waited less than ``stale``, or the cluster made
+    progress (or started) less than ``stale`` ago. Otherwise wedged."""
+    quiet = None
+    if heartbeat is not None:
+        reference = max(heartbeat.started_at, heartbeat.last_progress_at or heartbeat.started_at)
+        quiet = (now - reference).total_seconds()
+    if waited is None:
+        return "idle", quiet
+    if waited < stale or (quiet is not None and quiet < stale):
+        return "working", quiet
+    return "wedged", quiet
 
 
 def liveness_judgement(

@@ -39,7 +39,8 @@ from prometheus_client.registry import Collector
 
 from cleanup_ops.console_selectors import ForecastStatus, sweep_forecast
 from cleanup_ops.fleet import due_work_by_kind
-from cleanup_ops.models import CleanupJob, DeadLetter, Sweep, WorkerHeartbeat, liveness_verdict, unpaused_q
+from cleanup_ops.health import liveness_verdict
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep, WorkerHeartbeat, unpaused_q
 
 # The trigger endpoint's latency objective: 99% of POST /api/v1/sweeps/ answer
 # within this many seconds (admission runs inside the request: 10,000
@@ -108,7 +109,7 @@ class _DeadLettersCreated(Collector):
 
 def register_alert_metrics(registry: CollectorRegistry, *, figures: dict[str, Any], now: datetime) -> None:
     """The series the alerting rules read, beside the console's (``figures``
-    is ``selectors.overview()``, already computed for the scrape). Five
+    is ``console_selectors.overview.overview()``, already computed for the scrape). Five
     queries: dead letters, due work (two), the current sweep's forecast,
     heartbeats."""
     registry.register(_DeadLettersCreated(DeadLetter.objects.count()))

@@ -13,8 +13,8 @@ from django.utils import timezone
 from prometheus_client import CollectorRegistry, Gauge, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from cleanup_ops.console_selectors.overview import overview
 from cleanup_ops.metrics import register_alert_metrics, register_process_metrics
-from cleanup_ops.selectors import overview
 
 # the proxy's (loopback when it runs on the same host), not the client's. A
 # TLS proxy that sends only ``X-Forwarded-Proto`` (what SECURE_PROXY_SSL_HEADER

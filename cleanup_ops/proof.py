@@ -33,8 +33,9 @@ import io
 from datetime import UTC, datetime
 from typing import Any
 
-from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep, sweep_status_seen
+from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep
 from cleanup_ops.selectors import sweep_attachments
+from cleanup_ops.sweeps import sweep_status_seen
 
 # The export formats, checked before a format reaches a file name or a header.
 PROOF_FORMATS = ("json", "csv")

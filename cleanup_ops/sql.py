@@ -21,9 +21,9 @@ vendor helpers below (and in the builders that use them, here and in
 ``execution/statements.py``): SQLite is the embedded demo database, it
 serialises writers, so its row locks are simply left out. Where the two
 databases take a different *path* (another statement, or none), the caller
-branches on ``is_postgres()`` itself; today ``execution/batches.py``,
-``execution/candidates.py``, ``execution/leases.py``, ``execution/runner.py``,
-``downstream/purge.py``, ``ratelimit.py``, ``selectors.py`` and ``health.py`` do.
+branches on ``is_postgres()`` itself: ``execution/`` (batches, candidates, leases,
+runner), ``downstream/`` (decision, fencing), ``ratelimit.py``,
+``console_selectors/overview.py`` and ``health.py`` (``tests/test_layout.py`` checks the list).
 
 The ledger insert stays a named statement: through the ORM it would build a
 model instance per batch for nothing.

@@ -356,7 +356,7 @@ if DOCSTORE_URL:
 DOCSTORE_CONNECT_TIMEOUT = env_float("DOCSTORE_CONNECT_TIMEOUT", 2.0, minimum=0.01)
 DOCSTORE_READ_TIMEOUT = env_float("DOCSTORE_READ_TIMEOUT", 5.0, minimum=0.01)
 # How far the store's clock may be from the database's: a purge's DELETE is
-# fenced by a deadline on the database's clock (cleanup_ops.downstream.purge).
+# fenced by a deadline on the database's clock (cleanup_ops.downstream.fencing).
 DOCSTORE_CLOCK_SKEW_SECONDS = env_float("DOCSTORE_CLOCK_SKEW_SECONDS", 1.0, minimum=0.0)
 if DOCSTORE_CONNECT_TIMEOUT + DOCSTORE_READ_TIMEOUT >= CLEANUP_LEASE_SECONDS:
     # One request must fit in a lease, or every slow answer would end in a lost lease.

@@ -1,13 +1,15 @@
 """Admin for property managers (policies) and compliance reviewers (review, holds).
 
 Every write goes through ``retention.services``; the admin only renders forms
-and confirmation pages. Versions are created from the policy page ("Submit a
-new version"), reviewed on a confirmation page that shows the change against
-the active version and an impact preview, and never edited afterwards.
+(``retention.admin_forms``) and confirmation pages. Versions are created from
+the policy page ("Submit a new version"), reviewed on a confirmation page that
+shows the change against the active version and an impact preview, and never
+edited afterwards.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from django import forms
@@ -21,12 +23,10 @@ from django.utils.html import format_html
 
 from retention.actors import request_actor
 from retention.admin_domain import register_demo_domain
+from retention.admin_forms import NewVersionForm, PlaceHoldForm, ReleaseForm, ReviewForm, form_errors
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
 from retention.domain import DISPLAY_FIELD, portfolio_model
-from retention.inputs import MAX_TEXT_LENGTH, MIN_REASON_LENGTH, reason_problem
 from retention.models import (
-    MAX_BATCH_SIZE,
-    MIN_BATCH_SIZE,
     AuditEvent,
     LegalHold,
     Membership,
@@ -39,9 +39,7 @@ from retention.selectors import policy_version_active, policy_version_impact
 from retention.services import (
     ConcurrentApproval,
     legal_hold_place,
-    legal_hold_record_ref,
     legal_hold_release,
-    legal_hold_scope_validate,
     membership_grant,
     membership_revoke,
     policy_version_approve,
@@ -49,9 +47,12 @@ from retention.services import (
     policy_version_submit,
 )
 
-if TYPE_CHECKING:
-    # django-stubs' names for what the base class's get_fields and get_list_display return.
-    from django.contrib.admin.options import _FieldGroups, _ListDisplayT
+# What the base class's get_fields and get_list_display return, spelled out:
+# django-stubs' own names for them (``_FieldGroups``, ``_ListDisplayT``) are private.
+FieldNames = str | list[str] | tuple[str, ...]
+FieldGroups = list[FieldNames] | tuple[FieldNames, ...]
+Display = str | Callable[[Any], str | bool]
+ListDisplay = list[Display] | tuple[Display, ...]
 
 # For the type checker, AuditTrailHistory is the model admin it is mixed into;
 # at run time a plain mixin (it comes before ModelAdmin in the bases).
@@ -59,15 +60,6 @@ if TYPE_CHECKING:
     _HistoryBase = admin.ModelAdmin[Any]
 else:
     _HistoryBase = object
-
-# The services name their fields as the API does; the admin's forms call two of them otherwise.
-_FORM_FIELD = {"review_note": "note"}
-
-
-def _form_errors(form: forms.BaseForm, exc: ValidationError) -> None:
-    for field, errors in exc.message_dict.items():
-        field = _FORM_FIELD.get(field, field)
-        form.add_error(field if field in form.fields else None, errors)
 
 
 def username_of(user: object) -> str:
@@ -109,39 +101,6 @@ class PolicyVersionInline(admin.TabularInline):
 
     def has_add_permission(self, request: HttpRequest, obj: object = None) -> bool:
         return False
-
-
-def free_text_field(*, label: str = "Reason") -> forms.CharField:
-    """A reason or note: the one rule of ``retention.inputs.reason_problem``
-    (at most ``MAX_TEXT_LENGTH`` characters — the browser stops there too —
-    at least ``MIN_REASON_LENGTH`` visible ones, no control or format
-    characters), checked on the form so the error sits on the field and
-    names it as the page does; the service checks it again."""
-
-    def visible_reason(value: str) -> None:
-        problem = reason_problem(value, field=label)
-        if problem is not None:
-            raise ValidationError(problem)
-
-    return forms.CharField(
-        label=label,
-        max_length=MAX_TEXT_LENGTH,
-        validators=[visible_reason],
-        help_text=f"At least {MIN_REASON_LENGTH} visible characters; it goes into the audit trail.",
-        widget=forms.Textarea(attrs={"rows": 3}),
-    )
-
-
-class NewVersionForm(forms.Form):
-    retention_days = forms.IntegerField(min_value=1, max_value=36500)
-    batch_size = forms.IntegerField(
-        required=False,
-        min_value=MIN_BATCH_SIZE,
-        max_value=MAX_BATCH_SIZE,
-        help_text="Rows per batch of one partition (reviewed like the retention period); empty: the active size.",
-    )
-    enabled = forms.BooleanField(required=False, initial=True, help_text="Untick to withdraw the policy.")
-    reason = free_text_field()
 
 
 @admin.register(RetentionPolicy)
@@ -203,7 +162,7 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
                     reason=form.cleaned_data["reason"],
                 )
             except ValidationError as exc:
-                _form_errors(form, exc)
+                form_errors(form, exc)
             else:
                 messages.success(request, f"Version {version.number} submitted for review.")
                 return HttpResponseRedirect(reverse("admin:retention_policyversion_change", args=[version.pk]))
@@ -215,18 +174,6 @@ class RetentionPolicyAdmin(PortfolioScopedAdmin):
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/retention/new_version.html", context)
-
-
-class ReviewForm(forms.Form):
-    """Nothing is preselected: approving or rejecting is a deliberate choice,
-    and either one needs a note (the service requires it too)."""
-
-    decision = forms.ChoiceField(
-        choices=[("approve", "Approve"), ("reject", "Reject")],
-        widget=forms.RadioSelect,
-        error_messages={"required": "Choose Approve or Reject."},
-    )
-    note = free_text_field(label="Note")
 
 
 @admin.register(PolicyVersion)
@@ -297,7 +244,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
             return "—"
         return format_html('<a href="{}">Review…</a>', reverse("admin:retention_policyversion_review", args=[obj.pk]))
 
-    def get_list_display(self, request: HttpRequest) -> _ListDisplayT[Any]:
+    def get_list_display(self, request: HttpRequest) -> ListDisplay:
         """The "Review…" link only where the user may decide (a property
         manager sees that the version awaits a reviewer, not a link to a refusal)."""
 
@@ -334,7 +281,7 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
             try:
                 decide(version_id=version.pk, reviewer=request_actor(request), note=form.cleaned_data["note"])
             except ValidationError as exc:
-                _form_errors(form, exc)
+                form_errors(form, exc)
             except (PermissionDenied, ConcurrentApproval) as exc:
                 form.add_error(None, str(exc))
             else:
@@ -351,47 +298,6 @@ class PolicyVersionAdmin(AuditTrailHistory, PortfolioScopedAdmin):
             "opts": self.model._meta,
         }
         return TemplateResponse(request, "admin/retention/review_version.html", context)
-
-
-class PlaceHoldForm(forms.ModelForm):
-    reason = free_text_field()
-    # Text, not the model's bigint: a kind keyed by UUID names its record by
-    # the UUID. Which of the two the kind takes is the service's check.
-    record_id = forms.CharField(
-        required=False, max_length=64, label="Record id", help_text="An integer id, or a UUID for a kind keyed by UUID."
-    )
-
-    class Meta:
-        model = LegalHold
-        fields = ["portfolio", "property", "record_kind", "record_id", "reason"]
-
-    def clean(self) -> dict[str, Any]:
-        """The service's scope rules, shown on the form's fields (placing checks them again under its lock)."""
-        super().clean()
-        data = self.cleaned_data  # what ModelForm.clean returns (its declared type allows None)
-        portfolio = data.get("portfolio")
-        # The model's bigint gets the integer only (or nothing): a UUID goes to record_key.
-        raw = (data.get("record_id") or "").strip() or None
-        data["record_id"] = None
-        if portfolio is not None and not self.errors:
-            try:
-                legal_hold_scope_validate(
-                    portfolio=portfolio,
-                    property=data.get("property"),
-                    record_kind=data.get("record_kind") or "",
-                    record_id=raw,
-                )
-                if raw is not None:
-                    number, key = legal_hold_record_ref(record_kind=data.get("record_kind") or "", record_id=raw)
-                    data["record_id"] = number
-                    self.instance.record_key = key
-            except ValidationError as exc:
-                _form_errors(self, exc)
-        return data
-
-
-class ReleaseForm(forms.Form):
-    reason = free_text_field()
 
 
 @admin.register(LegalHold)
@@ -433,7 +339,7 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
         "release_reason",
     ]
 
-    def get_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> _FieldGroups:
+    def get_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> FieldGroups:
         return list(self.hold_fields) if obj is not None else super().get_fields(request, obj)
 
     def get_readonly_fields(self, request: HttpRequest, obj: LegalHold | None = None) -> list[str]:
@@ -447,7 +353,7 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
     def released_by_name(self, obj: LegalHold) -> str:
         return username_of(obj.released_by)
 
-    def get_list_display(self, request: HttpRequest) -> _ListDisplayT[Any]:
+    def get_list_display(self, request: HttpRequest) -> ListDisplay:
         """ "Release…" only where the reader may release (a manager sees the state alone)."""
 
         @admin.display(description="State")
@@ -530,7 +436,7 @@ class LegalHoldAdmin(AuditTrailHistory, PortfolioScopedAdmin):
                     hold_id=hold.pk, released_by=request_actor(request), reason=form.cleaned_data["reason"]
                 )
             except ValidationError as exc:
-                _form_errors(form, exc)
+                form_errors(form, exc)
             else:
                 messages.success(request, f"Legal hold {hold.pk} released.")
                 return HttpResponseRedirect(reverse("admin:retention_legalhold_changelist"))

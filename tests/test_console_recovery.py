@@ -263,7 +263,7 @@ def test_a_redrive_that_fails_again_keeps_the_sweep_drained_with_dead_letters(wo
 def test_retention_debt_is_not_missed_minutes_after_a_legitimate_shortening(
     portfolio, prop, manager, reviewer, time_machine, operator_user
 ):
-    from cleanup_ops.selectors import retention_debt
+    from cleanup_ops.console_selectors.overview import retention_debt
     from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
     time_machine.move_to(utc("2026-07-01T00:00:00Z"), tick=False)
@@ -292,7 +292,7 @@ def test_retention_debt_is_not_missed_minutes_after_a_legitimate_shortening(
 def test_records_already_late_under_the_previous_period_stay_late_after_a_shortening(
     portfolio, prop, manager, reviewer, time_machine
 ):
-    from cleanup_ops.selectors import retention_debt
+    from cleanup_ops.console_selectors.overview import retention_debt
     from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
     time_machine.move_to(utc("2026-07-01T00:00:00Z"), tick=False)

@@ -41,7 +41,7 @@ from django.db import DatabaseError, InterfaceError
 
 from cleanup_ops import checkpoints
 from cleanup_ops.clock import host_clock
-from cleanup_ops.downstream.purge import _lock_bound_seconds
+from cleanup_ops.downstream.fencing import lock_bound_seconds
 from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.models import CleanupJob, JobKind, unpaused_q
 from properties.models import Lease, Portfolio, Property
@@ -246,7 +246,7 @@ def test_a_purge_worker_whose_session_ended_while_held_deletes_no_held_file_and_
         pid = hold.wait_for_worker(worker)
         # Every fence the worker computed so far ends within the idle bound from now.
         (fence_end,) = observer.execute(
-            "SELECT EXTRACT(EPOCH FROM clock_timestamp()) + %s", [_lock_bound_seconds()]
+            "SELECT EXTRACT(EPOCH FROM clock_timestamp()) + %s", [lock_bound_seconds()]
         ).fetchone()
         observer.execute("SELECT pg_terminate_backend(%s)", [pid])
         poll(
@@ -259,7 +259,7 @@ def test_a_purge_worker_whose_session_ended_while_held_deletes_no_held_file_and_
                 lambda: observer.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp()) > %s", [fence_end]).fetchone()[
                     0
                 ],
-                timeout=_lock_bound_seconds() + 15,
+                timeout=lock_bound_seconds() + 15,
                 what="the database clock to pass the decision's fence",
             )
         legal_hold_place(

@@ -15,6 +15,7 @@ The rules read the source with ``ast``; nothing is imported. ``lint-imports``
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -105,3 +106,33 @@ def test_the_length_rule_counts_lines_and_names_the_module(tmp_path, monkeypatch
     short.write_text("x = 1\n" * 3)
     long.write_text("x = 1\n" * 4)
     assert long_modules([short, long], limit=3) == {"long.py": 4}
+
+
+def modules_branching_on_the_vendor() -> set[str]:
+    """Product modules that call ``is_postgres()`` to take another path.
+
+    ``sql.py`` defines it and ``execution/statements.py`` builds statement texts with
+    it (a difference in a statement's text, which sql.py's docstring puts apart).
+    """
+    found = set()
+    for path in tracked_modules():
+        name = str(path.relative_to(ROOT))
+        if name.startswith("cleanup_ops/") and "is_postgres()" in path.read_text():
+            found.add(name.removeprefix("cleanup_ops/"))
+    return found - {"sql.py", "execution/statements.py"}
+
+
+def modules_sql_py_names_as_branching() -> set[str]:
+    doc = (ROOT / "cleanup_ops" / "sql.py").read_text()
+    sentence = doc.split("branches on ``is_postgres()`` itself:", 1)[1].split("(``tests/test_layout.py``", 1)[0]
+    named = {
+        f"{package}{module.strip()}.py"
+        for package, modules in re.findall(r"``(\w+/)`` \(([^)]*)\)", sentence)
+        for module in modules.split(",")
+    }
+    named |= set(re.findall(r"``([\w/]+\.py)``", sentence))
+    return named
+
+
+def test_sql_py_names_every_module_that_branches_on_the_vendor():
+    assert modules_sql_py_names_as_branching() == modules_branching_on_the_vendor()

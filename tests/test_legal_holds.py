@@ -277,7 +277,7 @@ class TestRecordHoldScope:
     ):
         from django.urls import reverse
 
-        from retention import admin as retention_admin
+        from retention import admin_forms as retention_admin
 
         props, ids = world
         target = ids[(props[0].pk, "lease")][0]

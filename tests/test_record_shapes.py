@@ -185,7 +185,7 @@ def test_a_record_hold_on_a_uuid_kind_names_the_uuid_and_a_wrong_type_is_refused
 def test_the_console_the_api_and_the_debt_figures_show_the_shapes_jobs(
     shapes, client, portfolio, prop, active_policy, operator_user
 ):
-    from cleanup_ops.selectors import retention_debt
+    from cleanup_ops.console_selectors.overview import retention_debt
 
     for kind in SHAPES:
         active_policy(portfolio, kind, 30)

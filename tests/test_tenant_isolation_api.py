@@ -17,9 +17,9 @@ import pytest
 from rest_framework.renderers import JSONRenderer
 from rest_framework.test import APIClient
 
+from cleanup_ops.console_selectors.overview import overview
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.proof import sweep_proof
-from cleanup_ops.selectors import overview
 from retention.models import LegalHold, PolicyVersion
 
 from . import tenant_world

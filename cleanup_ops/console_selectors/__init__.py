@@ -1,8 +1,9 @@
 """Reads of the console's pages, one module per subject: ``names`` (ids to
 names), ``jobs``, ``sweeps`` (history and the drain forecast),
 ``dead_letters``, ``workers``, ``audit``, ``pauses`` (and one portfolio),
-``search``. The overview's figures are ``cleanup_ops.selectors``'. The same
-rules as ``selectors``:
+``search``, and ``overview`` (the overview page's figures, which the API's
+metrics and the Prometheus exporter serve too). The same rules as
+``cleanup_ops.selectors``:
 
 - every function issues a fixed number of queries whatever the data size
   (aggregates and bounded lists, never a query per row);

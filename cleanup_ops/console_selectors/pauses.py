@@ -9,13 +9,13 @@ from django.db.models import Count, Min, Q, Sum
 
 # None: every portfolio (platform staff); a set: a customer's portfolios.
 from cleanup_ops.console_selectors.names import PortfolioScope
+from cleanup_ops.console_selectors.overview import current_sweep
 from cleanup_ops.models import (
     OPEN_STATES,
     CleanupJob,
     DeadLetter,
     JobState,
     PipelinePause,
-    Sweep,
     live_lease_q,
     open_letter_q,
     open_q,
@@ -57,7 +57,7 @@ def portfolio_summary(portfolio_id: int, *, now: datetime) -> dict[str, Any]:
     in the current sweep (with their rows deleted), open dead letters, its
     pause and the audit events whose object is the portfolio. Five queries,
     each on an index (open jobs by portfolio, the current sweep's jobs)."""
-    current = Sweep.objects.order_by("-slot").first()
+    current = current_sweep()
     in_current = Q(sweep_id=current.pk) if current is not None else Q(pk__in=[])
     jobs = CleanupJob.objects.filter(Q(state__in=OPEN_STATES) | in_current, portfolio_id=portfolio_id).aggregate(
         **{f"state_{s}": Count("id", filter=Q(state=s)) for s in JobState.values},

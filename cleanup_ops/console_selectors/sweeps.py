@@ -23,8 +23,8 @@ from cleanup_ops.models import (
     open_letter_q,
     open_q,
     superseded_q,
-    sweep_status_seen,
 )
+from cleanup_ops.sweeps import sweep_status_seen
 from retention.scoping import portfolio_ids_q
 
 # --- Sweeps: history and the drain forecast ------------------------------------

@@ -1,7 +1,7 @@
 """The reference guard: a record that starts naming a document takes part in its one decision.
 
 Why: a purge decides about a document under its ``DocumentDisposition`` row
-lock (``downstream.purge``), and every batch that deletes a record naming it
+lock (``downstream.decision``), and every batch that deletes a record naming it
 takes that row too. But the application writes its record tables itself: a
 record that *starts* naming the document — inserted, or its document field
 edited — while the purge decides or calls the store would not be seen, and

@@ -21,7 +21,7 @@ Two backends (``store_for``):
   ``DeleteObjects`` call (``STORAGE_PURGE_BATCH_SIZE``). These stores are
   **not fenced**: they cannot refuse a late call, so the purge starts a call
   only while its decision's locks are sure to outlive the call's
-  client-side bound (``call_bound_seconds``; ``downstream.purge``).
+  client-side bound (``call_bound_seconds``; ``downstream.fencing``).
 
 What a purge asks a store, and what the answers mean:
 

@@ -16,16 +16,12 @@ from cleanup_ops.console_selectors import (
     portfolio_names,
     sweep_forecast,
 )
+from cleanup_ops.console_selectors.overview import THROUGHPUT_HOURS, overview, throughput
 from cleanup_ops.console_selectors.waiting import open_work, pipeline_attention
 from cleanup_ops.console_selectors.workers import queue_clusters
 from cleanup_ops.dispatch import queues
 from cleanup_ops.models import Sweep
 from cleanup_ops.recovery.classification import FailureCategory
-from cleanup_ops.selectors import (
-    THROUGHPUT_HOURS,
-    overview,
-    throughput,
-)
 from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,

@@ -1,0 +1,55 @@
+"""What every worker process shares besides the jobs: the token buckets of the
+rate limiter (``cleanup_ops.ratelimit``) and each cluster's heartbeat
+(``cleanup_ops.health``).
+"""
+
+from __future__ import annotations
+
+from django.db import models
+
+
+class RateBucket(models.Model):
+    """A token bucket shared by every worker process on every host.
+
+    ``tokens`` as of ``updated_at`` (epoch seconds); refill is computed in the
+    acquiring UPDATE itself, so there is no background refill process.
+    """
+
+    name = models.CharField(max_length=60, primary_key=True)
+    tokens = models.FloatField()
+    updated_at = models.FloatField()
+
+    def __str__(self) -> str:
+        return f"{self.name}: {self.tokens:.1f}"
+
+
+class WorkerHeartbeat(models.Model):
+    """One row per worker cluster, written by its own workers (``cleanup_ops.health``).
+
+    A cluster is one ``qcluster`` process tree on one host, named by
+    ``Q_CLUSTER_NAME``. ``pid`` is its sentinel (the parent of its workers):
+    a new value means the cluster was restarted, and ``started_at`` restarts
+    with it. ``last_progress_at`` is when one of its workers last finished a
+    task. A cluster with due work it could take and no progress for a while is
+    wedged, not idle (``cleanup_health --liveness``).
+    """
+
+    host = models.CharField(max_length=255)
+    cluster = models.CharField(max_length=100)
+    # The django-q2 queue the cluster serves (Q_CLUSTER_NAME); "" on rows
+    # written before heartbeats named it (read as the main queue).
+    queue = models.CharField(max_length=40, blank=True, default="", db_default="")
+    pid = models.PositiveIntegerField(help_text="The cluster's sentinel process (parent of its workers).")
+    started_at = models.DateTimeField(help_text="When this run of the cluster (this pid) spawned its first worker.")
+    last_progress_at = models.DateTimeField(null=True, blank=True, help_text="When a worker last finished a task.")
+    turns = models.PositiveBigIntegerField(default=0, help_text="Tasks finished by this run of the cluster.")
+    jobs_leased = models.PositiveBigIntegerField(default=0, help_text="Jobs leased by this run of the cluster.")
+    rows_deleted = models.PositiveBigIntegerField(default=0)
+    updated_at = models.DateTimeField()
+
+    class Meta:
+        ordering = ["host", "cluster"]
+        constraints = [models.UniqueConstraint(fields=["host", "cluster"], name="heartbeat_one_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}@{self.host}"
