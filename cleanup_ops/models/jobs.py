@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Exists, Q
 
-from cleanup_ops.lifecycle import JobEvent, JobOutcome, JobState, next_state
+from cleanup_ops.lifecycle import OPEN_STATES, JobEvent, JobOutcome, JobState, next_state
 from cleanup_ops.models.interventions import DeadLetter, DeadLetterStatus, PipelinePause
 from retention.registry import record_kind_choices
 
@@ -89,8 +89,6 @@ class Sweep(models.Model):
         self.finished_at = None if jobs else at
         self.save(update_fields=["jobs_admitted", "carried_over", "status", "admitted_at", "finished_at"])
 
-
-OPEN_STATES = (JobState.PENDING, JobState.LEASED)
 
 # The scope a job, its dead letter, its redrive and its outbox rows share.
 SCOPE_FIELDS = ("portfolio_id", "property_id", "record_kind", "policy_version_id")
