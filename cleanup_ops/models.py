@@ -691,3 +691,7 @@ def liveness_verdict(
     if waited < stale or (quiet is not None and quiet < stale):
         return "working", quiet
     return "wedged", quiet
+
+
+# Whole table partitions dropped: a ledger of their own (registered here so Django finds it).
+from cleanup_ops.table_partition_ledger import TablePartitionDrop  # noqa: E402, F401
