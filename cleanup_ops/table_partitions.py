@@ -26,7 +26,7 @@ a. ``SET LOCAL lock_timeout`` = ``CLEANUP_TABLE_PARTITION_LOCK_SECONDS``:
 b. ``LOCK TABLE <table partition> IN SHARE MODE``. From here no row can
    enter, leave or change in it: every INSERT, UPDATE or DELETE routed to it
    takes ROW EXCLUSIVE, which conflicts. (SHARE, not ACCESS EXCLUSIVE: the
-   application's reads of old rows go on during the scan of c; the DETACH of
+   application's reads of old rows go on during the scan of c; the drop of
    f takes ACCESS EXCLUSIVE, for milliseconds.)
 c. Read, in statements after the lock: its rows per (portfolio, property),
    and ``ids_digest`` = ``encode(sha256(convert_to(coalesce(string_agg(CAST(id
@@ -54,12 +54,17 @@ e. Read, in a statement after d: each present portfolio's approved version
    bound is not after any such version's cutoff (rows 0).
 f. Droppable: insert the ledger row; check that no session waits for the
    table partition's lock (an application write of an old row, a batch's
-   DELETE: they hold the parent table's lock, which the DETACH needs, so
+   DELETE: they hold the parent table's lock, which the drop needs, so
    going on would deadlock them — the drop steps back instead, *busy*);
    checkpoint ``table_partition.before_drop``; ``LOCK TABLE <parent> IN
-   ACCESS EXCLUSIVE MODE`` (what the DETACH takes anyway, bounded by a),
-   ``ALTER TABLE … DETACH PARTITION``, ``DROP TABLE``; commit. The ledger row
-   and the drop commit together or not at all. A deadlock (PostgreSQL ends
+   ACCESS EXCLUSIVE MODE`` (what the drop takes anyway, bounded by a), then
+   ``DROP TABLE <table partition>``, which detaches it as it drops it; commit.
+   The ledger row and the drop commit together or not at all. (Not ``ALTER
+   TABLE … DETACH PARTITION`` first: a detached table partition's foreign keys
+   become its own, with triggers on the portfolio and property tables, and
+   dropping it then takes ACCESS EXCLUSIVE on both — every application read
+   of them would wait, and a hold placement waiting for d would deadlock the
+   drop. Dropped while attached, it locks the parent alone.) A deadlock (PostgreSQL ends
    one side) also rolls the drop back, *busy*. Identifiers are quoted by
    ``psycopg.sql.Identifier``.
 
@@ -265,6 +270,9 @@ def _decide_and_drop(
     timeout = str(max(1, round(settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS * 1000)))
     with connection.cursor() as cur:
         cur.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])  # a
+        # Deferred foreign-key checks still pending on its rows (rows a caller
+        # wrote earlier in its own transaction) would make the DROP refuse: run them now.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cur.execute(f"LOCK TABLE {target} IN SHARE MODE")  # b
         # c: read after the lock.
         cur.execute(
@@ -338,7 +346,7 @@ def _decide_and_drop(
             dropped_at=now or timezone.now(),
         )
         # f: a session waiting for this table partition holds the parent's
-        # lock the DETACH needs: going on would deadlock it.
+        # lock the drop needs: going on would deadlock it.
         cur.execute(
             "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = to_regclass(%s) AND NOT granted",
             [f"{table_partition.schema}.{table_partition.name}"],
@@ -348,7 +356,11 @@ def _decide_and_drop(
         checkpoint("table_partition.before_drop")
         parent = _ident(spec.table)
         cur.execute(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE")
-        cur.execute(f"ALTER TABLE {parent} DETACH PARTITION {target}")
+        # DROP TABLE detaches it too. Not ALTER TABLE ... DETACH PARTITION first:
+        # that makes its inherited foreign keys its own, with triggers on the
+        # portfolio and property tables, which the DROP then takes ACCESS
+        # EXCLUSIVE (every reader of them waits; a hold placement waiting for
+        # our scope lock deadlocks us). Dropped attached, only the parent is locked.
         cur.execute(f"DROP TABLE {target}")
     return "dropped", int(rows)
 
