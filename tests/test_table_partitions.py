@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import importlib
 import itertools
+import json
 import time
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
@@ -468,3 +469,34 @@ def test_a_longer_retention_approved_while_the_drop_holds_its_locks_commits_afte
     assert entry.portfolios[str(world.a.pk)]["policy_version_id"] == before
     version.refresh_from_db()
     assert version.status == "approved"  # committed after the drop
+
+
+# --- The proof of disposition ---------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_alone(world, time_machine):
+    from cleanup_ops.proof import proof_csv, sweep_proof
+    from cleanup_ops.proof_verify import load, verify
+
+    time_machine.move_to(NOW, tick=False)
+    sweep = sweep_trigger(slot=SLOT, now=NOW).sweep
+    proof = sweep_proof(sweep=sweep)
+    (march,) = [d for d in proof["table_partitions"] if d["table_partition"] == P_MARCH]
+    assert (march["rows"], march["ids_digest"]) == (7, digest_of(world.march_ids()))
+    assert (march["lower_bound"], march["upper_bound"]) == ("2020-03-01T00:00:00Z", "2020-04-01T00:00:00Z")
+    assert proof["table_partition_rows"] == 9
+    for text in (json.dumps(proof, default=str), proof_csv(proof)):
+        report = verify(load(text))
+        assert report.ok, report.problems
+        assert report.table_partitions == len(proof["table_partitions"])
+    march["rows"] = 8  # a claim its portfolios do not add up to
+    march["portfolios"][str(world.a.pk)]["cutoff"] = "2020-03-20T00:00:00Z"  # a cutoff before the upper bound
+    problems = verify(load(json.dumps(proof, default=str))).problems
+    assert any(f"table partition {P_MARCH}: 8 rows stated" in p for p in problems)
+    assert any(f"portfolio {world.a.pk}'s cutoff is before its upper bound" in p for p in problems)
+    # A customer's scoped proof shows its own portfolio only, without the shared digest.
+    scoped = sweep_proof(sweep=sweep, portfolio_ids=frozenset({world.b.pk}))
+    (mine,) = [d for d in scoped["table_partitions"] if d["table_partition"] == P_MARCH]
+    assert (mine["rows"], mine["ids_digest"], list(mine["portfolios"])) == (2, None, [str(world.b.pk)])
