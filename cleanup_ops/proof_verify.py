@@ -211,10 +211,10 @@ def load(text: str) -> dict[str, Any]:
     for line in text.splitlines():
         words = line.split()
         if words[:2] == ["#", "table_partition"] and len(words) == 10:
-            kind, table, name, lower, upper, rows, ids_digest, op_id = words[2:]
+            kind, parent, name, lower, upper, rows, ids_digest, op_id = words[2:]
             drops[name] = {
                 "record_kind": kind,
-                "table": table,
+                "table": parent,
                 "table_partition": name,
                 "lower_bound": None if lower == "-" else lower,
                 "upper_bound": upper,
