@@ -22,6 +22,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from datetime import timedelta
 from pathlib import Path
 
@@ -87,6 +88,7 @@ class Writer:
 
     def __init__(self, *statements: tuple[str, list]) -> None:
         self.conn = raw_connection(autocommit=False)
+        OPEN_WRITERS.append(self)
         self.pid = int(self.conn.execute("SELECT pg_backend_pid()").fetchone()[0])
         for sql, params in statements:
             self.conn.execute(sql, params)
@@ -94,6 +96,19 @@ class Writer:
     def commit(self) -> None:
         self.conn.commit()
         self.conn.close()
+        OPEN_WRITERS.remove(self)
+
+
+# Writers a failed test left open: their row locks would make the next test's flush wait
+# for ever, so each test ends by closing them (the server rolls their transactions back).
+OPEN_WRITERS: list[Writer] = []
+
+
+@pytest.fixture(autouse=True)
+def _writers_let_go() -> Iterator[None]:
+    yield
+    while OPEN_WRITERS:
+        OPEN_WRITERS.pop().conn.close()
 
 
 def blocked_by(pid: int) -> list[int]:
