@@ -4,8 +4,7 @@
   ledger; its docstring says what is the source of truth;
 - ``outbox``: the purge's outbox and each document's disposition;
 - ``interventions``: dead letters and pauses, what operators decide about;
-- ``workers``: rate buckets and worker heartbeats;
-- ``table_partitions``: the ledger of table partitions dropped whole.
+- ``workers``: rate buckets and worker heartbeats.
 
 Django finds an app's models in its ``models`` module, so each is imported
 here, and code imports them from ``cleanup_ops.models``.
@@ -49,7 +48,6 @@ from cleanup_ops.models.outbox import (
     DocumentDisposition,
     PurgeRequest,
 )
-from cleanup_ops.models.table_partitions import TablePartitionDrop
 from cleanup_ops.models.workers import RateBucket, WorkerHeartbeat
 
 __all__ = [
@@ -77,7 +75,6 @@ __all__ = [
     "Sweep",
     "SweepQuerySet",
     "SweepStatus",
-    "TablePartitionDrop",
     "WorkerHeartbeat",
     "due_q",
     "due_work_q",
