@@ -42,6 +42,9 @@ LEASE = ("lease.after_cap_lock", "lease_group.after_stripe_locks")
 REDRIVE = ("redrive.after_lock",)
 PAUSE = ("pause.after_lock",)
 ALL = BATCH + PURGE + LEASE + REDRIVE + PAUSE
+# A whole table partition's drop (cleanup_ops.table_partitions; tests/test_table_partitions.py
+# enumerates its actors): not a worker's path, so not in ALL.
+TABLE_PARTITION = ("table_partition.after_locks", "table_partition.before_drop")
 
 _local = threading.local()
 

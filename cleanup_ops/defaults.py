@@ -99,6 +99,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CLEANUP_CLOCK_SYNC_SECONDS", 30.0, number()),
     Setting("CLEANUP_SCOPE_LOCK_WAIT_SECONDS", 10.0, number(minimum=0.1)),
     Setting("CLEANUP_IDLE_IN_TRANSACTION_SECONDS", 30.0, number(minimum=1.0)),
+    Setting("CLEANUP_TABLE_PARTITION_LOCK_SECONDS", 3.0, number(minimum=0.1)),
     Setting("CLEANUP_CHECKPOINTS", frozenset(), _checkpoints),
     # --- /metrics
     Setting("METRICS_TOKEN", "", _any_string),

@@ -20,9 +20,22 @@ already gone, set aside under a legal hold placed after the batch (and how
 many still wait for its release), skipped because a remaining record still
 names them, invalid ids. Counts only, never a document id.
 
+Whole table partitions dropped before the sweep's admission
+(``cleanup_ops.table_partitions``) are listed under ``table_partitions``, one
+entry per ``TablePartitionDrop``: kind, table, table partition, bounds, rows,
+``ids_digest`` (its formula in ``cleanup_ops.models.table_partitions``), the
+drop's ``operation_id`` (``TABLE_PARTITION_ID_METHOD``, recomputed by the
+verifier) and per portfolio its rows, policy version and cutoff (never before
+the upper bound: the verifier checks that too). Their rows are counted in
+``table_partition_rows``, apart from the jobs' ``rows_deleted``; the sweep
+digest stays the jobs'. The CSV carries them as ``# table_partition`` and
+``# table_partition_portfolio`` lines.
+
 For a customer's staff (``portfolio_ids``) the proof covers their portfolios'
 jobs only: the sweep digest is then over their job digests, which they can
-recompute from their own rows, and ``portfolio_ids`` says what it covers.
+recompute from their own rows, and ``portfolio_ids`` says what it covers. A
+table partition they shared with other customers shows their portfolios
+only, its rows as theirs, and no ids digest (it covers others' ids).
 """
 
 from __future__ import annotations
@@ -33,7 +46,7 @@ import io
 from datetime import UTC, datetime
 from typing import Any
 
-from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep
+from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep, TablePartitionDrop
 from cleanup_ops.selectors import sweep_attachments
 from cleanup_ops.sweeps import sweep_status_seen
 
@@ -129,6 +142,7 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
             }
         )
     sweep_digest = hashlib.sha256("\n".join(r["digest"] for r in rows).encode()).hexdigest()
+    dropped = table_partition_drops(sweep=sweep, portfolio_ids=portfolio_ids)
     status = sweep.status
     scope: dict[str, Any] = {}
     if portfolio_ids is not None:
@@ -153,7 +167,43 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
         # under a legal hold has the outcome purge_held.
         "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=portfolio_ids),
         "partitions": rows,
+        "table_partition_rows": sum(d["rows"] for d in dropped),
+        "table_partition_id_method": TABLE_PARTITION_ID_METHOD,
+        "table_partitions": dropped,
     }
+
+
+TABLE_PARTITION_ID_METHOD = (
+    "sha256 of table_partition:<record_kind>:<table>:<table_partition>:<lower_bound>:<upper_bound>:<slot> "
+    "(times in RFC 3339 UTC with Z; lower_bound '-' when unbounded; "
+    "the same as cleanup_ops.table_partitions.drop_operation_id)"
+)
+
+
+def table_partition_drops(*, sweep: Sweep, portfolio_ids: frozenset[int] | None) -> list[dict[str, Any]]:
+    """The sweep's whole table partitions dropped, in drop order (only those
+    with one of ``portfolio_ids``, shown for them alone, when given)."""
+    out = []
+    for drop in TablePartitionDrop.objects.filter(sweep=sweep).order_by("id"):
+        portfolios = {
+            key: value for key, value in drop.portfolios.items() if portfolio_ids is None or int(key) in portfolio_ids
+        }
+        if portfolio_ids is not None and not portfolios:
+            continue
+        out.append(
+            {
+                "record_kind": drop.record_kind,
+                "table": drop.table,
+                "table_partition": drop.table_partition,
+                "lower_bound": rfc3339(drop.lower_bound) if drop.lower_bound else None,
+                "upper_bound": rfc3339(drop.upper_bound),
+                "rows": drop.rows if portfolio_ids is None else sum(v["rows"] for v in portfolios.values()),
+                "ids_digest": drop.ids_digest if portfolio_ids is None else None,
+                "operation_id": drop.operation_id,
+                "portfolios": portfolios,
+            }
+        )
+    return out
 
 
 OPERATION_ID_METHOD = (
@@ -180,6 +230,17 @@ def proof_csv(proof: dict[str, Any]) -> str:
     # The operation ids' inputs (``proof_verify`` reads them back).
     out.write(f"# slot {proof['slot']}\n")
     out.write("# operations: job_id after_id last_id limit cutoff operation_id\n")
+    # Whole table partitions dropped (``proof_verify`` reads them back).
+    for d in proof.get("table_partitions", []):
+        out.write(
+            f"# table_partition {d['record_kind']} {d['table']} {d['table_partition']} {d['lower_bound'] or '-'} "
+            f"{d['upper_bound']} {d['rows']} {d['ids_digest'] or '-'} {d['operation_id']}\n"
+        )
+        for portfolio_id, p in d["portfolios"].items():
+            out.write(
+                f"# table_partition_portfolio {d['table_partition']} {portfolio_id} {p['rows']} "
+                f"{p['policy_version_id']} {p['cutoff']}\n"
+            )
     for partition in proof["partitions"]:
         for op in partition["operation_inputs"]:
             # An empty text cursor (a non-integer key's first batch) is "-": the line is split on spaces.

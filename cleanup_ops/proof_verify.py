@@ -14,6 +14,14 @@ formula is written out here on purpose rather than imported from
 ``cleanup_ops.execution.batches``: the two are checked against each other by
 the tests, and an auditor can read this one file whole.
 
+Whole table partitions dropped (``table_partitions``): each drop's
+operation id is recomputed from its inputs (record kind, table, table
+partition, bounds, the slot), its rows must be the sum of its portfolios',
+and no portfolio's cutoff may lie before its upper bound (a table partition is
+dropped only when all of it is past every cutoff). ``ids_digest`` is stated
+for an auditor who holds the ids (its formula:
+``cleanup_ops.models.table_partitions``).
+
 Exit status: 0 when every digest is recomputed identical; 1 otherwise, with
 one line per problem naming the job and what differs.
 """
@@ -38,6 +46,10 @@ def stamp(value: str) -> str:
     if parsed.tzinfo is None:
         raise ValueError(f"time without a zone: {value!r}")
     return parsed.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def moment(value: str) -> datetime:
+    return datetime.fromisoformat(stamp(value).replace("Z", "+00:00"))
 
 
 KEY_TEXT = re.compile(r"^(\d+|[0-9a-fA-F-]{32,36})?$")
@@ -77,10 +89,51 @@ def sweep_digest(job_digests: list[str]) -> str:
     return hashlib.sha256("\n".join(job_digests).encode()).hexdigest()
 
 
+def table_partition_id(
+    *, record_kind: str, table: str, table_partition: str, lower: str | None, upper: str, slot: str
+) -> str:
+    low = stamp(lower) if lower and lower != "-" else "-"
+    raw = f"table_partition:{record_kind}:{table}:{table_partition}:{low}:{stamp(upper)}:{stamp(slot)}"
+    return hashlib.sha256(raw.encode()).hexdigest()
+
+
+def verify_table_partitions(proof: dict[str, Any], report: Report) -> None:
+    for drop in proof.get("table_partitions") or []:
+        name = drop.get("table_partition")
+        report.table_partitions += 1
+        try:
+            value = table_partition_id(
+                record_kind=str(drop["record_kind"]),
+                table=str(drop["table"]),
+                table_partition=str(name),
+                lower=drop.get("lower_bound"),
+                upper=str(drop["upper_bound"]),
+                slot=str(proof["slot"]),
+            )
+            portfolios = drop.get("portfolios") or {}
+            rows = sum(int(p["rows"]) for p in portfolios.values())
+            early = [k for k, p in portfolios.items() if moment(p["cutoff"]) < moment(drop["upper_bound"])]
+        except (KeyError, TypeError, ValueError) as exc:
+            report.problems.append(f"table partition {name}: its inputs cannot be read ({exc})")
+            continue
+        if value != drop.get("operation_id"):
+            report.problems.append(
+                f"table partition {name}: operation id recomputes to {value}, "
+                f"the export says {drop.get('operation_id')}"
+            )
+        if rows != int(drop.get("rows", -1)):
+            report.problems.append(
+                f"table partition {name}: {drop.get('rows')} rows stated, its portfolios' sum {rows}"
+            )
+        for key in early:
+            report.problems.append(f"table partition {name}: portfolio {key}'s cutoff is before its upper bound")
+
+
 @dataclass
 class Report:
     jobs: int = 0
     operations: int = 0
+    table_partitions: int = 0
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -89,7 +142,8 @@ class Report:
 
     def summary(self) -> str:
         verdict = "verified" if self.ok else f"FAILED ({len(self.problems)} problem(s))"
-        return f"{verdict}: {self.jobs} job digest(s), {self.operations} operation id(s) recomputed"
+        drops = f"{self.table_partitions} table partition drop(s), " if self.table_partitions else ""
+        return f"{verdict}: {self.jobs} job digest(s), {drops}{self.operations} operation id(s) recomputed"
 
 
 def verify(proof: dict[str, Any]) -> Report:
@@ -135,6 +189,7 @@ def verify(proof: dict[str, Any]) -> Report:
                 f"job {job}: digest recomputes to {digest}, the export says {partition.get('digest')}"
             )
         digests.append(digest)
+    verify_table_partitions(proof, report)
     total = sweep_digest(digests)
     if total != proof.get("digest"):
         report.problems.append(f"sweep: digest recomputes to {total}, the export says {proof.get('digest')}")
@@ -151,9 +206,29 @@ def load(text: str) -> dict[str, Any]:
     by_job = {str(p["job_id"]): p for p in partitions}
     for partition in partitions:
         partition["operation_inputs"] = []
-    proof: dict[str, Any] = {"partitions": partitions}
+    proof: dict[str, Any] = {"partitions": partitions, "table_partitions": []}
+    drops: dict[str, dict[str, Any]] = {}
     for line in text.splitlines():
         words = line.split()
+        if words[:2] == ["#", "table_partition"] and len(words) == 10:
+            kind, parent, name, lower, upper, rows, ids_digest, op_id = words[2:]
+            drops[name] = {
+                "record_kind": kind,
+                "table": parent,
+                "table_partition": name,
+                "lower_bound": None if lower == "-" else lower,
+                "upper_bound": upper,
+                "rows": rows,
+                "ids_digest": None if ids_digest == "-" else ids_digest,
+                "operation_id": op_id,
+                "portfolios": {},
+            }
+            proof["table_partitions"].append(drops[name])
+        elif words[:2] == ["#", "table_partition_portfolio"] and len(words) == 7:
+            name, portfolio_id, rows, version_id, cutoff = words[2:]
+            if name not in drops:
+                raise ValueError(f"a table_partition_portfolio line names {name}, which no table_partition line does")
+            drops[name]["portfolios"][portfolio_id] = {"rows": rows, "policy_version_id": version_id, "cutoff": cutoff}
         if words[:2] == ["#", "sweep"] and "digest" in words:
             proof["digest"] = words[words.index("digest") + 1]
         elif words[:2] == ["#", "slot"] and len(words) == 3:

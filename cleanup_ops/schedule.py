@@ -16,6 +16,9 @@ slot; every trigger runs it, and so does the dispatcher's periodic tick
 whose last job finished without the sweep's status being recorded (a crash or
 a database error right after the job's outcome).
 
+Before admission, a trigger drops whole table partitions that no hold can
+reach (``cleanup_ops.table_partitions``), so their rows are never candidates.
+
 Each trigger also hands attachments that a purge set aside under a legal
 hold, and whose hold has since been released, to a new purge job in the
 triggered sweep (``downstream.purge.purge_requeue_released``).
@@ -42,6 +45,7 @@ from cleanup_ops.admission import sweep_admit
 from cleanup_ops.downstream.purge import purge_requeue_released
 from cleanup_ops.models import CleanupJob, Sweep, SweepStatus
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
+from cleanup_ops.table_partitions import TablePartitionsReport, table_partitions_drop
 
 logger = logging.getLogger(__name__)
 
@@ -103,6 +107,8 @@ class SweepResult:
     sweep: Sweep
     created: bool
     purges_requeued: int = 0  # purge jobs for attachments whose hold was released
+    # Whole table partitions dropped before admission (None: the sweep was already admitted).
+    table_partitions: TablePartitionsReport | None = None
 
     def as_dict(self) -> dict[str, object]:
         return {
@@ -113,6 +119,7 @@ class SweepResult:
             "jobs_admitted": self.sweep.jobs_admitted,
             "carried_over": self.sweep.carried_over,
             "purges_requeued": self.purges_requeued,
+            "table_partitions": self.table_partitions.as_dict() if self.table_partitions else None,
         }
 
 
@@ -135,6 +142,11 @@ def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) 
         except IntegrityError:
             # Another trigger of the same slot won the race.
             sweep = Sweep.objects.get(key=key)
+    # Whole table partitions out of every hold's reach go first, so their rows
+    # are never a job's candidates (cleanup_ops.table_partitions).
+    dropped = (
+        table_partitions_drop(slot=slot, now=now, sweep_id=sweep.pk) if sweep.status == SweepStatus.ADMITTING else None
+    )
     # Any other sweep a crash left admitting is completed first, in slot
     # order, so partitions go to the oldest sweep and later ones carry them over.
     sweeps_admit_stranded(now=now, exclude=sweep.pk)
@@ -143,7 +155,7 @@ def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) 
     # are purged as part of this sweep.
     requeued = purge_requeue_released(sweep=sweep, now=now)
     sweep.refresh_from_db()
-    return SweepResult(sweep=sweep, created=created, purges_requeued=len(requeued))
+    return SweepResult(sweep=sweep, created=created, purges_requeued=len(requeued), table_partitions=dropped)
 
 
 @dataclass

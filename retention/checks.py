@@ -107,7 +107,90 @@ def check_kind(kind: str, entry: Any) -> list[CheckMessage]:
     if not problems:
         first = str(entry.get("portfolio", "portfolio")) if prop is None else str(prop).split("__")[0]
         problems += _index_problems(kind, model, first, str(entry["timestamp"]))
+        problems += _table_partition_problems(kind, model, entry)
     return problems
+
+
+def _table_partition_problems(kind: str, model: type[models.Model], entry: Mapping[str, Any]) -> list[CheckMessage]:
+    """retention.E010: ``drop_table_partitions`` is a bool; True is refused
+    for a kind with an attachment (a dropped table partition's files would
+    get no purge decision), and on PostgreSQL, once the table exists and its
+    app's migrations are applied, the table must be ``PARTITION BY RANGE`` on
+    exactly the kind's timestamp column (``cleanup_ops.table_partitions``
+    reads each table partition's bounds as times of that column)."""
+    value = entry.get("drop_table_partitions", False)
+    if not isinstance(value, bool):
+        return [_error(kind, "drop_table_partitions", f"expected True or False, got {value!r}", 10)]
+    if not value:
+        return []
+    if entry.get("attachment") is not None:
+        return [
+            _error(
+                kind,
+                "drop_table_partitions",
+                "refused for a kind with an attachment: a dropped table partition's records would leave their "
+                "files without a purge decision (remove 'drop_table_partitions', or the attachment)",
+                10,
+            )
+        ]
+    column = str(model._meta.get_field(str(entry["timestamp"])).column)  # type: ignore[union-attr]  # checked above (E003)
+    found = _partitioning(model)
+    if found is None or found == ("r", [column]):
+        return []
+    strategy, columns = found
+    shape = (
+        "not partitioned"
+        if strategy is None
+        else f"PARTITION BY {({'r': 'RANGE', 'l': 'LIST', 'h': 'HASH'}).get(strategy, strategy)} ({', '.join(columns)})"
+    )
+    return [
+        _error(
+            kind,
+            "drop_table_partitions",
+            f"{model._meta.db_table} is {shape}; whole table partitions are dropped only from a table "
+            f"PARTITION BY RANGE ({column}), the kind's timestamp (partition it so, or remove the key)",
+            10,
+        )
+    ]
+
+
+def _partitioning(model: type[models.Model]) -> tuple[str | None, list[str]] | None:
+    """(strategy, key columns) of the model's table — (None, []) when it is
+    not partitioned —, or None when it cannot be told yet: not PostgreSQL,
+    the table missing or the database unreadable, or the app's migrations
+    not all applied (``migrate`` runs this check before the migration that
+    partitions the table)."""
+    from django.db import DatabaseError, connection
+
+    if connection.vendor != "postgresql":
+        return None
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute(
+                "SELECT pt.partstrat, ARRAY(SELECT a.attname FROM unnest(CAST(pt.partattrs AS int2[]))"
+                " WITH ORDINALITY k(attnum, n) JOIN pg_attribute a ON a.attrelid = c.oid AND a.attnum = k.attnum"
+                " ORDER BY k.n) FROM pg_class c LEFT JOIN pg_partitioned_table pt ON pt.partrelid = c.oid"
+                " WHERE c.oid = to_regclass(%s)",
+                [model._meta.db_table],
+            )
+            row = cursor.fetchone()
+        if row is None:
+            return None
+        found = (row[0], list(row[1] or []))
+        if found[0] != "r" and model._meta.managed and _migrations_pending(model._meta.app_label):
+            return None
+        return found
+    except DatabaseError:
+        return None
+
+
+def _migrations_pending(app_label: str) -> bool:
+    from django.db import connection
+    from django.db.migrations.executor import MigrationExecutor
+
+    executor = MigrationExecutor(connection)
+    plan = executor.migration_plan(executor.loader.graph.leaf_nodes())
+    return any(migration.app_label == app_label for migration, _ in plan)
 
 
 # A storage alias, as a purge's document reference carries it (``alias:key``).

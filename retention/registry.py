@@ -64,6 +64,14 @@ belongs to no partition and is never deleted: the retention.W009
 database check and the dry run count them (``count_unreachable``), so they
 are reported rather than kept in silence.
 
+**Table partitions.** ``"drop_table_partitions": True`` (default False)
+opts a kind whose table is ``PARTITION BY RANGE`` on its timestamp (PostgreSQL)
+in to whole table partitions dropped when they lie past every portfolio's
+cutoff and no hold can reach them (``cleanup_ops.table_partitions``); the rest
+is deleted row by row as for any kind. Dropping is DDL: opt in only when
+nothing else depends on old table partitions. Refused for a kind with an
+attachment (its files need a purge decision per record).
+
 A ``DateField`` timestamp is eligible only when its whole day (UTC) is before
 the cutoff (``cutoff_sql``): a record closed on the cutoff's own day is kept.
 """
@@ -103,11 +111,14 @@ DEFAULT_RECORD_KINDS: dict[str, dict[str, Any]] = {
         "timestamp": "occurred_at",
         "portfolio": "portfolio",
         "property": "property",
+        # Monthly partitioned on PostgreSQL (properties 0006): whole old table
+        # partitions out of every hold's reach are dropped (cleanup_ops.table_partitions).
+        "drop_table_partitions": True,
     },
 }
 
 # The keys a kind's entry may have (``retention.checks`` refuses others).
-KIND_KEYS = ("model", "label", "timestamp", "portfolio", "property", "attachment")
+KIND_KEYS = ("model", "label", "timestamp", "portfolio", "property", "attachment", "drop_table_partitions")
 
 
 # The cursor of a non-integer key before its first batch (``cursor_key``).
@@ -127,6 +138,8 @@ class RecordKindSpec:
     # The ``STORAGES`` alias the attachment lives in; None: the HTTP document
     # store at ``DOCSTORE_URL`` (``cleanup_ops.downstream.stores``).
     attachment_storage: str | None = None
+    # Opted in to whole table partitions dropped (``cleanup_ops.table_partitions``).
+    drop_table_partitions: bool = False
 
     @cached_property
     def model(self) -> type[models.Model]:
@@ -297,6 +310,7 @@ def spec_from_entry(kind: str, entry: Mapping[str, Any]) -> RecordKindSpec:
         attachment_storage=(str(attachment["storage"]) if attachment.get("storage") else None)
         if isinstance(attachment, Mapping)
         else None,
+        drop_table_partitions=entry.get("drop_table_partitions") is True,
     )
 
 

@@ -77,14 +77,14 @@ def require_reason(value: str, *, field: str) -> str:
 
 class ScopeBusy(ValidationError):
     """A scope lock was not granted within ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS``:
-    a cleanup batch or purge of that scope is in flight (or stalled)."""
+    a cleanup batch, purge or table-partition drop of that scope is in flight (or stalled)."""
 
     def __init__(self, *, what: str, field: str) -> None:
         seconds = settings.CLEANUP_SCOPE_LOCK_WAIT_SECONDS
         super().__init__(
             {
-                field: f"waited {seconds:g} s for the cleanup batch or purge working on {what} to finish; "
-                "nothing was saved. Try again in a moment."
+                field: f"waited {seconds:g} s for the cleanup batch, purge or table-partition drop working on {what} "
+                "to finish; nothing was saved. Try again in a moment."
             }
         )
 

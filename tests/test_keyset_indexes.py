@@ -44,18 +44,31 @@ def test_batch_scans_and_due_probes_use_the_record_indexes(kind):
     with connection.cursor() as cursor:
         cursor.execute(f"ANALYZE {spec.table}")
 
+        cursor.execute("SELECT relkind = 'p' FROM pg_class WHERE oid = %s::regclass", [spec.table])
+        partitioned = cursor.fetchone()[0]
+        cursor.execute(f"SELECT DISTINCT tableoid::regclass::text FROM {spec.table}")
+        holding_rows = [name for (name,) in cursor.fetchall()]
+
     # A batch: the next ids of one property after the cursor, in id order.
     batch = explain(
         f"SELECT r.id FROM {spec.table} r WHERE r.property_id = %s AND r.id > %s AND r.{ts} < %s"
         " ORDER BY r.property_id, r.id LIMIT 200",
         [props[3].pk, 0, cutoff],
     )
+    due = explain(
+        f"SELECT COUNT(*) FROM {spec.table} r WHERE r.property_id = %s AND r.{ts} < %s", [props[3].pk, cutoff]
+    )
+    if partitioned:
+        # Tenant activity, monthly partitioned (properties 0006): each table partition
+        # has its copy of the indexes, under its own name; an empty one may be read by
+        # a seq scan of nothing, one holding rows never is. (Whether the planner merges
+        # the table partitions' keyset scans or sorts a few thousand rows is its choice.)
+        for name in holding_rows:
+            assert f"Seq Scan on {name} " not in batch and f"Seq Scan on {name} " not in due, (batch, due)
+        return
     assert f"{PREFIX[kind]}_keyset_idx" in batch, batch
     assert "Seq Scan" not in batch and "Sort" not in batch, batch
 
     # Admission and previews: does (and how much of) a property lie past the cutoff.
-    due = explain(
-        f"SELECT COUNT(*) FROM {spec.table} r WHERE r.property_id = %s AND r.{ts} < %s", [props[3].pk, cutoff]
-    )
     assert f"{PREFIX[kind]}_due_idx" in due, due
     assert "Seq Scan" not in due, due

@@ -4,7 +4,8 @@
   ledger; its docstring says what is the source of truth;
 - ``outbox``: the purge's outbox and each document's disposition;
 - ``interventions``: dead letters and pauses, what operators decide about;
-- ``workers``: rate buckets and worker heartbeats.
+- ``workers``: rate buckets and worker heartbeats;
+- ``table_partitions``: the ledger of table partitions dropped whole.
 
 Django finds an app's models in its ``models`` module, so each is imported
 here, and code imports them from ``cleanup_ops.models``.
@@ -48,6 +49,7 @@ from cleanup_ops.models.outbox import (
     DocumentDisposition,
     PurgeRequest,
 )
+from cleanup_ops.models.table_partitions import TablePartitionDrop
 from cleanup_ops.models.workers import RateBucket, WorkerHeartbeat
 
 __all__ = [
@@ -75,6 +77,7 @@ __all__ = [
     "Sweep",
     "SweepQuerySet",
     "SweepStatus",
+    "TablePartitionDrop",
     "WorkerHeartbeat",
     "due_q",
     "due_work_q",

@@ -53,6 +53,8 @@ class Command(BaseCommand):
             f"Sweep {data['key']} (id {data['sweep_id']}) {verb}: {data['jobs_admitted']} jobs admitted, "
             f"{data['carried_over']} partitions carried over from earlier sweeps, status {data['status']}."
         )
+        if result.table_partitions is not None:
+            self.stdout.write(result.table_partitions.summary())
 
     def _dry_run(self, slot: datetime, options: dict[str, Any]) -> None:
         try:

@@ -1,0 +1,337 @@
+#!/usr/bin/env python
+"""Whole table partitions dropped against row deletes (issue 28, "Partitions").
+
+Run from the repository root::
+
+    .venv/bin/python bench/table_partitions.py                  # 10,000,000 tenant-activity rows
+    .venv/bin/python bench/table_partitions.py --rows 1000000   # a quicker check
+
+The dataset: ``--rows`` tenant-activity rows (generated in SQL, ``INSERT … SELECT
+generate_series``) spread evenly over the 36 calendar months before the slot's month —
+36 monthly table partitions of the demo's partitioned table (properties 0006) — in
+``--portfolios`` portfolios (default 100) of ``--properties`` properties each (default 2),
+each with an approved tenant-activity policy of ``--retention-days`` (default 182: about
+30 of the 36 months lie past every cutoff), and one portfolio under a portfolio-wide
+legal hold, whose rows (1/``--portfolios`` of them) lie in 3 of the old months only —
+had it rows in every month, its hold would keep every table partition (any hold in a
+portfolio present in a table partition keeps it whole), and the drops would drop none.
+Snapshotted once (``bench.dataset.snapshot``); each phase starts from a fresh file-level
+copy (``bench.dataset.restore``):
+
+* ``rows``: the row deletes the product ran before table partitions could be dropped —
+  ``sweep_trigger`` with tenant activity's ``drop_table_partitions`` off, then
+  ``cleanup_drain``;
+* ``drop``: ``sweep_trigger`` as configured (whole table partitions dropped first), then
+  ``cleanup_drain`` for what remains (the held portfolio's table partitions, the months
+  not yet past every cutoff).
+
+For each: seconds (the drop's own seconds apart), WAL bytes (``pg_current_wal_lsn()``
+before and after, the application probe's own writes included) per disposed row, and the
+application's latency while it runs: a probe on its own connection (a thread) that in a
+loop inserts one tenant-activity row now and reads one property's activity of the last
+week, as the application does — p50/p99 against the same probe measured idle first
+(``--idle-seconds``). Then a check that every row of the held portfolio survived.
+
+Without ``DATABASE_URL`` it starts a throwaway PostgreSQL (``harness/postgres.py``); with
+it, that (empty!) database is overwritten. No figure here is asserted by a test.
+"""
+
+# ruff: noqa: E402 - imports need the repository root on sys.path first
+
+from __future__ import annotations
+
+import argparse
+import os
+import random
+import statistics
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:
+    sys.path.insert(0, str(ROOT))
+
+from bench.common import code_version, django_setup, log, sql
+from bench.dataset import fk_triggers_off, make_user, restore, snapshot
+from harness.postgres import Cluster, ClusterError, create_database
+
+KIND = "tenant_activity"
+TABLE = "properties_tenantactivity"
+MONTHS = 36
+HELD_FROM, HELD_MONTHS = 24, 3  # the held portfolio's rows: the 3 months from 24 months before the slot's
+WAL_GOAL = 0.01  # the issue's goal: WAL per disposed row <= 1% of row deletes'
+P99_GOAL = 1.2  # and the application's p99 within 1.2x of idle
+
+
+@dataclass
+class Probe:
+    """The application on its own connection: an insert and a recent read, in a loop."""
+
+    properties: list[tuple[int, int]]
+    latencies: list[float] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    thread: threading.Thread | None = None
+
+    def _run(self) -> None:
+        import psycopg
+
+        conn = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
+        rng = random.Random(7)
+        try:
+            while not self.stop.is_set():
+                prop, portfolio = rng.choice(self.properties)
+                started = time.perf_counter()
+                conn.execute(
+                    f"INSERT INTO {TABLE} (portfolio_id, property_id, activity_type, details, occurred_at)"
+                    " VALUES (%s, %s, 'portal_login', 'probe', now())",
+                    [portfolio, prop],
+                )
+                conn.execute(
+                    f"SELECT id, activity_type FROM {TABLE} WHERE property_id = %s"
+                    " AND occurred_at > now() - interval '7 days' ORDER BY occurred_at DESC LIMIT 20",
+                    [prop],
+                ).fetchall()
+                self.latencies.append((time.perf_counter() - started) * 1000)
+                time.sleep(0.005)
+        finally:
+            conn.close()
+
+    def __enter__(self) -> Probe:
+        self.thread = threading.Thread(target=self._run, daemon=True)
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        if self.thread:
+            self.thread.join(10)
+
+    def figures(self) -> dict[str, float]:
+        values = sorted(self.latencies) or [0.0]
+        return {
+            "ops": len(values),
+            "p50_ms": statistics.median(values),
+            "p99_ms": values[min(len(values) - 1, int(len(values) * 0.99))],
+        }
+
+
+def wal_lsn() -> int:
+    return int(sql("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')")[0][0])
+
+
+def month_start(at: datetime, back: int) -> datetime:
+    index = at.year * 12 + at.month - 1 - back
+    return datetime(index // 12, index % 12 + 1, 1, tzinfo=UTC)
+
+
+def build(args: argparse.Namespace, slot: datetime) -> dict[str, Any]:
+    """Portfolios, properties, policies, one portfolio-wide hold and the rows (in SQL)."""
+    from properties.models import Portfolio, Property
+    from retention.services import (
+        legal_hold_place,
+        policy_version_approve,
+        policy_version_submit,
+        retention_policy_get_or_create,
+    )
+
+    manager = make_user("bench-manager", "property_manager")
+    reviewer = make_user("bench-reviewer", "compliance_reviewer")
+    portfolios = Portfolio.objects.bulk_create(
+        [Portfolio(name=f"Lettings {i}", slug=f"lettings-{i:03d}") for i in range(args.portfolios)]
+    )
+    Property.objects.bulk_create(
+        [Property(portfolio=po, name=f"{po.slug} house {j}") for po in portfolios for j in range(args.properties)]
+    )
+    for po in portfolios:
+        policy = retention_policy_get_or_create(portfolio=po, record_kind=KIND)
+        version = policy_version_submit(
+            policy=policy, retention_days=args.retention_days, author=manager, reason="benchmark policy"
+        )
+        policy_version_approve(version_id=version.pk, reviewer=reviewer, note="benchmark: seeded, approved")
+    held = portfolios[len(portfolios) // 2]
+    legal_hold_place(portfolio=held, placed_by=reviewer, reason="benchmark: one portfolio under a hold")
+    # Every portfolio has rows in every month but the held one, whose rows lie in
+    # HELD_MONTHS old months only (a customer whose tenants were active then): those
+    # months fall back to row deletes, the other old months are dropped whole. (Had it
+    # rows in every month, one hold would keep every table partition: any hold in a
+    # portfolio present in a table partition keeps it.)
+    held_rows = args.rows // args.portfolios
+    started = time.perf_counter()
+    with fk_triggers_off():
+        spread(args.rows - held_rows, month_start(slot, MONTHS), month_start(slot, 0), other_than=held.pk)
+        spread(held_rows, month_start(slot, HELD_FROM), month_start(slot, HELD_FROM - HELD_MONTHS), only=held.pk)
+    log(f"{args.rows:,} rows in {time.perf_counter() - started:.1f} s")
+    return {
+        "held_portfolio": held.pk,
+        "held_rows": count_rows(held.pk, before=month_start(slot, 0)),
+        "properties": list(Property.objects.values_list("id", "portfolio_id")),
+    }
+
+
+def spread(rows: int, start: datetime, end: datetime, *, only: int = 0, other_than: int = 0) -> None:
+    """``rows`` rows evenly over [start, end) and over the properties of portfolio
+    ``only`` (or of every portfolio but ``other_than``), in one statement."""
+    which = "portfolio_id = %s" if only else "portfolio_id <> %s"
+    sql(
+        f"WITH p AS (SELECT id, portfolio_id, row_number() OVER (ORDER BY id) - 1 AS n FROM properties_property"
+        f" WHERE {which}), c AS (SELECT count(*) AS k FROM p)"
+        f" INSERT INTO {TABLE} (portfolio_id, property_id, activity_type, details, occurred_at)"
+        " SELECT p.portfolio_id, p.id, 'portal_login', '', %s + (g * %s / %s) * interval '1 second'"
+        " FROM generate_series(0, %s - 1) g CROSS JOIN c JOIN p ON p.n = g %% c.k",
+        [only or other_than, start, (end - start).total_seconds(), rows, rows],
+    )
+
+
+def count_rows(portfolio_id: int | None = None, *, before: datetime | None = None) -> int:
+    """Rows (of one portfolio; older than ``before``: not the probe's)."""
+    where, params = ["TRUE"], []
+    if portfolio_id:
+        where.append("portfolio_id = %s")
+        params.append(portfolio_id)
+    if before:
+        where.append("occurred_at < %s")
+        params.append(before)
+    return int(sql(f"SELECT count(*) FROM {TABLE} WHERE {' AND '.join(where)}", params)[0][0])
+
+
+def kinds_with_drops(enabled: bool) -> None:
+    from django.conf import settings
+
+    from retention.registry import DEFAULT_RECORD_KINDS, registry_reload
+
+    kinds = {**DEFAULT_RECORD_KINDS}
+    kinds[KIND] = {**kinds[KIND], "drop_table_partitions": enabled}
+    settings.RETENTION_RECORD_KINDS = kinds
+    registry_reload()
+
+
+def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> dict[str, Any]:
+    from django.db import connections
+
+    from cleanup_ops.execution.runner import cleanup_drain
+    from cleanup_ops.schedule import sweep_trigger
+
+    restore()
+    connections.close_all()
+    kinds_with_drops(drops)
+    before_rows = count_rows()
+    with Probe(world["properties"]) as probe:
+        time.sleep(0.5)
+        probe.latencies.clear()
+        wal = wal_lsn()
+        started = time.perf_counter()
+        result = sweep_trigger(slot=slot)
+        trigger_seconds = time.perf_counter() - started
+        trigger_wal = wal_lsn() - wal
+        cleanup_drain()
+        seconds = time.perf_counter() - started
+        wal = wal_lsn() - wal
+        ops = len(probe.latencies)
+    figures = probe.figures()
+    disposed = before_rows + ops - count_rows()
+    report = result.table_partitions.as_dict()["kinds"].get(KIND, {}) if result.table_partitions else {}
+    held_now = count_rows(world["held_portfolio"], before=month_start(slot, 0))
+    out = {
+        "phase": name,
+        "seconds": seconds,
+        "trigger_seconds": trigger_seconds,
+        "disposed": disposed,
+        "wal_bytes": wal,
+        "wal_per_row": wal / disposed if disposed else float("nan"),
+        "trigger_wal_bytes": trigger_wal,
+        # The drops alone: the trigger's WAL over the rows its table partitions held.
+        "drop_wal_per_row": trigger_wal / report["rows_dropped"] if report.get("rows_dropped") else float("nan"),
+        "table_partitions_dropped": report.get("dropped", 0),
+        "rows_dropped": report.get("rows_dropped", 0),
+        "held_survive": held_now == world["held_rows"],
+        **figures,
+    }
+    log(
+        f"{name}: {seconds:.1f} s, {disposed:,} rows disposed, {out['wal_per_row']:.1f} WAL bytes/row, "
+        f"p99 {figures['p99_ms']:.2f} ms, held rows kept: {out['held_survive']}"
+    )
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", type=int, default=10_000_000)
+    parser.add_argument("--portfolios", type=int, default=100)
+    parser.add_argument("--properties", type=int, default=2, help="per portfolio")
+    parser.add_argument("--retention-days", type=int, default=182)
+    parser.add_argument("--idle-seconds", type=float, default=10.0)
+    args = parser.parse_args()
+    pg = None
+    if not os.environ.get("DATABASE_URL"):
+        try:
+            pg = Cluster()
+        except ClusterError as exc:
+            raise SystemExit(f"bench: no DATABASE_URL and {exc}") from exc
+        os.environ["DATABASE_URL"] = pg.start()
+        log(f"throwaway PostgreSQL ({pg.bin}) in {pg.dir}")
+    try:
+        create_database(os.environ["DATABASE_URL"])
+        django_setup(1000)
+        from django.core.management import call_command
+
+        from cleanup_ops.schedule import slot_current
+
+        call_command("migrate", verbosity=0, interactive=False)
+        slot = slot_current()
+        world = build(args, slot)
+        log(f"snapshot in {snapshot():.1f} s")
+        restore()
+        with Probe(world["properties"]) as idle:
+            time.sleep(args.idle_seconds)
+        base = idle.figures()
+        log(f"idle: {base['ops']} probe operations, p50 {base['p50_ms']:.2f} ms, p99 {base['p99_ms']:.2f} ms")
+        rows = phase("rows", slot, world, drops=False)
+        drop = phase("drop", slot, world, drops=True)
+        report(args, base, rows, drop)
+    finally:
+        if pg is not None:
+            pg.stop()
+
+
+def report(args: argparse.Namespace, idle: dict[str, Any], rows: dict[str, Any], drop: dict[str, Any]) -> None:
+    print(f"\nTable partitions against row deletes: {args.rows:,} tenant-activity rows over {MONTHS} monthly table")
+    print(f"partitions, {args.portfolios} portfolios, one under a portfolio-wide hold; code {code_version()}")
+    print(f"idle probe: p50 {idle['p50_ms']:.2f} ms, p99 {idle['p99_ms']:.2f} ms ({idle['ops']} operations)\n")
+    head = f"{'':<22}{'row deletes':>16}{'partition drops':>18}"
+    print(head)
+    lines = [
+        ("seconds", "seconds", "{:.1f}"),
+        ("  of which the trigger", "trigger_seconds", "{:.1f}"),
+        ("rows disposed", "disposed", "{:,}"),
+        ("table partitions", "table_partitions_dropped", "{:,}"),
+        ("WAL bytes", "wal_bytes", "{:,}"),
+        ("WAL bytes / row", "wal_per_row", "{:.2f}"),
+        ("  the trigger's WAL", "trigger_wal_bytes", "{:,}"),
+        ("  per row it dropped", "drop_wal_per_row", "{:.2f}"),
+        ("probe p50 ms", "p50_ms", "{:.2f}"),
+        ("probe p99 ms", "p99_ms", "{:.2f}"),
+        ("held rows survive", "held_survive", "{}"),
+    ]
+    for label, key, fmt in lines:
+        print(f"{label:<22}{fmt.format(rows[key]):>16}{fmt.format(drop[key]):>18}")
+    # The goal is about the drops: their WAL per row against row deletes'; the whole run's
+    # (the held portfolio's months fall back to row deletes) is in the table above.
+    wal_ratio = drop["drop_wal_per_row"] / rows["wal_per_row"] if rows["wal_per_row"] else float("nan")
+    whole = drop["wal_per_row"] / rows["wal_per_row"] if rows["wal_per_row"] else float("nan")
+    p99_ratio = drop["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else float("nan")
+    print(
+        f"\nWAL per disposed row, drops / row deletes: {wal_ratio:.4f} (goal <= {WAL_GOAL}: "
+        f"{'met' if wal_ratio <= WAL_GOAL else 'NOT met'}; the whole run with its fallback: {whole:.4f}); "
+        f"probe p99 during drops / idle: {p99_ratio:.2f} "
+        f"(goal <= {P99_GOAL}: {'met' if p99_ratio <= P99_GOAL else 'NOT met'}); "
+        f"every held row survives: {rows['held_survive'] and drop['held_survive']}"
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,388 @@
+"""Whole table partitions dropped when no hold can be in them (PostgreSQL).
+
+For a record kind that opts in (``"drop_table_partitions": True``,
+``retention.registry``) and whose table is ``PARTITION BY RANGE`` on its
+retention timestamp, a table partition whose upper bound is not after any
+present portfolio's cutoff and which no active hold can reach is detached and
+dropped instead of deleted row by row: one ``TablePartitionDrop`` ledger row
+per table partition (rows, a digest of its ids, each portfolio's policy
+version and cutoff), written in the transaction of the drop. Everything else
+is left to the ordinary row-delete jobs, which skip held rows: that is the
+fallback, for a table partition with a hold in reach as for one not yet past
+every cutoff.
+
+Protocol — lock, then read (docs/architecture.md, "Table-partition drops").
+``table_partitions_drop`` runs at the start of a sweep's trigger, before
+admission, so rows it drops are never a job's candidates. Table partitions
+of each kind's table with a finite upper bound (the DEFAULT one never),
+oldest first. One whose upper bound lies after the largest cutoff any
+approved, enabled version of the kind gives (read without a lock: a filter,
+never a decision) is skipped untouched — the current months are never
+locked. Each other one, in one short transaction:
+
+a. ``SET LOCAL lock_timeout`` = ``CLEANUP_TABLE_PARTITION_LOCK_SECONDS``:
+   no wait below is longer; one that would be makes the table partition
+   *busy* for this night (rolled back, nothing written).
+b. ``LOCK TABLE <table partition> IN SHARE MODE``. From here no row can
+   enter, leave or change in it: every INSERT, UPDATE or DELETE routed to it
+   takes ROW EXCLUSIVE, which conflicts. (SHARE, not ACCESS EXCLUSIVE: the
+   application's reads of old rows go on during the scan of c; the drop of
+   f takes ACCESS EXCLUSIVE, for milliseconds.)
+c. Read, in statements after the lock: its rows per (portfolio, property),
+   and ``ids_digest`` = ``encode(sha256(convert_to(coalesce(string_agg(CAST(id
+   AS text), ',' ORDER BY id), ''), 'UTF8')), 'hex')`` — sha256 (hex) of its
+   ids in id order joined by ``,`` (``cleanup_ops.models.table_partitions``).
+d. Lock the scope rows of every row in it, in a batch's order and mode: the
+   properties present, then the portfolios present, ``FOR SHARE``, in id
+   order. These are the rows placing a hold takes ``FOR UPDATE`` (the
+   property's for a hold naming one, else the portfolio's) and approving a
+   version takes (the portfolio's). A hold placement or an approval in
+   flight makes this wait (then busy); one that arrives now waits for this
+   transaction, at most ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS``, then either
+   fails with ``ScopeBusy`` naming its scope or commits after the drop — and
+   then covers nothing of this table partition, which is gone (a record hold
+   on one of its records is refused: the record no longer exists). Checkpoint
+   ``table_partition.after_locks``.
+e. Read, in a statement after d: each present portfolio's approved version
+   for the kind (cutoff = slot - retention days), and whether any active
+   hold in those portfolios has record kind ``''`` or this kind, at any scope
+   (portfolio, property, record: conservative, one hold puts the whole table
+   partition out of reach). Droppable iff every present portfolio has an
+   approved, *enabled* version, the upper bound is not after the smallest of
+   their cutoffs, and there is no such hold. An empty table partition is
+   droppable when the kind has an approved, enabled version and its upper
+   bound is not after any such version's cutoff (rows 0).
+f. Droppable: insert the ledger row; check that no session waits for the
+   table partition's lock (an application write of an old row, a batch's
+   DELETE: they hold the parent table's lock, which the drop needs, so
+   going on would deadlock them — the drop steps back instead, *busy*);
+   checkpoint ``table_partition.before_drop``; ``LOCK TABLE <parent> IN
+   ACCESS EXCLUSIVE MODE`` (what the drop takes anyway, bounded by a), then
+   ``DROP TABLE <table partition>``, which detaches it as it drops it; commit.
+   The ledger row and the drop commit together or not at all. (Not ``ALTER
+   TABLE … DETACH PARTITION`` first: a detached table partition's foreign keys
+   become its own, with triggers on the portfolio and property tables, and
+   dropping it then takes ACCESS EXCLUSIVE on both — every application read
+   of them would wait, and a hold placement waiting for d would deadlock the
+   drop. Dropped while attached, it locks the parent alone.) A deadlock (PostgreSQL ends
+   one side) also rolls the drop back, *busy*. Identifiers are quoted by
+   ``psycopg.sql.Identifier``.
+
+Not droppable: nothing is written. SQLite (the demo) has no table
+partitions: the service is a no-op, reported as such.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from django.conf import settings
+from django.db import DatabaseError, OperationalError, connection, transaction
+from django.utils import timezone
+from psycopg import sql as pgsql
+
+from cleanup_ops.checkpoints import checkpoint
+from cleanup_ops.models import TablePartitionDrop
+from retention.domain import portfolio_model, property_model
+from retention.models import LegalHold, PolicyVersion, RetentionPolicy
+from retention.registry import REGISTRY, RecordKindSpec
+
+logger = logging.getLogger(__name__)
+
+PROPERTY = property_model()._meta.db_table
+PORTFOLIO = portfolio_model()._meta.db_table
+PROPERTY_PK = property_model()._meta.pk.column
+PORTFOLIO_PK = portfolio_model()._meta.pk.column
+HOLD = LegalHold._meta.db_table
+POLICY = RetentionPolicy._meta.db_table
+VERSION = PolicyVersion._meta.db_table
+
+BOUND = re.compile(r"^FOR VALUES FROM \((?P<lower>.+)\) TO \((?P<upper>.+)\)$")
+# lock_not_available (lock_timeout), deadlock_detected: the table partition is busy tonight.
+BUSY_STATES = {"55P03", "40P01"}
+
+
+@dataclass(frozen=True)
+class TablePartition:
+    schema: str
+    name: str
+    lower: datetime | None  # None: MINVALUE
+    upper: datetime
+
+
+@dataclass
+class KindReport:
+    """What happened to one kind's table partitions (names; rows of the dropped)."""
+
+    kind: str
+    table: str
+    dropped: dict[str, int] = field(default_factory=dict)
+    kept_held: list[str] = field(default_factory=list)
+    kept_young: list[str] = field(default_factory=list)  # not past every present portfolio's cutoff
+    kept_no_policy: list[str] = field(default_factory=list)  # a portfolio present without an enabled version
+    busy: list[str] = field(default_factory=list)
+
+    def counts(self) -> dict[str, int]:
+        return {
+            "dropped": len(self.dropped),
+            "rows_dropped": sum(self.dropped.values()),
+            "kept_held": len(self.kept_held),
+            "kept_young": len(self.kept_young),
+            "kept_no_policy": len(self.kept_no_policy),
+            "busy": len(self.busy),
+        }
+
+
+@dataclass
+class TablePartitionsReport:
+    kinds: list[KindReport] = field(default_factory=list)
+    skipped: str = ""  # why nothing was looked at (SQLite, no kind opted in)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"skipped": self.skipped, "kinds": {k.kind: k.counts() for k in self.kinds}}
+
+    def summary(self) -> str:
+        if self.skipped:
+            return f"table partitions: none dropped ({self.skipped})"
+        parts = []
+        for k in self.kinds:
+            c = k.counts()
+            parts.append(
+                f"{k.kind}: {c['dropped']} dropped ({c['rows_dropped']} rows), {c['kept_held']} kept under a hold, "
+                f"{c['kept_young']} not past every cutoff, {c['kept_no_policy']} with a portfolio without policy, "
+                f"{c['busy']} busy"
+            )
+        return "table partitions: " + "; ".join(parts)
+
+
+def _bound(text: str) -> datetime | None:
+    """A range bound as pg_get_expr spells it: ``'2026-01-01 00:00:00+00'`` → UTC; MINVALUE/MAXVALUE → None."""
+    text = text.strip()
+    if not (text.startswith("'") and text.endswith("'")):
+        return None
+    value = datetime.fromisoformat(text[1:-1])
+    return value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+
+
+def table_partitions_of(table: str) -> list[TablePartition]:
+    """The table partitions of ``table`` with a finite upper bound, oldest first (never the DEFAULT one)."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT n.nspname, c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid JOIN pg_namespace n ON n.oid = c.relnamespace"
+            " WHERE i.inhparent = to_regclass(%s)",
+            [table],
+        )
+        rows = cur.fetchall()
+    found = []
+    for schema, name, bound in rows:
+        match = BOUND.match(bound or "")
+        if match is None:
+            continue  # DEFAULT
+        upper = _bound(match["upper"])
+        if upper is None:
+            continue  # MAXVALUE: never wholly past a cutoff
+        found.append(TablePartition(schema=schema, name=name, lower=_bound(match["lower"]), upper=upper))
+    return sorted(found, key=lambda p: p.upper)
+
+
+def _ident(*names: str) -> str:
+    return pgsql.Identifier(*names).as_string(connection.connection)
+
+
+def rfc3339(value: datetime) -> str:
+    return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def drop_operation_id(*, kind: str, table: str, table_partition: TablePartition, slot: datetime) -> str:
+    lower = rfc3339(table_partition.lower) if table_partition.lower else "-"
+    upper = rfc3339(table_partition.upper)
+    text = f"table_partition:{kind}:{table}:{table_partition.name}:{lower}:{upper}:{rfc3339(slot)}"
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def _largest_cutoff(kind: str, slot: datetime) -> datetime | None:
+    """slot - the shortest retention of any approved, enabled version of ``kind`` (None: none)."""
+    days = PolicyVersion.objects.filter(
+        policy__record_kind=kind, status=PolicyVersion.Status.APPROVED, enabled=True
+    ).values_list("retention_days", flat=True)
+    shortest = min(days, default=None)
+    return None if shortest is None else slot - timedelta(days=shortest)
+
+
+def table_partitions_drop(
+    *, slot: datetime, now: datetime | None = None, sweep_id: int | None = None
+) -> TablePartitionsReport:
+    """Drop every droppable table partition of every opted-in kind (the module's protocol)."""
+    specs = [spec for spec in REGISTRY.values() if spec.drop_table_partitions]
+    if connection.vendor != "postgresql":
+        return TablePartitionsReport(skipped="not PostgreSQL: no table partitions")
+    if not specs:
+        return TablePartitionsReport(skipped="no record kind opts in (drop_table_partitions)")
+    report = TablePartitionsReport()
+    for spec in specs:
+        kind_report = KindReport(kind=spec.kind, table=spec.table)
+        report.kinds.append(kind_report)
+        largest = _largest_cutoff(spec.kind, slot)
+        for table_partition in table_partitions_of(spec.table):
+            if largest is None or table_partition.upper > largest:
+                kind_report.kept_young.append(table_partition.name)
+                continue
+            verdict, rows = _drop_one(spec, table_partition, slot=slot, now=now, sweep_id=sweep_id)
+            if verdict == "dropped":
+                kind_report.dropped[table_partition.name] = rows
+            else:
+                getattr(kind_report, verdict).append(table_partition.name)
+    logger.info(report.summary())
+    return report
+
+
+class _Busy(DatabaseError):
+    """Someone waits for the table partition: step back rather than deadlock them."""
+
+
+def _drop_one(
+    spec: RecordKindSpec, table_partition: TablePartition, *, slot: datetime, now: datetime | None, sweep_id: int | None
+) -> tuple[str, int]:
+    """One table partition, one transaction: ("dropped", rows) or (the reason it was kept, 0)."""
+    try:
+        with transaction.atomic():
+            return _decide_and_drop(spec, table_partition, slot=slot, now=now, sweep_id=sweep_id)
+    except _Busy as exc:
+        logger.info("table partition %s busy: %s", table_partition.name, exc)
+        return "busy", 0
+    except OperationalError as exc:
+        if getattr(exc.__cause__, "sqlstate", None) in BUSY_STATES:
+            logger.info("table partition %s busy: %s", table_partition.name, type(exc.__cause__).__name__)
+            return "busy", 0
+        raise
+
+
+def _decide_and_drop(
+    spec: RecordKindSpec, table_partition: TablePartition, *, slot: datetime, now: datetime | None, sweep_id: int | None
+) -> tuple[str, int]:
+    target = _ident(table_partition.schema, table_partition.name)
+    timeout = str(max(1, round(settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS * 1000)))
+    with connection.cursor() as cur:
+        cur.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])  # a
+        # Deferred foreign-key checks still pending on its rows (rows a caller
+        # wrote earlier in its own transaction) would make the DROP refuse: run them now.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+        cur.execute(f"LOCK TABLE {target} IN SHARE MODE")  # b
+        # c: read after the lock.
+        cur.execute(
+            f"SELECT t.{spec.portfolio_column}, {spec.property_of('t')}, count(*) FROM {target} t"
+            " GROUP BY 1, 2 ORDER BY 1, 2"
+        )
+        present = cur.fetchall()
+        cur.execute(
+            f"SELECT count(*), encode(sha256(convert_to(coalesce(string_agg(CAST(t.{spec.pk_column} AS text), ','"
+            f" ORDER BY t.{spec.pk_column}), ''), 'UTF8')), 'hex') FROM {target} t"
+        )
+        rows, digest = cur.fetchone()
+        portfolios = sorted({int(p) for p, _, _ in present})
+        properties = sorted({int(q) for _, q, _ in present if q is not None})
+        # d: the scope rows, as a batch takes them.
+        if properties:
+            cur.execute(
+                f"SELECT {PROPERTY_PK} FROM {PROPERTY} WHERE {PROPERTY_PK} = ANY(%s) ORDER BY {PROPERTY_PK} FOR SHARE",
+                [properties],
+            )
+        if portfolios:
+            cur.execute(
+                f"SELECT {PORTFOLIO_PK} FROM {PORTFOLIO} WHERE {PORTFOLIO_PK} = ANY(%s)"
+                f" ORDER BY {PORTFOLIO_PK} FOR SHARE",
+                [portfolios],
+            )
+        checkpoint("table_partition.after_locks")
+        # e: the decision, read after every lock it depends on.
+        cur.execute(
+            f"SELECT rp.portfolio_id, v.id, v.retention_days, v.enabled FROM {POLICY} rp"
+            f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %s"
+            " WHERE rp.record_kind = %s AND (rp.portfolio_id = ANY(%s) OR %s)",
+            [PolicyVersion.Status.APPROVED, spec.kind, portfolios, not portfolios],
+        )
+        versions = {int(p): (int(v), int(days), bool(enabled)) for p, v, days, enabled in cur.fetchall()}
+        held = False
+        if portfolios:
+            cur.execute(
+                f"SELECT EXISTS (SELECT 1 FROM {HOLD} h WHERE h.released_at IS NULL"
+                " AND h.portfolio_id = ANY(%s) AND (h.record_kind = '' OR h.record_kind = %s))",
+                [portfolios, spec.kind],
+            )
+            held = bool(cur.fetchone()[0])
+        verdict = _verdict(table_partition, portfolios=portfolios, versions=versions, held=held, slot=slot)
+        if verdict != "dropped":
+            return verdict, 0
+        counts = {int(p): 0 for p in portfolios}
+        for p, _, n in present:
+            counts[int(p)] += int(n)
+        TablePartitionDrop.objects.create(
+            operation_id=drop_operation_id(
+                kind=spec.kind, table=spec.table, table_partition=table_partition, slot=slot
+            ),
+            sweep_id=sweep_id,
+            record_kind=spec.kind,
+            table=spec.table,
+            table_partition=table_partition.name,
+            lower_bound=table_partition.lower,
+            upper_bound=table_partition.upper,
+            rows=int(rows),
+            ids_digest=str(digest),
+            portfolios={
+                str(p): {
+                    "rows": counts[p],
+                    "policy_version_id": versions[p][0],
+                    "cutoff": rfc3339(slot - timedelta(days=versions[p][1])),
+                }
+                for p in portfolios
+            },
+            slot=slot,
+            dropped_at=now or timezone.now(),
+        )
+        # f: a session waiting for this table partition holds the parent's
+        # lock the drop needs: going on would deadlock it.
+        cur.execute(
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = to_regclass(%s) AND NOT granted",
+            [f"{table_partition.schema}.{table_partition.name}"],
+        )
+        if cur.fetchone()[0]:
+            raise _Busy(f"a session waits for table partition {table_partition.name}")
+        checkpoint("table_partition.before_drop")
+        parent = _ident(spec.table)
+        cur.execute(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE")
+        # DROP TABLE detaches it too. Not ALTER TABLE ... DETACH PARTITION first:
+        # that makes its inherited foreign keys its own, with triggers on the
+        # portfolio and property tables, which the DROP then takes ACCESS
+        # EXCLUSIVE (every reader of them waits; a hold placement waiting for
+        # our scope lock deadlocks us). Dropped attached, only the parent is locked.
+        cur.execute(f"DROP TABLE {target}")
+    return "dropped", int(rows)
+
+
+def _verdict(
+    table_partition: TablePartition,
+    *,
+    portfolios: list[int],
+    versions: dict[int, tuple[int, int, bool]],
+    held: bool,
+    slot: datetime,
+) -> str:
+    """``dropped``, or why not: ``kept_held``, ``kept_no_policy``, ``kept_young`` (step e)."""
+    if held:
+        return "kept_held"
+    if portfolios:
+        if any(p not in versions or not versions[p][2] for p in portfolios):
+            return "kept_no_policy"
+        cutoffs = [slot - timedelta(days=versions[p][1]) for p in portfolios]
+    else:
+        # Empty: every enabled version of the kind must be past it.
+        cutoffs = [slot - timedelta(days=days) for _, days, enabled in versions.values() if enabled]
+        if not cutoffs:
+            return "kept_no_policy"
+    return "dropped" if table_partition.upper <= min(cutoffs) else "kept_young"

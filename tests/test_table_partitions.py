@@ -1,0 +1,501 @@
+"""Whole table partitions dropped when no hold can be in them (``cleanup_ops.table_partitions``).
+
+The demo's tenant activity is monthly partitioned on PostgreSQL (properties
+0006) and opts in. The world: portfolios A (properties A1, A2) and B (B1),
+each with a 365-day tenant-activity policy; rows in March 2020 (A1, A2, B1),
+April 2020 (A1) and October 2025 (A1, younger than the slot's cutoff
+2025-08-21). Tests that only call the service run in a transaction that the
+test's end rolls back, DDL included; the concurrency tests commit, and their
+fixture re-creates the table partitions they dropped.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib
+import itertools
+import json
+import time
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from django.core.exceptions import ValidationError
+from django.core.management import call_command
+from django.db import DatabaseError, connection
+
+from cleanup_ops import table_partitions as service
+from cleanup_ops.execution.runner import cleanup_drain
+from cleanup_ops.models import LedgerEntry, TablePartitionDrop
+from cleanup_ops.schedule import sweep_trigger
+from properties.models import Portfolio, Property, TenantActivity
+from retention.checks import check_kind
+from retention.models import RetentionPolicy
+from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
+
+from .conftest import make_records, make_user, utc
+from .interleaving import CheckpointHold, InThread, raw_connection
+
+SLOT = utc("2026-08-21T02:00:00Z")
+NOW = utc("2026-08-21T02:05:00Z")
+MARCH = utc("2020-03-15T00:00:00Z")
+APRIL = utc("2020-04-10T00:00:00Z")
+YOUNG = utc("2025-10-05T00:00:00Z")
+TABLE = "properties_tenantactivity"
+P_MARCH = f"{TABLE}_2020_03"
+P_APRIL = f"{TABLE}_2020_04"
+P_YOUNG = f"{TABLE}_2025_10"
+KIND = "tenant_activity"
+SCOPES = ("portfolio", "property", "record_kind", "record")
+
+
+@dataclass
+class World:
+    a: Portfolio
+    b: Portfolio
+    a1: Property
+    a2: Property
+    b1: Property
+    ids: dict[tuple[str, str], list[int]]  # (property name, month) -> ids
+
+    def march_ids(self) -> list[int]:
+        return sorted(i for (_, month), ids in self.ids.items() if month == "march" for i in ids)
+
+
+def build_world(active_policy, *, b_days: int | None = 365, b_enabled: bool = True) -> World:  # type: ignore[no-untyped-def]
+    a = Portfolio.objects.create(name="A", slug="a")
+    b = Portfolio.objects.create(name="B", slug="b")
+    a1 = Property.objects.create(portfolio=a, name="A1")
+    a2 = Property.objects.create(portfolio=a, name="A2")
+    b1 = Property.objects.create(portfolio=b, name="B1")
+    active_policy(a, KIND, 365)
+    if b_days is not None:
+        active_policy(b, KIND, b_days, enabled=b_enabled)
+    ids = {
+        ("a1", "march"): make_records(a1, KIND, 3, ended=MARCH),
+        ("a2", "march"): make_records(a2, KIND, 2, ended=MARCH),
+        ("b1", "march"): make_records(b1, KIND, 2, ended=MARCH),
+        ("a1", "april"): make_records(a1, KIND, 2, ended=APRIL),
+        ("a1", "young"): make_records(a1, KIND, 2, ended=YOUNG),
+    }
+    return World(a=a, b=b, a1=a1, a2=a2, b1=b1, ids=ids)
+
+
+@pytest.fixture
+def world(active_policy) -> World:  # type: ignore[no-untyped-def]
+    return build_world(active_policy)
+
+
+def table_partition_exists(name: str) -> bool:
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass(%s) IS NOT NULL", [name])
+        return bool(cur.fetchone()[0])
+
+
+def digest_of(ids: list[int]) -> str:
+    """The ledger's ids digest, recomputed here: sha256 of the ids in id order, joined by ','."""
+    return hashlib.sha256(",".join(str(i) for i in sorted(ids)).encode()).hexdigest()
+
+
+def place(world: World, scope: str, *, reviewer, record_id: int | None = None):  # type: ignore[no-untyped-def]
+    """A hold in portfolio A at ``scope`` (the record hold names ``record_id``, default A1's first March row)."""
+    kwargs: dict = {"portfolio": world.a, "placed_by": reviewer, "reason": "litigation hold for the tests"}
+    if scope == "property":
+        kwargs["property"] = world.a1
+    elif scope == "record_kind":
+        kwargs["record_kind"] = KIND
+    elif scope == "record":
+        kwargs |= {"record_kind": KIND, "record_id": record_id or world.ids[("a1", "march")][0]}
+    elif scope == "other_kind":
+        kwargs["record_kind"] = "lease"
+    return legal_hold_place(**kwargs)
+
+
+def held_ids(world: World, scope: str) -> set[int]:
+    """The March and April ids a hold at ``scope`` in portfolio A covers."""
+    a1 = set(world.ids[("a1", "march")] + world.ids[("a1", "april")])
+    if scope == "property":
+        return a1
+    if scope == "record":
+        return {world.ids[("a1", "march")][0]}
+    if scope == "other_kind":
+        return set()
+    return a1 | set(world.ids[("a2", "march")])
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_table_partition_past_every_cutoff_with_no_hold_is_dropped_with_its_count_and_digest(world):
+    report = service.table_partitions_drop(slot=SLOT, now=NOW)
+
+    (kind,) = report.kinds
+    assert kind.dropped[P_MARCH] == 7 and kind.dropped[P_APRIL] == 2
+    assert P_YOUNG in kind.kept_young and not kind.busy and not kind.kept_held
+    entry = TablePartitionDrop.objects.get(table_partition=P_MARCH)
+    assert (entry.table, entry.record_kind, entry.rows) == (TABLE, KIND, 7)
+    assert entry.ids_digest == digest_of(world.march_ids())
+    assert (entry.lower_bound, entry.upper_bound) == (utc("2020-03-01T00:00:00Z"), utc("2020-04-01T00:00:00Z"))
+    assert entry.portfolios == {
+        str(world.a.pk): {
+            "rows": 5,
+            "policy_version_id": entry.portfolios[str(world.a.pk)]["policy_version_id"],
+            "cutoff": "2025-08-21T02:00:00Z",
+        },
+        str(world.b.pk): {
+            "rows": 2,
+            "policy_version_id": entry.portfolios[str(world.b.pk)]["policy_version_id"],
+            "cutoff": "2025-08-21T02:00:00Z",
+        },
+    }
+    assert not table_partition_exists(P_MARCH) and not table_partition_exists(P_APRIL)
+    assert not TenantActivity.objects.filter(pk__in=world.march_ids()).exists()
+    # The young rows and their table partition are untouched, as is the default one.
+    assert table_partition_exists(P_YOUNG) and table_partition_exists(f"{TABLE}_default")
+    assert set(TenantActivity.objects.values_list("id", flat=True)) == set(world.ids[("a1", "young")])
+    # An empty table partition past every cutoff goes too (count 0); the current month stays.
+    assert kind.dropped[f"{TABLE}_2019_01"] == 0
+    assert table_partition_exists(f"{TABLE}_2026_08")
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+@pytest.mark.parametrize("scope", [*SCOPES, "other_kind"])
+def test_a_hold_at_any_scope_keeps_the_table_partition_and_the_row_deletes_keep_exactly_its_rows(
+    world, reviewer, scope, time_machine
+):
+    time_machine.move_to(NOW, tick=False)
+    place(world, scope, reviewer=reviewer)
+
+    result = sweep_trigger(slot=SLOT, now=NOW)
+
+    (kind,) = result.table_partitions.kinds  # type: ignore[union-attr]
+    if scope == "other_kind":  # a hold of another kind cannot reach tenant activity
+        assert P_MARCH in kind.dropped and P_APRIL in kind.dropped
+        return
+    assert {P_MARCH, P_APRIL} <= set(kind.kept_held) and P_MARCH not in kind.dropped
+    assert table_partition_exists(P_MARCH) and not TablePartitionDrop.objects.filter(table_partition=P_MARCH)
+    cleanup_drain()
+    survivors = set(TenantActivity.objects.values_list("id", flat=True))
+    old = set(world.march_ids()) | set(world.ids[("a1", "april")])
+    assert survivors & old == held_ids(world, scope)  # held rows survive, unheld ones are deleted
+    assert set(world.ids[("a1", "young")]) <= survivors
+    assert LedgerEntry.objects.filter(record_kind=KIND).exists()  # by row deletes: the fallback
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+@pytest.mark.parametrize(
+    ("b_days", "b_enabled", "reason"),
+    [(None, True, "kept_no_policy"), (365, False, "kept_no_policy"), (2500, True, "kept_young")],
+    ids=["no_policy", "disabled_policy", "cutoff_before_the_upper_bound"],
+)
+def test_a_portfolio_without_an_enabled_policy_past_the_upper_bound_keeps_the_table_partition(
+    active_policy, b_days, b_enabled, reason
+):
+    world = build_world(active_policy, b_days=b_days, b_enabled=b_enabled)
+
+    (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
+
+    assert P_MARCH in getattr(kind, reason) and P_MARCH not in kind.dropped
+    assert table_partition_exists(P_MARCH)
+    assert not TablePartitionDrop.objects.filter(table_partition=P_MARCH).exists()
+    assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
+    assert P_APRIL in kind.dropped  # only A has rows in April
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_failure_at_the_drop_leaves_neither_the_ledger_row_nor_a_missing_table_partition(world):
+    with connection.cursor() as cur:
+        # Superuser in the throwaway cluster: an event trigger that fails every DROP TABLE,
+        # after the ledger insert and the DETACH have run in the same transaction.
+        cur.execute(
+            "CREATE FUNCTION refuse_drop() RETURNS event_trigger LANGUAGE plpgsql AS"
+            " $$ BEGIN RAISE EXCEPTION 'injected failure at the drop'; END $$"
+        )
+        cur.execute("CREATE EVENT TRIGGER refuse_drop ON sql_drop EXECUTE FUNCTION refuse_drop()")
+
+    with pytest.raises(DatabaseError, match="injected failure at the drop"):
+        service.table_partitions_drop(slot=SLOT, now=NOW)
+
+    assert not TablePartitionDrop.objects.exists()
+    assert table_partition_exists(P_MARCH)
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM pg_inherits WHERE inhrelid = to_regclass(%s)", [P_MARCH])
+        assert cur.fetchone()[0] == 1  # still attached
+    assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_sweep_command_drops_before_admission_and_says_so(world, time_machine, capsys):
+    time_machine.move_to(NOW, tick=False)
+    call_command("cleanup_sweep", "--slot", "2026-08-21T02:00Z")
+    out = capsys.readouterr().out
+    assert "table partitions: tenant_activity:" in out and "(9 rows)" in out.split("dropped")[1]
+    # The dropped rows were never candidates: the young rows are not due, so no job was admitted.
+    assert "0 jobs admitted" in out
+
+
+@pytest.mark.django_db
+def test_on_sqlite_the_service_is_a_no_op_and_says_so(monkeypatch):
+    monkeypatch.setattr(connection, "vendor", "sqlite")
+    report = service.table_partitions_drop(slot=SLOT, now=NOW)
+    assert report.kinds == [] and "not PostgreSQL" in report.summary()
+
+
+# --- The checks -----------------------------------------------------------------------
+
+VISIT = {"model": "schema_b.Visit", "timestamp": "visited_at", "portfolio": "customer", "property": "unit__building"}
+READING = {"model": "schema_b.MeterReading", "timestamp": "read_at", "portfolio": "customer", "property": "building"}
+LEASE = {"model": "properties.Lease", "timestamp": "ended_at", "attachment": {"field": "document_id"}}
+
+
+def e010(kind: str, entry: dict) -> list[str]:
+    return [p.msg for p in check_kind(kind, entry) if p.id == "retention.E010"]
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("value", ["yes", 1, None, [True]])
+def test_a_drop_table_partitions_value_that_is_not_a_bool_is_refused_naming_the_kind_and_key(value):
+    (msg,) = e010("reading", {**READING, "drop_table_partitions": value})
+    assert msg.startswith("RETENTION_RECORD_KINDS['reading']['drop_table_partitions']: expected True or False")
+
+
+@pytest.mark.django_db
+def test_a_kind_with_an_attachment_is_refused():
+    (msg,) = e010("lease", {**LEASE, "drop_table_partitions": True})
+    assert "RETENTION_RECORD_KINDS['lease']['drop_table_partitions']" in msg and "attachment" in msg
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_a_table_not_range_partitioned_on_the_timestamp_is_refused_and_one_that_is_accepted():
+    (msg,) = e010("visit", {**VISIT, "drop_table_partitions": True})
+    assert "RETENTION_RECORD_KINDS['visit']['drop_table_partitions']" in msg and "not partitioned" in msg
+    assert e010("reading", {**READING, "drop_table_partitions": True}) == []
+    assert e010("reading", {**READING, "timestamp": "read_at", "drop_table_partitions": False}) == []
+    assert (
+        e010(
+            "activity",
+            {"model": "properties.TenantActivity", "timestamp": "occurred_at", "drop_table_partitions": True},
+        )
+        == []
+    )
+
+
+# --- Concurrency: real second connections, held at the drop's checkpoints --------------
+
+MIGRATION = importlib.import_module("properties.migrations.0006_tenant_activity_table_partitions")
+
+
+@pytest.fixture
+def committed(settings):  # type: ignore[no-untyped-def]
+    """Committed data; afterwards the dropped table partitions are made again (the next test's)."""
+    yield settings
+    settings.CLEANUP_CHECKPOINTS = frozenset()
+    months = MIGRATION.month_starts(datetime.now(UTC))
+    with connection.cursor() as cur:
+        cur.execute(f"TRUNCATE {TABLE}")
+        for (year, month), (end_year, end_month) in itertools.pairwise(months):
+            name = MIGRATION.table_partition_name(year, month)
+            cur.execute("SELECT to_regclass(%s) IS NULL", [name])
+            if cur.fetchone()[0]:
+                cur.execute(
+                    f"CREATE TABLE {name} PARTITION OF {TABLE} FOR VALUES FROM ('{year:04d}-{month:02d}-01 00:00+00')"
+                    f" TO ('{end_year:04d}-{end_month:02d}-01 00:00+00')"
+                )
+
+
+def committed_world(active_policy) -> World:  # type: ignore[no-untyped-def]
+    """The world, with the empty table partitions before March 2020 gone, so the
+    first table partition the drop passes its checkpoints for is March."""
+    world = build_world(active_policy)
+    with connection.cursor() as cur:
+        for year, month in MIGRATION.month_starts(utc("2020-01-01T00:00:00Z")):
+            if (year, month) < (2020, 3):
+                cur.execute(f"DROP TABLE {MIGRATION.table_partition_name(year, month)}")
+    return world
+
+
+def drop_in_thread() -> InThread:
+    return InThread(lambda: service.table_partitions_drop(slot=SLOT, now=NOW), name="drop")
+
+
+def march_dropped() -> bool:
+    return TablePartitionDrop.objects.filter(table_partition=P_MARCH).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("checkpoint", ["table_partition.after_locks", "table_partition.before_drop"])
+@pytest.mark.parametrize("scope", SCOPES)
+@pytest.mark.django_db(transaction=True)
+def test_a_hold_placed_while_the_drop_holds_its_locks_waits_and_covers_no_dropped_row(
+    committed, active_policy, reviewer, checkpoint, scope
+):
+    world = committed_world(active_policy)
+    committed.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
+    hold = CheckpointHold(checkpoint)
+    drop = drop_in_thread()
+    try:
+        hold.wait_for_worker(drop)
+        placing = InThread(lambda: place(world, scope, reviewer=reviewer), name="hold")
+        observer = raw_connection()
+        assert placing.settle(observer) == "waiting"  # on the drop's scope locks
+    finally:
+        hold.release()
+    drop.join()
+    placing.join()
+    drop.reraise()
+    assert march_dropped()  # the drop decided before the hold committed
+    if scope == "record":  # its record is gone with the table partition: refused, nothing placed
+        assert isinstance(placing.error, ValidationError) and "record_id" in str(placing.error)
+    else:
+        placing.reraise()
+        assert placing.result.pk is not None
+    assert not TenantActivity.objects.filter(pk__in=world.march_ids()).exists()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_hold_placement_that_waits_longer_than_its_bound_fails_naming_its_scope(committed, active_policy, reviewer):
+    world = committed_world(active_policy)
+    committed.CLEANUP_CHECKPOINTS = frozenset({"table_partition.after_locks"})
+    committed.CLEANUP_SCOPE_LOCK_WAIT_SECONDS = 0.2
+    hold = CheckpointHold("table_partition.after_locks")
+    drop = drop_in_thread()
+    try:
+        hold.wait_for_worker(drop)
+        placing = InThread(lambda: place(world, "portfolio", reviewer=reviewer), name="hold")
+        placing.join()
+    finally:
+        hold.release()
+    drop.join()
+    assert isinstance(placing.error, ValidationError)
+    assert f"table-partition drop working on portfolio {world.a.pk}" in str(placing.error)
+    assert march_dropped()
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_a_drop_that_meets_a_hold_placement_holding_its_scope_is_busy_and_drops_nothing(committed, active_policy):
+    world = committed_world(active_policy)
+    committed.CLEANUP_TABLE_PARTITION_LOCK_SECONDS = 0.2
+    placement = raw_connection(autocommit=False)
+    # What legal_hold_place holds while it validates and writes: the portfolio row FOR UPDATE.
+    placement.execute("SELECT id FROM properties_portfolio WHERE id = %s FOR UPDATE", [world.a.pk])
+    try:
+        (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
+    finally:
+        placement.rollback()
+        placement.close()
+    assert P_MARCH in kind.busy and P_APRIL in kind.busy
+    assert table_partition_exists(P_MARCH) and not march_dropped()
+    assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("checkpoint", ["table_partition.after_locks", "table_partition.before_drop"])
+@pytest.mark.django_db(transaction=True)
+def test_an_application_insert_of_an_old_row_waits_then_lands_and_the_drop_steps_back(
+    committed, active_policy, checkpoint
+):
+    """The insert waits on the table partition's SHARE lock. At ``after_locks``
+    the drop sees it waiting before the DETACH and steps back (busy); at
+    ``before_drop`` it has checked already, asks for the parent's lock, which the
+    insert holds, and PostgreSQL's deadlock detector ends the drop (it waited
+    last; the insert's one check, a deadlock_timeout after it began waiting,
+    found no cycle because the drop was still held). Either way: busy, nothing
+    written, the row lands in March."""
+    world = committed_world(active_policy)
+    committed.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
+    hold = CheckpointHold(checkpoint)
+    drop = drop_in_thread()
+    try:
+        hold.wait_for_worker(drop)
+        inserting = InThread(
+            lambda: TenantActivity.objects.create(
+                portfolio=world.a, property=world.a1, activity_type="late", occurred_at=MARCH + timedelta(days=1)
+            ),
+            name="app",
+        )
+        assert inserting.settle(raw_connection()) == "waiting"
+        time.sleep(1.5)  # past deadlock_timeout (1 s): the insert's deadlock check has run
+    finally:
+        hold.release()
+    drop.join()
+    inserting.join()
+    drop.reraise()
+    inserting.reraise()
+    (kind,) = drop.result.kinds
+    assert P_MARCH in kind.busy and not march_dropped()
+    with connection.cursor() as cur:
+        cur.execute(f"SELECT tableoid::regclass::text FROM {TABLE} WHERE id = %s", [inserting.result.pk])
+        assert cur.fetchone()[0] == P_MARCH
+    assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
+
+
+@pytest.mark.postgres
+@pytest.mark.parametrize("checkpoint", ["table_partition.after_locks", "table_partition.before_drop"])
+@pytest.mark.django_db(transaction=True)
+def test_a_longer_retention_approved_while_the_drop_holds_its_locks_commits_after_it(
+    committed, active_policy, manager, reviewer, checkpoint
+):
+    """Approving takes the portfolio row FOR UPDATE: it waits for the drop,
+    which decided under the version active before it, and commits after."""
+    world = committed_world(active_policy)
+    rp = RetentionPolicy.objects.get(portfolio_id=world.a.pk, record_kind=KIND)
+    before = rp.versions.get(status="approved").pk
+    version = policy_version_submit(policy=rp, retention_days=3650, author=manager, reason="keep ten years now")
+    second = make_user("second-reviewer", "compliance_reviewer")
+    committed.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
+    hold = CheckpointHold(checkpoint)
+    drop = drop_in_thread()
+    try:
+        hold.wait_for_worker(drop)
+        approving = InThread(
+            lambda: policy_version_approve(version_id=version.pk, reviewer=second, note="ok ten years"),
+            name="approve",
+        )
+        assert approving.settle(raw_connection()) == "waiting"
+    finally:
+        hold.release()
+    drop.join()
+    approving.join()
+    drop.reraise()
+    approving.reraise()
+    entry = TablePartitionDrop.objects.get(table_partition=P_MARCH)
+    assert entry.portfolios[str(world.a.pk)]["policy_version_id"] == before
+    version.refresh_from_db()
+    assert version.status == "approved"  # committed after the drop
+
+
+# --- The proof of disposition ---------------------------------------------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_alone(world, time_machine):
+    from cleanup_ops.proof import proof_csv, sweep_proof
+    from cleanup_ops.proof_verify import load, verify
+
+    time_machine.move_to(NOW, tick=False)
+    sweep = sweep_trigger(slot=SLOT, now=NOW).sweep
+    proof = sweep_proof(sweep=sweep)
+    (march,) = [d for d in proof["table_partitions"] if d["table_partition"] == P_MARCH]
+    assert (march["rows"], march["ids_digest"]) == (7, digest_of(world.march_ids()))
+    assert (march["lower_bound"], march["upper_bound"]) == ("2020-03-01T00:00:00Z", "2020-04-01T00:00:00Z")
+    assert proof["table_partition_rows"] == 9
+    for text in (json.dumps(proof, default=str), proof_csv(proof)):
+        report = verify(load(text))
+        assert report.ok, report.problems
+        assert report.table_partitions == len(proof["table_partitions"])
+    march["rows"] = 8  # a claim its portfolios do not add up to
+    march["portfolios"][str(world.a.pk)]["cutoff"] = "2020-03-20T00:00:00Z"  # a cutoff before the upper bound
+    problems = verify(load(json.dumps(proof, default=str))).problems
+    assert any(f"table partition {P_MARCH}: 8 rows stated" in p for p in problems)
+    assert any(f"portfolio {world.a.pk}'s cutoff is before its upper bound" in p for p in problems)
+    # A customer's scoped proof shows its own portfolio only, without the shared digest.
+    scoped = sweep_proof(sweep=sweep, portfolio_ids=frozenset({world.b.pk}))
+    (mine,) = [d for d in scoped["table_partitions"] if d["table_partition"] == P_MARCH]
+    assert (mine["rows"], mine["ids_digest"], list(mine["portfolios"])) == (2, None, [str(world.b.pk)])
