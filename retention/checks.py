@@ -112,18 +112,14 @@ def check_kind(kind: str, entry: Any) -> list[CheckMessage]:
 
 
 def _table_partition_problems(kind: str, model: type[models.Model], entry: Mapping[str, Any]) -> list[CheckMessage]:
-    """retention.E010: ``drop_table_partitions`` is a bool; True is refused
-    for a kind with an attachment (a dropped table partition's files would
-    get no purge decision), and on PostgreSQL, once the table exists and its
-    app's migrations are applied, the table must be ``PARTITION BY RANGE`` on
-    exactly the kind's timestamp column (``cleanup_ops.table_partitions``
-    reads each table partition's bounds as times of that column)."""
+    """retention.E010, the half that reads no database: ``drop_table_partitions``
+    is a bool, and True is refused for a kind with an attachment (a dropped
+    table partition's files would get no purge decision). The table's shape
+    is the database check's (``table_partitions_check``)."""
     value = entry.get("drop_table_partitions", False)
     if not isinstance(value, bool):
         return [_error(kind, "drop_table_partitions", f"expected True or False, got {value!r}", 10)]
-    if not value:
-        return []
-    if entry.get("attachment") is not None:
+    if value and entry.get("attachment") is not None:
         return [
             _error(
                 kind,
@@ -133,7 +129,21 @@ def _table_partition_problems(kind: str, model: type[models.Model], entry: Mappi
                 10,
             )
         ]
-    column = str(model._meta.get_field(str(entry["timestamp"])).column)  # type: ignore[union-attr]  # checked above (E003)
+    return []
+
+
+def table_partition_shape_problems(kind: str, entry: Mapping[str, Any]) -> list[CheckMessage]:
+    """retention.E010, the half that reads the database: for a well-formed
+    kind with ``drop_table_partitions`` True, on PostgreSQL, once the table
+    exists and its app's migrations are applied, the table must be
+    ``PARTITION BY RANGE`` on exactly the kind's timestamp column
+    (``cleanup_ops.table_partitions`` reads each table partition's bounds as
+    times of that column). [] for any other entry (``check_kind`` reports
+    a malformed one)."""
+    if entry.get("drop_table_partitions") is not True or check_kind(kind, entry):
+        return []
+    model = apps.get_model(str(entry["model"]))
+    column = str(model._meta.get_field(str(entry["timestamp"])).column)  # type: ignore[union-attr]  # check_kind passed
     found = _partitioning(model)
     if found is None or found == ("r", [column]):
         return []
@@ -320,6 +330,22 @@ def record_kinds_check(app_configs: Any = None, **kwargs: Any) -> list[CheckMess
     if not isinstance(kinds, Mapping) or not kinds:
         return [Error(f"{SETTING}: expected a non-empty dict of record kinds", id="retention.E001")]
     return [problem for kind, entry in kinds.items() for problem in check_kind(kind, entry)]
+
+
+@register(Tags.database)
+def table_partitions_check(app_configs: Any = None, databases: Any = None, **kwargs: Any) -> list[CheckMessage]:
+    """retention.E010's table shape (``table_partition_shape_problems``), with
+    the database checks (``check --database default``, ``migrate``): the
+    models checks run where no database may be read."""
+    kinds = configured_kinds()
+    if not databases or not isinstance(kinds, Mapping):
+        return []
+    return [
+        problem
+        for kind, entry in kinds.items()
+        if isinstance(entry, Mapping)
+        for problem in table_partition_shape_problems(str(kind), entry)
+    ]
 
 
 @register(Tags.database)

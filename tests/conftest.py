@@ -79,6 +79,82 @@ def _role_groups(request: pytest.FixtureRequest) -> None:
         sync_role_groups(apps)
 
 
+# Table partitions of the demo's tenant activity (properties 0006), as the
+# migration made them: (name, bound expression), read once.
+_TABLE_PARTITIONS: list[tuple[str, str]] | None = None
+TENANT_ACTIVITY_TABLE = "properties_tenantactivity"
+
+
+def _commits(request: pytest.FixtureRequest) -> bool:
+    """Whether the test commits (a transactional test, a live server): its
+    DDL is not undone by a rollback."""
+    if set(request.fixturenames) & {"transactional_db", "live_server", "django_db_reset_sequences"}:
+        return True
+    marker = request.node.get_closest_marker("django_db")
+    return bool(marker and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])))
+
+
+def _table_partitions_listed() -> list[tuple[str, str]]:
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
+            " JOIN pg_class c ON c.oid = i.inhrelid WHERE i.inhparent = to_regclass(%s) ORDER BY c.relname",
+            [TENANT_ACTIVITY_TABLE],
+        )
+        return [(name, bound) for name, bound in cur.fetchall()]
+
+
+def table_partitions_restore() -> list[str]:
+    """Make again every table partition of tenant activity that a committed
+    drop (the sweep's, in this process or a worker's) took, with its bounds;
+    a test's rows that fell into the DEFAULT one meanwhile are deleted first
+    (the test is over: its data goes with the flush anyway). The names made."""
+    listed = _table_partitions_listed()
+    missing = [(name, bound) for name, bound in _TABLE_PARTITIONS or [] if (name, bound) not in listed]
+    with connection.cursor() as cur:
+        for name, bound in missing:
+            low, high = bound.removeprefix("FOR VALUES FROM (").removesuffix(")").split(") TO (")
+            cur.execute(
+                f"DELETE FROM {TENANT_ACTIVITY_TABLE}_default WHERE occurred_at >= {low} AND occurred_at < {high}"
+            )
+            cur.execute(f"CREATE TABLE {name} PARTITION OF {TENANT_ACTIVITY_TABLE} {bound}")
+    return [name for name, _ in missing]
+
+
+@pytest.fixture(autouse=True)
+def _table_partitions_kept(request: pytest.FixtureRequest, django_db_blocker):  # type: ignore[no-untyped-def]
+    """A committing test whose sweep dropped table partitions (a drop is DDL:
+    the flush does not bring it back) leaves them made again for the next
+    test, which may rest on their being there, in any order."""
+    global _TABLE_PARTITIONS
+    if not _commits(request) or not is_postgres():
+        yield
+        return
+    request.getfixturevalue("django_db_setup")
+    with django_db_blocker.unblock():
+        if _TABLE_PARTITIONS is None:
+            _TABLE_PARTITIONS = _table_partitions_listed()
+    yield
+    with django_db_blocker.unblock():
+        table_partitions_restore()
+
+
+@pytest.fixture
+def row_deletes_only(settings):  # type: ignore[no-untyped-def]
+    """The demo's kinds with tenant activity cleaned by row deletes only, for
+    tests that count jobs, batches or ledger rows (whole table partitions
+    dropped: test_table_partitions.py)."""
+    from retention.registry import DEFAULT_RECORD_KINDS, registry_reload
+
+    kinds = {**DEFAULT_RECORD_KINDS}
+    kinds["tenant_activity"] = {**kinds["tenant_activity"], "drop_table_partitions": False}
+    settings.RETENTION_RECORD_KINDS = kinds
+    registry_reload()
+    yield
+    del settings.RETENTION_RECORD_KINDS
+    registry_reload()
+
+
 def make_user(username: str, *groups: str) -> User:
     user = User.objects.create_user(username=username, password="pw-for-tests", is_staff=True)
     for name in groups:

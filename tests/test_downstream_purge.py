@@ -96,7 +96,7 @@ class TestOutbox:
         assert not PurgeRequest.objects.exists() and not purge_jobs()
 
     def test_a_kind_without_attachments_and_a_batch_without_files_write_no_purge(
-        self, portfolio, prop, active_policy, clock
+        self, portfolio, prop, active_policy, clock, row_deletes_only
     ):
         active_policy(portfolio, "tenant_activity", 30)
         active_policy(portfolio, "maintenance_record", 30)

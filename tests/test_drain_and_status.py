@@ -25,21 +25,6 @@ def run_json(command: str, *args: str) -> dict:
 
 
 @pytest.fixture
-def row_deletes_only(settings):  # type: ignore[no-untyped-def]
-    """The demo's kinds with tenant activity cleaned by row deletes only: these
-    tests count jobs and batches (whole table partitions: test_table_partitions.py)."""
-    from retention.registry import DEFAULT_RECORD_KINDS, registry_reload
-
-    kinds = {**DEFAULT_RECORD_KINDS}
-    kinds["tenant_activity"] = {**kinds["tenant_activity"], "drop_table_partitions": False}
-    settings.RETENTION_RECORD_KINDS = kinds
-    registry_reload()
-    yield
-    del settings.RETENTION_RECORD_KINDS
-    registry_reload()
-
-
-@pytest.fixture
 def swept(portfolio, active_policy, reviewer, time_machine, row_deletes_only):
     time_machine.move_to(NOW, tick=False)
     active_policy(portfolio, "lease", 365)

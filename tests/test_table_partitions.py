@@ -5,19 +5,19 @@ The demo's tenant activity is monthly partitioned on PostgreSQL (properties
 each with a 365-day tenant-activity policy; rows in March 2020 (A1, A2, B1),
 April 2020 (A1) and October 2025 (A1, younger than the slot's cutoff
 2025-08-21). Tests that only call the service run in a transaction that the
-test's end rolls back, DDL included; the concurrency tests commit, and their
-fixture re-creates the table partitions they dropped.
+test's end rolls back, DDL included; the concurrency tests commit, and
+conftest's ``_table_partitions_kept`` makes the table partitions they dropped
+again after every committing test.
 """
 
 from __future__ import annotations
 
 import hashlib
 import importlib
-import itertools
 import json
 import time
 from dataclasses import dataclass
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -29,7 +29,7 @@ from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.models import LedgerEntry, TablePartitionDrop
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property, TenantActivity
-from retention.checks import check_kind
+from retention.checks import check_kind, table_partition_shape_problems, table_partitions_check
 from retention.models import RetentionPolicy
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
 
@@ -252,7 +252,22 @@ LEASE = {"model": "properties.Lease", "timestamp": "ended_at", "attachment": {"f
 
 
 def e010(kind: str, entry: dict) -> list[str]:
-    return [p.msg for p in check_kind(kind, entry) if p.id == "retention.E010"]
+    """Both halves of E010: the models check's and the database check's."""
+    problems = check_kind(kind, entry) + table_partition_shape_problems(kind, entry)
+    return [p.msg for p in problems if p.id == "retention.E010"]
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db
+def test_the_table_shape_is_read_by_the_database_check_only(settings):
+    """The models checks run where no database may be read (a plain ``check``);
+    the shape is said by the database check, which ``migrate`` and
+    ``check --database default`` run."""
+    settings.RETENTION_RECORD_KINDS = {"visit": {**VISIT, "drop_table_partitions": True}}
+    assert [p.id for p in check_kind("visit", settings.RETENTION_RECORD_KINDS["visit"])] == []
+    assert table_partitions_check(databases=None) == []
+    (problem,) = table_partitions_check(databases=["default"])
+    assert problem.id == "retention.E010" and "not partitioned" in problem.msg
 
 
 @pytest.mark.django_db
@@ -291,20 +306,10 @@ MIGRATION = importlib.import_module("properties.migrations.0006_tenant_activity_
 
 @pytest.fixture
 def committed(settings):  # type: ignore[no-untyped-def]
-    """Committed data; afterwards the dropped table partitions are made again (the next test's)."""
+    """Committed data (the test is transactional); afterwards conftest's
+    ``_table_partitions_kept`` makes the dropped table partitions again."""
     yield settings
     settings.CLEANUP_CHECKPOINTS = frozenset()
-    months = MIGRATION.month_starts(datetime.now(UTC))
-    with connection.cursor() as cur:
-        cur.execute(f"TRUNCATE {TABLE}")
-        for (year, month), (end_year, end_month) in itertools.pairwise(months):
-            name = MIGRATION.table_partition_name(year, month)
-            cur.execute("SELECT to_regclass(%s) IS NULL", [name])
-            if cur.fetchone()[0]:
-                cur.execute(
-                    f"CREATE TABLE {name} PARTITION OF {TABLE} FOR VALUES FROM ('{year:04d}-{month:02d}-01 00:00+00')"
-                    f" TO ('{end_year:04d}-{end_month:02d}-01 00:00+00')"
-                )
 
 
 def committed_world(active_policy) -> World:  # type: ignore[no-untyped-def]
