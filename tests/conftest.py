@@ -121,22 +121,33 @@ def table_partitions_restore() -> list[str]:
     return [name for name, _ in missing]
 
 
+def _uses_the_database(request: pytest.FixtureRequest) -> bool:
+    return _commits(request) or "db" in request.fixturenames or request.node.get_closest_marker("django_db") is not None
+
+
 @pytest.fixture(autouse=True)
 def _table_partitions_kept(request: pytest.FixtureRequest, django_db_blocker):  # type: ignore[no-untyped-def]
-    """A committing test whose sweep dropped table partitions (a drop is DDL:
-    the flush does not bring it back) leaves them made again for the next
-    test, which may rest on their being there, in any order."""
+    """Every test that uses the database starts with tenant activity's table
+    partitions as the migration made them, in any order: a drop is DDL, and a
+    committed one (a committing test's sweep, a worker process's, another
+    connection's) is not undone by the flush. Made again after a committing
+    test, and before any test that finds one missing (inside a test's
+    transaction, that re-making is rolled back with it: the next committing
+    test's end makes them for good)."""
     global _TABLE_PARTITIONS
-    if not _commits(request) or not is_postgres():
+    if not is_postgres() or not _uses_the_database(request):
         yield
         return
     request.getfixturevalue("django_db_setup")
     with django_db_blocker.unblock():
         if _TABLE_PARTITIONS is None:
             _TABLE_PARTITIONS = _table_partitions_listed()
+        else:
+            table_partitions_restore()
     yield
-    with django_db_blocker.unblock():
-        table_partitions_restore()
+    if _commits(request):
+        with django_db_blocker.unblock():
+            table_partitions_restore()
 
 
 @pytest.fixture
