@@ -8,7 +8,8 @@ Run from the repository root::
 
 The dataset: ``--rows`` tenant-activity rows (generated in SQL, ``INSERT … SELECT
 generate_series``) spread evenly over the 36 calendar months before the slot's month —
-36 monthly table partitions of the demo's partitioned table (properties 0006) — in
+36 monthly table partitions of the demo's partitioned table (properties 0006; the
+migration's empty ones before those months are dropped first, ``months_outside``) — in
 ``--portfolios`` portfolios (default 100) of ``--properties`` properties each (default 2),
 each with an approved tenant-activity policy of ``--retention-days`` (default 182: about
 30 of the 36 months lie past every cutoff), and one portfolio under a portfolio-wide
@@ -111,8 +112,8 @@ class Probe:
         if self.thread:
             self.thread.join(10)
 
-    def figures(self) -> dict[str, float]:
-        values = sorted(self.latencies) or [0.0]
+    def figures(self, latencies: list[float] | None = None) -> dict[str, float]:
+        values = sorted(self.latencies if latencies is None else latencies) or [0.0]
         return {
             "ops": len(values),
             "p50_ms": statistics.median(values),
@@ -161,6 +162,8 @@ def build(args: argparse.Namespace, slot: datetime) -> dict[str, Any]:
     # rows in every month, one hold would keep every table partition: any hold in a
     # portfolio present in a table partition keeps it.)
     held_rows = args.rows // args.portfolios
+    outside = months_outside(slot)
+    log(f"{outside} empty table partitions before the {MONTHS} months dropped (the dataset's shape)")
     started = time.perf_counter()
     with fk_triggers_off():
         spread(args.rows - held_rows, month_start(slot, MONTHS), month_start(slot, 0), other_than=held.pk)
@@ -171,6 +174,26 @@ def build(args: argparse.Namespace, slot: datetime) -> dict[str, Any]:
         "held_rows": count_rows(held.pk, before=month_start(slot, 0)),
         "properties": list(Property.objects.values_list("id", "portfolio_id")),
     }
+
+
+def months_outside(slot: datetime) -> int:
+    """Drop the migration's empty table partitions before the first of the ``MONTHS``
+    months (2015 onwards): the dataset is ``MONTHS`` monthly table partitions with rows,
+    and the ones after the slot's month (empty, never past a cutoff) and the DEFAULT one.
+    Left in, each would be dropped by the drops' phase too, a catalog cost per table
+    partition with no row to dispose of. The number dropped."""
+    import importlib
+
+    migration = importlib.import_module("properties.migrations.0006_tenant_activity_table_partitions")
+    first = month_start(slot, MONTHS)
+    names = [
+        migration.table_partition_name(year, month)
+        for year, month in migration.month_starts(slot)
+        if datetime(year, month, 1, tzinfo=UTC) < first
+    ]
+    for name in names:
+        sql(f"DROP TABLE IF EXISTS {name}")
+    return len(names)
 
 
 def spread(rows: int, start: datetime, end: datetime, *, only: int = 0, other_than: int = 0) -> None:
@@ -228,6 +251,7 @@ def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> d
         result = sweep_trigger(slot=slot)
         trigger_seconds = time.perf_counter() - started
         trigger_wal = wal_lsn() - wal
+        during_trigger = probe.figures(list(probe.latencies))
         cleanup_drain()
         seconds = time.perf_counter() - started
         wal = wal_lsn() - wal
@@ -250,6 +274,9 @@ def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> d
         "rows_dropped": report.get("rows_dropped", 0),
         "held_survive": held_now == world["held_rows"],
         **figures,
+        # The probe while the trigger ran (in the drops' phase: the drops themselves).
+        "trigger_ops": during_trigger["ops"],
+        "trigger_p99_ms": during_trigger["p99_ms"],
     }
     log(
         f"{name}: {seconds:.1f} s, {disposed:,} rows disposed, {out['wal_per_row']:.1f} WAL bytes/row, "
@@ -315,6 +342,8 @@ def report(args: argparse.Namespace, idle: dict[str, Any], rows: dict[str, Any],
         ("  per row it dropped", "drop_wal_per_row", "{:.2f}"),
         ("probe p50 ms", "p50_ms", "{:.2f}"),
         ("probe p99 ms", "p99_ms", "{:.2f}"),
+        ("  during the trigger", "trigger_p99_ms", "{:.2f}"),
+        ("  its operations", "trigger_ops", "{:,}"),
         ("held rows survive", "held_survive", "{}"),
     ]
     for label, key, fmt in lines:
@@ -323,11 +352,13 @@ def report(args: argparse.Namespace, idle: dict[str, Any], rows: dict[str, Any],
     # (the held portfolio's months fall back to row deletes) is in the table above.
     wal_ratio = drop["drop_wal_per_row"] / rows["wal_per_row"] if rows["wal_per_row"] else float("nan")
     whole = drop["wal_per_row"] / rows["wal_per_row"] if rows["wal_per_row"] else float("nan")
-    p99_ratio = drop["p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else float("nan")
+    # The drops run inside the trigger: the probe's p99 in that window is the goal's figure
+    # (the rest of the drops' phase is the fallback's row deletes).
+    p99_ratio = drop["trigger_p99_ms"] / idle["p99_ms"] if idle["p99_ms"] else float("nan")
     print(
         f"\nWAL per disposed row, drops / row deletes: {wal_ratio:.4f} (goal <= {WAL_GOAL}: "
         f"{'met' if wal_ratio <= WAL_GOAL else 'NOT met'}; the whole run with its fallback: {whole:.4f}); "
-        f"probe p99 during drops / idle: {p99_ratio:.2f} "
+        f"probe p99 while the drops ran / idle: {p99_ratio:.2f} ({drop['trigger_ops']} operations) "
         f"(goal <= {P99_GOAL}: {'met' if p99_ratio <= P99_GOAL else 'NOT met'}); "
         f"every held row survives: {rows['held_survive'] and drop['held_survive']}"
     )
