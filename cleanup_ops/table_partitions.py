@@ -3,8 +3,8 @@
 For a record kind that opts in (``"drop_table_partitions": True``,
 ``retention.registry``) and whose table is ``PARTITION BY RANGE`` on its
 retention timestamp, a table partition whose upper bound is not after any
-present portfolio's cutoff and which no active hold can reach is detached and
-dropped instead of deleted row by row: one ``TablePartitionDrop`` ledger row
+present portfolio's cutoff and which no active hold can reach is dropped whole
+instead of deleted row by row: one ``TablePartitionDrop`` ledger row
 per table partition (rows, a digest of its ids, each portfolio's policy
 version and cutoff), written in the transaction of the drop. Everything else
 is left to the ordinary row-delete jobs, which skip held rows: that is the
