@@ -174,7 +174,7 @@ def main() -> None:
         help="with --repeat: run the timed phases round by round (loop, drain, qcluster, …, then again) instead of"
         " each phase N times in a row, and report each run's median ratio to the loop of the same round",
     )
-    parser.add_argument("--write-docs", action="store_true", help="write/update docs/benchmarks.md with the results")
+    parser.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md (Backlog)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the qcluster logs (their directory is printed)")
     parser.add_argument("--child", choices=["drain", "count"], help=argparse.SUPPRESS)
     parser.add_argument("--slot", help=argparse.SUPPRESS)

@@ -63,13 +63,19 @@ def print_runs(title: str, runs: list[RunResult]) -> None:
     )
 
 
+# docs/benchmarks.md's Backlog section holds these two lines; --write-docs replaces what lies between them.
+DOCS_BEGIN = "<!-- bench/pipeline.py --write-docs: begin -->"
+DOCS_END = "<!-- bench/pipeline.py --write-docs: end -->"
+
+
 def write_docs(path: Path, *, rows: int, batch: int, runs: list[RunResult], code: str) -> None:
-    """docs/benchmarks.md: the throughput table, a bar chart, fairness and pickup figures."""
+    """docs/benchmarks.md, between the markers of its Backlog section (appended at the end when
+    they are missing): the throughput table, a bar chart, fairness and pickup figures."""
     loop = next((r for r in runs if r.label.startswith("DELETE loop")), None)
     ceiling = next((r for r in runs if r.label.startswith("one DELETE")), None)
     fastest = max((r.deleted / r.seconds for r in runs if r.seconds), default=1)
     lines = [
-        f"## {rows:,} leases, batch size {batch} (code {code})",
+        f"`bench/pipeline.py --write-docs`: {rows:,} leases, batch size {batch}, code {code}.",
         "",
         "| run | rows deleted | seconds | rows/s | vs loop | vs one DELETE | small portfolios done"
         " (p50 / p95 of drain) |",
@@ -92,10 +98,13 @@ def write_docs(path: Path, *, rows: int, batch: int, runs: list[RunResult], code
         if "first_lease_wait_s_p50" in r.extra
     ]
     body = "\n".join([*lines, "", "```", *chart, "```", "", "Wait from admission to a job's first lease:", *waits, ""])
-    existing = path.read_text() if path.exists() else "# Benchmarks\n\nWritten by `bench/pipeline.py --write-docs`.\n"
-    marker = f"## {rows:,} leases"
-    kept = [part for part in existing.split("\n## ") if not ("## " + part).startswith(marker)]
-    text = "\n## ".join(kept).rstrip() + "\n\n" + body
+    block = f"{DOCS_BEGIN}\n\n{body}\n{DOCS_END}"
+    existing = path.read_text() if path.exists() else "# Benchmarks\n"
+    if DOCS_BEGIN in existing and DOCS_END in existing.split(DOCS_BEGIN, 1)[1]:
+        head, rest = existing.split(DOCS_BEGIN, 1)
+        text = head + block + rest.split(DOCS_END, 1)[1]
+    else:
+        text = existing.rstrip() + "\n\n" + block + "\n"
     path.parent.mkdir(exist_ok=True)
     path.write_text(text)
 
