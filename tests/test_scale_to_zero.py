@@ -57,11 +57,14 @@ def run_query(query: str) -> int:
         return int(cursor.fetchone()[0])
 
 
-def other_backends() -> int:
-    """Other sessions on this test database: a child process that has connected."""
+def other_backends(application_name: str | None = None) -> int:
+    """Other sessions on this test database (of one application name: a child
+    process started with ``PGAPPNAME``) — a child process that has connected."""
     with connection.cursor() as cursor:
         cursor.execute(
             "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            " AND (%s::text IS NULL OR application_name = %s)",
+            [application_name, application_name],
         )
         return int(cursor.fetchone()[0])
 
@@ -351,6 +354,10 @@ def test_sigterm_stops_a_waiting_drain_at_once_and_it_exits_0():
         **os.environ,
         "DATABASE_URL": f"postgres://{db['USER']}@{db['HOST']}:{db['PORT']}/{db['NAME']}",
         "CLEANUP_IDLE_EXIT_SECONDS": "600",
+        # Its sessions, told from any other on the database (a connection an
+        # earlier test's thread or process has not closed yet would otherwise
+        # pass for the child's, and the SIGTERM would come before its handler).
+        "PGAPPNAME": "sigterm-drain",
     }
     proc = subprocess.Popen(
         [sys.executable, "manage.py", "cleanup_drain", "--until-idle", "--json"],
@@ -363,9 +370,9 @@ def test_sigterm_stops_a_waiting_drain_at_once_and_it_exits_0():
     try:
         # Waiting for work once it has asked the database (its SIGTERM handler is in place by then).
         deadline = time.monotonic() + 60
-        while time.monotonic() < deadline and not other_backends():
+        while time.monotonic() < deadline and not other_backends("sigterm-drain"):
             time.sleep(0.1)
-        assert proc.poll() is None and other_backends()
+        assert proc.poll() is None and other_backends("sigterm-drain")
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=30)
     finally:
