@@ -41,13 +41,11 @@ from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.sweeps import sweep_status_seen
 from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param
 from retention.registry import REGISTRY
-from retention.scoping import portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 if TYPE_CHECKING:
     from django_stubs_ext import WithAnnotations
 
-# None: every portfolio (platform staff); a set: a customer's portfolios.
-PortfolioScope = frozenset[int] | None
 
 # --- Dead letters: the filter the inbox, the API, a bulk decision and cleanup_redrive share
 

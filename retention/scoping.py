@@ -40,6 +40,10 @@ from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS, PLATFORM_GROUPS
 
 M = TypeVar("M", bound=Model)
 
+# The portfolios a read may see: None, every portfolio (platform staff); a
+# set, a customer's portfolios. The type every scoped selector takes.
+PortfolioScope = frozenset[int] | None
+
 _CACHE = "_tenant_scope_cache"
 
 
@@ -79,7 +83,7 @@ VIEW_PORTFOLIO = view_permission(portfolio_model_label())
 AUDIT_VIEW = "retention.view_auditevent"
 
 
-def visible_portfolio_ids(user: Any) -> frozenset[int] | None:
+def visible_portfolio_ids(user: Any) -> PortfolioScope:
     """The portfolios in which ``user`` may view the portfolio itself; ``None``
     means every portfolio. Every role grants it, so this is every portfolio
     the user is a member of, and it is used only for reads of portfolios."""
@@ -131,7 +135,7 @@ def roles_granting(perm: str) -> list[str]:
     return sorted(role for role, perms in MEMBERSHIP_ROLE_PERMISSIONS.items() if perm in perms)
 
 
-def portfolio_ids_where(user: Any, perm: str) -> frozenset[int] | None:
+def portfolio_ids_where(user: Any, perm: str) -> PortfolioScope:
     """Portfolios in which ``user`` holds ``perm``; ``None`` means every portfolio."""
     if not _known(user):
         return frozenset()

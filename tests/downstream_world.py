@@ -16,17 +16,11 @@ from cleanup_ops.models import CleanupJob, JobKind, JobOutcome
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Lease
 
-from .conftest import make_records, utc
+from . import interference
+from .conftest import make_records
+from .interference import NOW, OLD, SLOT
 
-SLOT = utc("2026-08-21T02:00:00Z")
-NOW = utc("2026-08-21T02:05:00Z")
-OLD = utc("2020-01-01T00:00:00Z")
-
-
-@pytest.fixture
-def clock(time_machine):  # type: ignore[no-untyped-def]
-    time_machine.move_to(NOW, tick=False)
-    return time_machine
+clock = interference.clock  # the guarantees' clock: SLOT, then NOW
 
 
 def attach(model, ids: list[int], prefix: str = "doc") -> list[str]:  # type: ignore[no-untyped-def]

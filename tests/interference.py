@@ -2,16 +2,31 @@
 transaction held open on another connection until the test lets it go
 (``Held``), a call made on a connection of its own while the test watches
 it wait (``in_thread``; ``conftest.wait_until_blocked`` reads the wait from
-``pg_stat_activity``), and a batch hook that raises (``raising``).
+``pg_stat_activity``), and a batch hook that raises (``raising``). Also the
+guarantees' modules' one clock: the sweep's slot and the instant after it
+(``clock``, a fixture a module takes as ``clock = interference.clock``).
 """
 
 from __future__ import annotations
 
 import threading
 
+import pytest
 from django.db import connections, transaction
 
-from .conftest import backend_pid
+from .conftest import backend_pid, utc
+
+SLOT = utc("2026-08-21T02:00:00Z")
+NOW = utc("2026-08-21T02:05:00Z")
+NEXT_SLOT = utc("2026-08-22T02:00:00Z")
+OLD = utc("2020-01-01T00:00:00Z")
+REASON = "operator decision for the test"
+
+
+@pytest.fixture
+def clock(time_machine):  # type: ignore[no-untyped-def]
+    time_machine.move_to(NOW, tick=False)
+    return time_machine
 
 
 class Held:

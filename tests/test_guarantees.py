@@ -33,22 +33,15 @@ from cleanup_ops.schedule import sweep_trigger
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from properties.models import Lease, Portfolio, Property
 
+from . import interference
 from .conftest import make_records, remaining_ids, utc, wait_until_blocked
 from .conftest import one_property_portfolios as estate
-from .interference import Held, in_thread, raising
-
-SLOT = utc("2026-08-21T02:00:00Z")
-NOW = utc("2026-08-21T02:05:00Z")
-OLD = utc("2020-01-01T00:00:00Z")
-REASON = "operator decision for the test"
+from .interference import NOW, OLD, REASON, SLOT, Held, in_thread, raising
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def clock(time_machine):  # type: ignore[no-untyped-def]
-    time_machine.move_to(NOW, tick=False)
-    return time_machine
+clock = interference.clock
 
 
 def job_of(prop: Property) -> CleanupJob:

@@ -22,23 +22,15 @@ from cleanup_ops.recovery.operator import PartitionBusy, dead_letter_redrive, de
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 
+from . import interference
 from .conftest import one_property_portfolios as estate
-from .conftest import utc, wait_until_blocked
-from .interference import Held, in_thread, raising
-
-SLOT = utc("2026-08-21T02:00:00Z")
-NOW = utc("2026-08-21T02:05:00Z")
-NEXT_SLOT = utc("2026-08-22T02:00:00Z")
-OLD = utc("2020-01-01T00:00:00Z")
-REASON = "operator decision for the test"
+from .conftest import wait_until_blocked
+from .interference import NEXT_SLOT, NOW, OLD, REASON, SLOT, Held, in_thread, raising
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def clock(time_machine):  # type: ignore[no-untyped-def]
-    time_machine.move_to(NOW, tick=False)
-    return time_machine
+clock = interference.clock
 
 
 # --- 2. One open job per partition ----------------------------------------------

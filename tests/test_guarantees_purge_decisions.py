@@ -17,21 +17,14 @@ from cleanup_ops.schedule import sweep_trigger
 from properties.models import Lease, MaintenanceRecord, Property
 from retention.services import legal_hold_place, legal_hold_release
 
-from .conftest import make_records, utc, wait_until_blocked
-from .interference import Held, in_thread
-
-SLOT = utc("2026-08-21T02:00:00Z")
-NOW = utc("2026-08-21T02:05:00Z")
-NEXT_SLOT = utc("2026-08-22T02:00:00Z")
-OLD = utc("2020-01-01T00:00:00Z")
+from . import interference
+from .conftest import make_records, wait_until_blocked
+from .interference import NEXT_SLOT, NOW, OLD, SLOT, Held, in_thread
 
 pytestmark = pytest.mark.postgres
 
 
-@pytest.fixture
-def clock(time_machine):  # type: ignore[no-untyped-def]
-    time_machine.move_to(NOW, tick=False)
-    return time_machine
+clock = interference.clock
 
 
 # --- 1. One purge decision per document -------------------------------------------

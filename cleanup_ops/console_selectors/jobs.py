@@ -9,7 +9,7 @@ from typing import Any
 from django.db.models import Count, Max, Min, Q, Sum
 
 # None: every portfolio (platform staff); a set: a customer's portfolios.
-from cleanup_ops.console_selectors.names import PAGE_SIZE, SEARCH_MAX_LENGTH, PortfolioScope
+from cleanup_ops.console_selectors.names import PAGE_SIZE, SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import job_search_q
 from cleanup_ops.models import (
     CleanupJob,
@@ -22,7 +22,7 @@ from cleanup_ops.recovery.classification import FailureCategory
 from retention.filters import choice_param, id_param, text_param
 from retention.models import AuditEvent
 from retention.registry import REGISTRY
-from retention.scoping import portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 # --- Jobs: the filter, the list, one job ------------------------------------
 

@@ -9,10 +9,7 @@ from django.contrib.auth.models import User
 
 from cleanup_ops.models import Sweep
 from retention.domain import SEARCHED_FIELDS, names_by_pk, portfolio_model, property_model
-from retention.scoping import portfolio_ids_q
-
-# None: every portfolio (platform staff); a set: a customer's portfolios.
-PortfolioScope = frozenset[int] | None
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 PAGE_SIZE = 50
 # The longest text a search box takes.

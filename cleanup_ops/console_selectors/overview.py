@@ -24,7 +24,6 @@ from django.db.models.functions import TruncHour
 from django.utils import timezone
 
 from cleanup_ops import sql
-from cleanup_ops.console_selectors.names import PortfolioScope
 from cleanup_ops.console_selectors.waiting import PLATFORM_PAUSE_REASON
 from cleanup_ops.models import (
     CleanupJob,
@@ -44,7 +43,7 @@ from cleanup_ops.sweeps import sweep_status_seen
 from retention.eligibility import db_datetime, hold_covers_sql
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY
-from retention.scoping import portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 THROUGHPUT_HOURS = 12
 DEBT_GRACE = timedelta(hours=24)  # a record is on time if deleted within a day of becoming eligible

@@ -7,8 +7,6 @@ from typing import Any
 
 from django.db.models import Count, Min, Q, Sum
 
-# None: every portfolio (platform staff); a set: a customer's portfolios.
-from cleanup_ops.console_selectors.names import PortfolioScope
 from cleanup_ops.console_selectors.overview import current_sweep
 from cleanup_ops.models import (
     OPEN_STATES,
@@ -21,7 +19,9 @@ from cleanup_ops.models import (
     open_q,
 )
 from retention.models import AuditEvent
-from retention.scoping import portfolio_ids_q
+
+# None: every portfolio (platform staff); a set: a customer's portfolios.
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 # --- Pauses and portfolios ------------------------------------------------------
 

@@ -16,12 +16,11 @@ from typing import Any
 
 from django.db.models import Q
 
-from cleanup_ops.console_selectors.names import PortfolioScope
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.domain import matching, portfolio_model, property_model
 from retention.models import AuditEvent
-from retention.scoping import portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 SEARCH_RESULTS = 20
 

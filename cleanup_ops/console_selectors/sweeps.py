@@ -11,8 +11,6 @@ from croniter import croniter
 from django.conf import settings
 from django.db.models import Count, Max, Q, Sum
 
-# None: every portfolio (platform staff); a set: a customer's portfolios.
-from cleanup_ops.console_selectors.names import PortfolioScope
 from cleanup_ops.console_selectors.waiting import OpenWork, open_work
 from cleanup_ops.models import (
     CleanupJob,
@@ -25,7 +23,7 @@ from cleanup_ops.models import (
     superseded_q,
 )
 from cleanup_ops.sweeps import sweep_status_seen
-from retention.scoping import portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 # --- Sweeps: history and the drain forecast ------------------------------------
 

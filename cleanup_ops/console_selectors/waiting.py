@@ -27,9 +27,9 @@ from typing import Any
 
 from django.db.models import Count, Min, Q
 
-from cleanup_ops.console_selectors.names import PortfolioScope, portfolio_names
+from cleanup_ops.console_selectors.names import portfolio_names
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause, due_q, live_lease_q, open_q
-from retention.scoping import portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q
 
 # A customer learns that the pipeline is paused, not why (the platform's words may name another customer).
 PLATFORM_PAUSE_REASON = "paused by the platform"
