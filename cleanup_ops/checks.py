@@ -28,6 +28,7 @@ from django.core import checks
 
 from cleanup_ops.defaults import SETTINGS
 from cleanup_ops.downstream.urls import docstore_url_check
+from cleanup_ops.execution.leases import TOKEN_SLEEP_STRETCH
 from retention.conf import setting_errors
 
 DEFAULT_REFRESH_SECONDS = 5
@@ -167,14 +168,15 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="cleanup_ops.E115",
             )
         )
-    floor = settings.CLEANUP_SLICE_SECONDS + settings.CLEANUP_HEARTBEAT_SECONDS
+    floor = TOKEN_SLEEP_STRETCH * settings.CLEANUP_SLICE_SECONDS + settings.CLEANUP_HEARTBEAT_SECONDS
     if settings.CLEANUP_LIVENESS_STALE_SECONDS <= floor:
         # A busy, healthy cluster reports progress at least once per turn plus
-        # the heartbeat interval; anything shorter would restart healthy clusters.
+        # the heartbeat interval, and a turn asleep for rate tokens lasts up to
+        # TOKEN_SLEEP_STRETCH slices; anything shorter would restart healthy clusters.
         errors.append(
             checks.Error(
-                "CLEANUP_LIVENESS_STALE_SECONDS: must exceed CLEANUP_SLICE_SECONDS + CLEANUP_HEARTBEAT_SECONDS "
-                f"({floor:g}), got {settings.CLEANUP_LIVENESS_STALE_SECONDS}",
+                f"CLEANUP_LIVENESS_STALE_SECONDS: must exceed {TOKEN_SLEEP_STRETCH} * CLEANUP_SLICE_SECONDS + "
+                f"CLEANUP_HEARTBEAT_SECONDS ({floor:g}), got {settings.CLEANUP_LIVENESS_STALE_SECONDS}",
                 id="cleanup_ops.E113",
             )
         )

@@ -471,3 +471,43 @@ def test_a_turn_whose_next_token_comes_after_its_end_ends_without_leasing_again(
     assert (turn.slices, turn.jobs_leased) == (1, 1)
     job = job_of(props["A"])
     assert (job.state, job.rows_deleted, job.attempt, job.available_at) == (JobState.PENDING, 2, 0, NOW)
+
+
+def test_a_slice_budget_counts_its_work_not_its_sleeps_for_tokens_within_twice_its_seconds(monkeypatch):
+    from cleanup_ops.execution import leases
+
+    now = [100.0]
+    monkeypatch.setattr(leases.time, "monotonic", lambda: now[0])
+    budget = leases.SliceBudget.of(5.0)
+    assert (budget.wall, budget.left()) == (5.0 * leases.TOKEN_SLEEP_STRETCH, 5.0)
+    now[0] += 4.0  # 1 s of work, 3 s asleep for tokens
+    budget.slept += 3.0
+    assert (budget.left(), budget.wall_left()) == (4.0, 6.0)
+    now[0] += 5.0  # asleep again: the wall bound comes first
+    budget.slept += 5.0
+    assert budget.left() == 1.0
+    now[0] += 1.0
+    assert budget.left() == 0.0
+    # A turn's group slice gets what is left of the turn's wall seconds.
+    assert leases.SliceBudget.of(2.0, 3.0).wall == 3.0
+
+
+@pytest.mark.django_db
+def test_a_turn_asleep_for_its_tokens_runs_more_batches_than_its_seconds_hold_and_ends_within_twice_them(
+    active_policy, settings
+):
+    settings.CLEANUP_BATCH_SIZE = 1
+    settings.CLEANUP_SLICE_SECONDS = 0.5
+    settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL = 4.0, 1.0  # a token every 0.25 s
+    props = estate(active_policy, ["A"], rows=10)
+    sweep_trigger(slot=SLOT, now=NOW)
+    started = time.monotonic()
+    turn = runner.worker_turn(job_id=job_of(props["A"]).pk)
+    took = time.monotonic() - started
+    job = job_of(props["A"])
+    # Counted by wall seconds, 0.5 s held two batches (at 0 and 0.25 s); asleep
+    # most of it, the turn goes on to the tokens at 0.5 and 0.75 s, and ends
+    # before the one at 1.0 s, its wall bound (twice its seconds).
+    assert (turn.slices, job.state) == (1, JobState.PENDING)
+    assert job.rows_deleted in (3, 4)
+    assert took < 2 * 0.5 + 0.5  # the wall bound, and the release after the last batch

@@ -56,7 +56,7 @@ import socket
 import threading
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -363,6 +363,36 @@ def token_sleep(seconds: float) -> bool:
             return True
         time.sleep(min(SLEEP_STEP_SECONDS, left))
     return False
+
+
+# A slice's or a turn's seconds count its work, not its sleeps for rate
+# tokens, up to this many times its seconds in all. Under a limit that binds,
+# a turn bounded by wall seconds alone holds few batches (at 5/s shared by two
+# workers, 12 of its 20 in 5 s), and each turn costs a lease, a release, a
+# broker task and its health check: paid per batch, they were most of the
+# statements a limit added. The liveness floor (cleanup_ops.E113) counts it.
+TOKEN_SLEEP_STRETCH = 2
+
+
+@dataclass
+class SliceBudget:
+    """Seconds of work (sleeps for tokens not counted) within ``wall`` seconds in all."""
+
+    seconds: float
+    wall: float
+    started: float = field(default_factory=lambda: time.monotonic())
+    slept: float = 0.0
+
+    @classmethod
+    def of(cls, seconds: float, wall: float | None = None) -> SliceBudget:
+        return cls(seconds=seconds, wall=seconds * TOKEN_SLEEP_STRETCH if wall is None else wall)
+
+    def left(self) -> float:
+        total = time.monotonic() - self.started
+        return min(self.seconds - (total - self.slept), self.wall - total)
+
+    def wall_left(self) -> float:
+        return self.wall - (time.monotonic() - self.started)
 
 
 def lease_expiry_from(start: datetime) -> datetime:

@@ -37,6 +37,7 @@ from cleanup_ops.downstream.purge import PurgeProgress, purge_run
 from cleanup_ops.execution.batches import JobRef, PartitionStep, job_load, jobs_load, run_batch, run_group_batch
 from cleanup_ops.execution.leases import (
     JobLease,
+    SliceBudget,
     group_tokens,
     group_tokens_unused,
     job_lease,
@@ -258,6 +259,7 @@ class GroupSliceResult:
     deferred_seconds: float = 0.0
     fell_back: bool = False  # a transaction failed: its jobs ran alone
     out_of_time: bool = False  # the next tokens come after the slice's end: its jobs went back due now
+    slept_seconds: float = 0.0  # asleep for rate tokens (not counted in the slice's seconds)
 
 
 @dataclass
@@ -315,6 +317,7 @@ def group_run_slice(
     max_jobs: int | None = None,
     max_batches: int | None = None,
     max_seconds: float | None = None,
+    max_wall_seconds: float | None = None,
     batch_size: int | None = None,
 ) -> GroupSliceResult:
     """Lease several due delete jobs at once and run them in shared transactions.
@@ -322,8 +325,10 @@ def group_run_slice(
     Each transaction covers as many of the leased partitions as fit in one
     batch of candidate rows (``run_group_batch``); partitions that finish
     drop out, a large one runs alone. The slice is bounded by
-    ``CLEANUP_SLICE_SECONDS`` and ``max_batches`` transactions (by default
-    ``CLEANUP_SLICE_BATCHES`` per partition leased);
+    ``CLEANUP_SLICE_SECONDS`` of work (time asleep for rate tokens not
+    counted, within ``max_wall_seconds``, by default ``TOKEN_SLEEP_STRETCH``
+    times the seconds, in all: ``SliceBudget``) and ``max_batches``
+    transactions (by default ``CLEANUP_SLICE_BATCHES`` per partition leased);
     what is left is released with its cursors. With rate limits configured a
     transaction takes one token per portfolio it touches and one global token
     (tokens drawn for portfolios it then leaves untouched go back); a
@@ -363,7 +368,8 @@ def group_run_slice(
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     jobs = jobs_load(turns.pending)
-    started = time.monotonic()
+    budget = SliceBudget.of(max_seconds, max_wall_seconds)
+    started = budget.started
     while turns.pending:
         working = turns.next_working()
         # Tokens only for the portfolios this transaction may touch (a large
@@ -375,7 +381,7 @@ def group_run_slice(
         now = clock.now()
         bound = token_wait_bound(
             lease_until=min(lease_until[job_id] for job_id in working),
-            slice_left=max_seconds - (time.monotonic() - started),
+            slice_left=budget.left(),
             now=now,
         )
         grant = group_tokens({jobs[job_id].portfolio_id for job_id in working}, max_wait=bound, now=now)
@@ -392,6 +398,7 @@ def group_run_slice(
             # Stopped while asleep: these tokens will not be used.
             group_tokens_unused(allowed, touched_none=True)
             break
+        budget.slept += grant.wait
         renewed_from = clock.now()
         try:
             steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
@@ -428,11 +435,12 @@ def group_run_slice(
             result.rows_deleted += step.deleted
             result.finished += int(bool(step.outcome))
         turns.after(working, steps, applied)
-        if result.transactions >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
+        if result.transactions >= max_batches or budget.left() <= 0 or stop_requested():
             break
         if len(turns.pending) < refill_below:
             break
     turns.release(lease)
+    result.slept_seconds = budget.slept
     return result
 
 
@@ -494,13 +502,13 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     poll wait and a dispatcher call each; instead a turn leases due
     partitions in groups and works them in shared transactions. A turn is as
     bounded as one slice: ``CLEANUP_SLICE_BATCHES`` transactions or
-    ``CLEANUP_SLICE_SECONDS``, so that the due work of a small sweep spreads
+    ``CLEANUP_SLICE_SECONDS`` of work (a ``SliceBudget``), so that the due work of a small sweep spreads
     over the workers and clusters that fetch its messages. (A turn bounded by
     seconds alone measured about 10% faster on a 1M backlog with one worker,
     but let one cluster's first turns take all of a small sweep.)
     """
     owner = owner or worker_name()
-    deadline = time.monotonic() + settings.CLEANUP_SLICE_SECONDS
+    budget = SliceBudget.of(settings.CLEANUP_SLICE_SECONDS)
     batches_left = settings.CLEANUP_SLICE_BATCHES
     turn = TurnResult()
     kind = CleanupJob.objects.filter(pk=job_id).values_list("job_kind", flat=True).first()
@@ -516,10 +524,14 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     # until one slice's budget of transactions or seconds is spent, so a
     # stopping cluster waits for at most that much; a SIGTERM that reaches
     # this process ends the turn after the batch in flight.
-    while batches_left > 0 and time.monotonic() < deadline and not stop_requested():
+    while batches_left > 0 and budget.left() > 0 and not stop_requested():
         group = group_run_slice(
-            owner=owner, max_batches=batches_left, max_seconds=max(0.1, deadline - time.monotonic())
+            owner=owner,
+            max_batches=batches_left,
+            max_seconds=max(0.1, budget.left()),
+            max_wall_seconds=max(0.1, budget.wall_left()),
         )
+        budget.slept += group.slept_seconds
         if not group.leased:
             break
         turn.slices += 1
