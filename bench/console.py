@@ -101,7 +101,7 @@ def load(jobs: int, ledger: int, *, spread_hours: int) -> int:
         cur.execute("SELECT id FROM retention_policyversion LIMIT 1")
         (version_id,) = cur.fetchone()
         cur.execute(
-            "INSERT INTO cleanup_ops_cleanupjob (sweep_id, key, kind, portfolio_id, property_id, record_kind,"
+            "INSERT INTO cleanup_ops_cleanupjob (sweep_id, key, job_kind, portfolio_id, property_id, record_kind,"
             " policy_version_id, cutoff, state, outcome, available_at, lease_owner, leases, attempt,"
             " last_error_category, last_error_class, cursor, batches, rows_deleted, rows_held, created_at,"
             " first_leased_at, finished_at)"

@@ -435,7 +435,7 @@ def verify(ds: Dataset, label: str, *, pipeline: bool = False) -> dict[str, Any]
             )[0][0]
             jobs = sql(
                 "SELECT COALESCE(sum(rows_deleted), 0) FROM cleanup_ops_cleanupjob"
-                " WHERE record_kind = %s AND kind = 'delete'",
+                " WHERE record_kind = %s AND job_kind = 'delete'",
                 [kind],
             )[0][0]
             if int(ledger) != deleted or int(jobs) != deleted:
