@@ -8,7 +8,6 @@ from typing import Any
 
 from django.db.models import Count, Max, Min, Q, Sum
 
-# None: every portfolio (platform staff); a set: a customer's portfolios.
 from cleanup_ops.console_selectors.names import PAGE_SIZE, SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import job_search_q
 from cleanup_ops.models import (

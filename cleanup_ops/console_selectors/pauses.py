@@ -19,8 +19,6 @@ from cleanup_ops.models import (
     open_q,
 )
 from retention.models import AuditEvent
-
-# None: every portfolio (platform staff); a set: a customer's portfolios.
 from retention.scoping import PortfolioScope, portfolio_ids_q
 
 # --- Pauses and portfolios ------------------------------------------------------

@@ -8,7 +8,6 @@ from typing import Any
 from django.conf import settings
 from django.db.models import Count, Max, Min
 
-# None: every portfolio (platform staff); a set: a customer's portfolios.
 from cleanup_ops.models import (
     CleanupJob,
     JobState,
