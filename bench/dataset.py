@@ -348,12 +348,35 @@ def load_nightly(scope: Scope, rows: int, slot: datetime, expired: float = NIGHT
                 reason="bench: subject access request",
             )
     sql("DROP TABLE bench_slots")
+    if "tenant_activity" in scope.kinds:
+        # A night in the steady state: earlier nights dropped the empty months the
+        # migration made before the first record (a first night drops them once).
+        (first,) = sql(f"SELECT min(occurred_at) FROM {get_spec('tenant_activity').table}")[0]
+        log(f"{table_partitions_before(first)} empty tenant-activity table partitions before {first:%Y-%m} dropped")
     for kind in scope.kinds:
         sql(f"VACUUM ANALYZE {get_spec(kind).table}")
     generate_seconds = time.perf_counter() - started
     holds = sql("SELECT count(*) FROM retention_legalhold")[0][0]
     stats = {kind: kind_stats(kind, cutoff) for kind in scope.kinds}
     return Dataset(rows, cutoff, stats, holds, generate_seconds, shape="nightly")
+
+
+def table_partitions_before(first: datetime) -> int:
+    """Drop the table partitions of tenant activity (the demo's monthly ones,
+    migration ``properties.0006``) whose month starts before ``first``'s month: the
+    caller knows they are empty. The number dropped."""
+    import importlib
+
+    migration = importlib.import_module("properties.migrations.0006_tenant_activity_table_partitions")
+    start = datetime(first.year, first.month, 1, tzinfo=first.tzinfo)
+    names = [
+        migration.table_partition_name(year, month)
+        for year, month in migration.month_starts(first)
+        if datetime(year, month, 1, tzinfo=first.tzinfo) < start
+    ]
+    for name in names:
+        sql(f"DROP TABLE IF EXISTS {name}")
+    return len(names)
 
 
 @contextmanager

@@ -58,7 +58,7 @@ if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
 from bench.common import code_version, django_setup, log, sql
-from bench.dataset import fk_triggers_off, make_user, restore, snapshot
+from bench.dataset import fk_triggers_off, make_user, restore, snapshot, table_partitions_before
 from harness.postgres import Cluster, ClusterError, create_database
 
 KIND = "tenant_activity"
@@ -182,18 +182,7 @@ def months_outside(slot: datetime) -> int:
     and the ones after the slot's month (empty, never past a cutoff) and the DEFAULT one.
     Left in, each would be dropped by the drops' phase too, a catalog cost per table
     partition with no row to dispose of. The number dropped."""
-    import importlib
-
-    migration = importlib.import_module("properties.migrations.0006_tenant_activity_table_partitions")
-    first = month_start(slot, MONTHS)
-    names = [
-        migration.table_partition_name(year, month)
-        for year, month in migration.month_starts(slot)
-        if datetime(year, month, 1, tzinfo=UTC) < first
-    ]
-    for name in names:
-        sql(f"DROP TABLE IF EXISTS {name}")
-    return len(names)
+    return table_partitions_before(month_start(slot, MONTHS))
 
 
 def spread(rows: int, start: datetime, end: datetime, *, only: int = 0, other_than: int = 0) -> None:

@@ -49,7 +49,7 @@ from django_q.tasks import async_task
 
 from cleanup_ops import clock
 from cleanup_ops.brokers import not_before
-from cleanup_ops.models import CleanupJob, JobKind, JobState, PipelinePause, not_waiting_in_broker_q
+from cleanup_ops.models import CleanupJob, JobKind, JobState, not_waiting_in_broker_q
 
 logger = logging.getLogger(__name__)
 
@@ -141,10 +141,9 @@ def _fair_pick(
 
 def _portfolio_slots(*, now: datetime, exclude_enqueued: bool) -> tuple[set[int | None], dict[int, int]]:
     """(paused portfolio ids — None for a global pause —, lease slots taken per portfolio)."""
-    paused: set[int | None] = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
+    paused, busy = CleanupJob.objects.lease_slots(now=now)
     if None in paused:
         return paused, {}
-    busy = CleanupJob.objects.lease_holders_by_portfolio(now=now)
     if exclude_enqueued:
         # Messages already sent for a portfolio that no worker has leased yet
         # take its slots too, or a burst of sends would overshoot its cap.

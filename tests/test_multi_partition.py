@@ -16,6 +16,7 @@ from datetime import timedelta
 
 import pytest
 from django.db import connection, connections, transaction
+from django.test.utils import CaptureQueriesContext
 
 from cleanup_ops.execution.batches import jobs_load, operation_id, run_group_batch
 from cleanup_ops.execution.leases import jobs_lease_group, jobs_release
@@ -254,6 +255,51 @@ class TestGroupSlices:
         jobs_release(lease=first.lease, job_ids=first.job_ids)
         second = jobs_lease_group(owner="w2", limit=10)
         assert second is not None and len(second.job_ids) == 4
+
+    def test_a_group_lease_reads_what_its_slice_needs_in_a_fixed_number_of_statements(self, active_policy):
+        props = estate(active_policy, ["A", "B"], rows=1)
+        for n in range(10):
+            make_records(Property.objects.create(portfolio=props["A"].portfolio, name=f"H{n}"), "lease", 1, ended=OLD)
+        sweep_trigger(slot=SLOT, now=NOW)
+        with CaptureQueriesContext(connection) as two:
+            small = jobs_lease_group(owner="w1", limit=2)
+        assert small is not None and len(small.jobs) == 2
+        # What the slice needs of each job comes with the lease: what a load reads after it.
+        assert small.jobs == jobs_load(small.job_ids)
+        jobs_release(lease=small.lease, job_ids=small.job_ids, keep_place=True)
+        with CaptureQueriesContext(connection) as many:
+            large = jobs_lease_group(owner="w2", limit=100)
+        assert large is not None and len(large.jobs) > 2 * len(small.jobs)
+        assert large.jobs == jobs_load(large.job_ids)
+        # The pauses and the holders are one read before the pick (and one more
+        # under the stripe locks on PostgreSQL), however many jobs a group takes.
+        assert len(many.captured_queries) == len(two.captured_queries)
+        assert len(two.captured_queries) <= 5 + 2  # reads, pick, stripe locks, re-read, UPDATE (+ savepoints)
+
+    def test_the_lease_slots_are_the_active_pauses_and_the_holders_per_portfolio(self, active_policy, settings):
+        settings.CLEANUP_PORTFOLIO_MAX_LEASES = 5
+        props = estate(active_policy, ["A", "B"], rows=1)
+        for n in range(3):
+            make_records(Property.objects.create(portfolio=props["A"].portfolio, name=f"H{n}"), "lease", 1, ended=OLD)
+        sweep_trigger(slot=SLOT, now=NOW)
+        a, b = props["A"].portfolio_id, props["B"].portfolio_id
+        assert CleanupJob.objects.lease_slots(now=NOW) == (set(), {})
+        first = jobs_lease_group(owner="w1", limit=2)
+        second = jobs_lease_group(owner="w2", limit=2)
+        assert first is not None and second is not None
+        # A leased row without a token counts as a holder of its own.
+        CleanupJob.objects.filter(portfolio_id=a, state=JobState.PENDING).update(
+            state=JobState.LEASED, lease_expires_at=NOW + timedelta(minutes=5)
+        )
+        pipeline_pause(actor=None, reason=REASON, portfolio_id=b)
+        paused, holders = CleanupJob.objects.lease_slots(now=NOW)
+        assert paused == {b}
+        assert holders == CleanupJob.objects.lease_holders_by_portfolio(now=NOW)
+        assert holders[a] >= 2
+        pipeline_pause(actor=None, reason=REASON, portfolio_id=None)
+        assert None in CleanupJob.objects.lease_slots(now=NOW)[0]
+        # An expired lease holds nothing.
+        assert CleanupJob.objects.lease_slots(now=NOW + timedelta(days=1))[1] == {}
 
     def test_a_group_pick_takes_portfolios_round_robin(self, active_policy):
         props = estate(active_policy, ["A", "B"], rows=1)

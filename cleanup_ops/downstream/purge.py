@@ -27,9 +27,9 @@ from cleanup_ops.downstream.client import InvalidDocumentId
 from cleanup_ops.downstream.decision import ALREADY, CLEAR, HELD, PURGED_BY_US, REFERENCED, SliceRequest, documents_held
 from cleanup_ops.downstream.fencing import check_and_delete, check_and_delete_many
 from cleanup_ops.downstream.stores import REFUSED, store_for
-from cleanup_ops.execution.batches import JobRef
 from cleanup_ops.execution.leases import (
     JobLease,
+    JobRef,
     job_finish,
     job_release,
     lease_expiry_from,

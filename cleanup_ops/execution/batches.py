@@ -70,7 +70,7 @@ from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.execution import statements
 from cleanup_ops.execution.candidates import Key, PartitionBatch, count_and_delete
-from cleanup_ops.execution.leases import JobLease, lease_renewal, token_param
+from cleanup_ops.execution.leases import JOB_FIELDS, JobLease, JobRef, lease_renewal, token_param
 from cleanup_ops.execution.outbox import purge_outbox_write_many
 from cleanup_ops.lifecycle import JobAdvance, after_batch
 from cleanup_ops.models import (
@@ -86,43 +86,13 @@ from retention.models import PolicyVersion
 from retention.registry import REGISTRY
 
 
-@dataclass
-class JobRef:
-    """What a slice needs of its job, read once per lease (no model instance)."""
-
-    id: int
-    portfolio_id: int
-    property_id: int | None  # None: a kind without a property (the partition is the portfolio)
-    record_kind: str
-    cutoff: datetime
-    policy_version_id: int
-    slot: datetime
-    sweep_id: int
-    job_kind: str
-    purge_request_id: int | None
-
-
-_JOB_FIELDS = (
-    "id",
-    "portfolio_id",
-    "property_id",
-    "record_kind",
-    "cutoff",
-    "policy_version_id",
-    "sweep__slot",
-    "sweep_id",
-    "job_kind",
-    "purge_request_id",
-)
-
-
 def job_load(job_id: int) -> JobRef:
-    return JobRef(*CleanupJob.objects.filter(pk=job_id).values_list(*_JOB_FIELDS)[0])
+    return JobRef(*CleanupJob.objects.filter(pk=job_id).values_list(*JOB_FIELDS)[0])
 
 
 def jobs_load(job_ids: list[int]) -> dict[int, JobRef]:
     """Several jobs in one query."""
-    rows = CleanupJob.objects.filter(pk__in=job_ids).values_list(*_JOB_FIELDS)
+    rows = CleanupJob.objects.filter(pk__in=job_ids).values_list(*JOB_FIELDS)
     return {row[0]: JobRef(*row) for row in rows}
 
 

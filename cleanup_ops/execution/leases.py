@@ -67,7 +67,7 @@ from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.lifecycle import JobEvent, leased_fields, next_state, released_fields
-from cleanup_ops.models import CleanupJob, JobState, PipelinePause
+from cleanup_ops.models import CleanupJob, JobState
 from cleanup_ops.ratelimit import (
     BucketConfig,
     Member,
@@ -90,6 +90,37 @@ class JobLease:
     job_id: int
     token: uuid.UUID
     owner: str
+
+
+@dataclass
+class JobRef:
+    """What a slice needs of its job, read once per lease (no model instance)."""
+
+    id: int
+    portfolio_id: int
+    property_id: int | None  # None: a kind without a property (the partition is the portfolio)
+    record_kind: str
+    cutoff: datetime
+    policy_version_id: int
+    slot: datetime
+    sweep_id: int
+    job_kind: str
+    purge_request_id: int | None
+
+
+# ``JobRef``'s fields, in its order, as the job's queryset names them.
+JOB_FIELDS = (
+    "id",
+    "portfolio_id",
+    "property_id",
+    "record_kind",
+    "cutoff",
+    "policy_version_id",
+    "sweep__slot",
+    "sweep_id",
+    "job_kind",
+    "purge_request_id",
+)
 
 
 # --- This module's statements ---------------------------------------------------
@@ -182,15 +213,10 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> JobLea
         if sql.is_postgres():
             sql.execute(_cap_lock(), [LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
         checkpoint("lease.after_cap_lock")
-        if PipelinePause.objects.covering(portfolio_id=portfolio_id).exists():
+        paused, holders = CleanupJob.objects.exclude(pk=job_id).filter(portfolio_id=portfolio_id).lease_slots(now=now)
+        if paused & {None, portfolio_id}:
             return None
-        leased_now = (
-            CleanupJob.objects.exclude(pk=job_id)
-            .filter(portfolio_id=portfolio_id)
-            .lease_holders_by_portfolio(now=now)
-            .get(portfolio_id, 0)
-        )
-        if leased_now >= settings.CLEANUP_PORTFOLIO_MAX_LEASES:
+        if holders.get(portfolio_id, 0) >= settings.CLEANUP_PORTFOLIO_MAX_LEASES:
             # Let the dispatcher send it again once a slot frees up.
             CleanupJob.objects.filter(pk=job_id).update(enqueued_at=None)
             return None
@@ -210,7 +236,11 @@ class GroupJobLease:
     """One lease (one token) over several jobs, worked in shared transactions."""
 
     lease: JobLease
-    job_ids: list[int]
+    jobs: dict[int, JobRef]  # in the order the slice takes them
+
+    @property
+    def job_ids(self) -> list[int]:
+        return list(self.jobs)
 
 
 def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> GroupJobLease | None:
@@ -218,53 +248,54 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
 
     The pick is one indexed query over the open-and-due index, oldest
     ``available_at`` first, ``FOR UPDATE SKIP LOCKED`` so concurrent workers
-    take disjoint jobs. A released job is due again "now", so it goes behind
-    every job that was waiting: over time each portfolio gets its turn. Jobs
-    are then taken round-robin across the portfolios in the pick, leaving out
-    paused portfolios and those at their lease cap (re-checked under the
-    portfolios' stripe locks, taken in stripe order), and at most one job per
-    (property, kind).
+    take disjoint jobs; it reads what the slice needs of each job
+    (``JobRef``), under the row lock, so the slice loads nothing after the
+    lease. A released job is due again "now", so it goes behind every job
+    that was waiting: over time each portfolio gets its turn. Jobs are then
+    taken round-robin across the portfolios in the pick, leaving out paused
+    portfolios and those at their lease cap (re-checked under the portfolios'
+    stripe locks, taken in stripe order), and at most one job per (property,
+    kind).
     """
     now = now or clock.now()
-    paused = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
-    if None in paused:
-        return None
     token = uuid.uuid4()
     cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
     with transaction.atomic():
-        holders = CleanupJob.objects.lease_holders_by_portfolio(now=now)
+        paused, holders = CleanupJob.objects.lease_slots(now=now)
+        if None in paused:
+            return None
         full = {portfolio for portfolio, n in holders.items() if n >= cap}
-        rows = list(
-            CleanupJob.objects.select_for_update(skip_locked=True)
+        rows = [
+            JobRef(*row)
+            for row in CleanupJob.objects.select_for_update(skip_locked=True, of=("self",))
             .due(now=now)
             .deletes()
             .exclude(portfolio_id__in=paused | full)
             .order_by("available_at", "id")
-            .values_list("id", "portfolio_id", "property_id", "record_kind")[: limit * 4]
-        )
+            .values_list(*JOB_FIELDS)[: limit * 4]
+        ]
         if not rows:
             return None
-        portfolios = sorted({row[1] for row in rows})
+        portfolios = sorted({row.portfolio_id for row in rows})
         if sql.is_postgres():
             stripes = sorted({lease_stripe(p) for p in portfolios})
             sql.execute(_caps_lock(len(stripes)), [LEASE_LOCK_NAMESPACE, *stripes])
             checkpoint("lease_group.after_stripe_locks")
             # Re-read under the locks: another worker may have taken the last
             # slot, or an operator paused a portfolio since the pick.
-            holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_holders_by_portfolio(now=now)
-            paused_now = set(PipelinePause.objects.active().values_list("portfolio_id", flat=True))
-            if None in paused_now:
+            paused, holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_slots(now=now)
+            if None in paused:
                 return None
-            rows = [row for row in rows if row[1] not in paused_now]
-        queues: dict[int, list[int]] = {}
+            rows = [row for row in rows if row.portfolio_id not in paused]
+        queues: dict[int, list[JobRef]] = {}
         seen: set[tuple[int, int | None, str]] = set()
-        for job_id, portfolio_id, property_id, kind in rows:
+        for row in rows:
             # A partition: (property, kind), or (portfolio, kind) for a kind without a property.
-            partition = (portfolio_id if property_id is None else 0, property_id, kind)
-            if holders.get(portfolio_id, 0) >= cap or partition in seen:
+            partition = (row.portfolio_id if row.property_id is None else 0, row.property_id, row.record_kind)
+            if holders.get(row.portfolio_id, 0) >= cap or partition in seen:
                 continue
             seen.add(partition)
-            queues.setdefault(portfolio_id, []).append(job_id)
+            queues.setdefault(row.portfolio_id, []).append(row)
         # A portfolio's due jobs are split over the lease slots it has left:
         # one group taking all of them would leave the portfolio's other slots
         # nothing to work (in a backlog's tail, one big portfolio left, a
@@ -273,7 +304,7 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
         for portfolio_id, queue in queues.items():
             share = -(-len(queue) // max(1, cap - holders.get(portfolio_id, 0)))
             del queue[max(share, GROUP_SHARE_MIN) :]
-        chosen: list[int] = []
+        chosen: list[JobRef] = []
         while queues and len(chosen) < limit:
             for portfolio_id in list(queues):
                 chosen.append(queues[portfolio_id].pop(0))
@@ -283,8 +314,9 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
                     break
         if not chosen:
             return None
-        CleanupJob.objects.filter(pk__in=chosen).update(**leased_fields(token=token, owner=owner, now=now))
-    return GroupJobLease(lease=JobLease(job_id=chosen[0], token=token, owner=owner), job_ids=chosen)
+        ids = [job.id for job in chosen]
+        CleanupJob.objects.filter(pk__in=ids).update(**leased_fields(token=token, owner=owner, now=now))
+    return GroupJobLease(lease=JobLease(job_id=ids[0], token=token, owner=owner), jobs={job.id: job for job in chosen})
 
 
 def jobs_release(

@@ -34,9 +34,10 @@ from django.db import connection
 from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.downstream.purge import PurgeProgress, purge_run
-from cleanup_ops.execution.batches import JobRef, PartitionStep, job_load, jobs_load, run_batch, run_group_batch
+from cleanup_ops.execution.batches import PartitionStep, job_load, run_batch, run_group_batch
 from cleanup_ops.execution.leases import (
     JobLease,
+    JobRef,
     SliceBudget,
     group_tokens,
     group_tokens_unused,
@@ -367,7 +368,7 @@ def group_run_slice(
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
-    jobs = jobs_load(turns.pending)
+    jobs = group.jobs
     budget = SliceBudget.of(max_seconds, max_wall_seconds)
     started = budget.started
     while turns.pending:

@@ -25,7 +25,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import models
-from django.db.models import Exists, Q
+from django.db.models import Exists, IntegerField, Q, Value
 
 from cleanup_ops.lifecycle import OPEN_STATES, JobEvent, JobOutcome, JobState, next_state
 from cleanup_ops.models.interventions import DeadLetter, DeadLetterStatus, PipelinePause
@@ -176,16 +176,26 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
         """Per portfolio, how many leases (workers) hold jobs right now: the
         portfolio's concurrency cap counts holders, not jobs, because one
         lease may hold several small partitions worked in one transaction."""
-        return dict(
-            self.live_leases(now=now)
-            .values_list("portfolio_id")
-            # A leased row without a token (never written by a lease, but
-            # possible in data) counts as a holder of its own.
-            .annotate(
-                n=models.Count("lease_token", distinct=True) + models.Count("id", filter=Q(lease_token__isnull=True))
-            )
-            .order_by()
-        )
+        return dict(self.live_leases(now=now).values_list("portfolio_id").annotate(n=_holders()).order_by())
+
+    def lease_slots(self, *, now: datetime) -> tuple[set[int | None], dict[int, int]]:
+        """(the portfolios under an active pause — None for a global one —,
+        ``lease_holders_by_portfolio`` of these jobs) in one statement: what
+        every lease and the dispatcher read before they take or send work."""
+        paused = PipelinePause.objects.active().annotate(n=Value(PAUSED, output_field=IntegerField()))
+        holders = self.live_leases(now=now).values_list("portfolio_id").annotate(n=_holders()).order_by()
+        rows = list(holders.union(paused.values_list("portfolio_id", "n"), all=True))
+        return {p for p, n in rows if n == PAUSED}, {p: n for p, n in rows if n != PAUSED and p is not None}
+
+
+# ``lease_slots``' mark of a pause among the holder counts (a count is never negative).
+PAUSED = -1
+
+
+def _holders() -> models.Expression:
+    # A leased row without a token (never written by a lease, but possible in
+    # data) counts as a holder of its own.
+    return models.Count("lease_token", distinct=True) + models.Count("id", filter=Q(lease_token__isnull=True))
 
 
 class JobKind(models.TextChoices):
