@@ -87,8 +87,11 @@ class PartitionBatch:
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: Key | None = None
     counted: bool = False
-    # The candidates' ids (PostgreSQL): what the group DELETE deletes from.
+    # The candidates' ids (PostgreSQL): what the group DELETE deletes from,
+    # and their lowest and highest retention timestamp, which it keeps to.
     ids: list[Any] | None = None
+    ts_lo: Any = None
+    ts_hi: Any = None
     # What the ledger says: the candidates, and of those the ones a hold
     # covers, counted in the DELETE's own snapshot.
     in_range: int = 0
@@ -165,10 +168,11 @@ def _count_lateral(cur: Any, spec: RecordKindSpec, items: list[PartitionBatch], 
     returned = sum(int(rows) for _, _, rows, *_ in found)
     reached = max((int(ord_) for ord_, *_ in found), default=-1)
     cut = reached if returned > budget else None
-    for ord_, _job_id, _rows, n, last, ids in found:
+    for ord_, _job_id, _rows, n, last, ids, ts_lo, ts_hi in found:
         if ord_ != cut:
             item = items[ord_]
             item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids or [], True
+            item.ts_lo, item.ts_hi = ts_lo, ts_hi
 
 
 def _count_per_partition(cur: Any, spec: RecordKindSpec, items: list[PartitionBatch], *, budget: int) -> None:
@@ -187,7 +191,7 @@ def _count_per_partition(cur: Any, spec: RecordKindSpec, items: list[PartitionBa
         }
         if not spec.has_property:
             params["portfolio_id"] = item.job.portfolio_id
-        n, last, ids = sql.execute(statement, params, cur=cur).fetchone()
+        n, last, ids, item.ts_lo, item.ts_hi = sql.execute(statement, params, cur=cur).fetchone()
         item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids, True
         seen += int(n)
 
@@ -256,6 +260,11 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         if sql.is_postgres():
             # The DELETE takes the counted candidates: they are the ledger's.
             params["ids"] = [i for item in items for i in item.ids or ()]
+            # And their timestamps' span, bound as literals: the table partitions
+            # outside it are pruned when the DELETE is planned (each item here
+            # has candidates, so bounds; a NULL would only delete nothing).
+            params["ts_lo"] = min(item.ts_lo for item in items)
+            params["ts_hi"] = max(item.ts_hi for item in items)
             for item in items:
                 item.in_range = item.candidates
         else:
