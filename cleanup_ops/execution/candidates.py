@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from functools import cache
 from typing import Any, Protocol
 
 from cleanup_ops import sql
@@ -99,6 +100,28 @@ class PartitionBatch:
 
 
 Documents = dict[int, list[tuple[str, Key]]]  # per job: (document id, record id) of each deleted record
+
+
+# The column a table is PARTITION BY RANGE on, when it is that one alone.
+RANGE_KEY = (
+    "SELECT a.attname FROM pg_partitioned_table pt JOIN pg_attribute a ON a.attrelid = pt.partrelid"
+    " AND a.attnum = pt.partattrs[0] WHERE pt.partrelid = to_regclass(%s) AND pt.partstrat = 'r' AND pt.partnatts = 1"
+)
+
+
+def pruning(spec: RecordKindSpec) -> bool:
+    """Whether the DELETE keeps to its candidates' span of timestamps
+    (``statements._and_in_span``): on PostgreSQL, when the kind's table is
+    ``PARTITION BY RANGE`` on its timestamp."""
+    return sql.is_postgres() and _range_key(spec.table) == spec.timestamp_column
+
+
+@cache
+def _range_key(table: str) -> str | None:
+    # Read once per process: a table is partitioned when it is made, and a
+    # change meanwhile costs only the pruning (the span only narrows).
+    found = sql.execute(RANGE_KEY, [table])
+    return str(found[0][0]) if found else None
 
 
 def count_and_delete(
@@ -206,7 +229,7 @@ def _count_and_delete_alone(cur: Any, item: PartitionBatch) -> tuple[dict[int, i
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
     attachment = attachment_column(kind)
-    statement = statements.partition_count_and_delete(spec, predicate=predicate)
+    statement = statements.partition_count_and_delete(spec, predicate=predicate, pruning=pruning(spec))
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
@@ -260,8 +283,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         if sql.is_postgres():
             # The DELETE takes the counted candidates: they are the ledger's.
             params["ids"] = [i for item in items for i in item.ids or ()]
-            # And their timestamps' span, bound as literals: the table partitions
-            # outside it are pruned when the DELETE is planned (each item here
+            # And their span of timestamps, bound as literals (each item here
             # has candidates, so bounds; a NULL would only delete nothing).
             params["ts_lo"] = min(item.ts_lo for item in items)
             params["ts_hi"] = max(item.ts_hi for item in items)
@@ -273,7 +295,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
-        statement = statements.group_delete(spec, predicate=predicate, jobs=len(items))
+        statement = statements.group_delete(spec, predicate=predicate, jobs=len(items), pruning=pruning(spec))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n_held is not None:

@@ -191,18 +191,26 @@ def _hold_key(spec: RecordKindSpec) -> str:
 HOLDS = ident(LegalHold._meta.db_table)
 
 
-def _within_candidates(spec: RecordKindSpec) -> str:
-    """The row's timestamp lies between the lowest and highest of ``c``'s. On
-    a table partitioned by it, the id alone (not the partition key) is looked
-    for in every table partition; with these initplan values PostgreSQL
-    prunes the others as the DELETE starts (``docs/benchmarks.md``, "Table
-    partitions"). Only narrows: a row moved out of the range meanwhile is
-    not deleted, and is the next sweep's."""
-    return compose("{table}.{ts} BETWEEN (SELECT MIN(c.ts) FROM c) AND (SELECT MAX(c.ts) FROM c)", **_kind_names(spec))
+def _and_in_span(spec: RecordKindSpec, alias: str | Composable, low: str, high: str, *, pruning: bool) -> str:
+    """Pruning: `` AND`` row ``alias``'s timestamp lies in [``low``, ``high``],
+    the candidates' span; nothing without ``pruning``. On a table PARTITION
+    BY RANGE on the timestamp (``candidates.pruning``) the candidates' id is
+    not the partition key: matched by id alone, they are looked for in every
+    table partition before the cutoff, each batch; within their span
+    PostgreSQL reads only those they lie in. Only narrows (scope, predicate
+    and holds are tested as before): a row the application moved outside the
+    span meanwhile is left for the next sweep, like one inserted into the
+    range. Not on other tables: it prunes nothing there, and skews the
+    estimates where its values are unknown when planned."""
+    if not pruning:
+        return ""
+    return compose(
+        " AND {alias}.{ts} BETWEEN {low} AND {high}", alias=alias, ts=ident(spec.timestamp_column), low=low, high=high
+    )
 
 
 @statement
-def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
+def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False) -> str:
     """PostgreSQL: one partition's next candidates and the DELETE of those the
     eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
     admits, in one statement. The DELETE re-tests the scope (property and
@@ -216,9 +224,10 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
     (candidates, last candidate id, held, NULL), then per deleted record
     (NULL, NULL, record id, document id or NULL). The candidates are read
     once (a CTE used twice is materialised), planned with the partition's
-    own values: the keyset walk. The DELETE also keeps to the candidates'
-    timestamps (``_within_candidates``). Parameters: ``_next_candidates``'s,
-    ``portfolio_id``, ``kind`` and the predicate's."""
+    own values: the keyset walk. ``pruning``: the DELETE keeps to the span of
+    ``c``'s timestamps (``_and_in_span``), read by initplans, so the table
+    partitions outside it are pruned as the DELETE starts. Parameters:
+    ``_next_candidates``'s, ``portfolio_id``, ``kind`` and the predicate's."""
     names = _kind_names(spec)
     hold_property = (
         "(h.property_id IS NULL OR h.property_id = %(property_id)s)" if spec.has_property else "h.property_id IS NULL"
@@ -247,13 +256,15 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
     record, held_cell = ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", f"CAST(({held}) AS text)")
     return compose(
         "WITH c AS ({candidates}),"
-        " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id AND {within} AND {rescope}"
+        " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id{within} AND {rescope}"
         " AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
         " SELECT (SELECT COUNT(*) FROM c), (SELECT {last} FROM c), {held_cell}, CAST(NULL AS text)"
         " UNION ALL SELECT NULL, NULL, {record}, d.document_id FROM d",
         **names,
         candidates=_next_candidates(spec),
-        within=_within_candidates(spec),
+        within=_and_in_span(
+            spec, names["table"], "(SELECT MIN(c.ts) FROM c)", "(SELECT MAX(c.ts) FROM c)", pruning=pruning
+        ),
         rescope=rescope,
         predicate=predicate,
         document=ident(spec.table, spec.attachment_column) if spec.attachment_column else "NULL",
@@ -402,7 +413,7 @@ def _held_in(spec: RecordKindSpec, rows: str) -> str:
 
 
 @statement
-def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
+def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bool = False) -> str:
     """Delete the eligible rows of every partition's candidates; returns one
     row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL) for kinds with
@@ -412,22 +423,20 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
     On PostgreSQL the DELETE takes the candidate ids the count found
     (``ids``, every partition's), so the range is read once and deleted rows
     can never exceed the candidates, even when the application inserted or
-    moved an old row into the range since (it is the next sweep's). It and
-    the held count keep to the candidates' lowest and highest timestamp
-    (``ts_lo``, ``ts_hi``: literals when planned, so on a table partitioned
-    by it only the table partitions holding candidates are planned, not
-    every one's primary key per id); a row the application moved outside
-    them meanwhile is neither deleted nor held this time, the next sweep's
-    too. Held is counted in this statement's snapshot, from the holds
-    (``_held_in``): rows a hold covers, not a difference. SQLite (one writer at a time, no
-    arrays) deletes the candidate range and counts it just before
+    moved an old row into the range since (it is the next sweep's).
+    ``pruning``: it and the held count keep to the candidates' span
+    (``_and_in_span``), ``ts_lo`` to ``ts_hi``, bound as literals: only the
+    table partitions in it are planned. Held is counted in this statement's
+    snapshot, from the holds (``_held_in``): rows a hold covers, not a
+    difference. SQLite (one writer at a time, no arrays) ignores
+    ``pruning``, and deletes the candidate range and counts it just before
     (``group_range_counts``). ``predicate`` is the eligibility predicate
     over ``table`` with the cutoff ``g.cutoff``, its parameters named
     (``named``): the hold check is inside this statement, and so is the
     scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
-    (``DELETE_COLUMNS``), ``kind``, ``ids``, ``ts_lo``, ``ts_hi``
-    (PostgreSQL) and the predicate's."""
+    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL; ``ts_lo`` and
+    ``ts_hi`` too with ``pruning``) and the predicate's."""
     table = spec.table
     names = _kind_names(spec)
     # A non-integer key is returned as text (the cursor's form).
@@ -462,15 +471,15 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
         )
         ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
         rows = compose(
-            "r.{pk} = ANY({ids}) AND r.{ts} BETWEEN %(ts_lo)s AND %(ts_hi)s AND {range} AND {past}",
+            "r.{pk} = ANY({ids}){span} AND {range} AND {past}",
             **names,
             ids=ids,
+            span=_and_in_span(spec, "r", "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
             range=_in_range(spec, "r"),
             past=_past_cutoff(spec),
         )
         return compose(
-            "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids})"
-            " AND {table}.{ts} BETWEEN %(ts_lo)s AND %(ts_hi)s AND {in_range}"
+            "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}){span} AND {in_range}"
             " RETURNING {partition}, {extra}),"
             " k AS (SELECT g.{of_g}, {held} AS held FROM g)"
             " SELECT d.*, CAST(NULL AS bigint) FROM d"
@@ -478,6 +487,7 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
             " FROM k WHERE k.held > 0",
             **common,
             ids=ids,
+            span=_and_in_span(spec, names["table"], "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
             partition=partition,
             of_g=_partition_of_g(spec),
             held=_held_in(spec, rows),
