@@ -160,7 +160,10 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             from retention.eligibility import eligible_sql_for
 
             found = {job_id: last for job_id, (_n, last) in found_rows.items()}
-            ids = [i for row in _rolled_back(keyset, full) for i in (row[5] if len(row) > 5 else None) or ()]
+            found_candidates = _rolled_back(keyset, full)
+            ids = [i for row in found_candidates for i in (row[5] if len(row) > 5 else None) or ()]
+            # The candidates' timestamp span (columns 6 and 7), as _delete passes it.
+            spans = [row[6:8] for row in found_candidates if len(row) > 7 and row[6] is not None]
             ranges = [
                 {
                     "property_id": prop,
@@ -181,6 +184,8 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
                 **predicate_params,
                 "kind": kind,
                 "ids": ids,  # the candidates, as _delete passes them
+                "ts_lo": min((lo for lo, _ in spans), default=None),
+                "ts_hi": max((hi for _, hi in spans), default=None),
             }
             out["delete"] = {
                 "partitions": len(ranges),

@@ -90,11 +90,15 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
             "document dispositions",
             r"insert into cleanup_ops_documentdisposition .* on conflict \(document_id\) do update",
         ),
-        ("candidates + DELETE", r"^with c as \(select r\.id( as id)? from .* d as \(delete from properties_"),
+        (
+            "candidates + DELETE",
+            r"^with c as \(select r\.id( as id)?(, r\.\w+ as ts)? from .* d as \(delete from properties_",
+        ),
         ("ledger insert + job update", r"written as \(insert into cleanup_ops_ledgerentry"),
         (
             "candidates",
-            r"left join lateral \(select r\.id( as id)? from|^select count\(\*\), max\(c\.id\) from \(select r\.id",
+            r"left join lateral \(select r\.id( as id)?(, r\.\w+ as ts)? from"
+            r"|^select count\(\*\), max\(c\.id\)(, \w+\(c\.\w+\))* from \(select r\.id",
         ),
         ("DELETE", r"^(with g\(.*\) )?delete from properties_|^with g\(.*\), d as \(delete from properties_"),
         ("ledger insert", r"^insert into cleanup_ops_ledgerentry"),

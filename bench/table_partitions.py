@@ -26,7 +26,8 @@ copy (``bench.dataset.restore``):
   ``cleanup_drain`` for what remains (the held portfolio's table partitions, the months
   not yet past every cutoff).
 
-For each: seconds (the drop's own seconds apart), WAL bytes (``pg_current_wal_lsn()``
+For each: seconds (the drop's own seconds and the drain's apart), the drain's batches
+(ledger rows), milliseconds per batch and statements (on the drain's connection), WAL bytes (``pg_current_wal_lsn()``
 before and after, the application probe's own writes included) per disposed row, and the
 application's latency while it runs: a probe on its own connection (a thread) that in a
 loop inserts one tenant-activity row now and reads one property's activity of the last
@@ -223,15 +224,24 @@ def kinds_with_drops(enabled: bool) -> None:
 
 
 def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> dict[str, Any]:
-    from django.db import connections
+    from django.db import connection, connections
 
     from cleanup_ops.execution.runner import cleanup_drain
+    from cleanup_ops.models import LedgerEntry
     from cleanup_ops.schedule import sweep_trigger
 
     restore()
     connections.close_all()
     kinds_with_drops(drops)
     before_rows = count_rows()
+    statements = 0
+
+    def counter(execute: Any, text: str, params: Any, many: bool, context: Any) -> Any:
+        # The drain's statements on this connection (the probe's are on its own).
+        nonlocal statements
+        statements += 1
+        return execute(text, params, many, context)
+
     with Probe(world["properties"]) as probe:
         time.sleep(0.5)
         probe.latencies.clear()
@@ -241,7 +251,10 @@ def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> d
         trigger_seconds = time.perf_counter() - started
         trigger_wal = wal_lsn() - wal
         during_trigger = probe.figures(list(probe.latencies))
-        cleanup_drain()
+        drain_started = time.perf_counter()
+        with connection.execute_wrapper(counter):
+            cleanup_drain()
+        drain_seconds = time.perf_counter() - drain_started
         seconds = time.perf_counter() - started
         wal = wal_lsn() - wal
         ops = len(probe.latencies)
@@ -249,10 +262,17 @@ def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> d
     disposed = before_rows + ops - count_rows()
     report = result.table_partitions.as_dict()["kinds"].get(KIND, {}) if result.table_partitions else {}
     held_now = count_rows(world["held_portfolio"], before=month_start(slot, 0))
+    batches = LedgerEntry.objects.count()
     out = {
         "phase": name,
         "seconds": seconds,
         "trigger_seconds": trigger_seconds,
+        # The drain's row deletes: one ledger row per batch, the statements it ran.
+        "drain_seconds": drain_seconds,
+        "batches": batches,
+        "ms_per_batch": drain_seconds * 1000 / batches if batches else float("nan"),
+        "statements": statements,
+        "statements_per_batch": statements / batches if batches else float("nan"),
         "disposed": disposed,
         "wal_bytes": wal,
         "wal_per_row": wal / disposed if disposed else float("nan"),
@@ -268,7 +288,8 @@ def phase(name: str, slot: datetime, world: dict[str, Any], *, drops: bool) -> d
         "trigger_p99_ms": during_trigger["p99_ms"],
     }
     log(
-        f"{name}: {seconds:.1f} s, {disposed:,} rows disposed, {out['wal_per_row']:.1f} WAL bytes/row, "
+        f"{name}: {seconds:.1f} s, {disposed:,} rows disposed, {batches:,} batches "
+        f"({out['ms_per_batch']:.1f} ms each, {statements:,} statements), {out['wal_per_row']:.1f} WAL bytes/row, "
         f"p99 {figures['p99_ms']:.2f} ms, held rows kept: {out['held_survive']}"
     )
     return out
@@ -323,6 +344,11 @@ def report(args: argparse.Namespace, idle: dict[str, Any], rows: dict[str, Any],
     lines = [
         ("seconds", "seconds", "{:.1f}"),
         ("  of which the trigger", "trigger_seconds", "{:.1f}"),
+        ("  of which the drain", "drain_seconds", "{:.1f}"),
+        ("drain batches", "batches", "{:,}"),
+        ("  ms per batch", "ms_per_batch", "{:.1f}"),
+        ("drain statements", "statements", "{:,}"),
+        ("  per batch", "statements_per_batch", "{:.2f}"),
         ("rows disposed", "disposed", "{:,}"),
         ("table partitions", "table_partitions_dropped", "{:,}"),
         ("WAL bytes", "wal_bytes", "{:,}"),

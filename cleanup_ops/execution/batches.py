@@ -50,7 +50,7 @@ interleaving tests.
 A kind whose key is not an integer (``retention.registry``, "Keys") carries
 its cursor as text: after the fence, one statement reads the text cursors of
 such jobs (their rows are already locked by it), and before the commit one
-writes them (``execution.statements.jobs_cursor_keys``/``jobs_cursor_keys_set``); their ledger
+writes them (``execution.key_cursors``); their ledger
 rows take the range as ``after_key``/``last_key``. A kind without a property
 is partitioned by its portfolio: its rows in a group are told apart by the
 portfolio, not the property.
@@ -68,7 +68,7 @@ from django.db import connection, transaction
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
-from cleanup_ops.execution import statements
+from cleanup_ops.execution import key_cursors, statements
 from cleanup_ops.execution.candidates import Key, PartitionBatch, count_and_delete
 from cleanup_ops.execution.leases import JOB_FIELDS, JobLease, JobRef, lease_renewal, token_param
 from cleanup_ops.execution.outbox import purge_outbox_write_many
@@ -357,8 +357,8 @@ def _write_ledger_and_advances(
     and finished with its outcome."""
     if advances.cursor_keys:
         rows = [{"job_id": job_id, "cursor_key": key} for job_id, key in sorted(advances.cursor_keys.items())]
-        params = sql.rows_params("g", statements.KEY_CURSOR_COLUMNS, rows)
-        sql.execute(statements.jobs_cursor_keys_set(len(rows)), params, cur=cur)
+        params = sql.rows_params("g", key_cursors.KEY_CURSOR_COLUMNS, rows)
+        sql.execute(key_cursors.jobs_cursor_keys_set(len(rows)), params, cur=cur)
     if not advances.updates:
         return
     updates = advances.updates
@@ -487,7 +487,7 @@ def _text_key(kind: str) -> bool:
 def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
     """Replace the (unused, 0) bigint cursor of non-integer kinds' jobs by
     their text cursor; the fence holds their rows."""
-    statement = statements.jobs_cursor_keys(len(job_ids))
+    statement = key_cursors.jobs_cursor_keys(len(job_ids))
     for job_id, key in sql.execute(statement, sql.any_params("ids", job_ids), cur=cur).fetchall():
         _, deleted, held = fenced[int(job_id)]
         fenced[int(job_id)] = (str(key), deleted, held)
@@ -496,6 +496,6 @@ def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
 def _replayed_last_keys(cur: Any, operations: list[str]) -> dict[str, Key]:
     """The text last ids of replayed ledger rows of non-integer kinds."""
     rows = sql.execute(
-        statements.ledger_last_keys(len(operations)), sql.any_params("ops", operations), cur=cur
+        key_cursors.ledger_last_keys(len(operations)), sql.any_params("ops", operations), cur=cur
     ).fetchall()
     return {op: str(last_key) for op, last_key in rows}

@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from datetime import datetime
 from enum import Enum
+from functools import cache
 from typing import Any, Protocol
 
 from cleanup_ops import sql
@@ -87,8 +88,11 @@ class PartitionBatch:
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: Key | None = None
     counted: bool = False
-    # The candidates' ids (PostgreSQL): what the group DELETE deletes from.
+    # The candidates' ids (PostgreSQL): what the group DELETE deletes from,
+    # and their lowest and highest retention timestamp, which it keeps to.
     ids: list[Any] | None = None
+    ts_lo: Any = None
+    ts_hi: Any = None
     # What the ledger says: the candidates, and of those the ones a hold
     # covers, counted in the DELETE's own snapshot.
     in_range: int = 0
@@ -96,6 +100,28 @@ class PartitionBatch:
 
 
 Documents = dict[int, list[tuple[str, Key]]]  # per job: (document id, record id) of each deleted record
+
+
+# The column a table is PARTITION BY RANGE on, when it is that one alone.
+RANGE_KEY = (
+    "SELECT a.attname FROM pg_partitioned_table pt JOIN pg_attribute a ON a.attrelid = pt.partrelid"
+    " AND a.attnum = pt.partattrs[0] WHERE pt.partrelid = to_regclass(%s) AND pt.partstrat = 'r' AND pt.partnatts = 1"
+)
+
+
+def pruning(spec: RecordKindSpec) -> bool:
+    """Whether the DELETE keeps to its candidates' span of timestamps
+    (``statements._and_in_span``): on PostgreSQL, when the kind's table is
+    ``PARTITION BY RANGE`` on its timestamp."""
+    return sql.is_postgres() and _range_key(spec.table) == spec.timestamp_column
+
+
+@cache
+def _range_key(table: str) -> str | None:
+    # Read once per process: a table is partitioned when it is made, and a
+    # change meanwhile costs only the pruning (the span only narrows).
+    found = sql.execute(RANGE_KEY, [table])
+    return str(found[0][0]) if found else None
 
 
 def count_and_delete(
@@ -165,10 +191,11 @@ def _count_lateral(cur: Any, spec: RecordKindSpec, items: list[PartitionBatch], 
     returned = sum(int(rows) for _, _, rows, *_ in found)
     reached = max((int(ord_) for ord_, *_ in found), default=-1)
     cut = reached if returned > budget else None
-    for ord_, _job_id, _rows, n, last, ids in found:
+    for ord_, _job_id, _rows, n, last, ids, ts_lo, ts_hi in found:
         if ord_ != cut:
             item = items[ord_]
             item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids or [], True
+            item.ts_lo, item.ts_hi = ts_lo, ts_hi
 
 
 def _count_per_partition(cur: Any, spec: RecordKindSpec, items: list[PartitionBatch], *, budget: int) -> None:
@@ -187,7 +214,7 @@ def _count_per_partition(cur: Any, spec: RecordKindSpec, items: list[PartitionBa
         }
         if not spec.has_property:
             params["portfolio_id"] = item.job.portfolio_id
-        n, last, ids = sql.execute(statement, params, cur=cur).fetchone()
+        n, last, ids, item.ts_lo, item.ts_hi = sql.execute(statement, params, cur=cur).fetchone()
         item.candidates, item.last_id, item.ids, item.counted = int(n), last, ids, True
         seen += int(n)
 
@@ -202,7 +229,7 @@ def _count_and_delete_alone(cur: Any, item: PartitionBatch) -> tuple[dict[int, i
         *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
     )
     attachment = attachment_column(kind)
-    statement = statements.partition_count_and_delete(spec, predicate=predicate)
+    statement = statements.partition_count_and_delete(spec, predicate=predicate, pruning=pruning(spec))
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
@@ -256,6 +283,10 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         if sql.is_postgres():
             # The DELETE takes the counted candidates: they are the ledger's.
             params["ids"] = [i for item in items for i in item.ids or ()]
+            # And their span of timestamps, bound as literals (each item here
+            # has candidates, so bounds; a NULL would only delete nothing).
+            params["ts_lo"] = min(item.ts_lo for item in items)
+            params["ts_hi"] = max(item.ts_hi for item in items)
             for item in items:
                 item.in_range = item.candidates
         else:
@@ -264,7 +295,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
             for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
                 by_property[int(property_id)].in_range = int(n)
                 by_property[int(property_id)].held = int(n_held or 0)
-        statement = statements.group_delete(spec, predicate=predicate, jobs=len(items))
+        statement = statements.group_delete(spec, predicate=predicate, jobs=len(items), pruning=pruning(spec))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n_held is not None:

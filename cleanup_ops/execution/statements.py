@@ -1,11 +1,12 @@
 """The batch transaction's statements, next to their only caller (``execution.batches``).
 
 The fence with the scope locks and the policy read, the replay lookups, the
-candidates, the DELETE, the ledger insert and the jobs' advance, and the text
-cursors of non-integer keys: the statements a reader of one batch follows in
-order, apart from those other packages run (purge, admission, buckets,
-sweeps), which stay in ``cleanup_ops.sql`` with the vendor switch and the
-composition helpers these use.
+candidates, the DELETE, the ledger insert and the jobs' advance: the
+statements a reader of one batch follows in order, apart from those other
+packages run (purge, admission, buckets, sweeps), which stay in
+``cleanup_ops.sql`` with the vendor switch and the composition helpers these
+use, and the text cursors only a non-integer key needs
+(``execution.key_cursors``).
 
 Every builder is a ``sql.statement``: composed with ``psycopg.sql`` (each
 table and column name an identifier, ``sql.compose``) once per shape — its
@@ -150,10 +151,11 @@ def _kind_names(spec: RecordKindSpec) -> dict[str, Identifier]:
 
 
 def _next_candidates(spec: RecordKindSpec) -> str:
-    """The ids of one partition's next candidates after its cursor (the keyset walk).
-    Parameters: ``property_id``, ``after_id``, ``cutoff``, ``lim``."""
+    """The ids and retention timestamps of one partition's next candidates
+    after its cursor (the keyset walk). Parameters: ``property_id``,
+    ``after_id``, ``cutoff``, ``lim``."""
     return compose(
-        "SELECT r.{pk} AS id FROM {table} r WHERE {partition} AND {after}"
+        "SELECT r.{pk} AS id, r.{ts} AS ts FROM {table} r WHERE {partition} AND {after}"
         " AND r.{ts} < {cutoff} ORDER BY {order} LIMIT %(lim)s",
         **_kind_names(spec),
         partition=spec.in_partition("r", property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s"),
@@ -166,12 +168,12 @@ def _next_candidates(spec: RecordKindSpec) -> str:
 @statement
 def partition_candidates(spec: RecordKindSpec) -> str:
     """One partition's next candidates after its cursor: (count, last id, the
-    ids — PostgreSQL, for ``group_delete``; NULL on SQLite). Parameters:
-    ``_next_candidates``'s."""
+    ids, their lowest and highest timestamp — PostgreSQL, for
+    ``group_delete``; NULLs on SQLite). Parameters: ``_next_candidates``'s."""
     return compose(
         "SELECT COUNT(*), {last}, {ids} FROM ({candidates}) c",
         last=spec.max_key("c.id"),
-        ids="ARRAY_AGG(c.id)" if is_postgres() else "NULL",
+        ids="ARRAY_AGG(c.id), MIN(c.ts), MAX(c.ts)" if is_postgres() else "NULL, NULL, NULL",
         candidates=_next_candidates(spec),
     )
 
@@ -189,8 +191,26 @@ def _hold_key(spec: RecordKindSpec) -> str:
 HOLDS = ident(LegalHold._meta.db_table)
 
 
+def _and_in_span(spec: RecordKindSpec, alias: str | Composable, low: str, high: str, *, pruning: bool) -> str:
+    """Pruning: `` AND`` row ``alias``'s timestamp lies in [``low``, ``high``],
+    the candidates' span; nothing without ``pruning``. On a table PARTITION
+    BY RANGE on the timestamp (``candidates.pruning``) the candidates' id is
+    not the partition key: matched by id alone, they are looked for in every
+    table partition before the cutoff, each batch; within their span
+    PostgreSQL reads only those they lie in. Only narrows (scope, predicate
+    and holds are tested as before): a row the application moved outside the
+    span meanwhile is left for the next sweep, like one inserted into the
+    range. Not on other tables: it prunes nothing there, and skews the
+    estimates where its values are unknown when planned."""
+    if not pruning:
+        return ""
+    return compose(
+        " AND {alias}.{ts} BETWEEN {low} AND {high}", alias=alias, ts=ident(spec.timestamp_column), low=low, high=high
+    )
+
+
 @statement
-def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
+def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False) -> str:
     """PostgreSQL: one partition's next candidates and the DELETE of those the
     eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
     admits, in one statement. The DELETE re-tests the scope (property and
@@ -204,8 +224,10 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
     (candidates, last candidate id, held, NULL), then per deleted record
     (NULL, NULL, record id, document id or NULL). The candidates are read
     once (a CTE used twice is materialised), planned with the partition's
-    own values: the keyset walk. Parameters: ``_next_candidates``'s,
-    ``portfolio_id``, ``kind`` and the predicate's."""
+    own values: the keyset walk. ``pruning``: the DELETE keeps to the span of
+    ``c``'s timestamps (``_and_in_span``), read by initplans, so the table
+    partitions outside it are pruned as the DELETE starts. Parameters:
+    ``_next_candidates``'s, ``portfolio_id``, ``kind`` and the predicate's."""
     names = _kind_names(spec)
     hold_property = (
         "(h.property_id IS NULL OR h.property_id = %(property_id)s)" if spec.has_property else "h.property_id IS NULL"
@@ -234,12 +256,15 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str) -> str:
     record, held_cell = ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", f"CAST(({held}) AS text)")
     return compose(
         "WITH c AS ({candidates}),"
-        " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id AND {rescope}"
+        " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id{within} AND {rescope}"
         " AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
         " SELECT (SELECT COUNT(*) FROM c), (SELECT {last} FROM c), {held_cell}, CAST(NULL AS text)"
         " UNION ALL SELECT NULL, NULL, {record}, d.document_id FROM d",
         **names,
         candidates=_next_candidates(spec),
+        within=_and_in_span(
+            spec, names["table"], "(SELECT MIN(c.ts) FROM c)", "(SELECT MAX(c.ts) FROM c)", pruning=pruning
+        ),
         rescope=rescope,
         predicate=predicate,
         document=ident(spec.table, spec.attachment_column) if spec.attachment_column else "NULL",
@@ -270,7 +295,8 @@ def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
     its order, so the scan stops once one batch (plus one row) is found
     instead of counting a full batch for every partition leased. Returns
     (ord, job id, rows returned, candidates, last candidate id, the candidate
-    ids — what ``group_delete`` deletes from); when the
+    ids and their lowest and highest timestamp — what ``group_delete``
+    deletes from); when the
     global limit was reached the partition with the highest ``ord`` may be
     cut short and is not counted this time. Parameters: ``g``
     (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
@@ -278,9 +304,9 @@ def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
     return compose(
         "WITH {g}"
         " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), {last},"
-        " ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL) FROM ("
-        "SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
-        "SELECT r.{pk} AS id FROM {table} r WHERE {partition} AND {after}"
+        " ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL), MIN(x.ts), MAX(x.ts) FROM ("
+        "SELECT g.ord, g.job_id, c.id, c.ts FROM g LEFT JOIN LATERAL ("
+        "SELECT r.{pk} AS id, r.{ts} AS ts FROM {table} r WHERE {partition} AND {after}"
         " AND r.{ts} < {cutoff}"
         " ORDER BY {order} LIMIT g.lim) c ON true"
         " LIMIT %(budget)s) x GROUP BY x.ord, x.job_id",
@@ -387,7 +413,7 @@ def _held_in(spec: RecordKindSpec, rows: str) -> str:
 
 
 @statement
-def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
+def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bool = False) -> str:
     """Delete the eligible rows of every partition's candidates; returns one
     row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL) for kinds with
@@ -397,17 +423,20 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
     On PostgreSQL the DELETE takes the candidate ids the count found
     (``ids``, every partition's), so the range is read once and deleted rows
     can never exceed the candidates, even when the application inserted or
-    moved an old row into the range since (it is the next sweep's). Held
-    is counted in this statement's snapshot, from the holds (``_held_in``):
-    rows a hold covers, not a difference. SQLite (one writer at a time, no
-    arrays) deletes the candidate range and counts it just before
+    moved an old row into the range since (it is the next sweep's).
+    ``pruning``: it and the held count keep to the candidates' span
+    (``_and_in_span``), ``ts_lo`` to ``ts_hi``, bound as literals: only the
+    table partitions in it are planned. Held is counted in this statement's
+    snapshot, from the holds (``_held_in``): rows a hold covers, not a
+    difference. SQLite (one writer at a time, no arrays) ignores
+    ``pruning``, and deletes the candidate range and counts it just before
     (``group_range_counts``). ``predicate`` is the eligibility predicate
     over ``table`` with the cutoff ``g.cutoff``, its parameters named
     (``named``): the hold check is inside this statement, and so is the
     scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
-    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL) and the
-    predicate's."""
+    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL; ``ts_lo`` and
+    ``ts_hi`` too with ``pruning``) and the predicate's."""
     table = spec.table
     names = _kind_names(spec)
     # A non-integer key is returned as text (the cursor's form).
@@ -442,14 +471,15 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
         )
         ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
         rows = compose(
-            "r.{pk} = ANY({ids}) AND {range} AND {past}",
+            "r.{pk} = ANY({ids}){span} AND {range} AND {past}",
             **names,
             ids=ids,
+            span=_and_in_span(spec, "r", "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
             range=_in_range(spec, "r"),
             past=_past_cutoff(spec),
         )
         return compose(
-            "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}) AND {in_range}"
+            "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}){span} AND {in_range}"
             " RETURNING {partition}, {extra}),"
             " k AS (SELECT g.{of_g}, {held} AS held FROM g)"
             " SELECT d.*, CAST(NULL AS bigint) FROM d"
@@ -457,6 +487,7 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int) -> str:
             " FROM k WHERE k.held > 0",
             **common,
             ids=ids,
+            span=_and_in_span(spec, names["table"], "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
             partition=partition,
             of_g=_partition_of_g(spec),
             held=_held_in(spec, rows),
@@ -564,34 +595,4 @@ def group_jobs_advance(jobs: int) -> str:
         " FROM g WHERE {job}.id = g.job_id RETURNING {job}.id, {job}.state, {job}.outcome",
         g=rows_cte("g", ADVANCE_COLUMNS, jobs),
         advanced=compose("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE))),
-    )
-
-
-# --- Non-integer keys (``retention.registry``, "Keys") ---------------------------
-# Run only for groups with such a kind: the integer path's statements are untouched.
-
-KEY_CURSOR_COLUMNS: Columns = (("job_id", "bigint"), ("cursor_key", "varchar"))
-
-
-@statement
-def jobs_cursor_keys(jobs: int) -> str:
-    """The text cursors of jobs the fence has just locked. Parameters: ``ids`` (``any_params``)."""
-    return compose("SELECT id, cursor_key FROM {job} WHERE id {ids}", ids=any_of("ids", "bigint", jobs))
-
-
-@statement
-def jobs_cursor_keys_set(jobs: int) -> str:
-    """Move the text cursors of jobs still under the fence. Parameters: ``g`` (``KEY_CURSOR_COLUMNS``)."""
-    return compose(
-        "WITH {g} UPDATE {job} SET cursor_key = g.cursor_key FROM g WHERE {job}.id = g.job_id",
-        g=rows_cte("g", KEY_CURSOR_COLUMNS, jobs),
-    )
-
-
-@statement
-def ledger_last_keys(operations: int) -> str:
-    """The text last ids of ledger rows being replayed. Parameters: ``ops`` (``any_params``)."""
-    return compose(
-        "SELECT operation_id, last_key FROM {ledger} WHERE operation_id {ops}",
-        ops=any_of("ops", "varchar", operations),
     )
