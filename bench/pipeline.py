@@ -174,6 +174,12 @@ def main() -> None:
         help="with --repeat: run the timed phases round by round (loop, drain, qcluster, …, then again) instead of"
         " each phase N times in a row, and report each run's median ratio to the loop of the same round",
     )
+    parser.add_argument(
+        "--plain-activity",
+        action="store_true",
+        help="migrate tenant activity back to a plain table (properties 0005, as before its monthly table"
+        " partitions) before the dataset: the schema the nightly was measured on before issue 28",
+    )
     parser.add_argument("--write-docs", action="store_true", help="write the table into docs/benchmarks.md (Backlog)")
     parser.add_argument("--keep-logs", action="store_true", help="keep the qcluster logs (their directory is printed)")
     parser.add_argument("--child", choices=["drain", "count"], help=argparse.SUPPRESS)
@@ -253,7 +259,10 @@ def main() -> None:
         call_command("migrate", verbosity=0, interactive=False)
         # As a deployment does after migrate (django-q2's cluster status cache, where it is configured).
         call_command("createcachetable", verbosity=0)
-        log(f"migrated in {time.perf_counter() - started:.1f} s")
+        if args.plain_activity:
+            call_command("migrate", "properties", "0005_lease_ended_at", verbosity=0, interactive=False)
+        plain = " (tenant activity a plain table)" if args.plain_activity else ""
+        log(f"migrated in {time.perf_counter() - started:.1f} s{plain}")
         slot = slot_current()
         started = time.perf_counter()
         if nightly:
