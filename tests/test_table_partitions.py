@@ -504,3 +504,34 @@ def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_
     scoped = sweep_proof(sweep=sweep, portfolio_ids=frozenset({world.b.pk}))
     (mine,) = [d for d in scoped["table_partitions"] if d["table_partition"] == P_MARCH]
     assert (mine["rows"], mine["ids_digest"], list(mine["portfolios"])) == (2, None, [str(world.b.pk)])
+
+
+# --- The suite's own keeper (conftest.table_partitions_restore) ----------------------
+
+
+@pytest.mark.postgres
+@pytest.mark.django_db(transaction=True)
+def test_the_suites_keeper_makes_a_dropped_table_partition_again_with_its_bounds_and_empties_its_default_rows(
+    committed,
+):
+    from .conftest import _table_partitions_listed, table_partitions_restore
+
+    made_by_the_migration = _table_partitions_listed()
+    portfolio = Portfolio.objects.create(name="Keeper", slug="keeper")
+    prop = Property.objects.create(portfolio=portfolio, name="K1")
+    with connection.cursor() as cur:
+        cur.execute(f"DROP TABLE {P_APRIL}")  # committed DDL, which the flush does not undo
+    stray = TenantActivity.objects.create(portfolio=portfolio, property=prop, activity_type="visit", occurred_at=APRIL)
+
+    def home_of(pk: int) -> str:
+        with connection.cursor() as cur:
+            cur.execute(f"SELECT tableoid::regclass::text FROM {TABLE} WHERE id = %s", [pk])
+            return cur.fetchone()[0]
+
+    assert home_of(stray.pk) == f"{TABLE}_default"  # with April gone, its month fell into the DEFAULT
+    assert table_partitions_restore() == [P_APRIL]
+    assert _table_partitions_listed() == made_by_the_migration
+    assert not TenantActivity.objects.filter(pk=stray.pk).exists()  # deleted, not left to block the bound
+    again = TenantActivity.objects.create(portfolio=portfolio, property=prop, activity_type="visit", occurred_at=APRIL)
+    assert home_of(again.pk) == P_APRIL
+    assert table_partitions_restore() == []  # nothing missing: nothing made
