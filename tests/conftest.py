@@ -94,7 +94,7 @@ def _commits(request: pytest.FixtureRequest) -> bool:
     return bool(marker and (marker.kwargs.get("transaction") or (marker.args and marker.args[0])))
 
 
-def _table_partitions_listed() -> list[tuple[str, str]]:
+def table_partitions_listed() -> list[tuple[str, str]]:
     with connection.cursor() as cur:
         cur.execute(
             "SELECT c.relname, pg_get_expr(c.relpartbound, c.oid) FROM pg_inherits i"
@@ -109,7 +109,7 @@ def table_partitions_restore() -> list[str]:
     drop (the sweep's, in this process or a worker's) took, with its bounds;
     a test's rows that fell into the DEFAULT one meanwhile are deleted first
     (the test is over: its data goes with the flush anyway). The names made."""
-    listed = _table_partitions_listed()
+    listed = table_partitions_listed()
     missing = [(name, bound) for name, bound in _TABLE_PARTITIONS or [] if (name, bound) not in listed]
     with connection.cursor() as cur:
         for name, bound in missing:
@@ -141,7 +141,7 @@ def _table_partitions_kept(request: pytest.FixtureRequest, django_db_blocker):  
     request.getfixturevalue("django_db_setup")
     with django_db_blocker.unblock():
         if _TABLE_PARTITIONS is None:
-            _TABLE_PARTITIONS = _table_partitions_listed()
+            _TABLE_PARTITIONS = table_partitions_listed()
         else:
             table_partitions_restore()
     yield

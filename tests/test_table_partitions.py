@@ -33,7 +33,7 @@ from retention.checks import check_kind, table_partition_shape_problems, table_p
 from retention.models import RetentionPolicy
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
 
-from .conftest import make_records, make_user, utc
+from .conftest import make_records, make_user, table_partitions_listed, table_partitions_restore, utc
 from .interleaving import CheckpointHold, InThread, raw_connection
 
 SLOT = utc("2026-08-21T02:00:00Z")
@@ -514,9 +514,7 @@ def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_
 def test_the_suites_keeper_makes_a_dropped_table_partition_again_with_its_bounds_and_empties_its_default_rows(
     committed,
 ):
-    from .conftest import _table_partitions_listed, table_partitions_restore
-
-    made_by_the_migration = _table_partitions_listed()
+    made_by_the_migration = table_partitions_listed()
     portfolio = Portfolio.objects.create(name="Keeper", slug="keeper")
     prop = Property.objects.create(portfolio=portfolio, name="K1")
     with connection.cursor() as cur:
@@ -530,7 +528,7 @@ def test_the_suites_keeper_makes_a_dropped_table_partition_again_with_its_bounds
 
     assert home_of(stray.pk) == f"{TABLE}_default"  # with April gone, its month fell into the DEFAULT
     assert table_partitions_restore() == [P_APRIL]
-    assert _table_partitions_listed() == made_by_the_migration
+    assert table_partitions_listed() == made_by_the_migration
     assert not TenantActivity.objects.filter(pk=stray.pk).exists()  # deleted, not left to block the bound
     again = TenantActivity.objects.create(portfolio=portfolio, property=prop, activity_type="visit", occurred_at=APRIL)
     assert home_of(again.pk) == P_APRIL
