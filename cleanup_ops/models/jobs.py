@@ -184,7 +184,9 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
         every lease and the dispatcher read before they take or send work."""
         paused = PipelinePause.objects.active().annotate(n=Value(PAUSED, output_field=IntegerField()))
         holders = self.live_leases(now=now).values_list("portfolio_id").annotate(n=_holders()).order_by()
-        rows = list(holders.union(paused.values_list("portfolio_id", "n"), all=True))
+        # No ORDER BY on either side (PipelinePause is ordered by default):
+        # SQLite refuses one in a compound statement's arm.
+        rows = list(holders.union(paused.values_list("portfolio_id", "n").order_by(), all=True))
         return {p for p, n in rows if n == PAUSED}, {p: n for p, n in rows if n != PAUSED and p is not None}
 
 
