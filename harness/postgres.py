@@ -312,17 +312,30 @@ def kept_url(directory: str | Path, database: str) -> str:
     return f"postgres://postgres@/{database}?host={quote(str(kept_socket_dir(directory)), safe='')}"
 
 
-def _kept_running(bin_dir: Path, data: Path, as_user: list[str]) -> bool:
-    if not (data / "postmaster.pid").exists():
+def _kept_running(data: Path) -> bool:
+    """Whether the postmaster named in ``data/postmaster.pid`` runs. A pid file whose
+    process is gone or a zombie (a killed postmaster that init has not reaped; the
+    server's own check takes it for alive and refuses to start) is removed, with
+    the socket's lock file that names the same process: the crash left them."""
+    try:
+        pid = int((data / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
         return False
-    status = subprocess.run(
-        [*as_user, str(bin_dir / "pg_ctl"), "-D", str(data), "status"],
-        cwd=data.parent,
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-        check=False,
-    )
-    return status.returncode == 0
+    fields = stat_fields(pid)
+    if fields is not None and fields[0] != "Z" and f"{data}" in _cmdline(pid):
+        return True
+    (data / "postmaster.pid").unlink(missing_ok=True)
+    run = kept_socket_dir(data.parent)
+    (run / ".s.PGSQL.5432.lock").unlink(missing_ok=True)
+    (run / ".s.PGSQL.5432").unlink(missing_ok=True)
+    return False
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
 
 
 def ensure(directory: str | Path, bin_dir: str | Path | None = None) -> Cluster:
@@ -350,7 +363,7 @@ def ensure(directory: str | Path, bin_dir: str | Path | None = None) -> Cluster:
         shutil.rmtree(cluster.data, ignore_errors=True)
         cluster._initdb()
     cluster._save_state()
-    if not _kept_running(cluster.bin, cluster.data, cluster.as_user):
+    if not _kept_running(cluster.data):
         run = kept_socket_dir(directory)
         run.mkdir(exist_ok=True)
         if cluster.as_user:
@@ -366,7 +379,7 @@ def halt(directory: str | Path) -> None:
     if not (data / "PG_VERSION").exists():
         return
     cluster = Cluster.attach(directory)
-    if _kept_running(cluster.bin, data, cluster.as_user):
+    if _kept_running(data):
         cluster._ctl("-m", "fast", "stop")
 
 
