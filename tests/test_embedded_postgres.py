@@ -104,7 +104,7 @@ def test_a_socket_path_too_long_for_unix_sockets_is_refused_naming_it(tmp_path: 
 )
 def test_a_database_url_that_is_not_postgresql_fails_at_start_up_naming_the_setting(url: str) -> None:
     env = {**os.environ, "DATABASE_URL": url, "DEBUG": "true"}
-    result = subprocess.run(
+    result = subprocess.run(  # noqa: S603 - this interpreter, our manage.py, fixed arguments
         [sys.executable, "manage.py", "check"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120
     )
     assert result.returncode != 0
@@ -114,8 +114,10 @@ def test_a_database_url_that_is_not_postgresql_fails_at_start_up_naming_the_sett
 
 def test_without_a_database_url_the_settings_name_the_demo_clusters_socket() -> None:
     env = {k: v for k, v in os.environ.items() if k != "DATABASE_URL"} | {"DEBUG": "true"}
-    code = "from django.conf import settings; d = settings.DATABASES['default']; print(d['ENGINE'], d['NAME'], d['HOST'])"
-    result = subprocess.run(
+    code = (
+        "from django.conf import settings; d = settings.DATABASES['default']; print(d['ENGINE'], d['NAME'], d['HOST'])"
+    )
+    result = subprocess.run(  # noqa: S603 - this interpreter, our manage.py, fixed arguments
         [sys.executable, "manage.py", "shell", "-c", code],
         cwd=ROOT,
         env=env,
