@@ -244,7 +244,7 @@ class Cluster:
             self.port = free_port()
             self._save_state()
             self._initdb()
-            self._ctl("-o", f"-p {self.port} -k {self.dir} {SERVER_OPTIONS}", "start")
+            self._ctl("-o", f"-p {self.port} {SERVER_OPTIONS}", "start")
         except BaseException:
             self.stop()
             raise
