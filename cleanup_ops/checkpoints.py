@@ -44,7 +44,7 @@ PAUSE = ("pause.after_lock",)
 ALL = BATCH + PURGE + LEASE + REDRIVE + PAUSE
 # A whole table partition's drop (cleanup_ops.table_partitions; tests/test_table_partitions.py
 # enumerates its actors): not a worker's path, so not in ALL.
-TABLE_PARTITION = ("table_partition.after_locks", "table_partition.before_drop")
+TABLE_PARTITION = ("table_partition.before_lock", "table_partition.after_locks", "table_partition.before_drop")
 
 _local = threading.local()
 

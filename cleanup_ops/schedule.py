@@ -43,6 +43,7 @@ from django.utils import timezone
 
 from cleanup_ops.admission import sweep_admit
 from cleanup_ops.downstream.purge import purge_requeue_released
+from cleanup_ops.execution.runner import worker_session_bound
 from cleanup_ops.models import CleanupJob, Sweep, SweepStatus
 from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from cleanup_ops.table_partitions import TablePartitionsReport, table_partitions_drop
@@ -131,6 +132,11 @@ def sweep_trigger(*, slot: datetime | None = None, now: datetime | None = None) 
     """
     now = now or timezone.now()
     slot = slot_check(slot or slot_current(now=now), now=now)
+    # The trigger takes scope and table locks (a drop) as a worker does: a
+    # trigger that stalls inside a transaction gives them back after the same
+    # bound (docs/architecture.md, invariant 18), whether cron's command or
+    # the API's request runs it.
+    worker_session_bound()
     key = sweep_key(slot)
     created = False
     sweep = Sweep.objects.filter(key=key).first()

@@ -47,7 +47,9 @@ e. Read, in a statement after d: each present portfolio's approved version
    for the kind (cutoff = slot - retention days), and whether any active
    hold in those portfolios has record kind ``''`` or this kind, at any scope
    (portfolio, property, record: conservative, one hold puts the whole table
-   partition out of reach). Droppable iff every present portfolio has an
+   partition out of reach), and whether the pipeline or a present portfolio
+   (the kind's portfolios, when it is empty) is paused: a pause stops new work,
+   a drop included (*kept paused*). Droppable iff nothing is paused, every present portfolio has an
    approved, *enabled* version, the upper bound is not after the smallest of
    their cutoffs, and there is no such hold. An empty table partition is
    droppable when the kind has an approved, enabled version and its upper
@@ -57,7 +59,10 @@ f. Droppable: insert the ledger row; check that no session waits for the
    DELETE: they hold the parent table's lock, which the drop needs, so
    going on would deadlock them — the drop steps back instead, *busy*);
    checkpoint ``table_partition.before_drop``; ``LOCK TABLE <parent> IN
-   ACCESS EXCLUSIVE MODE`` (what the drop takes anyway, bounded by a), then
+   ACCESS EXCLUSIVE MODE NOWAIT`` (what the drop takes anyway), asked again
+   every few milliseconds within a's bound and never queued for
+   (``_lock_parent_nowait`` says why: queued, the drop could make the
+   application's write the deadlock victim), then
    ``DROP TABLE <table partition>``, which detaches it as it drops it; commit.
    The ledger row and the drop commit together or not at all. (Not ``ALTER
    TABLE … DETACH PARTITION`` first: a detached table partition's foreign keys
@@ -68,8 +73,10 @@ f. Droppable: insert the ledger row; check that no session waits for the
    one side) also rolls the drop back, *busy*. Identifiers are quoted by
    ``psycopg.sql.Identifier``.
 
-Not droppable: nothing is written. SQLite (the demo) has no table
-partitions: the service is a no-op, reported as such.
+Not droppable: nothing is written. A table partition that is gone when its
+turn comes (a concurrent trigger of the same slot dropped it, and wrote its
+ledger row) is *already dropped*, not an error: every trigger of a slot ends
+with the same one sweep.
 """
 
 from __future__ import annotations
@@ -77,17 +84,19 @@ from __future__ import annotations
 import hashlib
 import logging
 import re
+import time
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from django.conf import settings
 from django.db import DatabaseError, OperationalError, connection, transaction
+from django.db.models import Q
 from django.utils import timezone
 from psycopg import sql as pgsql
 
 from cleanup_ops.checkpoints import checkpoint
-from cleanup_ops.models import TablePartitionDrop
+from cleanup_ops.models import PipelinePause, TablePartitionDrop
 from retention.domain import portfolio_model, property_model
 from retention.models import LegalHold, PolicyVersion, RetentionPolicy
 from retention.registry import REGISTRY, RecordKindSpec
@@ -103,8 +112,12 @@ POLICY = RetentionPolicy._meta.db_table
 VERSION = PolicyVersion._meta.db_table
 
 BOUND = re.compile(r"^FOR VALUES FROM \((?P<lower>.+)\) TO \((?P<upper>.+)\)$")
-# lock_not_available (lock_timeout), deadlock_detected: the table partition is busy tonight.
+# lock_not_available (lock_timeout, NOWAIT), deadlock_detected: the table partition is busy tonight.
 BUSY_STATES = {"55P03", "40P01"}
+# undefined_table: another trigger of the same slot dropped it first (its ledger row says so).
+GONE_STATES = {"42P01"}
+# How often step f asks again for the parent's lock (NOWAIT) within the lock bound.
+PARENT_LOCK_RETRY_SECONDS = 0.02
 
 
 @dataclass(frozen=True)
@@ -125,6 +138,8 @@ class KindReport:
     kept_held: list[str] = field(default_factory=list)
     kept_young: list[str] = field(default_factory=list)  # not past every present portfolio's cutoff
     kept_no_policy: list[str] = field(default_factory=list)  # a portfolio present without an enabled version
+    kept_paused: list[str] = field(default_factory=list)  # a present portfolio (or the pipeline) is paused
+    already_dropped: list[str] = field(default_factory=list)  # gone when its turn came: another trigger's drop
     busy: list[str] = field(default_factory=list)
 
     def counts(self) -> dict[str, int]:
@@ -134,6 +149,8 @@ class KindReport:
             "kept_held": len(self.kept_held),
             "kept_young": len(self.kept_young),
             "kept_no_policy": len(self.kept_no_policy),
+            "kept_paused": len(self.kept_paused),
+            "already_dropped": len(self.already_dropped),
             "busy": len(self.busy),
         }
 
@@ -141,7 +158,7 @@ class KindReport:
 @dataclass
 class TablePartitionsReport:
     kinds: list[KindReport] = field(default_factory=list)
-    skipped: str = ""  # why nothing was looked at (SQLite, no kind opted in)
+    skipped: str = ""  # why nothing was looked at (no kind opted in)
 
     def as_dict(self) -> dict[str, Any]:
         return {"skipped": self.skipped, "kinds": {k.kind: k.counts() for k in self.kinds}}
@@ -155,7 +172,7 @@ class TablePartitionsReport:
             parts.append(
                 f"{k.kind}: {c['dropped']} dropped ({c['rows_dropped']} rows), {c['kept_held']} kept under a hold, "
                 f"{c['kept_young']} not past every cutoff, {c['kept_no_policy']} with a portfolio without policy, "
-                f"{c['busy']} busy"
+                f"{c['kept_paused']} paused, {c['already_dropped']} already dropped, {c['busy']} busy"
             )
         return "table partitions: " + "; ".join(parts)
 
@@ -220,8 +237,6 @@ def table_partitions_drop(
 ) -> TablePartitionsReport:
     """Drop every droppable table partition of every opted-in kind (the module's protocol)."""
     specs = [spec for spec in REGISTRY.values() if spec.drop_table_partitions]
-    if connection.vendor != "postgresql":
-        return TablePartitionsReport(skipped="not PostgreSQL: no table partitions")
     if not specs:
         return TablePartitionsReport(skipped="no record kind opts in (drop_table_partitions)")
     report = TablePartitionsReport()
@@ -256,10 +271,16 @@ def _drop_one(
     except _Busy as exc:
         logger.info("table partition %s busy: %s", table_partition.name, exc)
         return "busy", 0
-    except OperationalError as exc:
-        if getattr(exc.__cause__, "sqlstate", None) in BUSY_STATES:
+    except DatabaseError as exc:
+        state = getattr(exc.__cause__, "sqlstate", None)
+        if state in BUSY_STATES:
             logger.info("table partition %s busy: %s", table_partition.name, type(exc.__cause__).__name__)
             return "busy", 0
+        if state in GONE_STATES:
+            # Listed, then dropped by a concurrent trigger of the same slot before
+            # its lock: that trigger's transaction wrote the ledger row and dropped it.
+            logger.info("table partition %s already dropped", table_partition.name)
+            return "already_dropped", 0
         raise
 
 
@@ -268,6 +289,8 @@ def _decide_and_drop(
 ) -> tuple[str, int]:
     target = _ident(table_partition.schema, table_partition.name)
     timeout = str(max(1, round(settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS * 1000)))
+    # Listed, not yet locked: a concurrent trigger of the slot may drop it now.
+    checkpoint("table_partition.before_lock")
     with connection.cursor() as cur:
         cur.execute("SELECT set_config('lock_timeout', %s, true)", [timeout])  # a
         # Deferred foreign-key checks still pending on its rows (rows a caller
@@ -308,6 +331,10 @@ def _decide_and_drop(
             [PolicyVersion.Status.APPROVED, spec.kind, portfolios, not portfolios],
         )
         versions = {int(p): (int(v), int(days), bool(enabled)) for p, v, days, enabled in cur.fetchall()}
+        # Pauses stop new work: a drop is work of the portfolios present (of the
+        # kind's, when empty), as a lease is its job's portfolio's (jobs.unpaused_q).
+        if _paused(portfolios or list(versions)):
+            return "kept_paused", 0
         held = False
         if portfolios:
             cur.execute(
@@ -354,8 +381,7 @@ def _decide_and_drop(
         if cur.fetchone()[0]:
             raise _Busy(f"a session waits for table partition {table_partition.name}")
         checkpoint("table_partition.before_drop")
-        parent = _ident(spec.table)
-        cur.execute(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE")
+        _lock_parent_nowait(cur, spec.table, table_partition)
         # DROP TABLE detaches it too. Not ALTER TABLE ... DETACH PARTITION first:
         # that makes its inherited foreign keys its own, with triggers on the
         # portfolio and property tables, which the DROP then takes ACCESS
@@ -363,6 +389,38 @@ def _decide_and_drop(
         # our scope lock deadlocks us). Dropped attached, only the parent is locked.
         cur.execute(f"DROP TABLE {target}")
     return "dropped", int(rows)
+
+
+def _paused(portfolios: list[int]) -> bool:
+    """An active pause of the pipeline or of one of ``portfolios`` (read after the locks)."""
+    return PipelinePause.objects.active().filter(Q(portfolio_id__isnull=True) | Q(portfolio_id__in=portfolios)).exists()
+
+
+def _lock_parent_nowait(cur: Any, table: str, table_partition: TablePartition) -> None:
+    """The parent's ACCESS EXCLUSIVE lock, asked for with NOWAIT, again every
+    ``PARENT_LOCK_RETRY_SECONDS`` within ``CLEANUP_TABLE_PARTITION_LOCK_SECONDS``,
+    each try in a savepoint; never granted in that time: busy.
+
+    Why never wait in the lock's queue: a session that writes an old row
+    holds the parent's ROW EXCLUSIVE lock and waits for this table
+    partition's (ours, SHARE). Queued behind it, the drop would close a cycle
+    that PostgreSQL breaks by ending whichever side's deadlock check runs
+    first — the application's write, if it began waiting less than
+    ``deadlock_timeout`` before. A queued ACCESS EXCLUSIVE request also makes
+    every later reader of the parent wait behind it. Never queued, the drop
+    holds the lock only for the catalog change; the application's write
+    waits for our rollback at most and always lands."""
+    parent = _ident(table)
+    deadline = time.monotonic() + settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS
+    while True:
+        try:
+            with transaction.atomic():
+                cur.execute(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT")
+            return
+        except OperationalError as exc:
+            if getattr(exc.__cause__, "sqlstate", None) != "55P03" or time.monotonic() >= deadline:
+                raise
+        time.sleep(PARENT_LOCK_RETRY_SECONDS)
 
 
 def _verdict(

@@ -237,13 +237,6 @@ def test_the_sweep_command_drops_before_admission_and_says_so(world, time_machin
     assert "0 jobs admitted" in out
 
 
-@pytest.mark.django_db
-def test_on_sqlite_the_service_is_a_no_op_and_says_so(monkeypatch):
-    monkeypatch.setattr(connection, "vendor", "sqlite")
-    report = service.table_partitions_drop(slot=SLOT, now=NOW)
-    assert report.kinds == [] and "not PostgreSQL" in report.summary()
-
-
 # --- The checks -----------------------------------------------------------------------
 
 VISIT = {"model": "schema_b.Visit", "timestamp": "visited_at", "portfolio": "customer", "property": "unit__building"}
@@ -533,3 +526,107 @@ def test_the_suites_keeper_makes_a_dropped_table_partition_again_with_its_bounds
     again = TenantActivity.objects.create(portfolio=portfolio, property=prop, activity_type="visit", occurred_at=APRIL)
     assert home_of(again.pk) == P_APRIL
     assert table_partitions_restore() == []  # nothing missing: nothing made
+
+
+# --- Every trigger of a slot, every actor the drop meets (issue C3-C6 of the second review) ---
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("scope", ["pipeline", "portfolio a", "portfolio b"])
+def test_a_pause_of_the_pipeline_or_of_a_portfolio_with_rows_in_it_keeps_the_table_partition(world, scope):
+    """Pauses stop new work, and a drop is work: paused, it waits like the row deletes do."""
+    from cleanup_ops.recovery.operator import pipeline_pause
+
+    operator = make_user("operator-pausing", "operator")
+    portfolio_id = {"pipeline": None, "portfolio a": world.a.pk, "portfolio b": world.b.pk}[scope]
+    pipeline_pause(actor=operator, reason="investigating a wrong policy", portfolio_id=portfolio_id)
+    (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
+    assert P_MARCH in kind.kept_paused and table_partition_exists(P_MARCH)  # A's and B's rows
+    assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
+    # April holds A1's rows only: a pause of B alone leaves it droppable.
+    assert (P_APRIL in kind.dropped) == (scope == "portfolio b")
+    assert not TablePartitionDrop.objects.filter(table_partition=P_MARCH).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trigger_that_finds_its_table_partition_dropped_by_a_concurrent_trigger_ends_with_the_same_sweep(
+    committed, active_policy
+):
+    """Both triggers listed March and April; the second takes its locks only once the
+    first has dropped them: already dropped, not an error, and one sweep."""
+    committed_world(active_policy)
+    committed.CLEANUP_CHECKPOINTS = frozenset({"table_partition.before_lock"})
+    hold = CheckpointHold("table_partition.before_lock")
+    late = InThread(lambda: sweep_trigger(slot=SLOT, now=NOW), name="late trigger")
+    try:
+        hold.wait_for_worker(late)  # listed, held before its first lock
+        committed.CLEANUP_CHECKPOINTS = frozenset()
+        first = sweep_trigger(slot=SLOT, now=NOW)
+    finally:
+        hold.release()
+    late.join()
+    late.reraise()
+    assert not table_partition_exists(P_MARCH) and not table_partition_exists(P_APRIL)
+    (dropped,) = first.table_partitions.kinds
+    (gone,) = late.result.table_partitions.kinds
+    assert {P_MARCH, P_APRIL} <= set(dropped.dropped)
+    assert {P_MARCH, P_APRIL} <= set(gone.already_dropped) and not gone.dropped
+    assert late.result.sweep.pk == first.sweep.pk
+    assert TablePartitionDrop.objects.filter(table_partition=P_MARCH).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_application_insert_arriving_just_before_the_drop_asks_for_the_parent_lands_and_the_drop_steps_back(
+    committed, active_policy
+):
+    """The insert holds the parent's lock and waits for March's; the drop, released at
+    once (inside deadlock_timeout of the insert's wait), must not queue for the parent:
+    queued, it closes a cycle whose first deadlock check is the insert's."""
+    world = committed_world(active_policy)
+    committed.CLEANUP_CHECKPOINTS = frozenset({"table_partition.before_drop"})
+    committed.CLEANUP_TABLE_PARTITION_LOCK_SECONDS = 2.0
+    hold = CheckpointHold("table_partition.before_drop")
+    drop = drop_in_thread()
+    try:
+        hold.wait_for_worker(drop)
+        inserting = InThread(
+            lambda: TenantActivity.objects.create(
+                portfolio=world.a, property=world.a1, activity_type="late", occurred_at=MARCH + timedelta(days=2)
+            ),
+            name="app",
+        )
+        assert inserting.settle(raw_connection()) == "waiting"
+    finally:
+        hold.release()
+    drop.join()
+    inserting.join()
+    drop.reraise()
+    inserting.reraise()  # before: DeadlockDetected, the application paid for the cleanup
+    (kind,) = drop.result.kinds
+    assert P_MARCH in kind.busy and not march_dropped()
+    assert TenantActivity.objects.filter(pk=inserting.result.pk).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_trigger_stalled_inside_a_drop_gives_its_scope_locks_back_after_the_idle_bound(
+    committed, active_policy, reviewer
+):
+    """The trigger's session, held at the drop's checkpoint, sits idle in its transaction
+    with the scope rows locked, as a stalled (SIGSTOP) cron process would: after
+    CLEANUP_IDLE_IN_TRANSACTION_SECONDS PostgreSQL ends it, and a hold placement on
+    that portfolio, which waits at most CLEANUP_SCOPE_LOCK_WAIT_SECONDS, commits."""
+    world = committed_world(active_policy)
+    committed.CLEANUP_IDLE_IN_TRANSACTION_SECONDS = 1.0
+    committed.CLEANUP_SCOPE_LOCK_WAIT_SECONDS = 6.0
+    committed.CLEANUP_CHECKPOINTS = frozenset({"table_partition.after_locks"})
+    hold = CheckpointHold("table_partition.after_locks")
+    trigger = InThread(lambda: sweep_trigger(slot=SLOT, now=NOW), name="stalled trigger")
+    try:
+        hold.wait_for_worker(trigger)
+        placed = place(world, "portfolio", reviewer=reviewer)  # before: ScopeBusy after 6 s
+    finally:
+        hold.release()
+    trigger.join()
+    assert placed.pk is not None
+    assert isinstance(trigger.error, DatabaseError)  # its session was ended: nothing it did committed
+    assert table_partition_exists(P_MARCH) and not march_dropped()
