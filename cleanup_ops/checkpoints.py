@@ -15,8 +15,7 @@ test sees the worker waiting in ``pg_locks`` (not by timing), runs the
 concurrent actor on its own connection, and lets go.
 
 The side connection is opened on first use with the default database's
-settings and kept for the process (a thread gets its own). On SQLite (the
-demo) checkpoints are no-ops: there is nothing to interleave with.
+settings and kept for the process (a thread gets its own).
 """
 
 from __future__ import annotations
@@ -70,7 +69,7 @@ def _side_connection() -> Any:
 
 def checkpoint(name: str) -> None:
     """Pass the checkpoint ``name`` (a no-op unless a test enabled it)."""
-    if name not in settings.CLEANUP_CHECKPOINTS or connection.vendor != "postgresql":
+    if name not in settings.CLEANUP_CHECKPOINTS:
         return
     key = checkpoint_key(name)
     side = _side_connection()

@@ -21,7 +21,7 @@ time travel does not move), while ``now()`` adds it to
 ``django.utils.timezone.now()``, which time-machine moves in tests. So a test
 travels the pipeline's time exactly as before, and a process whose *real*
 clock is skewed (``faketime`` in ``tests/test_clock_skew.py``) still decides on
-the database's time. SQLite (the demo) runs on this host: its offset is 0.
+the database's time.
 """
 
 from __future__ import annotations
@@ -63,17 +63,15 @@ def host_clock() -> float:
 
 
 _lock = threading.Lock()
-_offset: dict[str, tuple[float, float]] = {}  # vendor+database name -> (offset seconds, monotonic at sync)
+_offset: dict[str, tuple[float, float]] = {}  # database host+name -> (offset seconds, monotonic at sync)
 
 
 def _key() -> str:
-    return f"{connection.vendor}:{connection.settings_dict.get('NAME')}"
+    return f"{connection.settings_dict.get('HOST')}:{connection.settings_dict.get('NAME')}"
 
 
 def measure_offset() -> float:
-    """Seconds the database clock is ahead of this host's real clock (0 on SQLite)."""
-    if connection.vendor != "postgresql":
-        return 0.0
+    """Seconds the database clock is ahead of this host's real clock."""
     with connection.cursor() as cur:
         before = host_clock()
         cur.execute("SELECT EXTRACT(EPOCH FROM clock_timestamp())")
@@ -95,7 +93,7 @@ def offset() -> float:
     mono = time.monotonic()
     if known is not None and mono - known[1] < settings.CLEANUP_CLOCK_SYNC_SECONDS:
         return known[0]
-    if connection.vendor == "postgresql" and connection.needs_rollback:
+    if connection.needs_rollback:
         # Inside a transaction that already failed no statement runs: keep
         # the last measurement (or none) until the next sync.
         return known[0] if known else 0.0
@@ -103,12 +101,6 @@ def offset() -> float:
     with _lock:
         _offset[key] = (value, mono)
     return value
-
-
-def forget() -> None:
-    """Drop every measurement (the next ``now()`` measures again)."""
-    with _lock:
-        _offset.clear()
 
 
 def now() -> datetime:

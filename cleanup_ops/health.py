@@ -58,8 +58,8 @@ logger = logging.getLogger(__name__)
 
 _TABLE = WorkerHeartbeat._meta.db_table
 # One statement for both writes. A row whose pid is another sentinel's belongs
-# to an earlier run of the cluster: start it afresh. (PostgreSQL and SQLite
-# both evaluate SET expressions against the row as it was.)
+# to an earlier run of the cluster: start it afresh. (PostgreSQL evaluates
+# SET expressions against the row as it was.)
 _UPSERT = f"""
 INSERT INTO {_TABLE} AS hb
     (host, cluster, queue, pid, started_at, last_progress_at, turns, jobs_leased, rows_deleted, updated_at)
@@ -405,14 +405,13 @@ def lease_locks_needed() -> int:
 
 def health_readiness() -> HealthReport:
     """The database answers, every migration is applied, the cache tables
-    exist, and (PostgreSQL) its lock table fits a lease transaction's locks."""
+    exist, and its lock table fits a lease transaction's locks."""
     max_locks = None
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-            if sql.is_postgres():
-                cursor.execute(sql.max_locks_per_transaction())
-                max_locks = int(cursor.fetchone()[0])
+            cursor.execute(sql.max_locks_per_transaction())
+            max_locks = int(cursor.fetchone()[0])
         executor = MigrationExecutor(connection)
         unapplied = [
             f"{migration.app_label}.{migration.name}"

@@ -40,7 +40,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from django.conf import settings
-from django.db import connection, transaction
+from django.db import transaction
 
 from cleanup_ops import sql
 from cleanup_ops.models import RateBucket
@@ -198,63 +198,19 @@ def tokens_reserve(
 
 def _reserve_rows(ordered: list[Member], *, now: float, max_wait: float) -> tuple[dict[str, float], float, bool] | None:
     """(each bucket's ready instant, the instant, taken?) — None when a row is missing."""
-    if sql.is_postgres():
-        params = {
-            "names": [b.name for _, b in ordered],
-            "rates": [float(b.rate) for _, b in ordered],
-            "bursts": [float(b.burst) for _, b in ordered],
-            "shared": [p is None for p, _ in ordered],
-            "n": len(ordered),
-            "now": float(now),
-            "max_wait": float(max_wait) + EPSILON,
-        }
-        found = sql.execute(sql.bucket_reserve(), params)
-        if len(found) < len(ordered):
-            return None
-        return {name: float(ready) for name, ready, _, _ in found}, float(found[0][2]), bool(found[0][3])
-    return _reserve_rows_portable(ordered, now=now, max_wait=max_wait)
-
-
-def bucket_ready(*, tokens: float, updated_at: float, rate: float, burst: float, now: float) -> float:
-    """When a bucket in this state has a whole token (``now`` if it has one):
-    from the later of now and its state's instant, the time the missing part
-    of a token takes to refill. ``sql.bucket_reserve`` says the same in SQL."""
-    base = max(now, updated_at)
-    available = min(burst, tokens + max(0.0, now - updated_at) * rate)
-    return base + max(0.0, 1 - EPSILON - available) / rate
-
-
-def _reserve_rows_portable(
-    ordered: list[Member], *, now: float, max_wait: float
-) -> tuple[dict[str, float], float, bool] | None:
-    """The same decision in plain statements (SQLite, the demo: it serialises
-    writers, so the read and the writes of one transaction see no one else's)."""
-    names = [b.name for _, b in ordered]
-    with transaction.atomic(), connection.cursor() as cur:
-        # A write first: SQLite takes its write lock here, before the read.
-        sql.execute(sql.bucket_touch(len(names)), names, cur=cur)
-        state = {
-            name: (tokens, updated_at)
-            for name, tokens, updated_at in sql.execute(sql.bucket_state(len(names)), names, cur=cur).fetchall()
-        }
-        if len(state) < len(ordered):
-            return None
-        ready = {
-            b.name: bucket_ready(
-                tokens=state[b.name][0], updated_at=state[b.name][1], rate=b.rate, burst=b.burst, now=now
-            )
-            for _, b in ordered
-        }
-        own = [ready[b.name] for p, b in ordered if p is not None]
-        at = max([now, *(ready[b.name] for p, b in ordered if p is None), *([min(own)] if own else [])])
-        reserved = at - now <= max_wait + EPSILON
-        if reserved:
-            for _, b in ordered:
-                if ready[b.name] <= at:
-                    tokens, updated_at = state[b.name]
-                    left = min(b.burst, tokens + (at - updated_at) * b.rate) - 1
-                    sql.execute(sql.bucket_set(), [left, at, b.name], cur=cur)
-    return ready, at, reserved
+    params = {
+        "names": [b.name for _, b in ordered],
+        "rates": [float(b.rate) for _, b in ordered],
+        "bursts": [float(b.burst) for _, b in ordered],
+        "shared": [p is None for p, _ in ordered],
+        "n": len(ordered),
+        "now": float(now),
+        "max_wait": float(max_wait) + EPSILON,
+    }
+    found = sql.execute(sql.bucket_reserve(), params)
+    if len(found) < len(ordered):
+        return None
+    return {name: float(ready) for name, ready, _, _ in found}, float(found[0][2]), bool(found[0][3])
 
 
 def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig] | None = None) -> float:
@@ -284,13 +240,8 @@ def buckets_give_back(*, members: list[Member]) -> None:
     ordered = _lock_order(members)
     if not ordered:
         return
-    if sql.is_postgres():
-        names, bursts = [b.name for _, b in ordered], [float(b.burst) for _, b in ordered]
-        sql.execute(sql.bucket_give_back_many(), {"names": names, "bursts": bursts})
-        return
-    with transaction.atomic(), connection.cursor() as cur:
-        for _, bucket in ordered:
-            sql.execute(sql.bucket_give_back(), [bucket.burst, bucket.name], cur=cur)
+    names, bursts = [b.name for _, b in ordered], [float(b.burst) for _, b in ordered]
+    sql.execute(sql.bucket_give_back_many(), {"names": names, "bursts": bursts})
 
 
 # The store's own Retry-After, shared by every worker: one 429 or 503 holds

@@ -1,4 +1,4 @@
-"""The pipeline's raw SQL, by name, its vendor switch and how a statement is composed.
+"""The pipeline's raw SQL, by name, and how a statement is composed.
 
 Why raw SQL at all: on the per-batch path every statement counts (an ORM query
 that builds model instances costs several plain round trips), and a few
@@ -10,20 +10,12 @@ Each statement is a function named after what it does, returning the SQL text
 with ``%s`` placeholders; the callers pass the parameters. Table and column
 names come from the models' ``_meta``, never from input, and go into the text
 as identifiers (``compose``; the purge's, admission's, rate limits' and
-console figures' builders still interpolate them as f-strings). Here are the
-statements several packages run (sweeps, purge, admission, rate limits,
-console figures) and the helpers every statement is built with; the batch
-transaction's own are in ``execution/statements.py`` and the lease's in
-``execution/leases.py``, next to their only caller.
-
-The PostgreSQL/SQLite differences *in a statement's text* live in the small
-vendor helpers below (and in the builders that use them, here and in
-``execution/statements.py``): SQLite is the embedded demo database, it
-serialises writers, so its row locks are simply left out. Where the two
-databases take a different *path* (another statement, or none), the caller
-branches on ``is_postgres()`` itself: ``execution/`` (batches, candidates, leases,
-runner), ``downstream/`` (decision, fencing), ``ratelimit.py``,
-``console_selectors/overview.py`` and ``health.py`` (``tests/test_layout.py`` checks the list).
+console figures' builders still interpolate them as f-strings). The product
+runs on PostgreSQL only (15 to 18): each statement has one text. Here are the
+statements of sweeps, purge, admission, rate limits and console figures and
+the helpers every statement is built with; the batch transaction's own are in
+``execution/statements.py`` and the lease's in ``execution/leases.py``, next
+to their only caller.
 
 The ledger insert stays a named statement: through the ORM it would build a
 model instance per batch for nothing.
@@ -74,23 +66,15 @@ VERSION = PolicyVersion._meta.db_table
 P = ParamSpec("P")
 
 
-# --- Vendor switches ------------------------------------------------------------
-
-
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
+# --- Row locks -------------------------------------------------------------------
 
 
 def for_update() -> str:
-    return " FOR UPDATE" if is_postgres() else ""
+    return " FOR UPDATE"
 
 
 def for_share_of(*aliases: str) -> str:
-    return f" FOR SHARE OF {', '.join(aliases)}" if is_postgres() else ""
-
-
-def least_greatest() -> tuple[str, str]:
-    return ("LEAST", "GREATEST") if is_postgres() else ("MIN", "MAX")
+    return f" FOR SHARE OF {', '.join(aliases)}"
 
 
 def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: Any = None) -> Any:
@@ -109,7 +93,7 @@ def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: An
 # --- Composition -----------------------------------------------------------------
 # Names go into a statement through ``psycopg.sql``: a template with ``{name}``
 # fields, each table or column name an ``Identifier`` (quoted), each fragment
-# our code wrote (a vendor switch, a record kind's predicate) plain ``SQL``.
+# our code wrote (a row lock, a record kind's predicate) plain ``SQL``.
 
 
 # The tables and columns above, as identifiers every template may name
@@ -139,8 +123,7 @@ def compose(template: str, **parts: str | pg.Composable) -> str:
     (``ident``, ``NAMES``) quoted, a string taken as the SQL fragment it is.
 
     Rendered without a connection (``as_string(None)``, psycopg ≥ 3.2): the
-    double-quoted identifiers PostgreSQL's own quoting gives, which SQLite
-    (the demo, fed the text by Django) reads the same way. ``%s`` and
+    double-quoted identifiers PostgreSQL's own quoting gives. ``%s`` and
     ``%(name)s`` placeholders pass through untouched."""
     fields = {name: value if isinstance(value, pg.Composable) else pg.SQL(value) for name, value in parts.items()}
     return pg.SQL(template).format(**{**NAMES, **fields}).as_string(None)
@@ -148,35 +131,23 @@ def compose(template: str, **parts: str | pg.Composable) -> str:
 
 def statement(build: Callable[P, str]) -> Callable[P, str]:
     """A statement builder whose text is composed once per shape: cached on
-    its (hashable) arguments and the database's vendor, so a batch pays a
-    dictionary lookup, not a composition, per statement."""
-
-    def compose_for(vendor: str, *args: Any, **kwargs: Any) -> str:
-        return build(*args, **kwargs)
-
-    composed: Callable[..., str] = functools.cache(compose_for)
-
-    @functools.wraps(build)
-    def text(*args: P.args, **kwargs: P.kwargs) -> str:
-        return composed(connection.vendor, *args, **kwargs)
-
-    return text
+    its (hashable) arguments, so a batch pays a dictionary lookup, not a
+    composition, per statement."""
+    return functools.cache(build)  # type: ignore[return-value]  # the same call signature, cached
 
 
 # One transaction over one or several partitions. Every statement takes named
-# parameters; the list of partitions is a table ``g`` (``rows_cte``): on
-# PostgreSQL one array parameter per column through ``unnest``, so the text is
-# the same whatever the number of partitions (psycopg parses it once and
-# caches it) and a group of 100 partitions quotes six arrays, not 600 values;
-# on SQLite (the demo) a ``VALUES`` list with one named parameter per cell.
-# PostgreSQL needs the types spelled out; SQLite must not get them (its CAST
-# to an unknown type name would turn a timestamp into a number).
+# parameters; the list of partitions is a table ``g`` (``rows_cte``): one
+# array parameter per column through ``unnest``, so the text is the same
+# whatever the number of partitions (psycopg parses it once and caches it)
+# and a group of 100 partitions quotes six arrays, not 600 values. The types
+# are spelled out (an untyped array parameter has none).
 
 Columns = Sequence[tuple[str, str]]  # (name, PostgreSQL type)
 
 
 def typed(sql_type: str) -> str:
-    return f"CAST(%s AS {sql_type})" if is_postgres() else "%s"
+    return f"CAST(%s AS {sql_type})"
 
 
 def values_list(rows: int, types: Sequence[str]) -> str:
@@ -188,11 +159,8 @@ def rows_cte(name: str, columns: Columns, rows: int) -> str:
     """``name(col, …) AS (…)``, the body of a ``WITH`` over ``rows`` rows;
     ``rows_params`` gives its parameters."""
     names = ", ".join(column for column, _ in columns)
-    if is_postgres():
-        arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
-        return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
-    cells = ("(" + ", ".join(f"%({name}_{column}_{i})s" for column, _ in columns) + ")" for i in range(rows))
-    return f"{name}({names}) AS (VALUES {', '.join(cells)})"
+    arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
+    return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
 
 
 def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
@@ -202,22 +170,16 @@ def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, A
     def cell(row: Any, column: str) -> Any:
         return row[column] if isinstance(row, Mapping) else getattr(row, column)
 
-    if is_postgres():
-        return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
-    return {f"{name}_{column}_{i}": cell(row, column) for i, row in enumerate(rows) for column, _ in columns}
+    return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
 
 
 def any_of(name: str, sql_type: str, values: int) -> str:
-    """``= ANY(array)`` on PostgreSQL, ``IN (…)`` on SQLite; ``any_params`` gives the parameters."""
-    if is_postgres():
-        return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
-    return "IN (" + ", ".join(f"%({name}_{i})s" for i in range(values)) + ")"
+    """``= ANY(array)`` of ``values`` values; ``any_params`` gives the parameter."""
+    return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
 
 
 def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
-    if is_postgres():
-        return {name: list(values)}
-    return {f"{name}_{i}": value for i, value in enumerate(values)}
+    return {name: list(values)}
 
 
 def named(statement: str, params: Sequence[Any], *, prefix: str) -> tuple[str, dict[str, Any]]:
@@ -308,7 +270,7 @@ def document_portfolios_lock() -> str:
 
 
 def document_portfolios_lock_many() -> str:
-    """``document_portfolios_lock`` for a batch of documents (PostgreSQL).
+    """``document_portfolios_lock`` for a batch of documents.
     Parameter: the document ids (an array)."""
     refs = DeletedAttachment._meta.db_table
     return (
@@ -318,7 +280,7 @@ def document_portfolios_lock_many() -> str:
 
 
 def document_scopes_lock_many() -> str:
-    """``document_scopes_lock`` for a batch of documents (PostgreSQL): the
+    """``document_scopes_lock`` for a batch of documents: the
     scope rows of every deleted record that named any of them. Parameter:
     the document ids (an array)."""
     refs = DeletedAttachment._meta.db_table
@@ -349,15 +311,14 @@ def dispositions_take(documents: int) -> str:
     return (
         f"WITH {rows_cte('x', DISPOSITION_COLUMNS, documents)}"
         f" INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x"
-        # WHERE true: SQLite would otherwise read ON CONFLICT as a join's ON.
-        f" WHERE true ORDER BY x.document_id"
+        f" ORDER BY x.document_id"
         f" ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL"
         f" WHERE {table}.state = %(purged)s"
     )
 
 
 def transaction_idle_timeout() -> str:
-    """PostgreSQL: end this transaction's session if it sits idle longer than
+    """End this transaction's session if it sits idle longer than
     the parameter (milliseconds) — the backstop for a lock held across a
     bounded HTTP call."""
     return "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
@@ -373,9 +334,7 @@ def purge_advance() -> str:
 
 def _slot_minus_retention() -> str:
     """A partition's cutoff: the slot (a parameter) minus the version's retention days."""
-    if is_postgres():
-        return "(CAST(%s AS timestamptz) - v.retention_days * INTERVAL '1 day')"
-    return "datetime(%s, '-' || v.retention_days || ' days')"
+    return "(CAST(%s AS timestamptz) - v.retention_days * INTERVAL '1 day')"
 
 
 def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
@@ -408,7 +367,7 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
 
 
 def typed_null(sql_type: str) -> str:
-    return f"CAST(NULL AS {sql_type})" if is_postgres() else "NULL"
+    return f"CAST(NULL AS {sql_type})"
 
 
 def _open_elsewhere(spec: RecordKindSpec) -> str:
@@ -467,7 +426,7 @@ def count_carried_over(spec: RecordKindSpec) -> str:
 
 
 def bucket_reserve() -> str:
-    """Reserve one token from each bucket for the earliest instant they are there (PostgreSQL).
+    """Reserve one token from each bucket for the earliest instant they are there.
 
     Parameters (named): ``names``, ``rates``, ``bursts``, ``shared`` (arrays,
     in lock order: the portfolios' buckets, then the shared ones), ``n`` (how
@@ -482,7 +441,6 @@ def bucket_reserve() -> str:
     ``max_wait``, each bucket ready by ``at`` moves to its state at ``at`` less
     one token. One row per bucket found: name, its ready instant, ``at``, and
     how many buckets were taken from (0: none, nothing changed).
-    ``ratelimit.bucket_ready`` is the same arithmetic in Python.
     """
     return (
         "WITH want AS (SELECT * FROM unnest(%(names)s::text[], %(rates)s::float8[], %(bursts)s::float8[],"
@@ -504,7 +462,7 @@ def bucket_reserve() -> str:
 def bucket_give_back_many() -> str:
     """One token back into each named bucket, capped at its burst, the rows
     locked in the order given (a reservation's order). Parameters (named):
-    ``names``, ``bursts`` (PostgreSQL)."""
+    ``names``, ``bursts``."""
     return (
         f"WITH back AS (SELECT b.name, w.burst, w.ord FROM {BUCKET} b JOIN unnest(%(names)s::text[],"
         " %(bursts)s::float8[]) WITH ORDINALITY AS w(name, burst, ord) ON w.name = b.name"
@@ -513,31 +471,12 @@ def bucket_give_back_many() -> str:
     )
 
 
-def bucket_give_back() -> str:
-    """Return one token taken for a transaction that did not use it (capped at the burst)."""
-    least, _ = least_greatest()
-    return f"UPDATE {BUCKET} SET tokens = {least}(%s, tokens + 1) WHERE name = %s"
-
-
-def bucket_touch(n: int) -> str:
-    """A write that changes nothing (SQLite: takes the write lock before the read)."""
-    return f"UPDATE {BUCKET} SET name = name WHERE name IN ({', '.join(['%s'] * n)})"
-
-
-def bucket_state(n: int) -> str:
-    return f"SELECT name, tokens, updated_at FROM {BUCKET} WHERE name IN ({', '.join(['%s'] * n)})"
-
-
-def bucket_set() -> str:
-    return f"UPDATE {BUCKET} SET tokens = %s, updated_at = %s WHERE name = %s"
-
-
 # --- Console figures ------------------------------------------------------------
 
 
-def portfolio_fairness_pg() -> str:
-    """Per portfolio of a sweep: admission-to-first-lease wait p50/p95, live
-    leases, rows deleted, jobs (PostgreSQL: percentile_cont)."""
+def portfolio_fairness() -> str:
+    """Per portfolio of a sweep: admission-to-first-lease wait p50/p95
+    (percentile_cont), live leases, rows deleted, jobs."""
     return (
         "SELECT portfolio_id,"
         " percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),"
@@ -552,14 +491,10 @@ def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
     """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
     timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
     ts, table = spec.timestamp_column, spec.table
+    row_sql = "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
     if spec.property_shape != "direct":
         # A path or no property: the rows of the portfolio (through the path,
-        # those of its properties), read by one join on either database.
-        row_sql = (
-            "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
-            if is_postgres()
-            else "(%s, %s, %s)"
-        )
+        # those of its properties), read by one join.
         if spec.has_property:
             source = (
                 f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
@@ -572,24 +507,15 @@ def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
                 f" FROM c JOIN (SELECT r.{spec.portfolio_column} AS portfolio_id, r.{ts} AS ts, {hold_sql} AS held"
                 f" FROM {table} r) x ON x.portfolio_id = c.portfolio_id AND x.ts < {spec.cutoff_sql('c.cutoff')}"
             )
-    elif is_postgres():
+    else:
         prop = spec.property_column
         # Per property, an index range scan on (property, timestamp): the cost
         # follows the overdue rows, not the table. OFFSET 0 keeps the hold
         # test computed once per row instead of once per aggregate.
-        row_sql = "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
         source = (
             f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id CROSS JOIN LATERAL"
             f" (SELECT r.{ts} AS ts, {hold_sql} AS held FROM {table} r"
             f" WHERE r.{prop} = p.{PROPERTY_PK} AND r.{ts} < {spec.cutoff_sql('c.cutoff')} OFFSET 0) x"
-        )
-    else:
-        prop = spec.property_column
-        row_sql = "(%s, %s, %s)"
-        source = (
-            f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
-            f" JOIN (SELECT r.{prop} AS property_id, r.{ts} AS ts, {hold_sql} AS held FROM {table} r) x"
-            f" ON x.property_id = p.{PROPERTY_PK} AND x.ts < {spec.cutoff_sql('c.cutoff')}"
         )
     return (
         f"WITH c(portfolio_id, cutoff, late) AS (VALUES {', '.join([row_sql] * cutoffs)})"

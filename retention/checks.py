@@ -172,8 +172,6 @@ def _partitioning(model: type[models.Model]) -> tuple[str | None, list[str]] | N
     partitions the table)."""
     from django.db import DatabaseError, connection
 
-    if connection.vendor != "postgresql":
-        return None
     try:
         with connection.cursor() as cursor:
             cursor.execute(
@@ -308,13 +306,12 @@ def _index_in_database(model: type[models.Model], columns: list[str]) -> bool:
     try:
         with connection.cursor() as cursor:
             tables = [table]
-            if connection.vendor == "postgresql":
-                cursor.execute(
-                    "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
-                    " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s",
-                    [table],
-                )
-                tables += [row[0] for row in cursor.fetchall()]
+            cursor.execute(
+                "SELECT c.relname FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid"
+                " JOIN pg_class p ON p.oid = i.inhparent WHERE p.relname = %s",
+                [table],
+            )
+            tables += [row[0] for row in cursor.fetchall()]
             for name in tables:
                 constraints = connection.introspection.get_constraints(cursor, name)
                 if not any(c.get("index") and list(c["columns"][:2]) == columns for c in constraints.values()):

@@ -10,7 +10,7 @@ request can never write what a form would have refused:
   maximum (a filter on a 60-character column), and no control characters —
   Unicode category ``Cc`` except tab, line feed and carriage return, which a
   textarea sends. NUL in particular never reaches the database (PostgreSQL
-  refuses it in text; SQLite would store it).
+  refuses it in text).
 - **Reasons** (a decision's reason, a review note, a hold's reason and its
   release's): free text as above, *and* at least ``MIN_REASON_LENGTH``
   visible characters — letters, digits, punctuation and symbols, so spaces,

@@ -7,7 +7,7 @@ return answers 400 naming the parameter, whatever the route — console,
 admin (search ``q``, autocomplete ``term``, filters), API (as JSON,
 ``{"<parameter>": ["…"]}``, like its other 400s), login. Without
 this a NUL reaches PostgreSQL, which refuses it in text with an error (a
-500), or SQLite, which stores it. JSON bodies are checked by the API's
+500). JSON bodies are checked by the API's
 serializers (``retention.apiutils.FreeTextField``).
 
 The path is checked too: a control character (``%00``) or a lone surrogate

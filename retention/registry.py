@@ -86,7 +86,7 @@ from typing import Any
 
 from django.apps import apps
 from django.conf import settings
-from django.db import connection, models
+from django.db import models
 
 DEFAULT_RECORD_KINDS: dict[str, dict[str, Any]] = {
     "lease": {
@@ -233,9 +233,9 @@ class RecordKindSpec:
 
     def key_text(self, value: Any) -> str:
         """A key as the database's ``CAST(pk AS text)`` spells it (PostgreSQL:
-        the hyphenated form; SQLite stores a UUID as 32 hex digits)."""
+        the hyphenated form)."""
         parsed = value if isinstance(value, uuid.UUID) else uuid.UUID(str(value))
-        return str(parsed) if connection.vendor == "postgresql" else parsed.hex
+        return str(parsed)
 
     def key_value(self, value: Any) -> int | str:
         """A key read from the database as the cursor carries it."""
@@ -243,7 +243,7 @@ class RecordKindSpec:
 
     def key_param(self, param: str) -> str:
         """A text parameter/column of a key as the key's type."""
-        if self.integer_key or connection.vendor != "postgresql":
+        if self.integer_key:
             return param
         return f"CAST(NULLIF({param}, '') AS uuid)"
 
@@ -286,9 +286,7 @@ class RecordKindSpec:
         once all of it lies before the cutoff."""
         if not self.timestamp_is_date:
             return cutoff
-        if connection.vendor == "postgresql":
-            return f"CAST(({cutoff}) AT TIME ZONE 'UTC' AS date)"
-        return f"date({cutoff})"
+        return f"CAST(({cutoff}) AT TIME ZONE 'UTC' AS date)"
 
     def keyset_index_fields(self) -> list[str]:
         """The index the keyset scan walks: (property — the unit of a path,

@@ -99,9 +99,6 @@ def scope_lock(*, portfolio_id: int, property_id: int | None, field: str) -> Non
         if property_id is not None
         else (portfolio_model(), portfolio_id, f"portfolio {portfolio_id}")
     )
-    if connection.vendor != "postgresql":
-        model._default_manager.select_for_update().filter(pk=pk).get()
-        return
     timeout = str(max(1, round(settings.CLEANUP_SCOPE_LOCK_WAIT_SECONDS * 1000)))
     with connection.cursor() as cur:
         cur.execute("SELECT current_setting('lock_timeout'), set_config('lock_timeout', %s, true)", [timeout])

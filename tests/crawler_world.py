@@ -131,11 +131,7 @@ def move_sequences() -> None:
     with connection.cursor() as cursor:
         for model, base in ID_BASE.items():
             table = model._meta.db_table
-            if connection.vendor == "postgresql":
-                cursor.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s, false)", [table, base + 1])
-            else:
-                cursor.execute("DELETE FROM sqlite_sequence WHERE name = %s", [table])
-                cursor.execute("INSERT INTO sqlite_sequence (name, seq) VALUES (%s, %s)", [table, base])
+            cursor.execute("SELECT setval(pg_get_serial_sequence(%s, 'id'), %s, false)", [table, base + 1])
 
 
 def staff(name: str, memberships: list[tuple[Portfolio, str]]) -> User:

@@ -448,12 +448,8 @@ class TestChecks:
 def test_the_reference_guard_takes_the_storage_documents_reference_when_a_record_starts_naming_a_key(
     on_disk, portfolio, prop
 ):
-    from django.db import connection
-
     from cleanup_ops.downstream.guard import guards_install
 
-    if connection.vendor != "postgresql":
-        pytest.skip("the reference guard is a PostgreSQL trigger")
     assert "signed_contract" in guards_install()
     DocumentDisposition.objects.create(document_id="contracts:contracts/reused.pdf", state=DispositionState.PURGED)
 

@@ -212,9 +212,8 @@ def test_the_console_the_api_and_the_debt_figures_show_the_shapes_jobs(
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
 @pytest.mark.parametrize(
-    # The partitioned table is PostgreSQL's (on SQLite a plain one).
     "kind",
-    [pytest.param(kind, marks=[pytest.mark.postgres] if kind == "meter_reading" else []) for kind in SHAPES],
+    SHAPES,
 )
 def test_on_every_shape_a_replay_from_an_older_cursor_deletes_nothing_twice_and_keeps_held_and_young_rows(
     kind, shapes, portfolio, prop, active_policy, reviewer

@@ -55,7 +55,7 @@ def test_secret_key_is_required_when_debug_is_off():
 
 
 def test_a_valid_environment_starts(tmp_path):
-    result = start({"DATABASE_URL": f"sqlite:///{tmp_path}/x.sqlite3", "DEBUG": "false"})
+    result = start({"DATABASE_URL": "postgres://app@127.0.0.1:5432/app", "DEBUG": "false"})
     assert result.returncode == 0, result.stderr
     assert "started" in result.stdout
 

@@ -186,57 +186,23 @@ def portfolio_fairness(
     *, now: datetime, sweep: Sweep | None, portfolio_ids: PortfolioScope = None
 ) -> list[dict[str, Any]]:
     """Per portfolio in the current sweep: wait from admission to first lease
-    (p50, p95), live leases and rows deleted. One query on PostgreSQL."""
+    (p50, p95), live leases and rows deleted, in one query."""
     if sweep is None:
         return []
-    if sql.is_postgres():
-        rows = sql.execute(sql.portfolio_fairness_pg(), [now, sweep.pk])
-        # One row per portfolio: a customer's staff get their own rows only.
-        rows = [r for r in rows if portfolio_ids is None or r[0] in portfolio_ids]
-        return [
-            {
-                "portfolio_id": r[0],
-                "wait_p50_seconds": None if r[1] is None else round(r[1], 1),
-                "wait_p95_seconds": None if r[2] is None else round(r[2], 1),
-                "active_leases": r[3],
-                "rows_deleted": r[4],
-                "jobs": r[5],
-            }
-            for r in rows
-        ]
-    # SQLite (demo only): no percentile aggregate, so compute it here.
-    waits: dict[int, list[float]] = {}
-    stats: dict[int, list[int]] = {}
-    for pid, created, first, state, expires, deleted in CleanupJob.objects.filter(
-        portfolio_ids_q(portfolio_ids), sweep=sweep
-    ).values_list("portfolio_id", "created_at", "first_leased_at", "state", "lease_expires_at", "rows_deleted"):
-        entry = stats.setdefault(pid, [0, 0, 0])
-        entry[0] += int(CleanupJob(state=state, lease_expires_at=expires).has_live_lease(now=now))
-        entry[1] += deleted
-        entry[2] += 1
-        if first is not None:
-            waits.setdefault(pid, []).append((first - created).total_seconds())
+    rows = sql.execute(sql.portfolio_fairness(), [now, sweep.pk])
+    # One row per portfolio: a customer's staff get their own rows only.
+    rows = [r for r in rows if portfolio_ids is None or r[0] in portfolio_ids]
     return [
         {
-            "portfolio_id": pid,
-            "wait_p50_seconds": _percentile(waits.get(pid, []), 0.5),
-            "wait_p95_seconds": _percentile(waits.get(pid, []), 0.95),
-            "active_leases": leases,
-            "rows_deleted": deleted,
-            "jobs": jobs,
+            "portfolio_id": r[0],
+            "wait_p50_seconds": None if r[1] is None else round(r[1], 1),
+            "wait_p95_seconds": None if r[2] is None else round(r[2], 1),
+            "active_leases": r[3],
+            "rows_deleted": r[4],
+            "jobs": r[5],
         }
-        for pid, (leases, deleted, jobs) in sorted(stats.items())
+        for r in rows
     ]
-
-
-def _percentile(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    values = sorted(values)
-    pos = (len(values) - 1) * q
-    low = int(pos)
-    high = min(low + 1, len(values) - 1)
-    return round(values[low] + (values[high] - values[low]) * (pos - low), 1)
 
 
 def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> list[dict[str, Any]]:

@@ -89,9 +89,7 @@ store refuses (a per-key ``AccessDenied``) names its records in the request's
 what a hold placed at any moment gets on each backend.
 
 What remains open: a record that starts naming a document id after the
-check (record writes by the application take no lock of ours). SQLite (the
-demo) has no row locks and serialises writers: the check commits before the
-call there, and no deadline is sent.
+check (record writes by the application take no lock of ours).
 
 Failures are exceptions from the client and are classified by
 ``cleanup_ops.recovery.classification``: 429/503 wait for ``Retry-After``; other 5xx,
@@ -217,7 +215,7 @@ def purge_decide_many(
             verdicts[ref] = PURGED_BY_US if decided_by == request.id else ALREADY
         else:
             undecided.append(ref)
-    if undecided and sql.is_postgres():
+    if undecided:
         sql.execute(sql.document_scopes_lock_many(), [undecided], cur=cur).fetchall()
         if any(not spec.has_property for spec in REGISTRY.values()):
             # Records of a kind without a property: their scope is the portfolio row alone.

@@ -34,17 +34,6 @@ def idempotency_key(request_key: str, document_id: str) -> str:
 def check_and_delete(store: AttachmentStore, *, request: SliceRequest, document_id: str) -> tuple[str, str]:
     """Step 2b-c: the verdict, and the store's effect when the document was sent."""
     key = idempotency_key(request.key, document_id)
-    if not sql.is_postgres():
-        # SQLite serialises writers and has no row locks: decide, commit, call, record.
-        with transaction.atomic():
-            verdict = purge_decide(request=request, document_id=document_id)
-        if verdict != CLEAR:
-            return verdict, ""
-        (result,) = store.delete([document_id], idempotency_keys=[key])
-        effect = result.effect
-        with transaction.atomic():
-            disposition_mark(document_id, state=DispositionState.PURGED, request_id=request.id)
-        return verdict, effect
     outermost = not connection.in_atomic_block
     with transaction.atomic(), connection.cursor() as cur:
         if outermost:
@@ -103,18 +92,10 @@ def check_and_delete_many(
     Returns (verdict, effect, code) for the documents done, in order, and
     the failure that stops at the first key the call did not settle (its
     error, raised once the documents before it are recorded), or None.
-    On PostgreSQL the locks are held across the call as for the HTTP store,
+    The locks are held across the call as for the HTTP store,
     but nothing can refuse a late call: it is started only if the decision's
     session is sure to outlive the call's client-side bound
     (``_call_gate``), else nothing is sent and the job decides again."""
-    if not sql.is_postgres():
-        # SQLite serialises writers and has no row locks: decide, commit, call, record.
-        with transaction.atomic():
-            verdicts = purge_decide_many(request=request, refs=refs, store=store)
-        results = _store_delete(store, request=request, refs=[r for r in refs if verdicts[r] == CLEAR])
-        with transaction.atomic():
-            _dispositions_mark_gone(results, request_id=request.id)
-        return _outcomes(refs, verdicts, results)
     outermost = not connection.in_atomic_block
     bound = _storage_lock_bound_seconds(store)
     with transaction.atomic(), connection.cursor() as cur:

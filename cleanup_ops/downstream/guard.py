@@ -27,7 +27,6 @@ product does not own (an unmanaged model) gets it only when its owner runs
 trigger reads the row as JSON, so one function serves every table and column;
 a kind whose files are in a Django storage passes its alias as the trigger's
 second argument, and the trigger takes the disposition of ``<alias>:<key>``.
-SQLite (the demo) serialises writers: no guard is needed there.
 """
 
 from __future__ import annotations
@@ -103,9 +102,7 @@ def guarded_kinds(*, include_unmanaged: bool = False) -> list[RecordKindSpec]:
 
 
 def guards_install(*, include_unmanaged: bool = False, using: Any = None) -> list[str]:
-    """Create the function and the triggers (PostgreSQL); returns the kinds guarded."""
-    if connection.vendor != "postgresql":
-        return []
+    """Create the function and the triggers; returns the kinds guarded."""
     kinds = guarded_kinds(include_unmanaged=include_unmanaged)
     with connection.cursor() as cur:
         cur.execute(function_sql())

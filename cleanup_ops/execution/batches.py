@@ -352,8 +352,8 @@ def _write_ledger_and_advances(
     renew: object,
 ) -> None:
     """Step e's writes: the text cursors (their own statement), then the
-    ledger rows and every job's advance — one statement on PostgreSQL (a
-    data-modifying CTE), two on SQLite. Marks each job written as applied,
+    ledger rows and every job's advance — one statement (a data-modifying
+    CTE). Marks each job written as applied,
     and finished with its outcome."""
     if advances.cursor_keys:
         rows = [{"job_id": job_id, "cursor_key": key} for job_id, key in sorted(advances.cursor_keys.items())]
@@ -366,14 +366,10 @@ def _write_ledger_and_advances(
     statement = statements.group_jobs_advance(len(updates))
     keys = any(row["after_key"] or row["last_key"] for row in ledger)
     columns = statements.ledger_columns(keys=keys)
-    if ledger and sql.is_postgres():
+    if ledger:
         # Every job with a ledger row is among the updates.
         statement = statements.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates), keys=keys)
         params |= sql.rows_params("l", columns, ledger)
-    elif ledger:
-        sql.execute(
-            statements.ledger_insert_many(len(ledger), keys=keys), sql.rows_params("g", columns, ledger), cur=cur
-        )
     for job_id, state, outcome in sql.execute(statement, params, cur=cur).fetchall():
         steps[job_id].applied = True
         if state == JobState.DONE:

@@ -39,16 +39,16 @@ class PartitionJob(Protocol):
 # rows — and costs statements, so the way depends on how many partitions
 # there are.
 class Counting(Enum):
-    # PostgreSQL, a few partitions: the first partition's candidates and its
+    # A few partitions: the first partition's candidates and its
     # DELETE in one statement (``partition_count_and_delete``). Alone, a large
     # partition's batch is the whole transaction's data work.
     WITH_ITS_DELETE = "with its delete"
     # One statement per partition (``partition_candidates``), until a batch of
     # rows is found: planned with the partition's own values, it walks the
     # keyset index instead of sorting every expired row of the property (as a
-    # generic plan does). Always on SQLite (the demo, no LATERAL).
+    # generic plan does).
     PER_PARTITION = "per partition"
-    # PostgreSQL, many partitions of one kind: one lateral statement for all of
+    # Many partitions of one kind: one lateral statement for all of
     # them (``group_candidates``): one round trip, a generic plan.
     LATERAL = "lateral"
 
@@ -61,15 +61,15 @@ PER_PARTITION_COUNTS_UP_TO = 4
 
 def first_partition_counting(fresh: int) -> Counting:
     """How the first of ``fresh`` partitions to delete from is counted: with its
-    DELETE when there are few (PostgreSQL), else like the others of its kind."""
-    if sql.is_postgres() and fresh <= PER_PARTITION_COUNTS_UP_TO:
+    DELETE when there are few, else like the others of its kind."""
+    if fresh <= PER_PARTITION_COUNTS_UP_TO:
         return Counting.WITH_ITS_DELETE
     return Counting.PER_PARTITION
 
 
 def kind_counting(partitions: int) -> Counting:
     """How the ``partitions`` of one kind left after the first are counted."""
-    if sql.is_postgres() and partitions > PER_PARTITION_COUNTS_UP_TO:
+    if partitions > PER_PARTITION_COUNTS_UP_TO:
         return Counting.LATERAL
     return Counting.PER_PARTITION
 
@@ -88,7 +88,7 @@ class PartitionBatch:
     candidates: int = 0  # counted to choose the range: (after_id, last_id]
     last_id: Key | None = None
     counted: bool = False
-    # The candidates' ids (PostgreSQL): what the group DELETE deletes from,
+    # The candidates' ids: what the group DELETE deletes from,
     # and their lowest and highest retention timestamp, which it keeps to.
     ids: list[Any] | None = None
     ts_lo: Any = None
@@ -111,9 +111,9 @@ RANGE_KEY = (
 
 def pruning(spec: RecordKindSpec) -> bool:
     """Whether the DELETE keeps to its candidates' span of timestamps
-    (``statements._and_in_span``): on PostgreSQL, when the kind's table is
+    (``statements._and_in_span``): when the kind's table is
     ``PARTITION BY RANGE`` on its timestamp."""
-    return sql.is_postgres() and _range_key(spec.table) == spec.timestamp_column
+    return _range_key(spec.table) == spec.timestamp_column
 
 
 @cache
@@ -280,21 +280,14 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
             for item in items
         ]
         params = {**sql.rows_params("g", statements.delete_columns(spec), ranges), **predicate_params, "kind": kind}
-        if sql.is_postgres():
-            # The DELETE takes the counted candidates: they are the ledger's.
-            params["ids"] = [i for item in items for i in item.ids or ()]
-            # And their span of timestamps, bound as literals (each item here
-            # has candidates, so bounds; a NULL would only delete nothing).
-            params["ts_lo"] = min(item.ts_lo for item in items)
-            params["ts_hi"] = max(item.ts_hi for item in items)
-            for item in items:
-                item.in_range = item.candidates
-        else:
-            # SQLite: the counts just before the DELETE (one writer at a time).
-            counts = statements.group_range_counts(spec, jobs=len(items))
-            for property_id, n, n_held in sql.execute(counts, params, cur=cur).fetchall():
-                by_property[int(property_id)].in_range = int(n)
-                by_property[int(property_id)].held = int(n_held or 0)
+        # The DELETE takes the counted candidates: they are the ledger's.
+        params["ids"] = [i for item in items for i in item.ids or ()]
+        # And their span of timestamps, bound as literals (each item here
+        # has candidates, so bounds; a NULL would only delete nothing).
+        params["ts_lo"] = min(item.ts_lo for item in items)
+        params["ts_hi"] = max(item.ts_hi for item in items)
+        for item in items:
+            item.in_range = item.candidates
         statement = statements.group_delete(spec, predicate=predicate, jobs=len(items), pruning=pruning(spec))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]

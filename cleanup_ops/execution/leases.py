@@ -8,9 +8,8 @@ Protocol:
   early: the caller returns quietly. The portfolio's lease cap
   (``CLEANUP_PORTFOLIO_MAX_LEASES``) and any active pause are checked in the
   same transaction, under an advisory lock on the portfolio's *stripe*
-  (``lease_stripe``: its id modulo ``CLEANUP_LEASE_LOCK_STRIPES``) on
-  PostgreSQL, so two workers cannot both see "one slot left" and both take it
-  (SQLite serialises writers anyway). Stripes bound the locks one lease
+  (``lease_stripe``: its id modulo ``CLEANUP_LEASE_LOCK_STRIPES``), so two
+  workers cannot both see "one slot left" and both take it. Stripes bound the locks one lease
   transaction takes — at most ``CLEANUP_LEASE_LOCK_STRIPES``, however many
   portfolios a group pick spans — so thousands of due portfolios cannot
   exhaust PostgreSQL's lock table; two portfolios sharing a stripe only
@@ -172,13 +171,11 @@ def lease_stripe(portfolio_id: int) -> int:
 
 
 def pause_locks(portfolio_id: int | None) -> None:
-    """The stripe locks a pause takes before it is written (PostgreSQL): its
+    """The stripe locks a pause takes before it is written: its
     portfolio's stripe, or every stripe for a pause of the whole pipeline —
     the locks a lease holds while it reads the pauses. Waited for at most
     ``CLEANUP_SCOPE_LOCK_WAIT_SECONDS`` (a lease transaction takes
     milliseconds; a stalled one is ended by the idle-in-transaction bound)."""
-    if not sql.is_postgres():
-        return
     stripes = (
         [lease_stripe(portfolio_id)] if portfolio_id is not None else list(range(settings.CLEANUP_LEASE_LOCK_STRIPES))
     )
@@ -210,8 +207,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> JobLea
         )
         if portfolio_id is None:
             return None
-        if sql.is_postgres():
-            sql.execute(_cap_lock(), [LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
+        sql.execute(_cap_lock(), [LEASE_LOCK_NAMESPACE, lease_stripe(portfolio_id)])
         checkpoint("lease.after_cap_lock")
         paused, holders = CleanupJob.objects.exclude(pk=job_id).filter(portfolio_id=portfolio_id).lease_slots(now=now)
         if paused & {None, portfolio_id}:
@@ -277,16 +273,15 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
         if not rows:
             return None
         portfolios = sorted({row.portfolio_id for row in rows})
-        if sql.is_postgres():
-            stripes = sorted({lease_stripe(p) for p in portfolios})
-            sql.execute(_caps_lock(len(stripes)), [LEASE_LOCK_NAMESPACE, *stripes])
-            checkpoint("lease_group.after_stripe_locks")
-            # Re-read under the locks: another worker may have taken the last
-            # slot, or an operator paused a portfolio since the pick.
-            paused, holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_slots(now=now)
-            if None in paused:
-                return None
-            rows = [row for row in rows if row.portfolio_id not in paused]
+        stripes = sorted({lease_stripe(p) for p in portfolios})
+        sql.execute(_caps_lock(len(stripes)), [LEASE_LOCK_NAMESPACE, *stripes])
+        checkpoint("lease_group.after_stripe_locks")
+        # Re-read under the locks: another worker may have taken the last
+        # slot, or an operator paused a portfolio since the pick.
+        paused, holders = CleanupJob.objects.filter(portfolio_id__in=portfolios).lease_slots(now=now)
+        if None in paused:
+            return None
+        rows = [row for row in rows if row.portfolio_id not in paused]
         queues: dict[int, list[JobRef]] = {}
         seen: set[tuple[int, int | None, str]] = set()
         for row in rows:

@@ -81,11 +81,6 @@ def purge_outbox_write_many(
             )
         )
     PurgeRequest.objects.bulk_create(requests)
-    if not all(request.pk for request in requests):
-        # Backends that cannot return ids from a bulk insert (not PostgreSQL or SQLite).
-        keys = {request.key: request for request in requests}
-        for pk, key in PurgeRequest.objects.filter(key__in=keys).values_list("pk", "key"):
-            keys[key].pk = pk
     # This batch's part in each named document's one decision (``sql.dispositions_take``).
     named_documents = sorted({ref for refs_of in refs for ref in refs_of.values()})
     if named_documents:

@@ -31,7 +31,7 @@ from datetime import datetime, timedelta
 from django.conf import settings
 from django.db import connection
 
-from cleanup_ops import clock, sql
+from cleanup_ops import clock
 from cleanup_ops.dispatch import fair_due_job_ids
 from cleanup_ops.downstream.purge import PurgeProgress, purge_run
 from cleanup_ops.execution.batches import PartitionStep, job_load, run_batch, run_group_batch
@@ -103,7 +103,7 @@ BatchHook = Callable[[int], None]
 
 
 def worker_session_bound() -> None:
-    """PostgreSQL: end this worker's session once it sits idle inside a
+    """End this worker's session once it sits idle inside a
     transaction longer than ``CLEANUP_IDLE_IN_TRANSACTION_SECONDS``. A worker
     that stalls mid-transaction (a GC pause, SIGSTOP, a frozen VM) then gives
     its row locks back instead of blocking hold placement and approvals in
@@ -111,8 +111,6 @@ def worker_session_bound() -> None:
     Set once per database connection (a purge's decision sets its own,
     shorter bound for its transaction). A session that failed is replaced
     first."""
-    if not sql.is_postgres():
-        return
     if connection.errors_occurred and not connection.in_atomic_block:
         # The last slice failed on the database (say PostgreSQL ended this
         # session after a stall): reconnect if the session is gone, as

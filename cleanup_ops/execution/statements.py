@@ -4,8 +4,7 @@ The fence with the scope locks and the policy read, the replay lookups, the
 candidates, the DELETE, the ledger insert and the jobs' advance: the
 statements a reader of one batch follows in order, apart from those other
 packages run (purge, admission, buckets, sweeps), which stay in
-``cleanup_ops.sql`` with the vendor switch and the composition helpers these
-use, and the text cursors only a non-integer key needs
+``cleanup_ops.sql`` with the composition helpers these use, and the text cursors only a non-integer key needs
 (``execution.key_cursors``).
 
 Every builder is a ``sql.statement``: composed with ``psycopg.sql`` (each
@@ -27,7 +26,6 @@ from cleanup_ops.sql import (
     for_share_of,
     for_update,
     ident,
-    is_postgres,
     rows_cte,
     statement,
 )
@@ -53,8 +51,7 @@ def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = F
     after a sort over a join that reads ``f`` whole, so every job row is
     locked before any property or portfolio row. Per job still ours: id,
     cursor, rows deleted, rows held, whether its scope exists, and the
-    version (id, days, enabled, batch size; NULLs when none). On SQLite the
-    same statement without the locks. Parameters: ``g`` (``SCOPE_COLUMNS``),
+    version (id, days, enabled, batch size; NULLs when none). Parameters: ``g`` (``SCOPE_COLUMNS``),
     ``ids`` (``any_params``), ``state``, ``token``, ``now``, ``approved``.
 
     ``portfolio_partitions``: the group has jobs of a kind without a
@@ -62,7 +59,7 @@ def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = F
     locked ``FOR SHARE`` by a second scope CTE (in portfolio id order, after
     the property jobs' rows); a group without such jobs gets the text above
     unchanged."""
-    materialized = "MATERIALIZED " if is_postgres() else ""
+    materialized = "MATERIALIZED "
     scopes = "s"
     portfolio_scope = ""
     if portfolio_partitions:
@@ -168,12 +165,12 @@ def _next_candidates(spec: RecordKindSpec) -> str:
 @statement
 def partition_candidates(spec: RecordKindSpec) -> str:
     """One partition's next candidates after its cursor: (count, last id, the
-    ids, their lowest and highest timestamp — PostgreSQL, for
-    ``group_delete``; NULLs on SQLite). Parameters: ``_next_candidates``'s."""
+    ids, their lowest and highest timestamp, for ``group_delete``).
+    Parameters: ``_next_candidates``'s."""
     return compose(
         "SELECT COUNT(*), {last}, {ids} FROM ({candidates}) c",
         last=spec.max_key("c.id"),
-        ids="ARRAY_AGG(c.id), MIN(c.ts), MAX(c.ts)" if is_postgres() else "NULL, NULL, NULL",
+        ids="ARRAY_AGG(c.id), MIN(c.ts), MAX(c.ts)",
         candidates=_next_candidates(spec),
     )
 
@@ -363,23 +360,6 @@ def _past_cutoff(spec: RecordKindSpec) -> str:
     return compose("r.{ts} < {cutoff}", **_kind_names(spec), cutoff=spec.cutoff_sql("g.cutoff"))
 
 
-@statement
-def group_range_counts(spec: RecordKindSpec, *, jobs: int) -> str:
-    """SQLite: per partition of ``g`` (``DELETE_COLUMNS``), the rows of its
-    candidate range past its cutoff, and of those the ones an active hold
-    covers, counted just before the DELETE (one writer at a time). Rows:
-    (property id, candidates, held). Parameter: ``kind``."""
-    in_range = f"{_in_range(spec, 'r')} AND {_past_cutoff(spec)}"
-    return compose(
-        "WITH {g} SELECT g.{partition}, (SELECT COUNT(*) FROM {table} r WHERE {in_range}) AS n, {held} AS held FROM g",
-        **_kind_names(spec),
-        g=rows_cte("g", delete_columns(spec), jobs),
-        partition=_partition_of_g(spec),
-        in_range=in_range,
-        held=_held_in(spec, in_range),
-    )
-
-
 def _hold_scope(spec: RecordKindSpec) -> str:
     hold_property = (
         "(h.property_id IS NULL OR h.property_id = g.property_id)" if spec.has_property else "h.property_id IS NULL"
@@ -417,10 +397,10 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bo
     """Delete the eligible rows of every partition's candidates; returns one
     row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL) for kinds with
-    attachments (NULLs otherwise), and on PostgreSQL then one row per
+    attachments (NULLs otherwise), then one row per
     partition with held rows (property id, NULL, NULL, held).
 
-    On PostgreSQL the DELETE takes the candidate ids the count found
+    The DELETE takes the candidate ids the count found
     (``ids``, every partition's), so the range is read once and deleted rows
     can never exceed the candidates, even when the application inserted or
     moved an old row into the range since (it is the next sweep's).
@@ -428,15 +408,13 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bo
     (``_and_in_span``), ``ts_lo`` to ``ts_hi``, bound as literals: only the
     table partitions in it are planned. Held is counted in this statement's
     snapshot, from the holds (``_held_in``): rows a hold covers, not a
-    difference. SQLite (one writer at a time, no arrays) ignores
-    ``pruning``, and deletes the candidate range and counts it just before
-    (``group_range_counts``). ``predicate`` is the eligibility predicate
+    difference. ``predicate`` is the eligibility predicate
     over ``table`` with the cutoff ``g.cutoff``, its parameters named
     (``named``): the hold check is inside this statement, and so is the
     scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
-    (``DELETE_COLUMNS``), ``kind``, ``ids`` (PostgreSQL; ``ts_lo`` and
-    ``ts_hi`` too with ``pruning``) and the predicate's."""
+    (``DELETE_COLUMNS``), ``kind``, ``ids`` (``ts_lo`` and ``ts_hi`` too
+    with ``pruning``) and the predicate's."""
     table = spec.table
     names = _kind_names(spec)
     # A non-integer key is returned as text (the cursor's form).
@@ -463,47 +441,32 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bo
         "in_range": in_range,
         "extra": extra,
     }
-    if is_postgres():
-        # Which partition a deleted row was of: its property column, else
-        # (a path, no property) the partition's row of ``g`` it matched.
-        partition = (
-            ident(table, spec.property_column) if spec.property_shape == "direct" else f"g.{_partition_of_g(spec)}"
-        )
-        ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
-        rows = compose(
-            "r.{pk} = ANY({ids}){span} AND {range} AND {past}",
-            **names,
-            ids=ids,
-            span=_and_in_span(spec, "r", "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
-            range=_in_range(spec, "r"),
-            past=_past_cutoff(spec),
-        )
-        return compose(
-            "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}){span} AND {in_range}"
-            " RETURNING {partition}, {extra}),"
-            " k AS (SELECT g.{of_g}, {held} AS held FROM g)"
-            " SELECT d.*, CAST(NULL AS bigint) FROM d"
-            " UNION ALL SELECT k.{of_g}, CAST(NULL AS text), CAST(NULL AS {key_type}), CAST(k.held AS bigint)"
-            " FROM k WHERE k.held > 0",
-            **common,
-            ids=ids,
-            span=_and_in_span(spec, names["table"], "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
-            partition=partition,
-            of_g=_partition_of_g(spec),
-            held=_held_in(spec, rows),
-            key_type=key_type,
-        )
-    partition = {
-        "direct": ident(table, spec.property_column) if spec.has_property else "",
-        "path": spec.property_of(table) if spec.property_shape == "path" else "",
-        "none": ident(table, spec.portfolio_column),
-    }[spec.property_shape]
-    # SQLite has no DELETE … USING and no DELETE inside a WITH.
+    # Which partition a deleted row was of: its property column, else
+    # (a path, no property) the partition's row of ``g`` it matched.
+    partition = ident(table, spec.property_column) if spec.property_shape == "direct" else f"g.{_partition_of_g(spec)}"
+    ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
+    rows = compose(
+        "r.{pk} = ANY({ids}){span} AND {range} AND {past}",
+        **names,
+        ids=ids,
+        span=_and_in_span(spec, "r", "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
+        range=_in_range(spec, "r"),
+        past=_past_cutoff(spec),
+    )
     return compose(
-        "WITH {g} DELETE FROM {table} WHERE EXISTS (SELECT 1 FROM g WHERE {in_range})"
-        " RETURNING {partition}, {extra}, NULL",
+        "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}){span} AND {in_range}"
+        " RETURNING {partition}, {extra}),"
+        " k AS (SELECT g.{of_g}, {held} AS held FROM g)"
+        " SELECT d.*, CAST(NULL AS bigint) FROM d"
+        " UNION ALL SELECT k.{of_g}, CAST(NULL AS text), CAST(NULL AS {key_type}), CAST(k.held AS bigint)"
+        " FROM k WHERE k.held > 0",
         **common,
+        ids=ids,
+        span=_and_in_span(spec, names["table"], "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
         partition=partition,
+        of_g=_partition_of_g(spec),
+        held=_held_in(spec, rows),
+        key_type=key_type,
     )
 
 

@@ -185,7 +185,7 @@ class CleanupJobQuerySet(models.QuerySet["CleanupJob"]):
         paused = PipelinePause.objects.active().annotate(n=Value(PAUSED, output_field=IntegerField()))
         holders = self.live_leases(now=now).values_list("portfolio_id").annotate(n=_holders()).order_by()
         # No ORDER BY on either side (PipelinePause is ordered by default):
-        # SQLite refuses one in a compound statement's arm.
+        # an arm's ORDER BY would need parentheses, and the union is a set.
         rows = list(holders.union(paused.values_list("portfolio_id", "n").order_by(), all=True))
         return {p for p, n in rows if n == PAUSED}, {p: n for p, n in rows if n != PAUSED and p is not None}
 

@@ -391,10 +391,8 @@ def pipeline_pause(*, actor: Actor | None, reason: str, portfolio_id: int | None
             # no lease commits after this pause without having seen it.
             pause_locks(portfolio_id)
             checkpoint("pause.after_lock")
-            # The partial unique constraint guards this on PostgreSQL; SQLite
-            # cannot express it (NULLS NOT DISTINCT), so check here as well.
-            if PipelinePause.objects.active().filter(portfolio_id=portfolio_id).exists():
-                raise IntegrityError("already paused")
+            # The partial unique constraint pause_one_active_per_scope (NULLS
+            # NOT DISTINCT) refuses a second active pause of a scope.
             pause = PipelinePause.objects.create(
                 portfolio_id=portfolio_id, reason=reason, paused_by=actor, paused_at=clock.now()
             )

@@ -10,9 +10,7 @@ property that still has records to another portfolio.
 
 Before adding the keys, existing rows are checked; if any disagree the
 migration stops and names each table with its count of offending rows (fix
-them, then migrate again). SQLite (the demo database) gets the unique
-constraint but no composite key: it cannot add a foreign key to an existing
-table, and the demo writes records only through the seeder.
+them, then migrate again).
 """
 
 from __future__ import annotations
@@ -53,8 +51,6 @@ def check_existing_rows(apps, schema_editor) -> None:  # type: ignore[no-untyped
 
 
 def add_composite_keys(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
-    if schema_editor.connection.vendor != "postgresql":
-        return
     for table in RECORD_TABLES:
         # Not deferrable: a mismatch fails at the statement that writes it,
         # where the error points at the culprit, not at some later COMMIT.
@@ -65,8 +61,6 @@ def add_composite_keys(apps, schema_editor) -> None:  # type: ignore[no-untyped-
 
 
 def drop_composite_keys(apps, schema_editor) -> None:  # type: ignore[no-untyped-def]
-    if schema_editor.connection.vendor != "postgresql":
-        return
     for table in RECORD_TABLES:
         schema_editor.execute(f"ALTER TABLE {table} DROP CONSTRAINT IF EXISTS {fk_name(table)}")
 

@@ -25,8 +25,7 @@ still unique because the sequence is. One table partition per calendar month
 (UTC) from 2015-01 to 36 months after the migration runs, and a DEFAULT one
 (never dropped), so an insert of any time lands somewhere. Nothing has a
 foreign key *to* tenant activity (checked: the migration stops if something
-does). Django's state does not change (``makemigrations --check``); SQLite
-(the demo) keeps its plain table. The reverse rebuilds a plain table the same
+does). Django's state does not change (``makemigrations --check``). The reverse rebuilds a plain table the same
 way.
 """
 
@@ -66,8 +65,6 @@ def rebuild(schema_editor, *, partitioned: bool) -> None:  # type: ignore[no-unt
     """Rebuild ``TABLE`` as a partitioned (or a plain) table with the same
     columns, keys, indexes, rows and id numbering."""
     connection = schema_editor.connection
-    if connection.vendor != "postgresql":
-        return
     with connection.cursor() as cursor:
         ((kind,),) = _rows(cursor, "SELECT relkind FROM pg_class WHERE oid = %s::regclass", [TABLE])
         if (kind == "p") == partitioned:

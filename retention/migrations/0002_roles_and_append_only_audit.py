@@ -30,13 +30,11 @@ DROP FUNCTION IF EXISTS retention_auditevent_append_only();
 
 
 def add_trigger(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(APPEND_ONLY_SQL)
+    schema_editor.execute(APPEND_ONLY_SQL)
 
 
 def drop_trigger(apps: Apps, schema_editor: BaseDatabaseSchemaEditor) -> None:
-    if schema_editor.connection.vendor == "postgresql":
-        schema_editor.execute(DROP_SQL)
+    schema_editor.execute(DROP_SQL)
 
 
 class Migration(migrations.Migration):

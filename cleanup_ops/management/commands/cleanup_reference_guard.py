@@ -4,8 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from django.core.management.base import BaseCommand, CommandError
-from django.db import connection
+from django.core.management.base import BaseCommand
 
 from cleanup_ops.downstream.guard import function_sql, guarded_kinds, guards_install, trigger_sql
 
@@ -22,8 +21,6 @@ class Command(BaseCommand):
         action.add_argument("--print-sql", action="store_true", help="print the SQL for a table's owner to run")
 
     def handle(self, *args: Any, **options: Any) -> None:
-        if connection.vendor != "postgresql":
-            raise CommandError("--install/--print-sql: the reference guard is for PostgreSQL (SQLite needs none)")
         if options["print_sql"]:
             self.stdout.write(function_sql().strip() + ";")
             for spec in guarded_kinds(include_unmanaged=True):
