@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42 --customers 2
 
-.PHONY: demo demo-incident demo-db demo-stop serve test test-model test-redis test-sqs test-rabbitmq lint typecheck format venv clean
+.PHONY: demo demo-incident demo-db demo-stop serve test test-fast test-unit test-model test-redis test-sqs test-rabbitmq lint typecheck format venv clean
 
 venv: $(VENV)/.installed
 
@@ -61,6 +61,15 @@ demo-incident: demo-db
 
 test: venv
 	PYTHON=$(PY) bash scripts/test.sh
+
+# The inner loop: the unit and database tiers (tests/conftest.py, "Test tiers"),
+# on the same throwaway PostgreSQL (PG_BIN=... for other binaries).
+test-fast: venv
+	PYTHON=$(PY) bash scripts/test.sh -m "unit or database"
+
+# The unit tier alone: no database is started.
+test-unit: venv
+	$(PY) -m pytest -m unit
 
 # The long profile of the model-based test of the guarantees (nightly use;
 # `make test` runs it with 20 examples of 40 steps, a fixed seed).

@@ -12,21 +12,80 @@ from properties.models import Portfolio, Property
 from retention.models import PolicyVersion, RetentionPolicy
 from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
-only_postgres = pytest.mark.skipif(
-    os.environ.get("DATABASE_URL", "").split("://", 1)[0] not in {"postgres", "postgresql", "pgsql"},
-    reason="needs PostgreSQL (set DATABASE_URL or install the server so `make test` starts one)",
+# --- Test tiers ----------------------------------------------------------------------
+# Every test has exactly one tier (markers registered in pyproject.toml, with
+# --strict-markers), given explicitly (a ``pytestmark`` or a decorator) or read
+# here from what the test uses:
+#   unit         no database, no server: pure logic and the source's own rules;
+#   database     PostgreSQL in a transaction that rolls back (``db``);
+#   concurrency  committed data and real parallel connections or threads
+#                (``transactional_db``, ``django_db(transaction=True)``);
+#   system       processes, servers, browsers, brokers: what the fixtures in
+#                SYSTEM_FIXTURES start, or any test of a module in SYSTEM_MODULES.
+# ``make test-fast`` runs unit and database; ``make test`` runs every tier.
+TIERS = ("unit", "database", "concurrency", "system")
+SYSTEM_FIXTURES = frozenset({"docstore", "docstore_factory", "live_server", "store"})
+# Modules whose tests start processes or servers in their own bodies (subprocess,
+# qcluster, Chromium, moto's server, promtool, faketime, a pip install).
+SYSTEM_MODULES = frozenset(
+    {
+        "test_alert_rules",
+        "test_api_schemathesis",
+        "test_attachment_storages",
+        "test_brokers",
+        "test_console_accessibility",
+        "test_console_browser",
+        "test_console_incidents_browser",
+        "test_console_recovery_browser",
+        "test_demo_commands",
+        "test_downstream_store_and_settings",
+        "test_embedded_postgres",
+        "test_installable",
+        "test_interleavings",
+        "test_interleavings_compound",
+        "test_live_application",
+        "test_offline_docs",
+        "test_proof_verify",
+        "test_scale_to_zero",
+        "test_settings",
+        "test_two_clusters",
+        "test_workers",
+    }
 )
+
+
+def tier_of(item: pytest.Item) -> str:
+    """The one tier of ``item`` (explicit markers first; two explicit ones are an error)."""
+    explicit = [name for name in TIERS if item.get_closest_marker(name) is not None]
+    if len(explicit) > 1:
+        raise pytest.UsageError(f"{item.nodeid}: more than one tier marker ({', '.join(explicit)})")
+    if explicit:
+        return explicit[0]
+    fixtures = set(getattr(item, "fixturenames", ()))
+    module = item.module.__name__.rsplit(".", 1)[-1] if getattr(item, "module", None) else ""
+    if fixtures & SYSTEM_FIXTURES or module in SYSTEM_MODULES:
+        return "system"
+    django_db = item.get_closest_marker("django_db")
+    transactional = "transactional_db" in fixtures or (
+        django_db is not None and (django_db.kwargs.get("transaction") or (django_db.args and django_db.args[0]))
+    )
+    if transactional or "live_server" in fixtures:
+        return "concurrency"
+    if django_db is not None or "db" in fixtures or "django_db_setup" in fixtures:
+        return "database"
+    return "unit"
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if item.get_closest_marker("postgres"):
-            item.add_marker(only_postgres)
+        tier = tier_of(item)
+        if item.get_closest_marker(tier) is None:
+            item.add_marker(getattr(pytest.mark, tier))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
-    # In CI nothing may be skipped: a PostgreSQL-only or browser test that did
-    # not run is a failure there, never a silent pass.
+    # In CI nothing may be skipped: a browser or broker test that did not run
+    # is a failure there, never a silent pass.
     if os.environ.get("CI") != "true":
         return
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
@@ -135,7 +194,7 @@ def _table_partitions_kept(request: pytest.FixtureRequest, django_db_blocker):  
     transaction, that re-making is rolled back with it: the next committing
     test's end makes them for good)."""
     global _TABLE_PARTITIONS
-    if not is_postgres() or not _uses_the_database(request):
+    if not _uses_the_database(request):
         yield
         return
     request.getfixturevalue("django_db_setup")
@@ -223,10 +282,6 @@ def active_policy(manager: User, reviewer: User) -> ActivePolicy:
         return policy_version_approve(version_id=version.pk, reviewer=reviewer, note="approved for the tests")
 
     return make
-
-
-def is_postgres() -> bool:
-    return connection.vendor == "postgresql"
 
 
 # --- Lock waits, observed rather than timed (PostgreSQL) ----------------------

@@ -460,7 +460,6 @@ def test_the_reference_guard_takes_the_storage_documents_reference_when_a_record
     assert not DocumentDisposition.objects.filter(document_id="contracts/reused.pdf").exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_hold_placed_while_a_delete_objects_is_in_flight_waits_for_it_and_keeps_the_rest(
     on_s3, active_policy, settings
@@ -506,7 +505,6 @@ def test_a_hold_placed_while_a_delete_objects_is_in_flight_waits_for_it_and_keep
     assert bucket_keys(on_s3) == set(names) - first_batch
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_purge_whose_session_ended_while_it_stalled_before_the_call_sends_nothing_and_decides_again(
     on_s3, active_policy, settings

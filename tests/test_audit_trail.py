@@ -42,7 +42,6 @@ def test_details_hold_identifiers_and_counts_only(manager):
     assert not AuditEvent.objects.exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize(
     "sql",
     [

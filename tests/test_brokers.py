@@ -251,7 +251,6 @@ def open_jobs(**filters: object) -> int:
     return CleanupJob.objects.open().filter(**filters).count()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(broker_env, estate, tmp_path):
     kind, broker = broker_env
@@ -331,7 +330,6 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
     assert ("retention-purge", JobKind.PURGE) in ran
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_cleanup_status_counts_the_waiting_messages_through_the_broker_interface(broker_of, broker_env):
     kind, env = broker_env

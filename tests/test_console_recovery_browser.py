@@ -59,7 +59,6 @@ pytestmark = [
         not os.path.exists(CHROMIUM),
         reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
     ),
-    pytest.mark.postgres,
     pytest.mark.django_db(transaction=True),
 ]
 

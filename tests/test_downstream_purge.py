@@ -320,7 +320,6 @@ class TestPurge:
         assert DeadLetter.objects.get().error_class == "DocstoreNotConfigured"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_four_workers_keep_the_store_under_the_configured_request_rate(docstore, settings, active_policy):
     rate = 10.0

@@ -245,7 +245,6 @@ class TestHoldsAndReferencesAtPurgeTime:
         assert docstore.documents() == {f"doc-{ids[0]}"}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 class TestPurgeAndHoldRace:
     """The purge's check takes the scope lock a batch takes; on PostgreSQL it holds it across the call."""

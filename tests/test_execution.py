@@ -233,7 +233,6 @@ class TestLeasing:
         assert remaining_ids(prop, "lease") == set()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 class TestConcurrency:
     @pytest.fixture

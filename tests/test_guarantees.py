@@ -38,9 +38,6 @@ from .conftest import make_records, remaining_ids, utc, wait_until_blocked
 from .conftest import one_property_portfolios as estate
 from .interference import NOW, OLD, REASON, SLOT, Held, in_thread, raising
 
-pytestmark = pytest.mark.postgres
-
-
 clock = interference.clock
 
 

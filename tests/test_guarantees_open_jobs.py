@@ -27,9 +27,6 @@ from .conftest import one_property_portfolios as estate
 from .conftest import wait_until_blocked
 from .interference import NEXT_SLOT, NOW, OLD, REASON, SLOT, Held, in_thread, raising
 
-pytestmark = pytest.mark.postgres
-
-
 clock = interference.clock
 
 

@@ -21,9 +21,6 @@ from . import interference
 from .conftest import make_records, wait_until_blocked
 from .interference import NEXT_SLOT, NOW, OLD, SLOT, Held, in_thread
 
-pytestmark = pytest.mark.postgres
-
-
 clock = interference.clock
 
 

@@ -37,7 +37,7 @@ from .guarantees_model_world import OLD, Record, guarantees_run
 from .test_guarantees_model import Guarantees
 from .test_record_shapes import SHAPES
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 KINDS = list(SHAPES)
 

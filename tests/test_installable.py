@@ -358,7 +358,6 @@ def bucket():
         yield {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": storage_options(server.endpoint, "host-reports")}
 
 
-@pytest.mark.postgres
 def test_a_host_project_with_its_own_customer_and_site_models_checks_migrates_and_serves_the_console(
     wheel, host_database, bucket, tmp_path
 ):

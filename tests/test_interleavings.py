@@ -92,7 +92,7 @@ from .interleaving import (
     set_actor,
 )
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T04:00:00Z")

@@ -60,7 +60,7 @@ from .interleaving import (
 from .test_interleavings import CAP, NOW, OLD, SLOT, ScopeBusy, World, db_clock_now
 from .test_live_application import FAKETIME, ROOT, SKEWED_WORKER, Writer, subprocess_env
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 # The one-actor suite's fixtures: one document store for the module, its settings and history log.
 store = one_actor.store

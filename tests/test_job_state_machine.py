@@ -124,7 +124,6 @@ def delete_job(active_policy, portfolio, prop, time_machine) -> CleanupJob:  # t
     return CleanupJob.objects.get(job_kind="delete")
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("event", list(JobEvent))
@@ -156,7 +155,6 @@ def test_the_finishing_outcome_is_the_fixed_reason_else_from_the_totals(fixed, d
     assert outcome_when_finished(fixed=fixed, rows_deleted=deleted, rows_held=held) == expected
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize(("expired", "held"), [(0, 0), (3, 0), (3, 3), (3, 1)])
 def test_a_real_batch_finishes_with_the_outcome_its_totals_give(

@@ -10,7 +10,7 @@ from properties.models import Lease, MaintenanceRecord, Portfolio, Property, Ten
 from retention.eligibility import db_datetime
 from retention.registry import REGISTRY
 
-pytestmark = [pytest.mark.django_db, pytest.mark.postgres]
+pytestmark = pytest.mark.django_db
 
 PREFIX = {"lease": "lease", "maintenance_record": "maintenance", "tenant_activity": "activity"}
 

@@ -41,7 +41,7 @@ from retention.services import legal_hold_place, policy_version_approve, policy_
 from .conftest import utc
 from .interleaving import InThread, poll, raw_connection
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 SLOT = utc("2026-08-21T02:00:00Z")

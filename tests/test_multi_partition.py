@@ -73,7 +73,6 @@ def backend_waits_on_lock(pid: int) -> bool:
     return bool(row) and row[0] == "Lock"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.usefixtures("clock")
 def test_each_partition_of_a_shared_batch_behaves_as_alone_under_concurrent_changes(active_policy):

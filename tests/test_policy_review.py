@@ -135,7 +135,6 @@ def test_a_blank_reason_is_refused(policy, manager):
     assert not PolicyVersion.objects.exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("earlier_version", ["active", "none"])
 def test_two_approvals_of_one_policy_at_the_same_moment_one_wins_and_the_other_is_a_409(earlier_version):

@@ -66,7 +66,6 @@ def test_a_refused_portfolio_token_takes_nothing_from_the_global_bucket():
     assert tokens_acquire(portfolio_id=2, now=100.1, buckets=[glob]) > 0
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_four_competing_workers_get_the_configured_rate_within_five_percent():
     rate, burst, seconds = 50.0, 5.0, 3.0
@@ -100,7 +99,6 @@ def test_four_competing_workers_get_the_configured_rate_within_five_percent():
     assert abs(len(grants) - expected) <= 0.05 * rate * elapsed, (len(grants), expected)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_portfolio_with_most_jobs_never_holds_more_leases_than_its_cap_while_others_wait(settings):
     settings.CLEANUP_PORTFOLIO_MAX_LEASES = 2
@@ -211,7 +209,6 @@ def test_a_group_is_told_when_on_the_database_clock_and_a_portfolio_without_a_to
     assert third.reserved and third.wait == 0.0 and third.allowed == {7}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_asleep_on_their_reservations_never_exceed_the_global_or_a_portfolio_rate():
     glob = BucketConfig("global", rate=15.0, burst=2.0)
@@ -289,7 +286,6 @@ def _bucket_statements(queries: CaptureQueriesContext) -> list[tuple[str, set[st
     return out
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.usefixtures("frozen")
 def test_token_statements_name_only_the_portfolios_each_transaction_works(active_policy, settings):
@@ -317,7 +313,6 @@ def test_token_statements_name_only_the_portfolios_each_transaction_works(active
     ]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.usefixtures("frozen")
 def test_with_only_a_global_limit_no_token_statement_names_a_portfolio(active_policy, settings):
@@ -331,7 +326,6 @@ def test_with_only_a_global_limit_no_token_statement_names_a_portfolio(active_po
     assert _bucket_statements(queries) == first_use + [("reserve", set())] * result.transactions
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.usefixtures("frozen")
 def test_a_worker_sleeps_until_its_reserved_instant_with_the_lease_kept_and_finishes_in_one_slice(

@@ -79,7 +79,6 @@ def partitions_holding(ids: list[int]) -> set[str]:
         return {row[0] for row in cursor.fetchall()}
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_partitioned_tables_keyset_index_counts_when_every_partition_has_it(shapes):
     assert check_kind("meter_reading", READING) == []
@@ -91,7 +90,6 @@ def test_a_partitioned_tables_keyset_index_counts_when_every_partition_has_it(sh
     assert problem.id == "retention.W008"
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
 def test_a_monthly_partitioned_table_is_cleaned_by_row_deletes_pruned_to_the_partitions_before_the_cutoff(

@@ -24,7 +24,6 @@ SLOT = utc("2026-08-21T02:00:00Z")
 NOW = utc("2026-08-21T02:05:00Z")
 OLD = utc("2020-01-01T00:00:00Z")
 
-pytestmark = pytest.mark.postgres
 
 
 @pytest.fixture

@@ -119,7 +119,6 @@ def jobs_of_every_state(portfolio, active_policy):  # type: ignore[no-untyped-de
     return now
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_kedas_query_counts_exactly_the_jobs_the_orm_calls_due_work(jobs_of_every_state):
     now = jobs_of_every_state
@@ -130,7 +129,6 @@ def test_kedas_query_counts_exactly_the_jobs_the_orm_calls_due_work(jobs_of_ever
         assert run_query(queries[deployment]) == orm == expected, deployment
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_under_a_global_pause_kedas_query_and_the_orm_both_see_no_due_work(jobs_of_every_state):
     pipeline_pause(actor=None, reason="database maintenance tonight")
@@ -319,7 +317,6 @@ def test_a_bad_idle_time_stops_start_up_naming_the_variable(value):
     assert "CLEANUP_IDLE_EXIT_SECONDS:" in result.stderr
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_real_drain_process_works_the_sweep_and_exits_after_the_idle_time():
     make_lease_estate(rows=10)
@@ -346,7 +343,6 @@ def test_a_real_drain_process_works_the_sweep_and_exits_after_the_idle_time():
     assert fleet.due_work_count() == 0
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_sigterm_stops_a_waiting_drain_at_once_and_it_exits_0():
     db = connection.settings_dict

@@ -258,7 +258,6 @@ def test_bad_input_is_a_clear_error_and_writes_nothing(estate, args, message):
     assert not Sweep.objects.exists() and not CleanupJob.objects.exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_twenty_concurrent_triggers_of_one_slot_make_one_sweep_and_one_job_per_partition(manager, reviewer):
     portfolio = Portfolio.objects.create(name="P", slug="p")

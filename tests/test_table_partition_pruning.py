@@ -131,7 +131,6 @@ def table_partitions_before_the_cutoff() -> int:
         return int(cursor.fetchone()[0])
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.parametrize(("batch_size", "shape"), [(1, "alone"), (1000, "group")])
 def test_each_batchs_delete_reads_only_the_table_partitions_its_candidates_lie_in(
@@ -157,7 +156,6 @@ def test_each_batchs_delete_reads_only_the_table_partitions_its_candidates_lie_i
     assert left == set(estate.young) | set(estate.b_rows)
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.parametrize("batch_size", [1, 3, 1000])
 def test_a_batch_still_deletes_exactly_the_eligible_unheld_rows_and_counts_the_held(

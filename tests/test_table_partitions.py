@@ -123,7 +123,6 @@ def held_ids(world: World, scope: str) -> set[int]:
     return a1 | set(world.ids[("a2", "march")])
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_table_partition_past_every_cutoff_with_no_hold_is_dropped_with_its_count_and_digest(world):
     report = service.table_partitions_drop(slot=SLOT, now=NOW)
@@ -157,7 +156,6 @@ def test_a_table_partition_past_every_cutoff_with_no_hold_is_dropped_with_its_co
     assert table_partition_exists(f"{TABLE}_2026_08")
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.parametrize("scope", [*SCOPES, "other_kind"])
 def test_a_hold_at_any_scope_keeps_the_table_partition_and_the_row_deletes_keep_exactly_its_rows(
@@ -182,7 +180,6 @@ def test_a_hold_at_any_scope_keeps_the_table_partition_and_the_row_deletes_keep_
     assert LedgerEntry.objects.filter(record_kind=KIND).exists()  # by row deletes: the fallback
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 @pytest.mark.parametrize(
     ("b_days", "b_enabled", "reason"),
@@ -203,7 +200,6 @@ def test_a_portfolio_without_an_enabled_policy_past_the_upper_bound_keeps_the_ta
     assert P_APRIL in kind.dropped  # only A has rows in April
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_failure_at_the_drop_leaves_neither_the_ledger_row_nor_a_missing_table_partition(world):
     with connection.cursor() as cur:
@@ -226,7 +222,6 @@ def test_a_failure_at_the_drop_leaves_neither_the_ledger_row_nor_a_missing_table
     assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_sweep_command_drops_before_admission_and_says_so(world, time_machine, capsys):
     time_machine.move_to(NOW, tick=False)
@@ -250,7 +245,6 @@ def e010(kind: str, entry: dict) -> list[str]:
     return [p.msg for p in problems if p.id == "retention.E010"]
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_table_shape_is_read_by_the_database_check_only(settings):
     """The models checks run where no database may be read (a plain ``check``);
@@ -276,7 +270,6 @@ def test_a_kind_with_an_attachment_is_refused():
     assert "RETENTION_RECORD_KINDS['lease']['drop_table_partitions']" in msg and "attachment" in msg
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_a_table_not_range_partitioned_on_the_timestamp_is_refused_and_one_that_is_accepted():
     (msg,) = e010("visit", {**VISIT, "drop_table_partitions": True})
@@ -324,7 +317,6 @@ def march_dropped() -> bool:
     return TablePartitionDrop.objects.filter(table_partition=P_MARCH).exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("checkpoint", ["table_partition.after_locks", "table_partition.before_drop"])
 @pytest.mark.parametrize("scope", SCOPES)
 @pytest.mark.django_db(transaction=True)
@@ -354,7 +346,6 @@ def test_a_hold_placed_while_the_drop_holds_its_locks_waits_and_covers_no_droppe
     assert not TenantActivity.objects.filter(pk__in=world.march_ids()).exists()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_hold_placement_that_waits_longer_than_its_bound_fails_naming_its_scope(committed, active_policy, reviewer):
     world = committed_world(active_policy)
@@ -374,7 +365,6 @@ def test_a_hold_placement_that_waits_longer_than_its_bound_fails_naming_its_scop
     assert march_dropped()
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_a_drop_that_meets_a_hold_placement_holding_its_scope_is_busy_and_drops_nothing(committed, active_policy):
     world = committed_world(active_policy)
@@ -392,7 +382,6 @@ def test_a_drop_that_meets_a_hold_placement_holding_its_scope_is_busy_and_drops_
     assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("checkpoint", ["table_partition.after_locks", "table_partition.before_drop"])
 @pytest.mark.django_db(transaction=True)
 def test_an_application_insert_of_an_old_row_waits_then_lands_and_the_drop_steps_back(
@@ -433,7 +422,6 @@ def test_an_application_insert_of_an_old_row_waits_then_lands_and_the_drop_steps
     assert TenantActivity.objects.filter(pk__in=world.march_ids()).count() == 7
 
 
-@pytest.mark.postgres
 @pytest.mark.parametrize("checkpoint", ["table_partition.after_locks", "table_partition.before_drop"])
 @pytest.mark.django_db(transaction=True)
 def test_a_longer_retention_approved_while_the_drop_holds_its_locks_commits_after_it(
@@ -471,7 +459,6 @@ def test_a_longer_retention_approved_while_the_drop_holds_its_locks_commits_afte
 # --- The proof of disposition ---------------------------------------------------------
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db
 def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_alone(world, time_machine):
     from cleanup_ops.proof import proof_csv, sweep_proof
@@ -502,7 +489,6 @@ def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_
 # --- The suite's own keeper (conftest.table_partitions_restore) ----------------------
 
 
-@pytest.mark.postgres
 @pytest.mark.django_db(transaction=True)
 def test_the_suites_keeper_makes_a_dropped_table_partition_again_with_its_bounds_and_empties_its_default_rows(
     committed,

@@ -18,7 +18,6 @@ pytestmark = pytest.mark.django_db
 world = tenant_world.world  # the fixture: Alder and Birch (tests/tenant_world.py)
 
 
-@pytest.mark.postgres
 def test_postgres_rejects_a_record_whose_portfolio_is_not_its_propertys(world):
     alder, birch = world["alder"], world["birch"]
     for model, extra in (
@@ -37,7 +36,6 @@ def test_postgres_rejects_a_record_whose_portfolio_is_not_its_propertys(world):
     )
 
 
-@pytest.mark.postgres
 def test_the_migration_refuses_existing_mismatched_rows_and_counts_them(world):
     import importlib
 

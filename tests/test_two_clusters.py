@@ -30,7 +30,7 @@ from properties.models import Lease, Portfolio
 
 from .conftest import make_lease_estate
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 ROWS_PER_PROPERTY = 40

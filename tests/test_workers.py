@@ -22,7 +22,7 @@ from retention.services import (
 
 from .conftest import make_lease_estate
 
-pytestmark = [pytest.mark.postgres, pytest.mark.django_db(transaction=True)]
+pytestmark = pytest.mark.django_db(transaction=True)
 
 ROOT = Path(__file__).resolve().parent.parent
 
