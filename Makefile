@@ -62,10 +62,11 @@ demo-incident: demo-db
 test: venv
 	PYTHON=$(PY) bash scripts/test.sh
 
-# The inner loop: the unit and database tiers (tests/conftest.py, "Test tiers"),
+# The inner loop: the unit and database tiers (tests/conftest.py, "Test tiers") on
+# two pytest-xdist processes (each its own test database),
 # on the same throwaway PostgreSQL (PG_BIN=... for other binaries).
 test-fast: venv
-	PYTHON=$(PY) bash scripts/test.sh -m "unit or database"
+	TEST_BROKERS=none PYTHON=$(PY) bash scripts/test.sh -n 2 -m "unit or database"
 
 # The unit tier alone: no database is started.
 test-unit: venv

@@ -375,7 +375,10 @@ def _decide_and_drop(
         # f: a session waiting for this table partition holds the parent's
         # lock the drop needs: going on would deadlock it.
         cur.execute(
-            "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = to_regclass(%s) AND NOT granted",
+            # pg_locks is the cluster's: another database's relation may have the same oid
+            # (databases copied from one template do), so this database's locks only.
+            "SELECT count(*) FROM pg_locks WHERE locktype = 'relation' AND relation = to_regclass(%s) AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [f"{table_partition.schema}.{table_partition.name}"],
         )
         if cur.fetchone()[0]:

@@ -17,6 +17,8 @@ PY=.venv/bin/python
 broker_pid=""
 broker_dir=""
 brokers_start() {
+    # TEST_BROKERS=none: no broker server (make test-fast: no test there needs one).
+    [ "${TEST_BROKERS:-}" = none ] && return 0
     broker_dir=$(mktemp -d /tmp/test-brokers.XXXXXX)
     # shellcheck disable=SC2086 # a list of kinds
     "$PY" -m harness.brokers serve --env-file "$broker_dir/env" ${TEST_BROKERS:-redis rabbitmq sqs} &
