@@ -25,7 +25,6 @@ NOW = utc("2026-08-21T02:05:00Z")
 OLD = utc("2020-01-01T00:00:00Z")
 
 
-
 @pytest.fixture
 def clock(time_machine):  # type: ignore[no-untyped-def]
     time_machine.move_to(NOW, tick=False)
