@@ -72,10 +72,10 @@ test-fast: venv
 test-unit: venv
 	$(PY) -m pytest -m unit
 
-# The long profile of the model-based test of the guarantees (nightly use;
-# `make test` runs it with 20 examples of 40 steps, a fixed seed).
+# The model-based test of the guarantees on the nightly Hypothesis profile
+# (tests/testenv.py: 200 examples of 50 steps; CI runs 20 of 40, a fixed seed).
 test-model: venv
-	MODEL_EXAMPLES=200 MODEL_STEPS=50 PYTHON=$(PY) bash scripts/test.sh tests/test_guarantees_model.py tests/test_guarantees_shapes.py
+	HYPOTHESIS_PROFILE=nightly PYTHON=$(PY) bash scripts/test.sh tests/test_guarantees_model.py tests/test_guarantees_shapes.py
 
 # The worker tests and the chaos CI variant with Q_BROKER=<kind>, its server started
 # on loopback (harness/brokers.py). `make test` runs tests/test_brokers.py on every

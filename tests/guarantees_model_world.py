@@ -9,15 +9,14 @@ holds what the rules act on and what must stay true after each of them:
   schema-bound methods a second schema overrides (``tests/test_guarantees_shapes.py``)
   and the promises, checked after every step (``promises_hold``);
 - ``guarantees_run``, the one way both machines are run: the settings they share, the
-  bounded profile (``MODEL_EXAMPLES``/``MODEL_STEPS``) and Hypothesis's options (a
-  fixed seed, no example database).
+  examples and steps of the Hypothesis profile (``HYPOTHESIS_PROFILE``, tests/testenv.py)
+  and Hypothesis's options (a fixed seed, no example database).
 
 Apart from the rules so that each file reads as one job (and stays under 600 lines).
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -35,6 +34,7 @@ from retention.registry import REGISTRY, get_spec
 from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
 from .conftest import make_records, make_user, utc
+from .testenv import examples, steps
 
 START = utc("2026-08-21T02:00:00Z")
 OLD = utc("2020-01-01T00:00:00Z")
@@ -253,9 +253,12 @@ class ModelWorld(RuleBasedStateMachine):
             assert has_open == (sweep.status == SweepStatus.RUNNING), (sweep.key, sweep.status, has_open)
 
 
-def guarantees_run(machine: type[ModelWorld], *, docstore: Any, settings: Any, examples: int, steps: int) -> None:
+def guarantees_run(
+    machine: type[ModelWorld], *, docstore: Any, settings: Any, cost: int, step_share: float = 1.0
+) -> None:
     """Run ``machine`` against ``docstore`` with ``settings`` (pytest-django's fixture):
-    ``examples`` x ``steps`` unless ``MODEL_EXAMPLES``/``MODEL_STEPS`` say otherwise."""
+    the profile's examples for a run that costs ``cost`` cheap examples, each of
+    ``step_share`` of the profile's steps (``testenv.examples``, ``testenv.steps``)."""
     settings.CLEANUP_PORTFOLIO_MAX_LEASES = CAP
     settings.CLEANUP_BACKOFF_BASE_SECONDS = 20.0
     settings.CLEANUP_TOKEN_WAIT_SECONDS = 0.0
@@ -263,8 +266,8 @@ def guarantees_run(machine: type[ModelWorld], *, docstore: Any, settings: Any, e
     run_state_machine_as_test(
         machine,
         settings=hypothesis_settings(
-            max_examples=int(os.environ.get("MODEL_EXAMPLES", str(examples))),
-            stateful_step_count=int(os.environ.get("MODEL_STEPS", str(steps))),
+            max_examples=examples(cost=cost),
+            stateful_step_count=steps(share=step_share),
             deadline=None,
             derandomize=True,
             database=None,

@@ -54,10 +54,11 @@ from retention.models import AuditEvent, LegalHold, PolicyVersion, RetentionPoli
 from retention.services import legal_hold_place, policy_version_submit
 
 from .conftest import make_records, make_user, utc
+from .testenv import examples
 
 OLD = utc("2020-01-01T00:00:00Z")
 ROLES = ("property_manager", "compliance_reviewer", "operator", "auditor")
-MAX_EXAMPLES = 20  # per operation and generation mode
+MAX_EXAMPLES = examples(cost=25)  # per operation and generation mode: 20 in ci (tests/testenv.py)
 
 # The rows a path ``{id}`` names, by the path's collection (/api/v1/<collection>/{id}/...).
 COLLECTIONS = {

@@ -49,9 +49,11 @@ from retention.services import (
 )
 
 from .conftest import make_records, utc
+from .testenv import examples
 
 OLD = utc("2020-01-01T00:00:00Z")
-EXAMPLES = 25
+# Per form or query: each example is a request through the whole stack (25 in ci).
+EXAMPLES = examples(cost=20)
 
 pytestmark = pytest.mark.django_db
 

@@ -34,9 +34,9 @@ After every step, against the model:
 - at most one open delete job per partition; no portfolio over its lease cap;
 - every sweep whose jobs are all finished is finished, and none before.
 
-CI runs it with a fixed seed and a bounded number of examples
-(``MODEL_EXAMPLES``/``MODEL_STEPS``, defaults 20 x 40); ``make test-model``
-runs the long profile (200 x 50) for nightly use.
+It runs with a fixed seed, its size the Hypothesis profile's (tests/testenv.py,
+``HYPOTHESIS_PROFILE``): 20 examples of 40 steps in ci, 5 of 20 in dev (the
+default outside CI), 200 of 50 in nightly (``make test-model``).
 
 The machine is the demo schema's; what is schema-bound (the kinds, how a
 record is made, moved and inserted by the application) is a method, so
@@ -504,4 +504,4 @@ class Guarantees(ModelWorld):
 
 
 def test_the_guarantees_hold_under_any_interleaving(docstore, settings):  # type: ignore[no-untyped-def]
-    guarantees_run(Guarantees, docstore=docstore, settings=settings, examples=20, steps=40)
+    guarantees_run(Guarantees, docstore=docstore, settings=settings, cost=25)

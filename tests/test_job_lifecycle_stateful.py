@@ -33,6 +33,7 @@ from properties.models import Lease, Portfolio, Property
 from retention.services import legal_hold_place
 
 from .conftest import make_records, make_user, utc
+from .testenv import examples, steps
 
 START = utc("2026-08-21T02:05:00Z")
 OLD = utc("2020-01-01T00:00:00Z")
@@ -242,8 +243,8 @@ def test_the_job_life_cycle_keeps_the_invariants_under_any_sequence_of_events():
     run_state_machine_as_test(
         JobLifecycle,
         settings=settings(
-            max_examples=25,
-            stateful_step_count=30,
+            max_examples=examples(cost=20),  # 25 runs of 30 steps in ci (tests/testenv.py)
+            stateful_step_count=steps(share=0.75),
             deadline=None,
             suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
         ),
