@@ -85,8 +85,10 @@ class CheckpointHold:
 
     def waiters(self) -> list[int]:
         rows = self.conn.execute(
+            # pg_locks is the cluster's: another database's (an xdist worker's) waiters are not ours.
             "SELECT pid FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s"
-            " AND objsubid = 2 AND NOT granted",
+            " AND objsubid = 2 AND NOT granted"
+            " AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
             [checkpoints.CHECKPOINT_NAMESPACE, self.key],
         ).fetchall()
         return [int(pid) for (pid,) in rows]

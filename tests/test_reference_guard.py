@@ -116,7 +116,7 @@ def test_a_record_named_while_the_purge_decides_waits_for_the_decision(
         _poll(
             observer,
             "SELECT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND classid = %s AND objid = %s"
-            " AND NOT granted)",
+            " AND NOT granted AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
             [checkpoints.CHECKPOINT_NAMESPACE, key],
         )
         # The application starts naming the document: the guard makes it wait for the decision.
