@@ -180,33 +180,40 @@ def table_partitions_restore() -> list[str]:
     return [name for name, _ in missing]
 
 
-def _uses_the_database(request: pytest.FixtureRequest) -> bool:
-    return _commits(request) or "db" in request.fixturenames or request.node.get_closest_marker("django_db") is not None
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
+    """The test database, migrated; tenant activity's table partitions read as the
+    migration made them, before any test runs."""
+    global _TABLE_PARTITIONS
+    with django_db_blocker.unblock():
+        _TABLE_PARTITIONS = table_partitions_listed()
 
 
 @pytest.fixture(autouse=True)
 def _table_partitions_kept(request: pytest.FixtureRequest, django_db_blocker):  # type: ignore[no-untyped-def]
-    """Every test that uses the database starts with tenant activity's table
-    partitions as the migration made them, in any order: a drop is DDL, and a
-    committed one (a committing test's sweep, a worker process's, another
-    connection's) is not undone by the flush. Made again after a committing
-    test, and before any test that finds one missing (inside a test's
-    transaction, that re-making is rolled back with it: the next committing
-    test's end makes them for good)."""
-    global _TABLE_PARTITIONS
-    if not _uses_the_database(request):
+    """A test marked ``table_partitions`` (it drops tenant activity's table
+    partitions, or reads them) starts and ends with them as the migration made
+    them: a drop is DDL, and a committed one (a committing test's sweep, a worker
+    process's) is not undone by the flush. Inside a rolled-back test's transaction
+    the re-making is rolled back with it; the next committing test's end makes them
+    for good. Any other test pays nothing, but a committing one that dropped a
+    table partition all the same fails here, naming the marker it lacks."""
+    marked = request.node.get_closest_marker("table_partitions") is not None
+    if not marked and not _commits(request):
         yield
         return
     request.getfixturevalue("django_db_setup")
-    with django_db_blocker.unblock():
-        if _TABLE_PARTITIONS is None:
-            _TABLE_PARTITIONS = table_partitions_listed()
-        else:
-            table_partitions_restore()
-    yield
-    if _commits(request):
+    if marked:
         with django_db_blocker.unblock():
             table_partitions_restore()
+    yield
+    with django_db_blocker.unblock():
+        restored = table_partitions_restore()
+    if restored and not marked:
+        pytest.fail(
+            f"{request.node.nodeid} dropped table partitions of tenant activity ({', '.join(restored)}): "
+            "mark it @pytest.mark.table_partitions (tests/conftest.py, _table_partitions_kept)"
+        )
 
 
 @pytest.fixture

@@ -73,7 +73,8 @@ from retention.services import legal_hold_place, legal_hold_release
 from .guarantees_model_world import AGES, KINDS, OLD, START, Hold, ModelWorld, Record, guarantees_run
 from .interleaving import CheckpointHold, InThread, poll, raw_connection
 
-pytestmark = pytest.mark.django_db(transaction=True)
+# Its sweeps drop tenant activity's expired table partitions, committed: made again around it (tests/conftest.py).
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.table_partitions]
 
 REASON = "model-based test decision"
 # Where a stalled worker stops (cleanup_ops.checkpoints): inside a batch's

@@ -22,6 +22,9 @@ NOW = "2026-08-21T02:05:00Z"
 OLD = utc("2020-01-01T00:00:00Z")
 RECENT = utc("2026-08-01T00:00:00Z")
 
+# The trigger drops tenant activity's expired table partitions before admission.
+pytestmark = pytest.mark.table_partitions
+
 
 @pytest.fixture
 def estate(portfolio, active_policy):

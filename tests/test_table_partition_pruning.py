@@ -38,6 +38,10 @@ from .conftest import make_records, utc
 SLOT = utc("2026-08-21T02:00:00Z")  # a 365-day policy's cutoff: 2025-08-21
 NOW = utc("2026-08-21T02:05:00Z")
 TABLE = "properties_tenantactivity"
+
+# Reads tenant activity's table partitions (their plans): as the migration made them (tests/conftest.py).
+pytestmark = pytest.mark.table_partitions
+
 KIND = "tenant_activity"
 MONTHS = 6  # properties H0..H5, H<i>'s old rows in month i + 1 of 2020
 

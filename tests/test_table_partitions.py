@@ -48,6 +48,9 @@ P_YOUNG = f"{TABLE}_2025_10"
 KIND = "tenant_activity"
 SCOPES = ("portfolio", "property", "record_kind", "record")
 
+# Drops and reads tenant activity's table partitions: made again around each test (tests/conftest.py).
+pytestmark = pytest.mark.table_partitions
+
 
 @dataclass
 class World:
