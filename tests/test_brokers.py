@@ -56,6 +56,10 @@ BROKER_VARS = {
 }
 SERVER = {"redis": "redis-server", "sqs": "moto's SQS server (moto[server])", "rabbitmq": "rabbitmq-server"}
 
+# One broker server of each kind serves the whole run (scripts/test.sh), its queues
+# named after the clusters: under pytest-xdist these tests run on one worker, in turn.
+pytestmark = pytest.mark.xdist_group("brokers")
+
 
 @pytest.fixture(params=list(BROKER_VARS))
 def broker_env(request: pytest.FixtureRequest) -> tuple[str, dict[str, str]]:
