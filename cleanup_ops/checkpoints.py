@@ -2,7 +2,7 @@
 where a test can hold a worker, so that every interleaving of a worker with
 a concurrent actor can be enumerated rather than hoped for.
 
-Protocol (PostgreSQL): ``checkpoint(name)`` does nothing unless ``name`` is in
+Protocol: ``checkpoint(name)`` does nothing unless ``name`` is in
 the test-only setting ``CLEANUP_CHECKPOINTS`` (empty in production: the cost
 is one set lookup). When it is, the worker takes and at once releases the
 session advisory lock ``(CHECKPOINT_NAMESPACE, checkpoint_key(name))`` on a

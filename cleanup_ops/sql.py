@@ -66,17 +66,6 @@ VERSION = PolicyVersion._meta.db_table
 P = ParamSpec("P")
 
 
-# --- Row locks -------------------------------------------------------------------
-
-
-def for_update() -> str:
-    return " FOR UPDATE"
-
-
-def for_share_of(*aliases: str) -> str:
-    return f" FOR SHARE OF {', '.join(aliases)}"
-
-
 def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: Any = None) -> Any:
     """Run one statement on ``cur`` (or a fresh cursor) with positional
     (``%s``) or named (``%(name)s``) parameters; returns the cursor used when
@@ -93,7 +82,7 @@ def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: An
 # --- Composition -----------------------------------------------------------------
 # Names go into a statement through ``psycopg.sql``: a template with ``{name}``
 # fields, each table or column name an ``Identifier`` (quoted), each fragment
-# our code wrote (a row lock, a record kind's predicate) plain ``SQL``.
+# our code wrote (a record kind's predicate, a CTE) plain ``SQL``.
 
 
 # The tables and columns above, as identifiers every template may name
@@ -155,16 +144,16 @@ def values_list(rows: int, types: Sequence[str]) -> str:
     return ", ".join([row] * rows)
 
 
-def rows_cte(name: str, columns: Columns, rows: int) -> str:
-    """``name(col, …) AS (…)``, the body of a ``WITH`` over ``rows`` rows;
-    ``rows_params`` gives its parameters."""
+def rows_cte(name: str, columns: Columns) -> str:
+    """``name(col, …) AS (…)``, the body of a ``WITH`` over the rows
+    ``rows_params`` gives (one text whatever their number)."""
     names = ", ".join(column for column, _ in columns)
     arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
     return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
 
 
 def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
-    """The parameters of ``rows_cte(name, columns, len(rows))``: each row an
+    """The parameters of ``rows_cte(name, columns)`` for ``rows``: each row an
     object with an attribute (or a mapping with a key) per column."""
 
     def cell(row: Any, column: str) -> Any:
@@ -173,8 +162,8 @@ def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, A
     return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
 
 
-def any_of(name: str, sql_type: str, values: int) -> str:
-    """``= ANY(array)`` of ``values`` values; ``any_params`` gives the parameter."""
+def any_of(name: str, sql_type: str) -> str:
+    """``= ANY(array)``, one text whatever the number of values; ``any_params`` gives the parameter."""
     return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
 
 
@@ -207,9 +196,8 @@ def max_locks_per_transaction() -> str:
 def sweep_lock_running() -> str:
     """Lock a running sweep's row (no row: not running). Parameters: ``sweep``."""
     return compose(
-        "SELECT id FROM {sweep} WHERE id = %(sweep)s AND status = {running}{lock}",
+        "SELECT id FROM {sweep} WHERE id = %(sweep)s AND status = {running} FOR UPDATE",
         running=pg.Literal(SweepStatus.RUNNING.value),
-        lock=for_update(),
     )
 
 
@@ -253,7 +241,7 @@ def document_scopes_lock() -> str:
     return (
         f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
         f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)"
-        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}"
+        f" ORDER BY p.{PROPERTY_PK} FOR SHARE OF p, po"
     )
 
 
@@ -265,7 +253,7 @@ def document_portfolios_lock() -> str:
     refs = DeletedAttachment._meta.db_table
     return (
         f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
-        f" WHERE a.document_id = %s AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')}"
+        f" WHERE a.document_id = %s AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK} FOR SHARE OF po"
     )
 
 
@@ -275,7 +263,7 @@ def document_portfolios_lock_many() -> str:
     refs = DeletedAttachment._meta.db_table
     return (
         f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
-        f" WHERE a.document_id = ANY(%s) AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK}{for_share_of('po')}"
+        f" WHERE a.document_id = ANY(%s) AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK} FOR SHARE OF po"
     )
 
 
@@ -287,14 +275,14 @@ def document_scopes_lock_many() -> str:
     return (
         f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
         f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))"
-        f" ORDER BY p.{PROPERTY_PK}{for_share_of('p', 'po')}"
+        f" ORDER BY p.{PROPERTY_PK} FOR SHARE OF p, po"
     )
 
 
 DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)
 
 
-def dispositions_take(documents: int) -> str:
+def dispositions_take() -> str:
     """A batch's part in each document's one decision: the ``DocumentDisposition``
     row of every document its deleted records named, created or locked (an
     ``ON CONFLICT DO UPDATE`` locks the row whether or not its condition lets
@@ -309,7 +297,7 @@ def dispositions_take(documents: int) -> str:
     ``purged``."""
     table = DocumentDisposition._meta.db_table
     return (
-        f"WITH {rows_cte('x', DISPOSITION_COLUMNS, documents)}"
+        f"WITH {rows_cte('x', DISPOSITION_COLUMNS)}"
         f" INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x"
         f" ORDER BY x.document_id"
         f" ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL"

@@ -1,4 +1,4 @@
-"""Whole table partitions dropped when no hold can be in them (PostgreSQL).
+"""Whole table partitions dropped when no hold can be in them.
 
 For a record kind that opts in (``"drop_table_partitions": True``,
 ``retention.registry``) and whose table is ``PARTITION BY RANGE`` on its

@@ -2,7 +2,7 @@
 
 Every record row carries both its property and its portfolio so that the
 eligibility predicate can match legal holds without a join (and tenant scoping
-can filter without one); on PostgreSQL a composite foreign key guarantees that
+can filter without one); a composite foreign key guarantees that
 the copy equals the property's portfolio (migration 0003). Each record
 table has two indexes (``record_indexes``): ``(property, retention timestamp,
 id)`` for admission's "rows past the cutoff?", and ``(property, id)``

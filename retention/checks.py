@@ -134,7 +134,7 @@ def _table_partition_problems(kind: str, model: type[models.Model], entry: Mappi
 
 def table_partition_shape_problems(kind: str, entry: Mapping[str, Any]) -> list[CheckMessage]:
     """retention.E010, the half that reads the database: for a well-formed
-    kind with ``drop_table_partitions`` True, on PostgreSQL, once the table
+    kind with ``drop_table_partitions`` True, once the table
     exists and its app's migrations are applied, the table must be
     ``PARTITION BY RANGE`` on exactly the kind's timestamp column
     (``cleanup_ops.table_partitions`` reads each table partition's bounds as

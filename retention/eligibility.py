@@ -45,11 +45,6 @@ def hold_record_sql(spec: RecordKindSpec, row_pk: str) -> str:
     return f"(h.record_key = '' OR h.record_key = CAST({row_pk} AS text))"
 
 
-def hold_scope_wide_sql(spec: RecordKindSpec) -> str:
-    """The hold names no record (it covers the whole scope)."""
-    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
-
-
 def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
     """``EXISTS (…)``: an active hold covers row ``alias`` of ``kind``."""
     spec = get_spec(kind)

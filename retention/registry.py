@@ -65,7 +65,7 @@ database check and the dry run count them (``count_unreachable``), so they
 are reported rather than kept in silence.
 
 **Table partitions.** ``"drop_table_partitions": True`` (default False)
-opts a kind whose table is ``PARTITION BY RANGE`` on its timestamp (PostgreSQL)
+opts a kind whose table is ``PARTITION BY RANGE`` on its timestamp
 in to whole table partitions dropped when they lie past every portfolio's
 cutoff and no hold can reach them (``cleanup_ops.table_partitions``); the rest
 is deleted row by row as for any kind. Dropping is DDL: opt in only when
@@ -111,7 +111,7 @@ DEFAULT_RECORD_KINDS: dict[str, dict[str, Any]] = {
         "timestamp": "occurred_at",
         "portfolio": "portfolio",
         "property": "property",
-        # Monthly partitioned on PostgreSQL (properties 0006): whole old table
+        # Monthly partitioned (properties 0006): whole old table
         # partitions out of every hold's reach are dropped (cleanup_ops.table_partitions).
         "drop_table_partitions": True,
     },

@@ -46,7 +46,7 @@ Protocol of a purge job's slice (the job is already leased by
    c. otherwise ``DELETE /documents/<id>`` with ``Idempotency-Key: <request
       key>:<id>`` and a **fencing deadline** (``Fence-Deadline``, on the
       database's clock: the decision's last statement plus the session's idle
-      bound, less the allowed clock skew). On PostgreSQL the decision's
+      bound, less the allowed clock skew). The decision's
       transaction — and so its locks — stays open across this call, which is
       bounded by the store's timeouts; ``idle_in_transaction_session_timeout``
       ends the session of a worker that stalls past that bound, and the store

@@ -7,7 +7,7 @@ record that *starts* naming the document — inserted, or its document field
 edited — while the purge decides or calls the store would not be seen, and
 the file could go while a committed record names it.
 
-What: on PostgreSQL, a trigger on each record table with an attachment field
+What: a trigger on each record table with an attachment field
 (``BEFORE INSERT OR UPDATE OF <field>``) that, when a row starts naming a
 document id, takes that document's disposition row (creating it if the
 document has none yet, so a purge that starts meanwhile waits for the

@@ -358,17 +358,17 @@ def _write_ledger_and_advances(
     if advances.cursor_keys:
         rows = [{"job_id": job_id, "cursor_key": key} for job_id, key in sorted(advances.cursor_keys.items())]
         params = sql.rows_params("g", key_cursors.KEY_CURSOR_COLUMNS, rows)
-        sql.execute(key_cursors.jobs_cursor_keys_set(len(rows)), params, cur=cur)
+        sql.execute(key_cursors.jobs_cursor_keys_set(), params, cur=cur)
     if not advances.updates:
         return
     updates = advances.updates
     params = {**sql.rows_params("g", statements.ADVANCE_COLUMNS, updates), "now": db_datetime(now), "renew": renew}
-    statement = statements.group_jobs_advance(len(updates))
+    statement = statements.group_jobs_advance()
     keys = any(row["after_key"] or row["last_key"] for row in ledger)
     columns = statements.ledger_columns(keys=keys)
     if ledger:
         # Every job with a ledger row is among the updates.
-        statement = statements.ledger_insert_and_jobs_advance(rows=len(ledger), jobs=len(updates), keys=keys)
+        statement = statements.ledger_insert_and_jobs_advance(keys=keys)
         params |= sql.rows_params("l", columns, ledger)
     for job_id, state, outcome in sql.execute(statement, params, cur=cur).fetchall():
         steps[job_id].applied = True
@@ -432,7 +432,7 @@ def _fence_scopes_and_policies(
         "approved": PolicyVersion.Status.APPROVED,
     }
     statement = statements.group_fence_scopes_and_policies(
-        len(jobs), portfolio_partitions=any(job.property_id is None for job in jobs)
+        portfolio_partitions=any(job.property_id is None for job in jobs)
     )
     rows = sql.execute(statement, params, cur=cur).fetchall()
     if not rows:
@@ -454,10 +454,10 @@ def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) 
         return {}, {}
     params = {
         **sql.rows_params("p", statements.POLICY_COLUMNS, _scope_rows(jobs)),
-        **sql.any_params("ops", operations or [""]),
+        **sql.any_params("ops", operations),
         "approved": PolicyVersion.Status.APPROVED,
     }
-    statement = statements.policies_and_ledger_lookup(jobs=len(jobs), operations=max(1, len(operations)))
+    statement = statements.policies_and_ledger_lookup()
     policies: Policies = {}
     replayed: dict[str, Key] = {}
     for job_id, vid, days, enabled, size, operation, last_id in sql.execute(statement, params, cur=cur).fetchall():
@@ -469,7 +469,7 @@ def _policies_and_replayed(cur: Any, jobs: list[JobRef], operations: list[str]) 
 
 
 def _replayed_operations(cur: Any, operations: list[str]) -> dict[str, Key]:
-    rows = sql.execute(statements.ledger_lookup(len(operations)), sql.any_params("ops", operations), cur=cur).fetchall()
+    rows = sql.execute(statements.ledger_lookup(), sql.any_params("ops", operations), cur=cur).fetchall()
     return {op: int(last_id) for op, last_id in rows}
 
 
@@ -483,7 +483,7 @@ def _text_key(kind: str) -> bool:
 def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
     """Replace the (unused, 0) bigint cursor of non-integer kinds' jobs by
     their text cursor; the fence holds their rows."""
-    statement = key_cursors.jobs_cursor_keys(len(job_ids))
+    statement = key_cursors.jobs_cursor_keys()
     for job_id, key in sql.execute(statement, sql.any_params("ids", job_ids), cur=cur).fetchall():
         _, deleted, held = fenced[int(job_id)]
         fenced[int(job_id)] = (str(key), deleted, held)
@@ -491,7 +491,5 @@ def _read_cursor_keys(cur: Any, fenced: Fenced, job_ids: list[int]) -> None:
 
 def _replayed_last_keys(cur: Any, operations: list[str]) -> dict[str, Key]:
     """The text last ids of replayed ledger rows of non-integer kinds."""
-    rows = sql.execute(
-        key_cursors.ledger_last_keys(len(operations)), sql.any_params("ops", operations), cur=cur
-    ).fetchall()
+    rows = sql.execute(key_cursors.ledger_last_keys(), sql.any_params("ops", operations), cur=cur).fetchall()
     return {op: str(last_key) for op, last_key in rows}

@@ -185,7 +185,7 @@ def _count_lateral(cur: Any, spec: RecordKindSpec, items: list[PartitionBatch], 
         }
         for ord_, item in enumerate(items)
     ]
-    statement = statements.group_candidates(spec, jobs=len(items))
+    statement = statements.group_candidates(spec)
     params = {**sql.rows_params("g", statements.candidate_columns(spec), rows), "budget": budget + 1}
     found = sql.execute(statement, params, cur=cur).fetchall()
     returned = sum(int(rows) for _, _, rows, *_ in found)
@@ -220,8 +220,8 @@ def _count_per_partition(cur: Any, spec: RecordKindSpec, items: list[PartitionBa
 
 
 def _count_and_delete_alone(cur: Any, item: PartitionBatch) -> tuple[dict[int, int], dict[int, list[tuple[str, Key]]]]:
-    """``_count_candidates`` and ``_delete`` for one partition in one statement
-    (PostgreSQL): fills in its candidates and last id; returns what
+    """``_count_candidates`` and ``_delete`` for one partition in one statement:
+    fills in its candidates and last id; returns what
     ``_delete`` returns."""
     kind = item.job.record_kind
     spec = get_spec(kind)
@@ -288,7 +288,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         params["ts_hi"] = max(item.ts_hi for item in items)
         for item in items:
             item.in_range = item.candidates
-        statement = statements.group_delete(spec, predicate=predicate, jobs=len(items), pruning=pruning(spec))
+        statement = statements.group_delete(spec, predicate=predicate, pruning=pruning(spec))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n_held is not None:

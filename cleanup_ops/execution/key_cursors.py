@@ -13,24 +13,24 @@ KEY_CURSOR_COLUMNS: Columns = (("job_id", "bigint"), ("cursor_key", "varchar"))
 
 
 @statement
-def jobs_cursor_keys(jobs: int) -> str:
+def jobs_cursor_keys() -> str:
     """The text cursors of jobs the fence has just locked. Parameters: ``ids`` (``any_params``)."""
-    return compose("SELECT id, cursor_key FROM {job} WHERE id {ids}", ids=any_of("ids", "bigint", jobs))
+    return compose("SELECT id, cursor_key FROM {job} WHERE id {ids}", ids=any_of("ids", "bigint"))
 
 
 @statement
-def jobs_cursor_keys_set(jobs: int) -> str:
+def jobs_cursor_keys_set() -> str:
     """Move the text cursors of jobs still under the fence. Parameters: ``g`` (``KEY_CURSOR_COLUMNS``)."""
     return compose(
         "WITH {g} UPDATE {job} SET cursor_key = g.cursor_key FROM g WHERE {job}.id = g.job_id",
-        g=rows_cte("g", KEY_CURSOR_COLUMNS, jobs),
+        g=rows_cte("g", KEY_CURSOR_COLUMNS),
     )
 
 
 @statement
-def ledger_last_keys(operations: int) -> str:
+def ledger_last_keys() -> str:
     """The text last ids of ledger rows being replayed. Parameters: ``ops`` (``any_params``)."""
     return compose(
         "SELECT operation_id, last_key FROM {ledger} WHERE operation_id {ops}",
-        ops=any_of("ops", "varchar", operations),
+        ops=any_of("ops", "varchar"),
     )

@@ -129,14 +129,14 @@ LEASE_LOCK_NAMESPACE = 7401
 
 
 def _cap_lock() -> str:
-    """Serialises the cap check and the claim of one portfolio's stripe (PostgreSQL only)."""
+    """Serialises the cap check and the claim of one portfolio's stripe."""
     return "SELECT pg_advisory_xact_lock(%s, %s)"
 
 
 @sql.statement
 def _caps_lock(stripes: int) -> str:
     """The cap locks of several stripes, taken in stripe order
-    (PostgreSQL only; parameters: the namespace, then the stripe numbers)."""
+    (parameters: the namespace, then the stripe numbers)."""
     return sql.compose(
         "SELECT pg_advisory_xact_lock(CAST(%s AS integer), v.p) FROM (VALUES {rows}) AS v(p) ORDER BY v.p",
         rows=sql.values_list(stripes, ["integer"]),
@@ -148,8 +148,8 @@ def _job_lock_fenced() -> str:
     """The job's cursor, row-locked, only while our lease token is valid: a
     worker whose lease expired gets no row and commits nothing."""
     return sql.compose(
-        "SELECT cursor FROM {job} WHERE id = %s AND state = %s AND lease_token = %s AND lease_expires_at > %s{lock}",
-        lock=sql.for_update(),
+        "SELECT cursor FROM {job} WHERE id = %s AND state = %s AND lease_token = %s AND lease_expires_at > %s"
+        " FOR UPDATE"
     )
 
 

@@ -89,7 +89,7 @@ def purge_outbox_write_many(
             "pending": DispositionState.PENDING,
             "purged": DispositionState.PURGED,
         }
-        sql.execute(sql.dispositions_take(len(named_documents)), params)
+        sql.execute(sql.dispositions_take(), params)
     DeletedAttachment.objects.bulk_create(
         [
             DeletedAttachment(

@@ -9,7 +9,7 @@ packages run (purge, admission, buckets, sweeps), which stay in
 
 Every builder is a ``sql.statement``: composed with ``psycopg.sql`` (each
 table and column name an identifier, ``sql.compose``) once per shape — its
-arguments and the database — and cached, so a batch composes nothing.
+arguments — and cached, so a batch composes nothing.
 Every statement takes named parameters; the list of partitions is a table
 ``g`` (``sql.rows_cte``).
 """
@@ -19,16 +19,7 @@ from __future__ import annotations
 from psycopg.sql import Composable, Identifier, Literal
 
 from cleanup_ops.lifecycle import JobEvent, state_after
-from cleanup_ops.sql import (
-    Columns,
-    any_of,
-    compose,
-    for_share_of,
-    for_update,
-    ident,
-    rows_cte,
-    statement,
-)
+from cleanup_ops.sql import Columns, any_of, compose, ident, rows_cte, statement
 from retention.models import LegalHold
 from retention.registry import RecordKindSpec
 
@@ -41,7 +32,7 @@ SCOPE_COLUMNS: Columns = (
 
 
 @statement
-def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = False) -> str:
+def group_fence_scopes_and_policies(*, portfolio_partitions: bool = False) -> str:
     """Steps a-c of the batch for a group, in one statement. The fence ``f``:
     those of the group's jobs whose lease is still ours — cursor and the
     totals so far (the finishing outcome is decided from them) — rows locked
@@ -59,51 +50,45 @@ def group_fence_scopes_and_policies(jobs: int, *, portfolio_partitions: bool = F
     locked ``FOR SHARE`` by a second scope CTE (in portfolio id order, after
     the property jobs' rows); a group without such jobs gets the text above
     unchanged."""
-    materialized = "MATERIALIZED "
     scopes = "s"
     portfolio_scope = ""
     if portfolio_partitions:
         scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t) s"
         portfolio_scope = compose(
-            ", t AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+            ", t AS MATERIALIZED (SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
             " FROM g JOIN f ON f.id = g.job_id"
             " JOIN {portfolio} po ON po.{portfolio_pk} = g.portfolio_id AND g.property_id IS NULL"
             " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
             " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-            " ORDER BY po.{portfolio_pk}{lock})",
-            materialized=materialized,
-            lock=for_share_of("po"),
+            " ORDER BY po.{portfolio_pk} FOR SHARE OF po)",
         )
     return compose(
         "WITH {g},"
-        " f AS {materialized}(SELECT id, cursor, rows_deleted, rows_held FROM {job} WHERE id {ids}"
+        " f AS MATERIALIZED (SELECT id, cursor, rows_deleted, rows_held FROM {job} WHERE id {ids}"
         " AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s"
-        " ORDER BY id{fence_lock}),"
-        " s AS {materialized}(SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
+        " ORDER BY id FOR UPDATE),"
+        " s AS MATERIALIZED (SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
         " FROM g JOIN f ON f.id = g.job_id"
         " JOIN {property} p ON p.{property_pk} = g.property_id"
         " JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio} AND po.{portfolio_pk} = g.portfolio_id"
         " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
         " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        " ORDER BY p.{property_pk}{scope_lock}){portfolio_scope}"
+        " ORDER BY p.{property_pk} FOR SHARE OF p, po){portfolio_scope}"
         " SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
         " s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id ORDER BY f.id",
-        g=rows_cte("g", SCOPE_COLUMNS, jobs),
-        materialized=materialized,
-        ids=any_of("ids", "bigint", jobs),
-        fence_lock=for_update(),
-        scope_lock=for_share_of("p", "po"),
+        g=rows_cte("g", SCOPE_COLUMNS),
+        ids=any_of("ids", "bigint"),
         portfolio_scope=portfolio_scope,
         scopes=scopes,
     )
 
 
 @statement
-def ledger_lookup(operations: int) -> str:
+def ledger_lookup() -> str:
     """Parameters: ``ops`` (``any_params``)."""
     return compose(
         "SELECT operation_id, last_id FROM {ledger} WHERE operation_id {ops}",
-        ops=any_of("ops", "varchar", operations),
+        ops=any_of("ops", "varchar"),
     )
 
 
@@ -111,7 +96,7 @@ POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", "bigint"), ("r
 
 
 @statement
-def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
+def policies_and_ledger_lookup() -> str:
     """Lock, then read: the policy decision of the batch, read by a statement
     that starts once every scope lock is held (``group_fence_scopes_and_policies``
     took them), so under READ COMMITTED it sees every version approved before
@@ -131,8 +116,8 @@ def policies_and_ledger_lookup(*, jobs: int, operations: int) -> str:
         " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
         " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, operation_id, last_id FROM {ledger}"
         " WHERE operation_id {ops}",
-        p=rows_cte("p", POLICY_COLUMNS, jobs),
-        ops=any_of("ops", "varchar", operations),
+        p=rows_cte("p", POLICY_COLUMNS),
+        ops=any_of("ops", "varchar"),
     )
 
 
@@ -208,7 +193,7 @@ def _and_in_span(spec: RecordKindSpec, alias: str | Composable, low: str, high: 
 
 @statement
 def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False) -> str:
-    """PostgreSQL: one partition's next candidates and the DELETE of those the
+    """One partition's next candidates and the DELETE of those the
     eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
     admits, in one statement. The DELETE re-tests the scope (property and
     portfolio) as well as the predicate: a row the application moved while
@@ -282,7 +267,7 @@ CANDIDATE_COLUMNS: Columns = (
 
 
 @statement
-def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
+def group_candidates(spec: RecordKindSpec) -> str:
     """Candidates of several partitions of one kind, in one statement, reading
     no more than one batch of rows in all.
 
@@ -308,7 +293,7 @@ def group_candidates(spec: RecordKindSpec, *, jobs: int) -> str:
         " ORDER BY {order} LIMIT g.lim) c ON true"
         " LIMIT %(budget)s) x GROUP BY x.ord, x.job_id",
         **_kind_names(spec),
-        g=rows_cte("g", candidate_columns(spec), jobs),
+        g=rows_cte("g", candidate_columns(spec)),
         last=spec.max_key("x.id"),
         partition=spec.in_partition("r", property_sql="g.property_id", portfolio_sql="g.portfolio_id"),
         after=spec.after("r", "g.after_id"),
@@ -393,7 +378,7 @@ def _held_in(spec: RecordKindSpec, rows: str) -> str:
 
 
 @statement
-def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bool = False) -> str:
+def group_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False) -> str:
     """Delete the eligible rows of every partition's candidates; returns one
     row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL) for kinds with
@@ -437,7 +422,7 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, jobs: int, pruning: bo
     )
     common: dict[str, str | Composable] = {
         **names,
-        "g": rows_cte("g", delete_columns(spec), jobs),
+        "g": rows_cte("g", delete_columns(spec)),
         "in_range": in_range,
         "extra": extra,
     }
@@ -500,16 +485,6 @@ def _ledger_names(keys: bool) -> str:
     return ", ".join(column for column, _ in ledger_columns(keys=keys))
 
 
-@statement
-def ledger_insert_many(rows: int, *, keys: bool = False) -> str:
-    """One ledger row per applied batch. Parameters: ``g`` (``ledger_columns``)."""
-    return compose(
-        "WITH {g} INSERT INTO {ledger} ({columns}) SELECT {columns} FROM g",
-        g=rows_cte("g", ledger_columns(keys=keys), rows),
-        columns=_ledger_names(keys),
-    )
-
-
 ADVANCE_COLUMNS: Columns = (
     ("job_id", "bigint"),
     ("new_cursor", "bigint"),
@@ -523,21 +498,23 @@ ADVANCE_COLUMNS: Columns = (
 
 
 @statement
-def ledger_insert_and_jobs_advance(*, rows: int, jobs: int, keys: bool = False) -> str:
-    """PostgreSQL: the ledger rows (``l``) and the jobs' advance (``g``) in
-    one statement (a data-modifying CTE), one round trip fewer per batch
-    transaction. Parameters: those of ``ledger_insert_many`` under ``l``,
-    then ``group_jobs_advance``'s."""
-    insert = compose(
-        "{l}, written AS (INSERT INTO {ledger} ({columns}) SELECT {columns} FROM l)",
-        l=rows_cte("l", ledger_columns(keys=keys), rows),
-        columns=_ledger_names(keys),
+def ledger_insert_and_jobs_advance(*, keys: bool = False) -> str:
+    """One ledger row per applied batch (``l``, ``ledger_columns``) and the
+    jobs' advance (``g``) in one statement (a data-modifying CTE), one round
+    trip fewer per batch transaction. Parameters: ``l``, then
+    ``group_jobs_advance``'s."""
+    return _jobs_advance(
+        compose(
+            "{l}, written AS (INSERT INTO {ledger} ({columns}) SELECT {columns} FROM l), {g}",
+            l=rows_cte("l", ledger_columns(keys=keys)),
+            columns=_ledger_names(keys),
+            g=rows_cte("g", ADVANCE_COLUMNS),
+        )
     )
-    return group_jobs_advance(jobs).replace("WITH ", f"WITH {insert}, ", 1)
 
 
 @statement
-def group_jobs_advance(jobs: int) -> str:
+def group_jobs_advance() -> str:
     """Every job of the transaction in one statement: cursor, counts, batch
     size (0 keeps it), and the state and outcome ``lifecycle.after_batch``
     decided. The lease columns follow that state: the state an *advance*
@@ -545,8 +522,13 @@ def group_jobs_advance(jobs: int) -> str:
     renewed; any other is a *finish* (leased → done), which clears it and
     sets the finishing time. Parameters: ``g`` (``ADVANCE_COLUMNS``),
     ``now``, ``renew`` (the new lease expiry)."""
+    return _jobs_advance(rows_cte("g", ADVANCE_COLUMNS))
+
+
+def _jobs_advance(ctes: str) -> str:
+    """``group_jobs_advance``'s UPDATE after the ``WITH`` of ``ctes`` (which define ``g``)."""
     return compose(
-        "WITH {g}"
+        "WITH {ctes}"
         " UPDATE {job} SET cursor = g.new_cursor, batches = batches + g.add_batches,"
         " batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {job}.batch_size END,"
         " rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,"
@@ -556,6 +538,6 @@ def group_jobs_advance(jobs: int) -> str:
         " lease_owner = CASE WHEN {advanced} THEN lease_owner ELSE '' END,"
         " lease_expires_at = CASE WHEN {advanced} THEN %(renew)s ELSE NULL END"
         " FROM g WHERE {job}.id = g.job_id RETURNING {job}.id, {job}.state, {job}.outcome",
-        g=rows_cte("g", ADVANCE_COLUMNS, jobs),
+        ctes=ctes,
         advanced=compose("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE))),
     )

@@ -2,7 +2,7 @@
 
 The record tables copy ``portfolio_id`` so the legal-hold check and tenant
 scoping need no join; a wrong copy would let a hold on one portfolio miss a
-record, or show one customer's record to another. On PostgreSQL a composite
+record, or show one customer's record to another. A composite
 foreign key ``(property_id, portfolio_id) → properties_property (id,
 portfolio_id)`` makes a mismatch impossible: an insert, or an update of either
 column, that disagrees with the property is rejected, and so is moving a

@@ -1,4 +1,4 @@
-"""Tenant activity, monthly partitioned on PostgreSQL (``PARTITION BY RANGE (occurred_at)``).
+"""Tenant activity, monthly partitioned (``PARTITION BY RANGE (occurred_at)``).
 
 Why: a table partition whose months lie wholly past every portfolio's cutoff
 and out of every hold's reach is dropped whole instead of deleted row by row

@@ -7,7 +7,7 @@ from django.db.backends.base.schema import BaseDatabaseSchemaEditor
 
 from retention.roles import sync_role_groups
 
-# On PostgreSQL the audit table rejects UPDATE and DELETE at the database
+# The audit table rejects UPDATE and DELETE at the database
 # level, so not even raw SQL from a shell session can rewrite history. TRUNCATE
 # is left alone: it needs table ownership, and Django's test flush relies on it.
 APPEND_ONLY_SQL = """
