@@ -12,9 +12,9 @@ timed in isolation, each in a transaction that is rolled back, median of ``REPEA
   row in 100 is expired. Both return the same counts (checked);
 * **delete**: ``execution.statements.group_delete`` over those partitions' candidate ranges, as
   ``execution.candidates`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
-* **ledger insert**: ``execution.statements.ledger_insert_many(100)`` (13 arrays through ``unnest``, the
-  committed form) against the same 100 rows as a ``VALUES`` list of 1,300 scalar
-  parameters (built here), client time and server time (``EXPLAIN ANALYZE``), to tell
+* **ledger insert**: the ledger CTE of ``execution.statements.ledger_insert_and_jobs_advance`` for
+  100 rows (13 arrays through ``unnest``, the committed form) against the same 100 rows as a
+  ``VALUES`` list of 1,300 scalar parameters (built here), client time and server time (``EXPLAIN ANALYZE``), to tell
   parameter handling from the insert itself;
 * **job update**: the group's finishing ``execution.statements.group_jobs_advance`` of 100 job rows
   (``state`` 'done', outcome 'deleted': every index of the job table gets a new entry)
@@ -110,7 +110,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
     items = [j for j in jobs if j[3] == kind]
     spec = get_spec(kind)
     try:
-        keyset = statements.group_candidates(spec, jobs=len(items))
+        keyset = statements.group_candidates(spec)
         candidate_rows = [
             {
                 "ord": ord_,
@@ -127,7 +127,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         # rows found through the due index instead.
         ts = spec.timestamp_column
         due = (
-            f"WITH {pipeline_sql.rows_cte('g', statements.CANDIDATE_COLUMNS, len(items))}"
+            f"WITH {pipeline_sql.rows_cte('g', statements.CANDIDATE_COLUMNS)}"
             " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
             f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
             f"SELECT d.id FROM (SELECT r.id FROM {spec.table} r WHERE r.property_id = g.property_id"
@@ -178,7 +178,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
             predicate, predicate_params = pipeline_sql.named(
                 *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
             )
-            statement = statements.group_delete(spec, predicate=predicate, jobs=len(ranges))
+            statement = statements.group_delete(spec, predicate=predicate)
             delete_params = {
                 **pipeline_sql.rows_params("g", statements.DELETE_COLUMNS, ranges),
                 **predicate_params,
@@ -225,8 +225,14 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         for job_id, po, prop, k, cutoff in jobs
     ]
     try:
-        arrays = statements.ledger_insert_many(len(ledger_rows))
+        # The committed form's insert (the ledger CTE of
+        # ``statements.ledger_insert_and_jobs_advance``), alone.
         columns = statements.LEDGER_COLUMNS
+        listed = ", ".join(column for column, _ in columns)
+        arrays = (
+            f"WITH {pipeline_sql.rows_cte('g', columns)}"
+            f" INSERT INTO cleanup_ops_ledgerentry ({listed}) SELECT {listed} FROM g"
+        )
         array_params = pipeline_sql.rows_params("g", columns, ledger_rows)
     except (AttributeError, TypeError) as exc:
         arrays = None
@@ -250,7 +256,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
 
     # The finishing job update (state -> done: not HOT) against a HOT update.
     try:
-        advance = statements.group_jobs_advance(len(jobs))
+        advance = statements.group_jobs_advance()
         finishing = [
             {
                 "job_id": job_id,

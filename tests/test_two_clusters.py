@@ -180,8 +180,12 @@ def test_a_pause_holds_for_both_clusters_and_a_resume_lets_either_finish(estate,
 
 
 def test_killing_one_cluster_leaves_the_other_draining_and_the_survivor_finishes_its_leases(estate, start_cluster):
-    victim = start_cluster("host-a")
-    start_cluster("host-b")
+    # A global rate limit keeps the sweep running for seconds (48 batches at 4 a
+    # second), so the kill always lands mid-sweep: unlimited, two clusters can
+    # finish it before host-a's first heartbeat is read (seen on a loaded CI host).
+    slow = {"CLEANUP_RATE_GLOBAL": "4", "CLEANUP_BURST_GLOBAL": "1"}
+    victim = start_cluster("host-a", **slow)
+    start_cluster("host-b", **slow)
     sweep_trigger()
     assert wait_for(lambda: WorkerHeartbeat.objects.filter(cluster="host-a", jobs_leased__gt=0).exists(), timeout=60), (
         "host-a never took work"
