@@ -179,6 +179,14 @@ class RecordKindSpec:
         return self._column(self.property_field.split("__")[0])
 
     @cached_property
+    def path_hop(self) -> tuple[str, str, str] | None:
+        """(unit table, unit pk column, unit's property column) of a one-hop
+        path, None for other shapes: the rows a disposition locks ``FOR
+        SHARE`` before it reads which property a record is in (lock, then
+        read: a unit moved meanwhile waits for the disposition)."""
+        return self._hop if self.property_shape == "path" else None
+
+    @cached_property
     def _hop(self) -> tuple[str, str, str]:
         """(unit table, unit pk column, unit's property column) of a one-hop path."""
         first, second = str(self.property_field).split("__")

@@ -187,3 +187,76 @@ def test_the_dry_run_command_reports_the_rows_a_null_path_keeps(shapes, portfoli
     out = StringIO()
     call_command("cleanup_sweep", "--dry-run", "--slot", "2026-08-21T02:00Z", stdout=out)
     assert f"Portfolio {portfolio.pk}, visit: 4 rows past the cutoff belong to no property" in out.getvalue()
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unit_moved_into_a_held_building_while_the_batch_deletes_keeps_its_visits_or_moves_after_the_delete(
+    shapes, settings, time_machine, portfolio, active_policy, reviewer
+):
+    """Issue 37, C1: the batch's DELETE waits on a visit the application holds;
+    meanwhile the application moves the visits' unit into another building
+    and a reviewer holds that building. Either the move waits for the batch
+    (the unit is locked with the scope: its visits are deleted while still
+    in the first building), or, had the move committed first, none of the
+    moved visits may be deleted under the new building's hold."""
+    from tests.interleaving import CheckpointHold, InThread, poll, raw_connection
+
+    time_machine.move_to(NOW, tick=False)
+    first, second = buildings(portfolio, 2)
+    active_policy(portfolio, "visit", 30)
+    unit = Unit.objects.create(building=first)
+    moved_visits = visits(unit, portfolio, 4, at=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+
+    settings.CLEANUP_CHECKPOINTS = frozenset({"batch.before_delete"})
+    hold = CheckpointHold("batch.before_delete")
+    observer = raw_connection()
+    application = raw_connection(autocommit=False)
+    try:
+        # The application holds one visit's row: the DELETE will wait on it.
+        application.execute(
+            f"UPDATE {Visit._meta.db_table} SET visited_at = visited_at WHERE id = %s", [moved_visits[0]]
+        )
+        worker = InThread(cleanup_drain, name="worker")
+        worker_pid = hold.wait_for_worker(worker)
+        hold.release()
+
+        def blocked(pid: int) -> bool:
+            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [pid]).fetchone()
+            return bool(blockers)
+
+        poll(lambda: blocked(worker_pid), what="the batch's DELETE to wait on the application's row")
+        move = InThread(lambda: Unit.objects.filter(pk=unit.pk).update(building=second), name="move")
+        move_state = move.settle(observer)
+        moved_first = move_state == "done"
+        assert blocked(worker_pid), "the batch went on before the application's row was released"
+        placed = InThread(
+            lambda: legal_hold_place(
+                portfolio=portfolio, property=second, placed_by=reviewer, reason="a claim on the second building"
+            ),
+            name="hold",
+        )
+        assert placed.settle(observer) == "done"
+        placed.reraise()
+        application.commit()
+        worker.join()
+        move.join()
+        worker.reraise()
+        move.reraise()
+    finally:
+        hold.release()
+        application.close()
+        observer.close()
+    settings.CLEANUP_CHECKPOINTS = frozenset()
+
+    left = set(Visit.objects.filter(pk__in=moved_visits).values_list("pk", flat=True))
+    if moved_first:
+        assert left == set(moved_visits), (
+            f"{len(moved_visits) - len(left)} visit(s) of a unit moved into a held building were deleted after"
+            " the move and the hold committed"
+        )
+    # The move waits for the batch: the visits go while their unit is still in the first building.
+    assert move_state == "waiting"
+    assert left == set()
+    assert Unit.objects.get(pk=unit.pk).building_id == second.pk
+    assert LegalHold.objects.filter(property_id=second.pk, released_at__isnull=True).count() == 1

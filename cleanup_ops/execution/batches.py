@@ -83,7 +83,7 @@ from cleanup_ops.sweeps import sweep_mark_drained_if_finished
 from retention.conf import MAX_BATCH_SIZE
 from retention.eligibility import db_datetime
 from retention.models import PolicyVersion
-from retention.registry import REGISTRY
+from retention.registry import REGISTRY, get_spec
 
 
 def job_load(job_id: int) -> JobRef:
@@ -415,6 +415,17 @@ def _scope_rows(jobs: list[JobRef]) -> list[dict[str, Any]]:
     ]
 
 
+def _paths(jobs: list[JobRef]) -> tuple[tuple[statements.Hop, tuple[str, ...]], ...]:
+    """The one-hop paths of the group's kinds, each with its kinds, in a
+    stable order (one statement text per set of paths)."""
+    kinds: dict[statements.Hop, set[str]] = {}
+    for kind in {job.record_kind for job in jobs}:
+        hop = get_spec(kind).path_hop
+        if hop is not None:
+            kinds.setdefault(hop, set()).add(kind)
+    return tuple((hop, tuple(sorted(kinds[hop]))) for hop in sorted(kinds))
+
+
 def _fence_scopes_and_policies(
     cur: Any, *, jobs: list[JobRef], lease: JobLease, now: datetime
 ) -> tuple[Fenced, Policies]:
@@ -432,7 +443,7 @@ def _fence_scopes_and_policies(
         "approved": PolicyVersion.Status.APPROVED,
     }
     statement = statements.group_fence_scopes_and_policies(
-        portfolio_partitions=any(job.property_id is None for job in jobs)
+        portfolio_partitions=any(job.property_id is None for job in jobs), paths=_paths(jobs)
     )
     rows = sql.execute(statement, params, cur=cur).fetchall()
     if not rows:

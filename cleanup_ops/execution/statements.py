@@ -16,7 +16,7 @@ Every statement takes named parameters; the list of partitions is a table
 
 from __future__ import annotations
 
-from psycopg.sql import Composable, Identifier, Literal
+from psycopg.sql import SQL, Composable, Identifier, Literal
 
 from cleanup_ops.lifecycle import JobEvent, state_after
 from cleanup_ops.sql import Columns, any_of, compose, ident, rows_cte, statement
@@ -31,8 +31,13 @@ SCOPE_COLUMNS: Columns = (
 )
 
 
+Hop = tuple[str, str, str]  # a one-hop path's (unit table, unit pk, unit's property column)
+
+
 @statement
-def group_fence_scopes_and_policies(*, portfolio_partitions: bool = False) -> str:
+def group_fence_scopes_and_policies(
+    *, portfolio_partitions: bool = False, paths: tuple[tuple[Hop, tuple[str, ...]], ...] = ()
+) -> str:
     """Steps a-c of the batch for a group, in one statement. The fence ``f``:
     those of the group's jobs whose lease is still ours — cursor and the
     totals so far (the finishing outcome is decided from them) — rows locked
@@ -49,7 +54,19 @@ def group_fence_scopes_and_policies(*, portfolio_partitions: bool = False) -> st
     property (``property_id`` NULL). Their scope is the portfolio row alone,
     locked ``FOR SHARE`` by a second scope CTE (in portfolio id order, after
     the property jobs' rows); a group without such jobs gets the text above
-    unchanged."""
+    unchanged.
+
+    ``paths``: the group has jobs of kinds reached through a unit
+    (``RecordKindSpec.path_hop``), each hop with its kinds. The units now in
+    those jobs' properties are locked ``FOR SHARE`` too (``u0``, ``u1`` …,
+    after ``s``: each reads it), so a unit cannot move into another property
+    between the statement that reads where a record is and the commit — the
+    move waits for the batch, and a hold placed on the unit's new property
+    meanwhile covers nothing the batch deletes. A unit moved *into* a
+    property is not locked and need not be: a later statement's snapshot
+    either sees it there (then the property's own lock covers its holds) or
+    does not (then its records are not deleted). Each ``u`` is read by a
+    one-time filter of the result (a CTE no one reads is never run)."""
     scopes = "s"
     portfolio_scope = ""
     if portfolio_partitions:
@@ -62,6 +79,21 @@ def group_fence_scopes_and_policies(*, portfolio_partitions: bool = False) -> st
             " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
             " ORDER BY po.{portfolio_pk} FOR SHARE OF po)",
         )
+    path_locks = ""
+    path_reads = ""
+    for n, ((unit, unit_pk, unit_property), kinds) in enumerate(paths):
+        name = ident(f"u{n}")
+        path_locks += compose(
+            ", {name} AS MATERIALIZED (SELECT u.{unit_pk} FROM s JOIN g ON g.job_id = s.job_id"
+            " JOIN {unit} u ON u.{unit_property} = g.property_id WHERE g.record_kind IN ({kinds})"
+            " ORDER BY u.{unit_pk} FOR SHARE OF u)",
+            name=name,
+            unit=ident(unit),
+            unit_pk=ident(unit_pk),
+            unit_property=ident(unit_property),
+            kinds=SQL(", ").join(Literal(kind) for kind in kinds),
+        )
+        path_reads += compose(" AND (SELECT COUNT(*) FROM {name}) >= 0", name=name)
     return compose(
         "WITH {g},"
         " f AS MATERIALIZED (SELECT id, cursor, rows_deleted, rows_held FROM {job} WHERE id {ids}"
@@ -73,13 +105,16 @@ def group_fence_scopes_and_policies(*, portfolio_partitions: bool = False) -> st
         " JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio} AND po.{portfolio_pk} = g.portfolio_id"
         " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
         " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        " ORDER BY p.{property_pk} FOR SHARE OF p, po){portfolio_scope}"
+        " ORDER BY p.{property_pk} FOR SHARE OF p, po){portfolio_scope}{path_locks}"
         " SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
-        " s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id ORDER BY f.id",
+        " s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id"
+        " WHERE true{path_reads} ORDER BY f.id",
         g=rows_cte("g", SCOPE_COLUMNS),
         ids=any_of("ids", "bigint"),
         portfolio_scope=portfolio_scope,
         scopes=scopes,
+        path_locks=path_locks,
+        path_reads=path_reads,
     )
 
 
