@@ -28,6 +28,9 @@ b. ``LOCK TABLE <table partition> IN SHARE MODE``. From here no row can
    takes ROW EXCLUSIVE, which conflicts. (SHARE, not ACCESS EXCLUSIVE: the
    application's reads of old rows go on during the scan of c; the drop of
    f takes ACCESS EXCLUSIVE, for milliseconds.)
+   For a kind reached through a unit (a one-hop path), the units its rows
+   name, ``FOR SHARE`` as a batch locks them: no unit moves into another
+   property until the drop commits, so c reads where each row is for good.
 c. Read, in statements after the lock: its rows per (portfolio, property),
    and ``ids_digest`` = ``encode(sha256(convert_to(coalesce(string_agg(CAST(id
    AS text), ',' ORDER BY id), ''), 'UTF8')), 'hex')`` — sha256 (hex) of its
@@ -297,6 +300,23 @@ def _decide_and_drop(
         # wrote earlier in its own transaction) would make the DROP refuse: run them now.
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
         cur.execute(f"LOCK TABLE {target} IN SHARE MODE")  # b
+        hop = spec.path_hop
+        if hop is not None:
+            # b': a kind reached through its unit: the units its rows name,
+            # FOR SHARE, before c reads their properties (lock, then read: a
+            # unit moving into a held property meanwhile waits for the drop).
+            unit, unit_pk, _ = hop
+            cur.execute(
+                pgsql.SQL(
+                    "SELECT u.{unit_pk} FROM {unit} u WHERE u.{unit_pk} IN (SELECT t.{unit_column} FROM {target} t)"
+                    " ORDER BY u.{unit_pk} FOR SHARE OF u"
+                ).format(
+                    unit=pgsql.Identifier(unit),
+                    unit_pk=pgsql.Identifier(unit_pk),
+                    unit_column=pgsql.Identifier(spec.property_column),
+                    target=pgsql.Identifier(table_partition.schema, table_partition.name),
+                )
+            )
         # c: read after the lock.
         cur.execute(
             f"SELECT t.{spec.portfolio_column}, {spec.property_of('t')}, count(*) FROM {target} t"

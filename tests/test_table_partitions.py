@@ -31,6 +31,7 @@ from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property, TenantActivity
 from retention.checks import check_kind, table_partition_shape_problems, table_partitions_check
 from retention.models import RetentionPolicy
+from retention.registry import registry_reload
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
 
 from .conftest import make_records, make_user, table_partitions_listed, table_partitions_restore, utc
@@ -619,3 +620,85 @@ def test_a_trigger_stalled_inside_a_drop_gives_its_scope_locks_back_after_the_id
     assert placed.pk is not None
     assert isinstance(trigger.error, DatabaseError)  # its session was ended: nothing it did committed
     assert table_partition_exists(P_MARCH) and not march_dropped()
+
+
+# --- A kind reached through its unit ----------------------------------------------------
+
+UNIT_READING = {
+    "model": "schema_b.UnitReading",
+    "timestamp": "read_at",
+    "portfolio": "customer",
+    "property": "unit__building",
+    "drop_table_partitions": True,
+}
+JANUARY = utc("2026-01-10T00:00:00Z")
+
+
+@pytest.fixture
+def unit_readings(settings):  # type: ignore[no-untyped-def]
+    """The one-hop partitioned kind alone; its table partitions dropped by the
+    test are made again afterwards (the keeper makes tenant activity's only)."""
+    settings.RETENTION_RECORD_KINDS = {"unit_reading": UNIT_READING}
+    registry_reload()
+    yield
+    del settings.RETENTION_RECORD_KINDS
+    registry_reload()
+    with connection.cursor() as cur:
+        for month in range(1, 8):
+            cur.execute(
+                f"CREATE TABLE IF NOT EXISTS unit_readings_2026_{month:02d} PARTITION OF unit_readings"
+                f" FOR VALUES FROM ('2026-{month:02d}-01 00:00+00') TO ('2026-{month + 1:02d}-01 00:00+00')"
+            )
+
+
+@pytest.mark.django_db(transaction=True)
+def test_a_unit_moved_into_a_held_building_while_the_drop_decides_waits_and_no_dropped_row_was_under_the_hold(
+    committed, unit_readings, active_policy, reviewer
+):
+    """Issue 37, C1 on the drop: at ``before_drop`` (the decision made) the
+    application moves a unit into another building of the same portfolio and
+    a reviewer holds that building. Either the move waits for the drop (the
+    drop locked the units its rows name), or, had it committed first, the
+    table partition with the moved unit's rows may not be dropped."""
+    from tests.schema_b.models import Unit, UnitReading
+
+    portfolio = Portfolio.objects.create(name="Path", slug="path")
+    first = Property.objects.create(portfolio=portfolio, name="First")
+    second = Property.objects.create(portfolio=portfolio, name="Second")
+    active_policy(portfolio, "unit_reading", 30)
+    unit = Unit.objects.create(building=first)
+    UnitReading.objects.bulk_create(
+        [UnitReading(customer=portfolio, unit=unit, read_at=JANUARY + timedelta(minutes=i)) for i in range(3)]
+    )
+    committed.CLEANUP_CHECKPOINTS = frozenset({"table_partition.before_drop"})
+    hold = CheckpointHold("table_partition.before_drop")
+    drop = InThread(lambda: service.table_partitions_drop(slot=SLOT, now=NOW), name="drop")
+    observer = raw_connection()
+    try:
+        hold.wait_for_worker(drop)
+        move = InThread(lambda: Unit.objects.filter(pk=unit.pk).update(building=second), name="move")
+        move_state = move.settle(observer)
+        placing = InThread(
+            lambda: legal_hold_place(
+                portfolio=portfolio, property=second, placed_by=reviewer, reason="a claim on the second building"
+            ),
+            name="hold",
+        )
+        assert placing.settle(observer) == "done"
+        placing.reraise()
+    finally:
+        hold.release()
+        observer.close()
+    drop.join()
+    move.join()
+    drop.reraise()
+    move.reraise()
+
+    january_dropped = TablePartitionDrop.objects.filter(table_partition="unit_readings_2026_01").exists()
+    if move_state == "done":
+        assert not january_dropped, (
+            "the drop removed the readings of a unit that had moved into a building held before the drop committed"
+        )
+    assert move_state == "waiting"  # on the drop's lock of the unit
+    assert january_dropped and not UnitReading.objects.exists()
+    assert Unit.objects.get(pk=unit.pk).building_id == second.pk

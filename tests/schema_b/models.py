@@ -165,3 +165,21 @@ class MeterReading(models.Model):
 
     def __str__(self) -> str:
         return f"reading {self.pk}"
+
+
+class UnitReading(models.Model):
+    """A monthly-partitioned table (migration 0008) whose property is its
+    unit's (``"property": "unit__building"``): whole table partitions of a
+    one-hop kind, dropped."""
+
+    customer = models.ForeignKey(Portfolio, on_delete=models.DO_NOTHING, related_name="+")
+    unit = models.ForeignKey(Unit, on_delete=models.DO_NOTHING, related_name="+", null=True)
+    read_at = models.DateTimeField()
+
+    class Meta:
+        app_label = "schema_b"
+        managed = False
+        db_table = "unit_readings"
+
+    def __str__(self) -> str:
+        return f"unit reading {self.pk}"
