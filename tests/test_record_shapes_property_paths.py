@@ -260,3 +260,53 @@ def test_a_unit_moved_into_a_held_building_while_the_batch_deletes_keeps_its_vis
     assert left == set()
     assert Unit.objects.get(pk=unit.pk).building_id == second.pk
     assert LegalHold.objects.filter(property_id=second.pk, released_at__isnull=True).count() == 1
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_application_that_changes_a_visit_then_moves_its_unit_under_a_batch_goes_on_and_the_batch_steps_back(
+    shapes, settings, time_machine, portfolio, active_policy, caplog
+):
+    """The lock cycle the unit lock makes possible: the application changes a
+    visit (the batch's DELETE waits on it), then moves the visit's unit (it
+    waits on the batch's unit lock). PostgreSQL ends the side that waited
+    first, the batch; the application's transaction commits, nothing is
+    deleted, and the batch, a transient database error, is run again."""
+    from tests.interleaving import CheckpointHold, InThread, poll, raw_connection
+
+    time_machine.move_to(NOW, tick=False)
+    first, second = buildings(portfolio, 2)
+    active_policy(portfolio, "visit", 30)
+    unit = Unit.objects.create(building=first)
+    kept = visits(unit, portfolio, 3, at=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+
+    settings.CLEANUP_CHECKPOINTS = frozenset({"batch.before_delete"})
+    hold = CheckpointHold("batch.before_delete")
+    observer = raw_connection()
+    application = raw_connection(autocommit=False)
+    try:
+        application.execute(f"UPDATE {Visit._meta.db_table} SET visited_at = visited_at WHERE id = %s", [kept[0]])
+        worker = InThread(cleanup_drain, name="worker")
+        worker_pid = hold.wait_for_worker(worker)
+        hold.release()
+        poll(
+            lambda: observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()[0],
+            what="the batch's DELETE to wait on the application's row",
+        )
+        application.execute(f"UPDATE {Unit._meta.db_table} SET building_id = %s WHERE id = %s", [second.pk, unit.pk])
+        application.commit()
+        worker.join()
+        worker.reraise()
+    finally:
+        hold.release()
+        application.close()
+        observer.close()
+    settings.CLEANUP_CHECKPOINTS = frozenset()
+
+    assert Unit.objects.get(pk=unit.pk).building_id == second.pk
+    assert set(Visit.objects.filter(pk__in=kept).values_list("pk", flat=True)) == set(kept)
+    job = CleanupJob.objects.get(record_kind="visit", property_id=first.pk)
+    # Run again at once, after the unit's move: nothing of the first building is left to delete.
+    assert (job.state, job.outcome, job.rows_deleted) == ("done", JobOutcome.NOTHING_ELIGIBLE, 0)
+    (stepped_back,) = [r for r in caplog.records if getattr(r, "category", "") == "transient_database"]
+    assert "OperationalError" in stepped_back.getMessage()
