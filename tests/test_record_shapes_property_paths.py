@@ -7,7 +7,11 @@ silence.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from django.core.exceptions import ValidationError
@@ -189,6 +193,57 @@ def test_the_dry_run_command_reports_the_rows_a_null_path_keeps(shapes, portfoli
     assert f"Portfolio {portfolio.pk}, visit: 4 rows past the cutoff belong to no property" in out.getvalue()
 
 
+def _swept_unit(portfolio: Portfolio, active_policy, *, count: int):  # type: ignore[no-untyped-def]
+    """Two buildings, a unit in the first with ``count`` old visits, swept:
+    (first, second, unit, the visits' ids)."""
+    first, second = buildings(portfolio, 2)
+    active_policy(portfolio, "visit", 30)
+    unit = Unit.objects.create(building=first)
+    ids = visits(unit, portfolio, count, at=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    return first, second, unit, ids
+
+
+@dataclass
+class _WaitingBatch:
+    """A drain whose batch's DELETE waits on a visit the application holds."""
+
+    application: Any  # the application's connection, its transaction open
+    observer: Any
+    worker: Any  # the drain's InThread
+    worker_pid: int  # its session's backend, as the checkpoint named it
+
+    def blocked(self) -> bool:
+        (blockers,) = self.observer.execute("SELECT pg_blocking_pids(%s)", [self.worker_pid]).fetchone()
+        return bool(blockers)
+
+
+@contextmanager
+def _batch_waiting_on(settings, visit_id: int) -> Iterator[_WaitingBatch]:  # type: ignore[no-untyped-def]
+    """The application holds ``visit_id``'s row (an UPDATE, not committed); a
+    drain runs on a thread past ``batch.before_delete`` until its DELETE waits
+    on that row. On leaving, the checkpoint and the connections are let go."""
+    from tests.interleaving import CheckpointHold, InThread, poll, raw_connection
+
+    settings.CLEANUP_CHECKPOINTS = frozenset({"batch.before_delete"})
+    hold = CheckpointHold("batch.before_delete")
+    observer = raw_connection()
+    application = raw_connection(autocommit=False)
+    try:
+        application.execute(f"UPDATE {Visit._meta.db_table} SET visited_at = visited_at WHERE id = %s", [visit_id])
+        worker = InThread(cleanup_drain, name="worker")
+        worker_pid = hold.wait_for_worker(worker)
+        hold.release()
+        waiting = _WaitingBatch(application=application, observer=observer, worker=worker, worker_pid=worker_pid)
+        poll(waiting.blocked, what="the batch's DELETE to wait on the application's row")
+        yield waiting
+    finally:
+        hold.release()
+        application.close()
+        observer.close()
+        settings.CLEANUP_CHECKPOINTS = frozenset()
+
+
 @pytest.mark.django_db(transaction=True)
 def test_a_unit_moved_into_a_held_building_while_the_batch_deletes_keeps_its_visits_or_moves_after_the_delete(
     shapes, settings, time_machine, portfolio, active_policy, reviewer
@@ -199,55 +254,28 @@ def test_a_unit_moved_into_a_held_building_while_the_batch_deletes_keeps_its_vis
     (the unit is locked with the scope: its visits are deleted while still
     in the first building), or, had the move committed first, none of the
     moved visits may be deleted under the new building's hold."""
-    from tests.interleaving import CheckpointHold, InThread, poll, raw_connection
+    from tests.interleaving import InThread
 
     time_machine.move_to(NOW, tick=False)
-    first, second = buildings(portfolio, 2)
-    active_policy(portfolio, "visit", 30)
-    unit = Unit.objects.create(building=first)
-    moved_visits = visits(unit, portfolio, 4, at=OLD)
-    sweep_trigger(slot=SLOT, now=NOW)
-
-    settings.CLEANUP_CHECKPOINTS = frozenset({"batch.before_delete"})
-    hold = CheckpointHold("batch.before_delete")
-    observer = raw_connection()
-    application = raw_connection(autocommit=False)
-    try:
-        # The application holds one visit's row: the DELETE will wait on it.
-        application.execute(
-            f"UPDATE {Visit._meta.db_table} SET visited_at = visited_at WHERE id = %s", [moved_visits[0]]
-        )
-        worker = InThread(cleanup_drain, name="worker")
-        worker_pid = hold.wait_for_worker(worker)
-        hold.release()
-
-        def blocked(pid: int) -> bool:
-            (blockers,) = observer.execute("SELECT pg_blocking_pids(%s)", [pid]).fetchone()
-            return bool(blockers)
-
-        poll(lambda: blocked(worker_pid), what="the batch's DELETE to wait on the application's row")
+    _, second, unit, moved_visits = _swept_unit(portfolio, active_policy, count=4)
+    with _batch_waiting_on(settings, moved_visits[0]) as batch:
         move = InThread(lambda: Unit.objects.filter(pk=unit.pk).update(building=second), name="move")
-        move_state = move.settle(observer)
+        move_state = move.settle(batch.observer)
         moved_first = move_state == "done"
-        assert blocked(worker_pid), "the batch went on before the application's row was released"
+        assert batch.blocked(), "the batch went on before the application's row was released"
         placed = InThread(
             lambda: legal_hold_place(
                 portfolio=portfolio, property=second, placed_by=reviewer, reason="a claim on the second building"
             ),
             name="hold",
         )
-        assert placed.settle(observer) == "done"
+        assert placed.settle(batch.observer) == "done"
         placed.reraise()
-        application.commit()
-        worker.join()
+        batch.application.commit()
+        batch.worker.join()
         move.join()
-        worker.reraise()
+        batch.worker.reraise()
         move.reraise()
-    finally:
-        hold.release()
-        application.close()
-        observer.close()
-    settings.CLEANUP_CHECKPOINTS = frozenset()
 
     left = set(Visit.objects.filter(pk__in=moved_visits).values_list("pk", flat=True))
     if moved_first:
@@ -271,37 +299,15 @@ def test_an_application_that_changes_a_visit_then_moves_its_unit_under_a_batch_g
     waits on the batch's unit lock). PostgreSQL ends the side that waited
     first, the batch; the application's transaction commits, nothing is
     deleted, and the batch, a transient database error, is run again."""
-    from tests.interleaving import CheckpointHold, InThread, poll, raw_connection
-
     time_machine.move_to(NOW, tick=False)
-    first, second = buildings(portfolio, 2)
-    active_policy(portfolio, "visit", 30)
-    unit = Unit.objects.create(building=first)
-    kept = visits(unit, portfolio, 3, at=OLD)
-    sweep_trigger(slot=SLOT, now=NOW)
-
-    settings.CLEANUP_CHECKPOINTS = frozenset({"batch.before_delete"})
-    hold = CheckpointHold("batch.before_delete")
-    observer = raw_connection()
-    application = raw_connection(autocommit=False)
-    try:
-        application.execute(f"UPDATE {Visit._meta.db_table} SET visited_at = visited_at WHERE id = %s", [kept[0]])
-        worker = InThread(cleanup_drain, name="worker")
-        worker_pid = hold.wait_for_worker(worker)
-        hold.release()
-        poll(
-            lambda: observer.execute("SELECT pg_blocking_pids(%s)", [worker_pid]).fetchone()[0],
-            what="the batch's DELETE to wait on the application's row",
+    first, second, unit, kept = _swept_unit(portfolio, active_policy, count=3)
+    with _batch_waiting_on(settings, kept[0]) as batch:
+        batch.application.execute(
+            f"UPDATE {Unit._meta.db_table} SET building_id = %s WHERE id = %s", [second.pk, unit.pk]
         )
-        application.execute(f"UPDATE {Unit._meta.db_table} SET building_id = %s WHERE id = %s", [second.pk, unit.pk])
-        application.commit()
-        worker.join()
-        worker.reraise()
-    finally:
-        hold.release()
-        application.close()
-        observer.close()
-    settings.CLEANUP_CHECKPOINTS = frozenset()
+        batch.application.commit()
+        batch.worker.join()
+        batch.worker.reraise()
 
     assert Unit.objects.get(pk=unit.pk).building_id == second.pk
     assert set(Visit.objects.filter(pk__in=kept).values_list("pk", flat=True)) == set(kept)
