@@ -443,6 +443,10 @@ class Guarantees(ModelWorld):
             self.holds.append(Hold(int(placing.result), target.portfolio_id, target.pk, "", None))
         if change == "insert":
             self.records[(inserted[0].kind, inserted[0].id)] = inserted[0]
+            # In flight while the batch ran: its snapshot saw the row or not. A
+            # non-integer key (a UUID) can fall inside the batch's key range, so
+            # the row counts either way in that ledger row's held count.
+            self.unsettled.setdefault((inserted[0].kind, inserted[0].id), replace(inserted[0]))
         else:
             self.unsettled.setdefault((record.kind, record.id), replace(record))
             self._applied(record, fields)
