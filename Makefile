@@ -59,14 +59,18 @@ demo-incident: demo-db
 	$(PY) manage.py seed_attachments --fraction 0.02 --seed 42; \
 	$(PY) manage.py demo_incident --max-seconds 5'
 
+# Every tier on TEST_WORKERS pytest-xdist processes (each its own test database, on
+# the one throwaway PostgreSQL), the xdist_group tests each group on one worker
+# (docs/developing.md, "In parallel"). TEST_WORKERS=0: one process, no xdist.
+TEST_WORKERS ?= 2
+XDIST := -n $(TEST_WORKERS) --dist loadgroup
 test: venv
-	PYTHON=$(PY) bash scripts/test.sh
+	PYTHON=$(PY) bash scripts/test.sh $(XDIST) --durations=20
 
 # The inner loop: the unit and database tiers (tests/conftest.py, "Test tiers") on
-# two pytest-xdist processes (each its own test database),
-# on the same throwaway PostgreSQL (PG_BIN=... for other binaries).
+# the same workers and PostgreSQL (PG_BIN=... for other binaries).
 test-fast: venv
-	TEST_BROKERS=none PYTHON=$(PY) bash scripts/test.sh -n 2 -m "unit or database"
+	TEST_BROKERS=none PYTHON=$(PY) bash scripts/test.sh $(XDIST) -m "unit or database"
 
 # The unit tier alone: no database is started.
 test-unit: venv

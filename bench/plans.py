@@ -127,7 +127,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         # rows found through the due index instead.
         ts = spec.timestamp_column
         due = (
-            f"WITH {pipeline_sql.rows_cte('g', statements.CANDIDATE_COLUMNS)}"
+            f"WITH {pipeline_sql.compose('{g}', g=pipeline_sql.rows_cte('g', statements.CANDIDATE_COLUMNS))}"
             " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
             f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
             f"SELECT d.id FROM (SELECT r.id FROM {spec.table} r WHERE r.property_id = g.property_id"
@@ -230,7 +230,7 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         columns = statements.LEDGER_COLUMNS
         listed = ", ".join(column for column, _ in columns)
         arrays = (
-            f"WITH {pipeline_sql.rows_cte('g', columns)}"
+            f"WITH {pipeline_sql.compose('{g}', g=pipeline_sql.rows_cte('g', columns))}"
             f" INSERT INTO cleanup_ops_ledgerentry ({listed}) SELECT {listed} FROM g"
         )
         array_params = pipeline_sql.rows_params("g", columns, ledger_rows)
@@ -239,7 +239,9 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         out["ledger_insert"] = f"skipped ({type(exc).__name__})"
     if arrays:
         names = ", ".join(column for column, _ in columns)
-        values = pipeline_sql.values_list(len(ledger_rows), [sql_type for _, sql_type in columns])
+        values = pipeline_sql.compose(
+            "{v}", v=pipeline_sql.values_list(len(ledger_rows), [sql_type for _, sql_type in columns])
+        )
         scalar = (
             f"WITH g({names}) AS (VALUES {values}) INSERT INTO cleanup_ops_ledgerentry ({names}) SELECT {names} FROM g"
         )

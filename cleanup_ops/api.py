@@ -27,6 +27,8 @@ from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_sche
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
 from rest_framework.exceptions import PermissionDenied, ValidationError
+from rest_framework.pagination import PageNumberPagination
+from rest_framework.permissions import AllowAny
 from rest_framework.request import Request
 from rest_framework.response import Response
 from rest_framework.views import APIView
@@ -47,7 +49,8 @@ from cleanup_ops.console_selectors import JobFilter
 from cleanup_ops.console_selectors.overview import overview
 from cleanup_ops.metrics import timed_trigger
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState, Sweep
-from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
+from cleanup_ops.proof import PROOF_FORMATS, proof_csv_sign, proof_sign, sweep_proof
+from cleanup_ops.proof_keys import ProofKeyMissing, proof_key_set
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import (
     JOB_ACTION_PERMISSION,
@@ -64,7 +67,14 @@ from cleanup_ops.recovery.operator import (
     pipeline_resume,
 )
 from cleanup_ops.schedule import SlotError, slot_parse, sweep_trigger
-from cleanup_ops.selectors import DeadLetterFilter, dead_letter_filter_parse, sweeps_seen
+from cleanup_ops.selectors import (
+    DeadLetterFilter,
+    dead_letter_filter_parse,
+    selection_changed,
+    selection_digest,
+    selection_ids,
+    sweeps_seen,
+)
 from retention import apiutils
 from retention.apiutils import (
     Conflict,
@@ -90,6 +100,36 @@ def call_service(fn: Any, **kwargs: Any) -> Any:
 
 
 # --- Views ----------------------------------------------------------------------
+
+
+class SeenPagination(PageNumberPagination):
+    """A page of the list, plus ``seen``: the digest of every row the filter
+    matches, all pages (``selectors.selection_digest``, the console's
+    confirmation pages' digest). A bulk decision by the same filter sends it
+    back, so it acts only on the set the caller listed: a count alone lets a
+    letter that appeared since be decided unseen. One more query (the ids)."""
+
+    seen = ""
+
+    def paginate_queryset(self, queryset: Any, request: Any, view: Any = None) -> Any:
+        self.seen = selection_digest(selection_ids(queryset))
+        return super().paginate_queryset(queryset, request, view)
+
+    def get_paginated_response(self, data: Any) -> Response:
+        response = super().get_paginated_response(data)
+        response.data["seen"] = self.seen
+        return response
+
+    def get_paginated_response_schema(self, schema: dict[str, Any]) -> dict[str, Any]:
+        out = super().get_paginated_response_schema(schema)
+        out["properties"]["seen"] = {
+            "type": "string",
+            "pattern": "^[0-9a-f]{64}$",
+            "description": "sha256 of the ids of every letter matched (all pages), sorted and comma-joined;"
+            " send it back as a bulk decision's `seen` (list with status=open and the bulk's filter)",
+        }
+        out["required"] = [*out["required"], "seen"]
+        return out
 
 
 class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
@@ -157,19 +197,26 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @extend_schema(
         parameters=[OpenApiParameter("export", str, enum=list(PROOF_FORMATS), required=False)],
         responses={
-            200: OpenApiResponse(description="proof of disposition (JSON, or CSV with ?export=csv)"),
+            200: OpenApiResponse(
+                description="proof of disposition, signed (JSON, or CSV with ?export=csv); "
+                "verify it with the keys at /api/v1/proof-keys/"
+            ),
             400: OpenApiResponse(description="export is neither csv nor json"),
+            503: OpenApiResponse(description="no proof signing key is configured (RETENTION_PROOF_SIGNING_KEY)"),
         },
     )
     @action(detail=True, methods=["get"])
     def proof(self, request: Request, pk: str | None = None, **kwargs: Any) -> Response | HttpResponse:
         export = choice_param(request, "export", list(PROOF_FORMATS)) or "json"
         proof = sweep_proof(sweep=self.get_object(), portfolio_ids=portfolio_ids_where(request.user, SWEEP_VIEW))
-        if export == "csv":
-            response = HttpResponse(proof_csv(proof), content_type="text/csv")
-            response["Content-Disposition"] = f'attachment; filename="proof-{proof["sweep_id"]}.csv"'
-            return response
-        return Response(proof)
+        try:
+            if export == "csv":
+                response = HttpResponse(proof_csv_sign(proof=proof), content_type="text/csv")
+                response["Content-Disposition"] = f'attachment; filename="proof-{proof["sweep_id"]}.csv"'
+                return response
+            return Response(proof_sign(proof=proof))
+        except ProofKeyMissing as exc:
+            return Response({"detail": str(exc)}, status=status.HTTP_503_SERVICE_UNAVAILABLE)
 
 
 class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
@@ -257,6 +304,7 @@ class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
 
 class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     serializer_class = DeadLetterSerializer
+    pagination_class = SeenPagination
     permission_classes = [RolePermission]
     required_perms = {
         "list": "cleanup_ops.view_deadletter",
@@ -278,7 +326,10 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
             200: BulkLetterResultSerializer,
             400: OpenApiResponse(description="invalid ids, filter or reason"),
             403: OpenApiResponse(description="no permission for the operation"),
-            409: OpenApiResponse(description="the filter now matches another number of open letters than expected"),
+            409: OpenApiResponse(
+                description="the filter now matches other open letters than the caller listed: another number"
+                " (`expected`) or another set (`seen`); the body names that field, nothing is decided"
+            ),
         },
     )
     @action(detail=False, methods=["post"])
@@ -306,11 +357,16 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
             )
             asked = []
         found = dict(matching.values_list("id", "status"))
-        if "filter" in data.validated_data and len(found) != data.validated_data["expected"]:
-            raise Conflict(
-                f"the filter matches {len(found)} open letter(s), not {data.validated_data['expected']}; "
-                "nothing was decided."
+        if "filter" in data.validated_data:
+            changed = selection_changed(
+                seen=data.validated_data["seen"],
+                ids=sorted(found),
+                expected=data.validated_data["expected"],
+                noun="open letters",
+                since="they were listed",
             )
+            if changed is not None:
+                raise Conflict({changed.field: f"{changed.message} Nothing was decided."})
         open_ids = tuple(sorted(i for i, s in found.items() if s == DeadLetter.Status.OPEN))
         decided: list[DeadLetter] = []
         jobs: list[CleanupJob] = []
@@ -403,6 +459,19 @@ class MetricsView(APIView):
     @extend_schema(responses={200: OpenApiResponse(description="overview figures")})
     def get(self, request: Request) -> Response:
         return Response(overview(portfolio_ids=portfolio_ids_where(request.user, JOB_VIEW)))
+
+
+class ProofKeysView(APIView):
+    """The public keys proofs of disposition are signed with, by key id (the current one
+    first, then those rotated out): what an auditor gives ``cleanup_proof_verify
+    --public-key``. Public keys only, so anyone may read them, signed in or not."""
+
+    permission_classes = [AllowAny]
+    authentication_classes: list[Any] = []
+
+    @extend_schema(responses={200: OpenApiResponse(description="the proof signing public keys (key set JSON)")})
+    def get(self, request: Request) -> Response:
+        return Response(proof_key_set())
 
 
 class _PauseSwitchView(APIView):

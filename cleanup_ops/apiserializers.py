@@ -137,6 +137,9 @@ class DeadLetterSerializer(serializers.ModelSerializer):
         read_only_fields = ["job", "sweep", "resolved_by", "redrive_job"]
 
 
+#: A ``selectors.selection_digest``: sha256 in lower-case hex.
+SEEN_PATTERN = r"^[0-9a-f]{64}$"
+
 # At most this many ids in one bulk call: one transaction, one response.
 BULK_MAX_IDS = 1000
 
@@ -149,8 +152,9 @@ class JobActionResultSerializer(serializers.Serializer):
 class BulkLetterDecisionSerializer(ReasonSerializer):
     """Decide the letters named by id, or every open letter matching a filter
     (the inbox's: ``category``, ``http_status``, ``kind``, ``portfolio``,
-    ``sweep``, ``older_than_hours``), which then needs ``expected``: the
-    number of letters the caller saw, as the console's confirmation does."""
+    ``sweep``, ``older_than_hours``), which then needs ``expected`` and
+    ``seen``: the number of letters the caller saw and the list's digest of
+    them, as the console's confirmation carries."""
 
     operation = serializers.ChoiceField(choices=Decision.choices)
     letter_ids = serializers.ListField(
@@ -160,12 +164,21 @@ class BulkLetterDecisionSerializer(ReasonSerializer):
         child=FreeTextField(max_length=40), required=False, help_text="an inbox filter instead of ids"
     )
     expected = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
+    seen = serializers.RegexField(
+        SEEN_PATTERN,
+        required=False,
+        help_text="with a filter: the `seen` of GET /api/v1/dead-letters/?status=open and the same filter",
+    )
 
     def validate(self, attrs: dict[str, Any]) -> dict[str, Any]:
         if ("letter_ids" in attrs) == ("filter" in attrs):
             raise ValidationError({"letter_ids": "give either letter_ids or filter, not both and not neither."})
         if "filter" in attrs and "expected" not in attrs:
             raise ValidationError({"expected": "a filter needs expected: the number of open letters it matched."})
+        if "filter" in attrs and "seen" not in attrs:
+            raise ValidationError(
+                {"seen": "a filter needs seen: the digest the dead-letter list gave for the letters it matched."}
+            )
         return attrs
 
 

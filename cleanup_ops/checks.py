@@ -29,6 +29,7 @@ from django.core import checks
 from cleanup_ops.defaults import SETTINGS
 from cleanup_ops.downstream.urls import docstore_url_check
 from cleanup_ops.execution.leases import TOKEN_SLEEP_STRETCH
+from cleanup_ops.proof_keys import signing_settings_problems
 from retention.conf import setting_errors
 
 DEFAULT_REFRESH_SECONDS = 5
@@ -135,6 +136,20 @@ REQUIRED_REST_FRAMEWORK = (
 Q_CLUSTER_OPTIONS = {"ack_failures": True, "max_attempts": 1, "bulk": 1}
 
 
+PROOF_KEY_HINT = "docs/operating.md, 'Proof signing keys': make one with manage.py cleanup_proof_key --generate"
+PROOF_KEY_MISSING = (
+    "RETENTION_PROOF_SIGNING_KEY: not set and DEBUG is off: every proof export answers 503 until a key is set"
+)
+
+
+@checks.register(deploy=True)
+def proof_key_deploy_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
+    """A deployment without a signing key cannot give an auditor a proof: an error for ``check --deploy``."""
+    if settings.RETENTION_PROOF_SIGNING_KEY or settings.DEBUG:
+        return []
+    return [checks.Error(PROOF_KEY_MISSING, hint=PROOF_KEY_HINT, id="cleanup_ops.E121")]
+
+
 @checks.register()
 def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
     errors = setting_errors(SETTINGS, id_prefix="cleanup_ops.settings")
@@ -168,6 +183,18 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
                 id="cleanup_ops.E115",
             )
         )
+    # Proofs are signed: a bad key, or none with DEBUG off, is a start-up error rather than
+    # an export that fails later (or, worse, one signed with the public demo key).
+    for name, problem in signing_settings_problems():
+        errors.append(
+            checks.Error(
+                f"{name}: {problem}",
+                hint=PROOF_KEY_HINT,
+                id="cleanup_ops.E120",
+            )
+        )
+    if not settings.RETENTION_PROOF_SIGNING_KEY and not settings.DEBUG:
+        errors.append(checks.Warning(PROOF_KEY_MISSING, hint=PROOF_KEY_HINT, id="cleanup_ops.W120"))
     floor = TOKEN_SLEEP_STRETCH * settings.CLEANUP_SLICE_SECONDS + settings.CLEANUP_HEARTBEAT_SECONDS
     if settings.CLEANUP_LIVENESS_STALE_SECONDS <= floor:
         # A busy, healthy cluster reports progress at least once per turn plus
@@ -330,3 +357,39 @@ def _storage_kinds_configured() -> bool:
     # The registry's reading of each kind (``RecordKindSpec.attachment_storage``),
     # not the raw setting again: one home for "which kinds use a Django storage".
     return any(spec.attachment_storage for spec in REGISTRY.values())
+
+
+@checks.register(checks.Tags.database)
+def check_document_spellings(
+    app_configs: Any = None, databases: Any = None, **kwargs: Any
+) -> list[checks.CheckMessage]:
+    """cleanup_ops.W010: rows of a storage kind that spell their key other
+    than the storage's name (``contracts//a.pdf`` for ``contracts/a.pdf``)
+    with the spelling not recorded (``DocumentSpelling``: written before the
+    reference guard, or on a table without it). The purge's living-reference
+    check would not see such a row name its file. cleanup_ops.W011: a storage
+    kind's trigger is missing or installed with other name rules (another
+    location, or before issue 37). Runs with the database checks (``check
+    --database default``, ``migrate``); one scan per storage kind's table."""
+    if not databases or not _storage_kinds_configured():
+        return []
+    from cleanup_ops.downstream.guard import guards_outdated, spellings_missing
+
+    outdated: list[checks.CheckMessage] = [
+        checks.Warning(
+            f"RETENTION_RECORD_KINDS[{kind!r}]: its table's reference guard is missing or does not apply its "
+            "storage's current name rules; a record naming a file another way takes another decision row",
+            hint="run manage.py cleanup_reference_guard --install (or the SQL of --print-sql, by the table's owner)",
+            id="cleanup_ops.W011",
+        )
+        for kind in guards_outdated()
+    ]
+    return outdated + [
+        checks.Warning(
+            f"RETENTION_RECORD_KINDS[{kind!r}]: {count} key spelling(s) in its rows name a file of the storage "
+            "another way and are not recorded; the purge could delete a file such a row still names",
+            hint="run manage.py cleanup_reference_guard --install (it guards the table and records them)",
+            id="cleanup_ops.W010",
+        )
+        for kind, count in spellings_missing().items()
+    ]

@@ -104,4 +104,9 @@ SETTINGS: tuple[Setting, ...] = (
     # --- /metrics
     Setting("METRICS_TOKEN", "", _any_string),
     Setting("METRICS_ALLOWED_IPS", [], ip_addresses),
+    # --- proofs of disposition: the signing key (cleanup_ops.proof_keys; its
+    # value's rules, which read the key, are the check cleanup_ops.E120's)
+    Setting("RETENTION_PROOF_SIGNING_KEY", "", _any_string),
+    Setting("RETENTION_PROOF_KEY_ID", "", _any_string),
+    Setting("RETENTION_PROOF_PUBLIC_KEYS", "", _any_string),
 )

@@ -49,6 +49,7 @@ from django.conf import settings
 from django.db import DatabaseError, connection
 from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
+from psycopg import sql as pgsql
 
 from cleanup_ops import sql
 from cleanup_ops.dispatch import cluster_job_kinds, cluster_queue, dispatch_due_jobs, fair_due_job_ids, queues
@@ -60,8 +61,8 @@ _TABLE = WorkerHeartbeat._meta.db_table
 # One statement for both writes. A row whose pid is another sentinel's belongs
 # to an earlier run of the cluster: start it afresh. (PostgreSQL evaluates
 # SET expressions against the row as it was.)
-_UPSERT = f"""
-INSERT INTO {_TABLE} AS hb
+_UPSERT = pgsql.SQL("""
+INSERT INTO {table} AS hb
     (host, cluster, queue, pid, started_at, last_progress_at, turns, jobs_leased, rows_deleted, updated_at)
 VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)
 ON CONFLICT (host, cluster) DO UPDATE SET
@@ -76,7 +77,7 @@ ON CONFLICT (host, cluster) DO UPDATE SET
     pid = excluded.pid,
     queue = excluded.queue,
     updated_at = excluded.updated_at
-"""
+""").format(table=pgsql.Identifier(_TABLE))
 
 
 def cluster_identity() -> tuple[str, str]:

@@ -180,15 +180,21 @@ def leased_fields(*, token: Any, owner: str, now: datetime) -> dict[str, Any]:
     }
 
 
+# A job's lease columns as they are with no lease: the one definition, written by
+# every transition that leaves a lease — release (``released_fields``), retry and
+# fail (``CleanupJob._clear_lease``), finish one job (``leases.job_finish``) or a
+# group's (``execution.statements.group_jobs_advance``: the SQL is rendered from
+# this mapping). ``enqueued_at`` is here as well as in ``leased_fields``: a job
+# out of a lease has no broker message the dispatcher should wait for (one sent
+# after the lease expired is stale), so a release for later marks it again
+# (``dispatch.hint_due_at``, after this).
+LEASE_CLEARED: dict[str, Any] = {"lease_token": None, "lease_owner": "", "lease_expires_at": None, "enqueued_at": None}
+
+
 def released_fields(*, available_at: datetime | None) -> dict[str, Any]:
     """The fields a release writes: pending again, cursor kept, due at
     ``available_at`` (None: the job keeps its ``available_at``)."""
-    fields: dict[str, Any] = {
-        "state": next_state(JobEvent.RELEASE, JobState.LEASED),
-        "lease_token": None,
-        "lease_owner": "",
-        "lease_expires_at": None,
-    }
+    fields: dict[str, Any] = {"state": next_state(JobEvent.RELEASE, JobState.LEASED), **LEASE_CLEARED}
     if available_at is not None:
         fields["available_at"] = available_at
     return fields

@@ -31,6 +31,14 @@ the upper bound: the verifier checks that too). Their rows are counted in
 digest stays the jobs'. The CSV carries them as ``# table_partition`` and
 ``# table_partition_portfolio`` lines.
 
+Every export is signed (``proof_sign``, ``proof_csv_sign``): one Ed25519
+signature over the whole document, made with the platform's key
+(``cleanup_ops.proof_keys``), so no field (a count, a state, a cutoff, an
+attachment figure, the scope) can be edited unseen and a proof written by
+hand does not verify. What exactly is signed, and how the verifier checks it
+with the published public key alone, is ``cleanup_ops.proof_verify``'s
+docstring; the canonical form is imported from there so the two cannot drift.
+
 For a customer's staff (``portfolio_ids``) the proof covers their portfolios'
 jobs only: the sweep digest is then over their job digests, which they can
 recompute from their own rows, and ``portfolio_ids`` says what it covers. A
@@ -40,15 +48,24 @@ only, its rows as theirs, and no ids digest (it covers others' ids).
 
 from __future__ import annotations
 
+import base64
 import csv
 import hashlib
 import io
+import json
 from datetime import UTC, datetime
 from typing import Any
 
-from cleanup_ops.models import OPEN_STATES, CleanupJob, JobState, LedgerEntry, Sweep, TablePartitionDrop
-from cleanup_ops.selectors import sweep_attachments
-from cleanup_ops.sweeps import sweep_status_seen
+from cleanup_ops.models import CleanupJob, LedgerEntry, Sweep, TablePartitionDrop
+from cleanup_ops.proof_keys import proof_signing_key
+from cleanup_ops.proof_verify import (
+    CSV_SIGNATURE,
+    SIGNATURE_ALGORITHM,
+    SIGNED_METHOD,
+    csv_signed_bytes,
+    json_signed_bytes,
+)
+from cleanup_ops.selectors import sweep_attachments, sweep_figures_seen, sweeps_seen
 
 # The export formats, checked before a format reaches a file name or a header.
 PROOF_FORMATS = ("json", "csv")
@@ -71,7 +88,7 @@ CSV_FIELDS = [
 
 
 def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) -> dict[str, Any]:
-    """Three queries whatever the sweep's size; operation ids are streamed.
+    """A few queries whatever the sweep's size; operation ids are streamed.
     ``portfolio_ids``: only those portfolios' jobs (``None``: all)."""
     in_scope = {} if portfolio_ids is None else {"portfolio_id__in": sorted(portfolio_ids)}
     jobs = list(
@@ -143,14 +160,12 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
         )
     sweep_digest = hashlib.sha256("\n".join(r["digest"] for r in rows).encode()).hexdigest()
     dropped = table_partition_drops(sweep=sweep, portfolio_ids=portfolio_ids)
-    status = sweep.status
-    scope: dict[str, Any] = {}
-    if portfolio_ids is not None:
-        states = [r["state"] for r in rows]
-        status = sweep_status_seen(
-            status, open_jobs=sum(s in OPEN_STATES for s in states), dead_jobs=states.count(JobState.DEAD)
-        )
-        scope = {"portfolio_ids": sorted(portfolio_ids)}
+    # The status the console's sweep page and the API's sweep give the same
+    # reader (selectors.sweep_figures_seen): counted from the proof's own jobs,
+    # a dead job later redriven would call a recovered sweep "with dead letters".
+    seen = sweep_figures_seen(sweeps_seen(portfolio_ids=portfolio_ids).get(pk=sweep.pk))
+    status = seen.get("status", sweep.status)
+    scope: dict[str, Any] = {} if portfolio_ids is None else {"portfolio_ids": sorted(portfolio_ids)}
     return {
         "sweep_id": sweep.pk,
         "key": sweep.key,
@@ -250,3 +265,26 @@ def proof_csv(proof: dict[str, Any]) -> str:
                 f"{op['cutoff']} {op['operation_id']}\n"
             )
     return out.getvalue()
+
+
+def proof_sign(*, proof: dict[str, Any]) -> dict[str, Any]:
+    """The proof as served, signed: JSON values only (what any renderer writes and the
+    verifier reads back), with a ``signature`` block naming the key id.
+    ``ProofKeyMissing`` with DEBUG off and no key."""
+    key = proof_signing_key()
+    # A round trip through JSON: the signature covers the values the file will hold,
+    # and a non-JSON value (a datetime left unformatted) fails here, not at the auditor's.
+    document: dict[str, Any] = json.loads(json.dumps(proof, allow_nan=False))
+    document.pop("signature", None)
+    document["signature"] = {"algorithm": SIGNATURE_ALGORITHM, "key_id": key.key_id, "signed": SIGNED_METHOD}
+    value = key.private.sign(json_signed_bytes(document))
+    document["signature"]["value"] = base64.b64encode(value).decode()
+    return document
+
+
+def proof_csv_sign(*, proof: dict[str, Any]) -> str:
+    """The CSV export with its last line ``# signature Ed25519 <key_id> <base64>``, over every line before it."""
+    key = proof_signing_key()
+    text = proof_csv(proof)
+    value = key.private.sign(csv_signed_bytes(text))
+    return f"{text}{CSV_SIGNATURE}{SIGNATURE_ALGORITHM} {key.key_id} {base64.b64encode(value).decode()}\n"

@@ -1,18 +1,45 @@
-"""Verify a proof of disposition from the export alone (JSON or CSV).
+"""Verify a proof of disposition from the export alone (JSON or CSV) and the platform's public key.
 
-An auditor holding only the file recomputes, for every job, each operation
-id from its inputs (record kind, property, the sweep's slot, cutoff,
-``after_id``, ``limit``), the job digest from those operation ids, and the
-sweep digest from the job digests, and compares each with what the export
-states. Nothing else is trusted: a stated operation id is only a claim that
-the recomputation must match.
+Two checks, both needed for a proof to verify:
 
-This module needs nothing but Python's standard library (no Django, no
-database), so it also runs on its own: ``python cleanup_ops/proof_verify.py
-FILE``. ``manage.py cleanup_proof_verify FILE`` is the same check. The
-formula is written out here on purpose rather than imported from
+1. **The signature.** Every field of the export is covered by one Ed25519
+   signature made with the platform's key (``cleanup_ops.proof_keys``), so an
+   edit to any figure (rows deleted, a portfolio, a policy version, a state,
+   an outcome, a cursor, a cutoff, an attachment count) or a proof written by
+   hand fails here. What is signed:
+
+   - JSON: the UTF-8 bytes of ``canonical_json`` (``json.dumps`` with
+     ``sort_keys=True``, ``separators=(",", ":")``, ``ensure_ascii=False``) of
+     the whole document, its ``signature`` block included but without that
+     block's ``value`` (so the algorithm, the key id and the method are signed
+     too). Re-indenting the file or reordering its keys changes nothing.
+   - CSV: every line before the last, ``# signature Ed25519 <key_id>
+     <base64>``, joined by LF (a CRLF file reads the same), UTF-8.
+
+   The signature names a key id; the verifier is given a set of public keys
+   (``--public-key``: the key set JSON the platform publishes at
+   ``/api/v1/proof-keys/`` and prints with ``manage.py cleanup_proof_key``, or
+   a PEM public key, whose id is then its fingerprint ``ed25519-<16 hex>``).
+   A key rotated out stays in the published set, so older proofs verify.
+
+2. **The digests.** For every job, each operation id is recomputed from its
+   inputs (record kind, property, the sweep's slot, cutoff, ``after_id``,
+   ``limit``), the job digest from those operation ids, and the sweep digest
+   from the job digests, and each is compared with what the export states;
+   the sweep's totals are compared with the sum of its jobs'. A stated
+   operation id is only a claim that the recomputation must match. These
+   checks say *which* job differs; the signature says that the file is the
+   platform's.
+
+This module needs Python's standard library and ``cryptography`` (``pip
+install cryptography``; no Django, no database), so it also runs on its own:
+``python cleanup_ops/proof_verify.py FILE --public-key KEYS``. ``manage.py
+cleanup_proof_verify FILE --public-key KEYS`` is the same check. The formulas
+are written out here on purpose rather than imported from
 ``cleanup_ops.execution.batches``: the two are checked against each other by
-the tests, and an auditor can read this one file whole.
+the tests, and an auditor can read this one file whole. The signer
+(``cleanup_ops.proof``) imports the canonical form from here, so the two
+cannot drift.
 
 Whole table partitions dropped (``table_partitions``): each drop's
 operation id is recomputed from its inputs (record kind, table, table
@@ -22,12 +49,16 @@ dropped only when all of it is past every cutoff). ``ids_digest`` is stated
 for an auditor who holds the ids (its formula:
 ``cleanup_ops.models.table_partitions``).
 
-Exit status: 0 when every digest is recomputed identical; 1 otherwise, with
-one line per problem naming the job and what differs.
+Exit status: 0 when the signature is valid under a given key and every digest
+is recomputed identical; 1 otherwise, with one line per problem naming the
+field, digest or key that differs; 2 for a usage error.
 """
 
 from __future__ import annotations
 
+import argparse
+import base64
+import binascii
 import csv
 import hashlib
 import io
@@ -38,6 +69,124 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from cryptography.exceptions import InvalidSignature
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
+
+# --- The signature --------------------------------------------------------------------
+
+SIGNATURE_ALGORITHM = "Ed25519"
+SIGNED_METHOD = (
+    "Ed25519 over the UTF-8 of json.dumps(the whole document, its signature block without 'value', "
+    "sort_keys=True, separators=(',', ':'), ensure_ascii=False); "
+    "CSV: over every line before '# signature', LF-joined"
+)
+CSV_SIGNATURE = "# signature "
+# A key id is one word of the CSV's signature line: no spaces, nothing to escape.
+KEY_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
+
+PublicKeys = dict[str, Ed25519PublicKey]
+
+
+def canonical_json(document: Any) -> bytes:
+    """The one serialisation that is signed (and re-made by the verifier)."""
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
+        "utf-8"
+    )
+
+
+def json_signed_bytes(document: dict[str, Any]) -> bytes:
+    """What a JSON proof's signature covers: the document, its signature block without ``value``."""
+    block = document.get("signature")
+    unsigned = dict(document)
+    if isinstance(block, dict):
+        unsigned["signature"] = {k: v for k, v in block.items() if k != "value"}
+    return canonical_json(unsigned)
+
+
+def csv_signed_bytes(text: str) -> bytes:
+    """What a CSV proof's signature covers: every line before the signature's, each ended by LF."""
+    normal = text.replace("\r\n", "\n")
+    if not normal.endswith("\n"):
+        raise ValueError("a CSV proof's lines each end with a newline")
+    return normal.encode("utf-8")
+
+
+def key_fingerprint(key: Ed25519PublicKey) -> str:
+    """A public key's id when no other is given: ``ed25519-`` and 16 hex of the sha256 of its raw bytes."""
+    raw = key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
+    return "ed25519-" + hashlib.sha256(raw).hexdigest()[:16]
+
+
+def public_keys_load(text: str) -> PublicKeys:
+    """Public keys by key id, from the published key set (JSON) or one PEM public key."""
+    stripped = text.strip()
+    if stripped.startswith("-----BEGIN"):
+        key = serialization.load_pem_public_key(stripped.encode())
+        if not isinstance(key, Ed25519PublicKey):
+            raise ValueError("the PEM public key is not an Ed25519 key")
+        return {key_fingerprint(key): key}
+    document = json.loads(stripped)
+    entries = document.get("keys") if isinstance(document, dict) else None
+    if not isinstance(entries, list) or not entries:
+        raise ValueError('expected a key set: {"keys": [{"key_id": ..., "public_key": <base64>}, ...]}')
+    keys: PublicKeys = {}
+    for entry in entries:
+        if entry.get("algorithm", SIGNATURE_ALGORITHM) != SIGNATURE_ALGORITHM:
+            raise ValueError(f"key {entry.get('key_id')!r}: algorithm {entry.get('algorithm')!r} is not Ed25519")
+        raw = base64.b64decode(str(entry["public_key"]), validate=True)
+        keys[str(entry["key_id"])] = Ed25519PublicKey.from_public_bytes(raw)
+    return keys
+
+
+def verify_signature(*, signed: bytes, key_id: Any, value: Any, keys: PublicKeys, report: Report) -> None:
+    if not isinstance(key_id, str) or key_id not in keys:
+        known = ", ".join(sorted(keys)) or "none"
+        report.problems.append(f"signature: key id {key_id!r} is unknown (the public keys given: {known})")
+        return
+    try:
+        raw = base64.b64decode(str(value), validate=True)
+        # Only the one encoding of the bytes: an edit to any character of the file fails.
+        if base64.b64encode(raw).decode() != value:
+            raise ValueError("not canonical base64")
+        keys[key_id].verify(raw, signed)
+    except (InvalidSignature, binascii.Error, ValueError):
+        report.problems.append(
+            f"signature: invalid under key {key_id}: the file is not the one the platform signed "
+            "(a field was edited, added or removed, or the proof was written by hand)"
+        )
+        return
+    report.key_id = key_id
+
+
+def verify_json_signature(proof: dict[str, Any], keys: PublicKeys, report: Report) -> None:
+    block = proof.get("signature")
+    if not isinstance(block, dict):
+        report.problems.append("signature: the export is not signed (no signature block)")
+        return
+    if block.get("algorithm") != SIGNATURE_ALGORITHM:
+        report.problems.append(f"signature: algorithm {block.get('algorithm')!r}, expected {SIGNATURE_ALGORITHM}")
+        return
+    verify_signature(
+        signed=json_signed_bytes(proof), key_id=block.get("key_id"), value=block.get("value"), keys=keys, report=report
+    )
+
+
+def verify_csv_signature(text: str, keys: PublicKeys, report: Report) -> None:
+    lines = text.replace("\r\n", "\n").rstrip("\n").split("\n")
+    words = lines[-1].split(" ")
+    if not lines[-1].startswith(CSV_SIGNATURE) or len(words) != 5:
+        report.problems.append("signature: the export is not signed (its last line is not '# signature ...')")
+        return
+    if words[2] != SIGNATURE_ALGORITHM:
+        report.problems.append(f"signature: algorithm {words[2]!r}, expected {SIGNATURE_ALGORITHM}")
+        return
+    signed = csv_signed_bytes("".join(f"{line}\n" for line in lines[:-1]))
+    verify_signature(signed=signed, key_id=words[3], value=words[4], keys=keys, report=report)
+
+
+# --- The digests ----------------------------------------------------------------------
 
 
 def stamp(value: str) -> str:
@@ -134,6 +283,7 @@ class Report:
     jobs: int = 0
     operations: int = 0
     table_partitions: int = 0
+    key_id: str | None = None  # the key the signature verified under
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -143,12 +293,67 @@ class Report:
     def summary(self) -> str:
         verdict = "verified" if self.ok else f"FAILED ({len(self.problems)} problem(s))"
         drops = f"{self.table_partitions} table partition drop(s), " if self.table_partitions else ""
-        return f"{verdict}: {self.jobs} job digest(s), {drops}{self.operations} operation id(s) recomputed"
+        signed = f"signature valid under key {self.key_id}; " if self.key_id else ""
+        return f"{verdict}: {signed}{self.jobs} job digest(s), {drops}{self.operations} operation id(s) recomputed"
 
 
-def verify(proof: dict[str, Any]) -> Report:
-    """Recompute every operation id and digest of a parsed proof (``load``)."""
+def verify(proof: dict[str, Any], *, keys: PublicKeys) -> Report:
+    """A parsed JSON proof: its signature under one of ``keys``, then every digest."""
     report = Report()
+    verify_json_signature(proof, keys, report)
+    verify_digests_read(proof, report)
+    return report
+
+
+def verify_text(text: str, *, keys: PublicKeys, source: str = "the file") -> Report:
+    """A proof export as downloaded, JSON or CSV: its signature, then every digest."""
+    report = Report()
+    try:
+        proof = load(text)
+        if not isinstance(proof, dict):
+            raise ValueError("not a JSON object")
+    except (ValueError, KeyError) as exc:
+        return Report(problems=[f"{source}: not a readable proof export ({exc})"])
+    if text.lstrip().startswith("{"):
+        verify_json_signature(proof, keys, report)
+    else:
+        verify_csv_signature(text, keys, report)
+    verify_digests_read(proof, report)
+    return report
+
+
+def verify_digests_read(proof: dict[str, Any], report: Report) -> None:
+    # An edited file may not have the shape the digests are read from: that is a problem, not a crash.
+    try:
+        verify_digests(proof, report)
+    except (KeyError, TypeError, ValueError, AttributeError) as exc:
+        report.problems.append(f"the export's fields cannot be read ({type(exc).__name__}: {exc})")
+
+
+def verify_totals(proof: dict[str, Any], report: Report) -> None:
+    """The sweep's figures against its jobs' (the signature covers them; these say which one differs)."""
+    partitions = proof.get("partitions") or []
+    try:
+        stated = {
+            "jobs": (proof.get("jobs"), len(partitions)),
+            "rows_deleted": (proof.get("rows_deleted"), sum(int(p["rows_deleted"]) for p in partitions)),
+            "table_partition_rows": (
+                proof.get("table_partition_rows"),
+                sum(int(d["rows"]) for d in proof.get("table_partitions") or []),
+            ),
+        }
+    except (KeyError, TypeError, ValueError) as exc:
+        report.problems.append(f"sweep: its jobs' figures cannot be read ({exc})")
+        return
+    for name, (claim, total) in stated.items():
+        # The CSV states only rows_deleted (on its "# sweep" line); a figure it does not state is not compared.
+        if claim is not None and str(claim) != str(total):
+            report.problems.append(f"sweep: {name} is {claim}, its jobs' sum {total}")
+
+
+def verify_digests(proof: dict[str, Any], report: Report | None = None) -> Report:
+    """Recompute every operation id and digest of a parsed proof (``load``); no signature."""
+    report = report if report is not None else Report()
     slot = proof.get("slot")
     if not slot:
         report.problems.append("the export has no slot: it predates operation inputs and cannot be verified")
@@ -190,6 +395,7 @@ def verify(proof: dict[str, Any]) -> Report:
             )
         digests.append(digest)
     verify_table_partitions(proof, report)
+    verify_totals(proof, report)
     total = sweep_digest(digests)
     if total != proof.get("digest"):
         report.problems.append(f"sweep: digest recomputes to {total}, the export says {proof.get('digest')}")
@@ -231,6 +437,8 @@ def load(text: str) -> dict[str, Any]:
             drops[name]["portfolios"][portfolio_id] = {"rows": rows, "policy_version_id": version_id, "cutoff": cutoff}
         if words[:2] == ["#", "sweep"] and "digest" in words:
             proof["digest"] = words[words.index("digest") + 1]
+            if "rows_deleted" in words[:-1]:
+                proof["rows_deleted"] = words[words.index("rows_deleted") + 1]
         elif words[:2] == ["#", "slot"] and len(words) == 3:
             proof["slot"] = words[2]
         elif words[:2] == ["#", "operation"] and len(words) == 8:
@@ -243,19 +451,42 @@ def load(text: str) -> dict[str, Any]:
     return proof
 
 
-def verify_file(path: str | Path) -> Report:
+def verify_file(path: str | Path, *, keys: PublicKeys) -> Report:
     try:
-        proof = load(Path(path).read_text(encoding="utf-8"))
-    except (OSError, ValueError, KeyError) as exc:
+        # Bytes, not read_text: universal newlines would hide a lone CR from the signature check.
+        text = Path(path).read_bytes().decode("utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
         return Report(problems=[f"{path}: not a readable proof export ({exc})"])
-    return verify(proof)
+    return verify_text(text, keys=keys, source=str(path))
+
+
+def public_keys_read(paths: list[str]) -> PublicKeys:
+    """Every key of every file given (a key set JSON or a PEM public key), by key id."""
+    keys: PublicKeys = {}
+    for path in paths:
+        try:
+            keys.update(public_keys_load(Path(path).read_text(encoding="utf-8")))
+        except (OSError, ValueError, KeyError, TypeError, binascii.Error) as exc:
+            raise ValueError(f"{path}: not a public key or key set ({exc})") from exc
+    return keys
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python proof_verify.py FILE (a proof export, .json or .csv)", file=sys.stderr)
+    parser = argparse.ArgumentParser(prog="proof_verify.py", description="Verify a proof of disposition offline.")
+    parser.add_argument("file", help="a proof export, .json or .csv")
+    parser.add_argument(
+        "--public-key",
+        action="append",
+        required=True,
+        help="the platform's published key set (JSON) or a PEM public key; repeat for several",
+    )
+    args = parser.parse_args(argv)
+    try:
+        keys = public_keys_read(args.public_key)
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
         return 2
-    report = verify_file(argv[0])
+    report = verify_file(args.file, keys=keys)
     for problem in report.problems:
         print(problem)
     print(report.summary())

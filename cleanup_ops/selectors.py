@@ -2,7 +2,9 @@
 dead-letter filter (the inbox, the API, a bulk decision, ``cleanup_redrive``),
 the figures ``cleanup_status`` and ``cleanup_drain`` print, the sweeps as the
 reader's portfolios see them (the sweep pages of the console and the API, the
-proof) and the rate the policy review's impact preview uses. The console's
+proof), the digest of a bulk decision's set (the console's confirmation
+pages and the API's bulk decision) and the rate the policy review's impact
+preview uses. The console's
 own pages read ``console_selectors`` (the overview's figures included).
 
 Tenant scope: the figures the console and the API show take ``portfolio_ids``
@@ -16,7 +18,8 @@ name no portfolio (the current sweep's key, the limits) are shown to all.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import hashlib
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypedDict, cast
@@ -207,6 +210,52 @@ def drain_summary() -> dict[str, Any]:
         "per_record_kind": per_kind,
         "ledger_rows": LedgerEntry.objects.count(),
     }
+
+
+# --- What a bulk decision's caller saw: the console's confirmation pages, the API's list and bulk
+
+
+def selection_ids(matching: QuerySet[Any]) -> list[int]:
+    return sorted(matching.values_list("id", flat=True))
+
+
+def selection_digest(ids: Iterable[int]) -> str:
+    """A sha256 over the sorted ids, comma-joined in decimal: the set a
+    confirmation page showed, or an API list matched (all its pages). Names
+    ids only (no record contents); not a secret, a compact fingerprint of the
+    set, so a client can compute it too."""
+    text = ",".join(str(i) for i in sorted(ids))
+    return hashlib.sha256(text.encode("ascii")).hexdigest()
+
+
+@dataclass(frozen=True)
+class SelectionChange:
+    """Why a bulk decision must be asked again: ``field`` is the input that
+    no longer holds (``expected``: the count; ``seen``: the digest)."""
+
+    field: str
+    message: str
+
+
+def selection_changed(
+    *, seen: str, ids: list[int], expected: int | None, noun: str, since: str = "the page was shown"
+) -> SelectionChange | None:
+    """Why confirming must ask again (the ids matching now are not the ids
+    shown), or ``None``. ``seen`` is the digest the caller saw; a missing
+    one (a form from before this check) counts as a change: the count alone
+    lets a letter that appeared after the listing be decided unseen."""
+    if expected is not None and expected != len(ids):
+        return SelectionChange(
+            "expected",
+            f"The number of {noun} matching changed from {expected} to {len(ids)}; check and confirm again.",
+        )
+    if seen and seen == selection_digest(ids):
+        return None
+    return SelectionChange(
+        "seen",
+        f"The {noun} matching changed since {since} (some appeared, some are gone),"
+        f" though there are still {len(ids)}; check and confirm again.",
+    )
 
 
 # --- Sweeps as the reader's portfolios see them: the sweep pages (console, API), the proof

@@ -30,7 +30,7 @@ from typing import Any, ParamSpec
 from django.db import connection
 from psycopg import sql as pg
 
-from cleanup_ops.lifecycle import OPEN_STATES, JobEvent, state_after
+from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES, JobEvent, state_after
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
@@ -66,7 +66,7 @@ VERSION = PolicyVersion._meta.db_table
 P = ParamSpec("P")
 
 
-def execute(sql: str, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: Any = None) -> Any:
+def execute(sql: str | pg.Composable, params: Sequence[Any] | Mapping[str, Any] = (), *, cur: Any = None) -> Any:
     """Run one statement on ``cur`` (or a fresh cursor) with positional
     (``%s``) or named (``%(name)s``) parameters; returns the cursor used when
     one was passed, else the fetched rows."""
@@ -107,15 +107,37 @@ def ident(*names: str) -> pg.Identifier:
     return pg.Identifier(*names)
 
 
-def compose(template: str, **parts: str | pg.Composable) -> str:
-    """``template`` with its ``{field}``s filled, as text: an identifier
-    (``ident``, ``NAMES``) quoted, a string taken as the SQL fragment it is.
-
-    Rendered without a connection (``as_string(None)``, psycopg ≥ 3.2): the
-    double-quoted identifiers PostgreSQL's own quoting gives. ``%s`` and
+def composed(template: str, **parts: str | pg.Composable) -> pg.Composed:
+    """``template`` with its ``{field}``s filled, kept composed until it
+    executes (a cursor takes a ``Composed``): an identifier (``ident``,
+    ``NAMES``) quoted, a string taken as the SQL fragment it is. ``%s`` and
     ``%(name)s`` placeholders pass through untouched."""
     fields = {name: value if isinstance(value, pg.Composable) else pg.SQL(value) for name, value in parts.items()}
-    return pg.SQL(template).format(**{**NAMES, **fields}).as_string(None)
+    return pg.SQL(template).format(**{**NAMES, **fields})
+
+
+def compose(template: str, **parts: str | pg.Composable) -> str:
+    """``composed``, as text, for the builders that still splice fragments as
+    text. Rendered without a connection (``as_string(None)``, psycopg ≥ 3.2):
+    the double-quoted identifiers PostgreSQL's own quoting gives."""
+    return composed(template, **parts).as_string(None)
+
+
+def lease_cleared(*, unless: str | None = None, renewed: str | None = None) -> str:
+    """The SET list that clears a job's lease (``lifecycle.LEASE_CLEARED``,
+    rendered: the one definition in Python and SQL alike). ``unless``: a
+    condition under which each column keeps its value instead (a batch that
+    advances keeps its lease), ``lease_expires_at`` then set to ``renewed``."""
+    sets = []
+    for column, value in LEASE_CLEARED.items():
+        cleared: pg.Composable = pg.Literal(value)
+        if unless is not None:
+            kept = pg.SQL(renewed) if column == "lease_expires_at" and renewed else pg.Identifier(column)
+            cleared = pg.SQL("CASE WHEN {unless} THEN {kept} ELSE {cleared} END").format(
+                unless=pg.SQL(unless), kept=kept, cleared=cleared
+            )
+        sets.append(pg.SQL("{column} = {value}").format(column=pg.Identifier(column), value=cleared))
+    return compose("{sets}", sets=pg.SQL(", ").join(sets))
 
 
 def statement(build: Callable[P, str]) -> Callable[P, str]:
@@ -135,21 +157,28 @@ def statement(build: Callable[P, str]) -> Callable[P, str]:
 Columns = Sequence[tuple[str, str]]  # (name, PostgreSQL type)
 
 
-def typed(sql_type: str) -> str:
-    return f"CAST(%s AS {sql_type})"
+def typed(sql_type: str) -> pg.Composed:
+    """A positional parameter cast to ``sql_type``."""
+    return pg.SQL("CAST(%s AS {type})").format(type=pg.SQL(sql_type))
 
 
-def values_list(rows: int, types: Sequence[str]) -> str:
-    row = "(" + ", ".join(typed(t) for t in types) + ")"
-    return ", ".join([row] * rows)
+def values_list(rows: int, types: Sequence[str]) -> pg.Composed:
+    row = pg.SQL("({cells})").format(cells=pg.SQL(", ").join(typed(t) for t in types))
+    return pg.SQL(", ").join([row] * rows)
 
 
-def rows_cte(name: str, columns: Columns) -> str:
+def rows_cte(name: str, columns: Columns) -> pg.Composed:
     """``name(col, …) AS (…)``, the body of a ``WITH`` over the rows
     ``rows_params`` gives (one text whatever their number)."""
-    names = ", ".join(column for column, _ in columns)
-    arrays = ", ".join(f"CAST(%({name}_{column})s AS {sql_type}[])" for column, sql_type in columns)
-    return f"{name}({names}) AS (SELECT * FROM unnest({arrays}))"
+    arrays = (
+        pg.SQL("CAST({param} AS {type}[])").format(param=pg.Placeholder(f"{name}_{column}"), type=pg.SQL(sql_type))
+        for column, sql_type in columns
+    )
+    return pg.SQL("{name}({names}) AS (SELECT * FROM unnest({arrays}))").format(
+        name=pg.Identifier(name),
+        names=pg.SQL(", ").join(pg.Identifier(column) for column, _ in columns),
+        arrays=pg.SQL(", ").join(arrays),
+    )
 
 
 def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
@@ -162,9 +191,9 @@ def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, A
     return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
 
 
-def any_of(name: str, sql_type: str) -> str:
+def any_of(name: str, sql_type: str) -> pg.Composed:
     """``= ANY(array)``, one text whatever the number of values; ``any_params`` gives the parameter."""
-    return f"= ANY(CAST(%({name})s AS {sql_type}[]))"
+    return pg.SQL("= ANY(CAST({param} AS {type}[]))").format(param=pg.Placeholder(name), type=pg.SQL(sql_type))
 
 
 def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
@@ -231,58 +260,74 @@ def sweep_finish_if_drained() -> str:
 # --- Purge ----------------------------------------------------------------------
 
 
-def document_scopes_lock() -> str:
+def document_scopes_lock() -> pg.Composed:
     """The property and portfolio rows of every deleted record that named a
     document, ``FOR SHARE`` in property id order: the lock a batch takes on
     its scope, taken by a purge over every scope the document was named in
     (placing a hold takes one of these rows ``FOR UPDATE``). Parameter: the
     document id."""
-    refs = DeletedAttachment._meta.db_table
-    return (
-        f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
-        f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)"
-        f" ORDER BY p.{PROPERTY_PK} FOR SHARE OF p, po"
+    return composed(
+        """
+        SELECT p.{property_pk} FROM {property} p
+        JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio}
+        WHERE p.{property_pk} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)
+        ORDER BY p.{property_pk} FOR SHARE OF p, po
+        """,
+        refs=ident(DeletedAttachment._meta.db_table),
     )
 
 
-def document_portfolios_lock() -> str:
+def document_portfolios_lock() -> pg.Composed:
     """The portfolio rows of every deleted record of a kind without a
     property that named a document (``property_id`` NULL), ``FOR SHARE`` in
     id order: such a batch's scope lock, taken by the purge after
     ``document_scopes_lock``. Parameter: the document id."""
-    refs = DeletedAttachment._meta.db_table
-    return (
-        f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
-        f" WHERE a.document_id = %s AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK} FOR SHARE OF po"
+    return composed(
+        """
+        SELECT po.{portfolio_pk} FROM {portfolio} po
+        WHERE po.{portfolio_pk} IN (
+            SELECT a.portfolio_id FROM {refs} a WHERE a.document_id = %s AND a.property_id IS NULL
+        )
+        ORDER BY po.{portfolio_pk} FOR SHARE OF po
+        """,
+        refs=ident(DeletedAttachment._meta.db_table),
     )
 
 
-def document_portfolios_lock_many() -> str:
+def document_portfolios_lock_many() -> pg.Composed:
     """``document_portfolios_lock`` for a batch of documents.
     Parameter: the document ids (an array)."""
-    refs = DeletedAttachment._meta.db_table
-    return (
-        f"SELECT po.{PORTFOLIO_PK} FROM {PORTFOLIO} po WHERE po.{PORTFOLIO_PK} IN (SELECT a.portfolio_id FROM {refs} a"
-        f" WHERE a.document_id = ANY(%s) AND a.property_id IS NULL) ORDER BY po.{PORTFOLIO_PK} FOR SHARE OF po"
+    return composed(
+        """
+        SELECT po.{portfolio_pk} FROM {portfolio} po
+        WHERE po.{portfolio_pk} IN (
+            SELECT a.portfolio_id FROM {refs} a WHERE a.document_id = ANY(%s) AND a.property_id IS NULL
+        )
+        ORDER BY po.{portfolio_pk} FOR SHARE OF po
+        """,
+        refs=ident(DeletedAttachment._meta.db_table),
     )
 
 
-def document_scopes_lock_many() -> str:
+def document_scopes_lock_many() -> pg.Composed:
     """``document_scopes_lock`` for a batch of documents: the
     scope rows of every deleted record that named any of them. Parameter:
     the document ids (an array)."""
-    refs = DeletedAttachment._meta.db_table
-    return (
-        f"SELECT p.{PROPERTY_PK} FROM {PROPERTY} p JOIN {PORTFOLIO} po ON po.{PORTFOLIO_PK} = p.{PROPERTY_PORTFOLIO}"
-        f" WHERE p.{PROPERTY_PK} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))"
-        f" ORDER BY p.{PROPERTY_PK} FOR SHARE OF p, po"
+    return composed(
+        """
+        SELECT p.{property_pk} FROM {property} p
+        JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio}
+        WHERE p.{property_pk} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))
+        ORDER BY p.{property_pk} FOR SHARE OF p, po
+        """,
+        refs=ident(DeletedAttachment._meta.db_table),
     )
 
 
 DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)
 
 
-def dispositions_take() -> str:
+def dispositions_take() -> pg.Composed:
     """A batch's part in each document's one decision: the ``DocumentDisposition``
     row of every document its deleted records named, created or locked (an
     ``ON CONFLICT DO UPDATE`` locks the row whether or not its condition lets
@@ -295,13 +340,15 @@ def dispositions_take() -> str:
     names again was reused for a new file: it gets a fresh decision
     (``pending``). Parameters: ``x`` (``DISPOSITION_COLUMNS``), ``pending``,
     ``purged``."""
-    table = DocumentDisposition._meta.db_table
-    return (
-        f"WITH {rows_cte('x', DISPOSITION_COLUMNS)}"
-        f" INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x"
-        f" ORDER BY x.document_id"
-        f" ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL"
-        f" WHERE {table}.state = %(purged)s"
+    return composed(
+        """
+        WITH {x}
+        INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x ORDER BY x.document_id
+        ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL
+        WHERE {table}.state = %(purged)s
+        """,
+        x=rows_cte("x", DISPOSITION_COLUMNS),
+        table=ident(DocumentDisposition._meta.db_table),
     )
 
 
@@ -312,20 +359,20 @@ def transaction_idle_timeout() -> str:
     return "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
 
 
-def purge_advance() -> str:
+def purge_advance() -> pg.Composed:
     """One document done: cursor + 1, counted as a request, lease renewed."""
-    return f"UPDATE {JOB} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s"
+    return composed("UPDATE {job} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s")
 
 
 # --- Admission ------------------------------------------------------------------
 
 
-def _slot_minus_retention() -> str:
+def _slot_minus_retention() -> pg.SQL:
     """A partition's cutoff: the slot (a parameter) minus the version's retention days."""
-    return "(CAST(%s AS timestamptz) - v.retention_days * INTERVAL '1 day')"
+    return pg.SQL("(CAST(%s AS timestamptz) - v.retention_days * INTERVAL '1 day')")
 
 
-def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
+def _partitions_due(spec: RecordKindSpec) -> tuple[pg.Composed, pg.Composed]:
     """(CTE, WHERE) of the partitions of one kind due at a slot: every
     property of a portfolio whose active, enabled version of the kind's policy
     has a cutoff some row of the property is older than. Held rows count: such
@@ -333,50 +380,67 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[str, str]:
     sweep's report. Parameters: slot, kind."""
     if not spec.has_property:
         # A kind without a property: the partition is the portfolio.
-        cte = (
-            f"WITH due AS (SELECT po.{PORTFOLIO_PK} AS portfolio_id, {typed_null('bigint')} AS property_id,"
-            f" v.id AS version_id, {_slot_minus_retention()} AS cutoff"
-            f" FROM {PORTFOLIO} po JOIN {POLICY} rp ON rp.portfolio_id = po.{PORTFOLIO_PK} AND rp.record_kind = %s"
-            f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
-        )
+        template = """
+            WITH due AS (
+                SELECT po.{portfolio_pk} AS portfolio_id, CAST(NULL AS bigint) AS property_id,
+                    v.id AS version_id, {cutoff} AS cutoff
+                FROM {portfolio} po
+                JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = %s
+                JOIN {version} v ON v.policy_id = rp.id AND v.status = {approved} AND v.enabled
+            )
+        """
     else:
-        cte = (
-            f"WITH due AS (SELECT p.{PROPERTY_PORTFOLIO} AS portfolio_id, p.{PROPERTY_PK} AS property_id,"
-            f" v.id AS version_id, {_slot_minus_retention()} AS cutoff"
-            f" FROM {PROPERTY} p JOIN {POLICY} rp ON rp.portfolio_id = p.{PROPERTY_PORTFOLIO} AND rp.record_kind = %s"
-            f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = 'approved' AND v.enabled)"
-        )
-    partition = spec.in_partition("r", property_sql="d.property_id", portfolio_sql="d.portfolio_id")
-    where = (
-        f"EXISTS (SELECT 1 FROM {spec.table} r WHERE {partition}"
-        f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('d.cutoff')})"
+        template = """
+            WITH due AS (
+                SELECT p.{property_portfolio} AS portfolio_id, p.{property_pk} AS property_id,
+                    v.id AS version_id, {cutoff} AS cutoff
+                FROM {property} p
+                JOIN {policy} rp ON rp.portfolio_id = p.{property_portfolio} AND rp.record_kind = %s
+                JOIN {version} v ON v.policy_id = rp.id AND v.status = {approved} AND v.enabled
+            )
+        """
+    cte = composed(template, cutoff=_slot_minus_retention(), approved=pg.Literal(PolicyVersion.Status.APPROVED.value))
+    where = composed(
+        "EXISTS (SELECT 1 FROM {table} r WHERE {partition} AND r.{ts} < {cutoff})",
+        table=ident(spec.table),
+        partition=spec.in_partition("r", property_sql="d.property_id", portfolio_sql="d.portfolio_id"),
+        ts=ident(spec.timestamp_column),
+        cutoff=spec.cutoff_sql("d.cutoff"),
     )
     return cte, where
 
 
-def typed_null(sql_type: str) -> str:
-    return f"CAST(NULL AS {sql_type})"
-
-
-def _open_elsewhere(spec: RecordKindSpec) -> str:
+def _open_elsewhere(spec: RecordKindSpec) -> pg.Composed:
     """An open delete job of the same partition in another sweep (parameters: kind, sweep id)."""
-    states = ", ".join(f"'{state}'" for state in OPEN_STATES)
-    same_property = "o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL"
-    return (
-        f"EXISTS (SELECT 1 FROM {JOB} o WHERE o.portfolio_id = d.portfolio_id AND {same_property}"
-        f" AND o.record_kind = %s AND o.state IN ({states}) AND o.job_kind = '{JobKind.DELETE}' AND o.sweep_id <> %s)"
+    return composed(
+        """
+        EXISTS (
+            SELECT 1 FROM {job} o
+            WHERE o.portfolio_id = d.portfolio_id AND {same_property}
+                AND o.record_kind = %s AND o.state IN ({states}) AND o.job_kind = {delete} AND o.sweep_id <> %s
+        )
+        """,
+        same_property="o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL",
+        states=pg.SQL(", ").join(pg.Literal(state) for state in OPEN_STATES),
+        delete=pg.Literal(JobKind.DELETE.value),
     )
 
 
-def partitions_due(spec: RecordKindSpec) -> str:
+def partitions_due(spec: RecordKindSpec) -> pg.Composed:
     """(portfolio id, property id, version id, cutoff) of one kind; parameters: slot, kind."""
     cte, where = _partitions_due(spec)
-    return f"{cte} SELECT d.portfolio_id, d.property_id, d.version_id, d.cutoff FROM due d WHERE {where}" + (
-        " ORDER BY d.portfolio_id, d.property_id"
+    return composed(
+        """
+        {cte}
+        SELECT d.portfolio_id, d.property_id, d.version_id, d.cutoff FROM due d WHERE {where}
+        ORDER BY d.portfolio_id, d.property_id
+        """,
+        cte=cte,
+        where=where,
     )
 
 
-def admit_partitions(spec: RecordKindSpec) -> str:
+def admit_partitions(spec: RecordKindSpec) -> pg.Composed:
     """One job per due partition of one kind with no open delete job elsewhere,
     in one set-based INSERT … SELECT; a key that exists (a crashed admission
     being completed) is skipped. Ten parameters, in this order: slot, kind
@@ -384,36 +448,48 @@ def admit_partitions(spec: RecordKindSpec) -> str:
     last part), kind (the job's ``record_kind``), available at, created at,
     then kind and sweep id (for the open-elsewhere test)."""
     cte, where = _partitions_due(spec)
-    text = typed("varchar")
-    # Without a property the key's property part is "-": <sweep>:<portfolio>:-:<kind>.
-    prop = "d.property_id" if spec.has_property else "'-'"
-    key = f"{text} || ':' || d.portfolio_id || ':' || {prop} || ':' || {text}"
-    return (
-        f"{cte} INSERT INTO {JOB} (sweep_id, key, job_kind, portfolio_id, property_id, record_kind, policy_version_id,"
-        f" cutoff, state, outcome, available_at, lease_owner, leases, attempt, last_error_category,"
-        f" last_error_class, cursor, batches, rows_deleted, rows_held, created_at)"
-        f" SELECT {typed('bigint')}, {key}, '{JobKind.DELETE}', d.portfolio_id, d.property_id, {text},"
-        f" d.version_id, d.cutoff,"
-        f" '{JobState.PENDING}', '', {typed('timestamptz')}, '', 0, 0, '', '', 0, 0, 0, 0, {typed('timestamptz')}"
-        f" FROM due d WHERE {where} AND NOT {_open_elsewhere(spec)} ORDER BY d.portfolio_id, d.property_id"
-        # No conflict target: an existing key (a crashed admission being
-        # completed) and an open job of the partition admitted concurrently
-        # by another sweep (the partial unique index) are both skipped.
-        f" ON CONFLICT DO NOTHING"
+    # No conflict target: an existing key (a crashed admission being
+    # completed) and an open job of the partition admitted concurrently by
+    # another sweep (the partial unique index) are both skipped.
+    return composed(
+        """
+        {cte}
+        INSERT INTO {job} (sweep_id, key, job_kind, portfolio_id, property_id, record_kind, policy_version_id,
+            cutoff, state, outcome, available_at, lease_owner, leases, attempt, last_error_category,
+            last_error_class, cursor, batches, rows_deleted, rows_held, created_at)
+        SELECT CAST(%s AS bigint),
+            CAST(%s AS varchar) || ':' || d.portfolio_id || ':' || {key_property} || ':' || CAST(%s AS varchar),
+            {delete}, d.portfolio_id, d.property_id, CAST(%s AS varchar), d.version_id, d.cutoff,
+            {pending}, '', CAST(%s AS timestamptz), '', 0, 0, '', '', 0, 0, 0, 0, CAST(%s AS timestamptz)
+        FROM due d WHERE {where} AND NOT {open_elsewhere} ORDER BY d.portfolio_id, d.property_id
+        ON CONFLICT DO NOTHING
+        """,
+        cte=cte,
+        where=where,
+        open_elsewhere=_open_elsewhere(spec),
+        # Without a property the key's property part is "-": <sweep>:<portfolio>:-:<kind>.
+        key_property="d.property_id" if spec.has_property else pg.Literal("-"),
+        delete=pg.Literal(JobKind.DELETE.value),
+        pending=pg.Literal(JobState.PENDING.value),
     )
 
 
-def count_carried_over(spec: RecordKindSpec) -> str:
+def count_carried_over(spec: RecordKindSpec) -> pg.Composed:
     """Due partitions of one kind skipped because a delete job of theirs is
     still open in another sweep. Parameters: slot, kind, kind, sweep id."""
     cte, where = _partitions_due(spec)
-    return f"{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {_open_elsewhere(spec)}"
+    return composed(
+        "{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {open_elsewhere}",
+        cte=cte,
+        where=where,
+        open_elsewhere=_open_elsewhere(spec),
+    )
 
 
 # --- Rate limits ----------------------------------------------------------------
 
 
-def bucket_reserve() -> str:
+def bucket_reserve() -> pg.Composed:
     """Reserve one token from each bucket for the earliest instant they are there.
 
     Parameters (named): ``names``, ``rates``, ``bursts``, ``shared`` (arrays,
@@ -430,85 +506,131 @@ def bucket_reserve() -> str:
     one token. One row per bucket found: name, its ready instant, ``at``, and
     how many buckets were taken from (0: none, nothing changed).
     """
-    return (
-        "WITH want AS (SELECT * FROM unnest(%(names)s::text[], %(rates)s::float8[], %(bursts)s::float8[],"
-        " %(shared)s::bool[]) WITH ORDINALITY AS w(name, rate, burst, shared, ord)),"
-        f" held AS (SELECT b.name, b.tokens, b.updated_at, w.rate, w.burst, w.shared, w.ord FROM {BUCKET} b"
-        " JOIN want w ON w.name = b.name ORDER BY w.ord FOR UPDATE OF b),"
-        " ready AS (SELECT h.*, GREATEST(%(now)s::float8, h.updated_at) + GREATEST(0, 0.999999999 - LEAST(h.burst,"
-        " h.tokens + GREATEST(0, %(now)s::float8 - h.updated_at) * h.rate)) / h.rate AS ready FROM held h),"
-        " plan AS (SELECT GREATEST(%(now)s::float8, COALESCE(MAX(ready) FILTER (WHERE shared), %(now)s::float8),"
-        " COALESCE(MIN(ready) FILTER (WHERE NOT shared), %(now)s::float8)) AS at, COUNT(*) = %(n)s AS complete"
-        " FROM ready),"
-        f" taken AS (UPDATE {BUCKET} b SET tokens = LEAST(r.burst, r.tokens + (p.at - r.updated_at) * r.rate) - 1,"
-        " updated_at = p.at FROM ready r, plan p WHERE b.name = r.name AND r.ready <= p.at AND p.complete"
-        " AND p.at - %(now)s::float8 <= %(max_wait)s::float8 RETURNING b.name)"
-        " SELECT r.name, r.ready, p.at, (SELECT COUNT(*) FROM taken) FROM ready r, plan p ORDER BY r.ord"
+    return composed(
+        """
+        WITH want AS (
+            SELECT * FROM unnest(%(names)s::text[], %(rates)s::float8[], %(bursts)s::float8[], %(shared)s::bool[])
+            WITH ORDINALITY AS w(name, rate, burst, shared, ord)
+        ),
+        held AS (
+            SELECT b.name, b.tokens, b.updated_at, w.rate, w.burst, w.shared, w.ord FROM {bucket} b
+            JOIN want w ON w.name = b.name ORDER BY w.ord FOR UPDATE OF b
+        ),
+        ready AS (
+            SELECT h.*, GREATEST(%(now)s::float8, h.updated_at) + GREATEST(0, 0.999999999 - LEAST(h.burst,
+                h.tokens + GREATEST(0, %(now)s::float8 - h.updated_at) * h.rate)) / h.rate AS ready
+            FROM held h
+        ),
+        plan AS (
+            SELECT GREATEST(%(now)s::float8, COALESCE(MAX(ready) FILTER (WHERE shared), %(now)s::float8),
+                COALESCE(MIN(ready) FILTER (WHERE NOT shared), %(now)s::float8)) AS at,
+                COUNT(*) = %(n)s AS complete
+            FROM ready
+        ),
+        taken AS (
+            UPDATE {bucket} b SET tokens = LEAST(r.burst, r.tokens + (p.at - r.updated_at) * r.rate) - 1,
+                updated_at = p.at
+            FROM ready r, plan p
+            WHERE b.name = r.name AND r.ready <= p.at AND p.complete
+                AND p.at - %(now)s::float8 <= %(max_wait)s::float8
+            RETURNING b.name
+        )
+        SELECT r.name, r.ready, p.at, (SELECT COUNT(*) FROM taken) FROM ready r, plan p ORDER BY r.ord
+        """,
+        bucket=ident(BUCKET),
     )
 
 
-def bucket_give_back_many() -> str:
+def bucket_give_back_many() -> pg.Composed:
     """One token back into each named bucket, capped at its burst, the rows
     locked in the order given (a reservation's order). Parameters (named):
     ``names``, ``bursts``."""
-    return (
-        f"WITH back AS (SELECT b.name, w.burst, w.ord FROM {BUCKET} b JOIN unnest(%(names)s::text[],"
-        " %(bursts)s::float8[]) WITH ORDINALITY AS w(name, burst, ord) ON w.name = b.name"
-        f" ORDER BY w.ord FOR UPDATE OF b) UPDATE {BUCKET} b SET tokens = LEAST(back.burst, b.tokens + 1)"
-        " FROM back WHERE b.name = back.name"
+    return composed(
+        """
+        WITH back AS (
+            SELECT b.name, w.burst, w.ord FROM {bucket} b
+            JOIN unnest(%(names)s::text[], %(bursts)s::float8[]) WITH ORDINALITY AS w(name, burst, ord)
+                ON w.name = b.name
+            ORDER BY w.ord FOR UPDATE OF b
+        )
+        UPDATE {bucket} b SET tokens = LEAST(back.burst, b.tokens + 1) FROM back WHERE b.name = back.name
+        """,
+        bucket=ident(BUCKET),
     )
 
 
 # --- Console figures ------------------------------------------------------------
 
 
-def portfolio_fairness() -> str:
+def portfolio_fairness() -> pg.Composed:
     """Per portfolio of a sweep: admission-to-first-lease wait p50/p95
     (percentile_cont), live leases, rows deleted, jobs."""
-    return (
-        "SELECT portfolio_id,"
-        " percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),"
-        " percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),"
-        " COUNT(*) FILTER (WHERE state = 'leased' AND lease_expires_at > %s),"
-        " COALESCE(SUM(rows_deleted), 0), COUNT(*)"
-        f" FROM {JOB} WHERE sweep_id = %s GROUP BY portfolio_id ORDER BY portfolio_id"
+    return composed(
+        """
+        SELECT portfolio_id,
+            percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),
+            percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),
+            COUNT(*) FILTER (WHERE state = {leased} AND lease_expires_at > %s),
+            COALESCE(SUM(rows_deleted), 0), COUNT(*)
+        FROM {job} WHERE sweep_id = %s GROUP BY portfolio_id ORDER BY portfolio_id
+        """,
+        leased=pg.Literal(JobState.LEASED.value),
     )
 
 
-def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> str:
+def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> pg.Composed:
     """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
     timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
-    ts, table = spec.timestamp_column, spec.table
-    row_sql = "(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))"
+    names = {
+        "ts": ident(spec.timestamp_column),
+        "table": ident(spec.table),
+        "held_sql": pg.SQL(hold_sql),
+        "cutoff": pg.SQL(spec.cutoff_sql("c.cutoff")),
+    }
     if spec.property_shape != "direct":
         # A path or no property: the rows of the portfolio (through the path,
         # those of its properties), read by one join.
         if spec.has_property:
-            source = (
-                f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id"
-                f" JOIN (SELECT {spec.property_of('r')} AS property_id, r.{ts} AS ts, {hold_sql} AS held"
-                f" FROM {table} r) x"
-                f" ON x.property_id = p.{PROPERTY_PK} AND x.ts < {spec.cutoff_sql('c.cutoff')}"
+            source = composed(
+                """
+                FROM c JOIN {property} p ON p.{property_portfolio} = c.portfolio_id
+                JOIN (SELECT {property_of} AS property_id, r.{ts} AS ts, {held_sql} AS held FROM {table} r) x
+                    ON x.property_id = p.{property_pk} AND x.ts < {cutoff}
+                """,
+                **names,
+                property_of=spec.property_of("r"),
             )
         else:
-            source = (
-                f" FROM c JOIN (SELECT r.{spec.portfolio_column} AS portfolio_id, r.{ts} AS ts, {hold_sql} AS held"
-                f" FROM {table} r) x ON x.portfolio_id = c.portfolio_id AND x.ts < {spec.cutoff_sql('c.cutoff')}"
+            source = composed(
+                """
+                FROM c JOIN (SELECT r.{portfolio_column} AS portfolio_id, r.{ts} AS ts, {held_sql} AS held
+                    FROM {table} r) x ON x.portfolio_id = c.portfolio_id AND x.ts < {cutoff}
+                """,
+                **names,
+                portfolio_column=ident(spec.portfolio_column),
             )
     else:
-        prop = spec.property_column
         # Per property, an index range scan on (property, timestamp): the cost
         # follows the overdue rows, not the table. OFFSET 0 keeps the hold
         # test computed once per row instead of once per aggregate.
-        source = (
-            f" FROM c JOIN {PROPERTY} p ON p.{PROPERTY_PORTFOLIO} = c.portfolio_id CROSS JOIN LATERAL"
-            f" (SELECT r.{ts} AS ts, {hold_sql} AS held FROM {table} r"
-            f" WHERE r.{prop} = p.{PROPERTY_PK} AND r.{ts} < {spec.cutoff_sql('c.cutoff')} OFFSET 0) x"
+        source = composed(
+            """
+            FROM c JOIN {property} p ON p.{property_portfolio} = c.portfolio_id CROSS JOIN LATERAL
+            (SELECT r.{ts} AS ts, {held_sql} AS held FROM {table} r
+                WHERE r.{property_column} = p.{property_pk} AND r.{ts} < {cutoff} OFFSET 0) x
+            """,
+            **names,
+            property_column=ident(spec.property_column),
         )
-    return (
-        f"WITH c(portfolio_id, cutoff, late) AS (VALUES {', '.join([row_sql] * cutoffs)})"
-        " SELECT c.portfolio_id, MIN(c.cutoff),"
-        " SUM(CASE WHEN x.held THEN 0 ELSE 1 END), SUM(CASE WHEN x.held THEN 1 ELSE 0 END),"
-        " SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)"
-        f"{source} GROUP BY c.portfolio_id"
+    row = pg.SQL("(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))")
+    return composed(
+        """
+        WITH c(portfolio_id, cutoff, late) AS (VALUES {rows})
+        SELECT c.portfolio_id, MIN(c.cutoff),
+            SUM(CASE WHEN x.held THEN 0 ELSE 1 END), SUM(CASE WHEN x.held THEN 1 ELSE 0 END),
+            SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)
+        {source} GROUP BY c.portfolio_id
+        """,
+        rows=pg.SQL(", ").join([row] * cutoffs),
+        source=source,
     )

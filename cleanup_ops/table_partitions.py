@@ -101,7 +101,8 @@ from psycopg import sql as pgsql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.models import PipelinePause, TablePartitionDrop
 from retention.domain import portfolio_model, property_model
-from retention.models import LegalHold, PolicyVersion, RetentionPolicy
+from retention.eligibility import ANY_PROPERTY, HOLDS, hold_scope
+from retention.models import PolicyVersion, RetentionPolicy
 from retention.registry import REGISTRY, RecordKindSpec
 
 logger = logging.getLogger(__name__)
@@ -110,7 +111,6 @@ PROPERTY = property_model()._meta.db_table
 PORTFOLIO = portfolio_model()._meta.db_table
 PROPERTY_PK = property_model()._meta.pk.column
 PORTFOLIO_PK = portfolio_model()._meta.pk.column
-HOLD = LegalHold._meta.db_table
 POLICY = RetentionPolicy._meta.db_table
 VERSION = PolicyVersion._meta.db_table
 
@@ -291,6 +291,7 @@ def _decide_and_drop(
     spec: RecordKindSpec, table_partition: TablePartition, *, slot: datetime, now: datetime | None, sweep_id: int | None
 ) -> tuple[str, int]:
     target = _ident(table_partition.schema, table_partition.name)
+    table = pgsql.Identifier(table_partition.schema, table_partition.name)
     timeout = str(max(1, round(settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS * 1000)))
     # Listed, not yet locked: a concurrent trigger of the slot may drop it now.
     checkpoint("table_partition.before_lock")
@@ -314,18 +315,27 @@ def _decide_and_drop(
                     unit=pgsql.Identifier(unit),
                     unit_pk=pgsql.Identifier(unit_pk),
                     unit_column=pgsql.Identifier(spec.property_column),
-                    target=pgsql.Identifier(table_partition.schema, table_partition.name),
+                    target=table,
                 )
             )
         # c: read after the lock.
         cur.execute(
-            f"SELECT t.{spec.portfolio_column}, {spec.property_of('t')}, count(*) FROM {target} t"
-            " GROUP BY 1, 2 ORDER BY 1, 2"
+            pgsql.SQL("SELECT t.{portfolio}, {property}, count(*) FROM {table} t GROUP BY 1, 2 ORDER BY 1, 2").format(
+                portfolio=pgsql.Identifier(spec.portfolio_column),
+                property=pgsql.SQL(spec.property_of("t")),  # the registry's fragment: the property through its path
+                table=table,
+            )
         )
         present = cur.fetchall()
         cur.execute(
-            f"SELECT count(*), encode(sha256(convert_to(coalesce(string_agg(CAST(t.{spec.pk_column} AS text), ','"
-            f" ORDER BY t.{spec.pk_column}), ''), 'UTF8')), 'hex') FROM {target} t"
+            pgsql.SQL(
+                """
+                SELECT count(*),
+                    encode(sha256(convert_to(coalesce(string_agg(CAST(t.{pk} AS text), ',' ORDER BY t.{pk}), ''),
+                        'UTF8')), 'hex')
+                FROM {table} t
+                """
+            ).format(pk=pgsql.Identifier(spec.pk_column), table=table)
         )
         rows, digest = cur.fetchone()
         portfolios = sorted({int(p) for p, _, _ in present})
@@ -333,21 +343,28 @@ def _decide_and_drop(
         # d: the scope rows, as a batch takes them.
         if properties:
             cur.execute(
-                f"SELECT {PROPERTY_PK} FROM {PROPERTY} WHERE {PROPERTY_PK} = ANY(%s) ORDER BY {PROPERTY_PK} FOR SHARE",
+                pgsql.SQL("SELECT {pk} FROM {property} WHERE {pk} = ANY(%s) ORDER BY {pk} FOR SHARE").format(
+                    pk=pgsql.Identifier(PROPERTY_PK), property=pgsql.Identifier(PROPERTY)
+                ),
                 [properties],
             )
         if portfolios:
             cur.execute(
-                f"SELECT {PORTFOLIO_PK} FROM {PORTFOLIO} WHERE {PORTFOLIO_PK} = ANY(%s)"
-                f" ORDER BY {PORTFOLIO_PK} FOR SHARE",
+                pgsql.SQL("SELECT {pk} FROM {portfolio} WHERE {pk} = ANY(%s) ORDER BY {pk} FOR SHARE").format(
+                    pk=pgsql.Identifier(PORTFOLIO_PK), portfolio=pgsql.Identifier(PORTFOLIO)
+                ),
                 [portfolios],
             )
         checkpoint("table_partition.after_locks")
         # e: the decision, read after every lock it depends on.
         cur.execute(
-            f"SELECT rp.portfolio_id, v.id, v.retention_days, v.enabled FROM {POLICY} rp"
-            f" JOIN {VERSION} v ON v.policy_id = rp.id AND v.status = %s"
-            " WHERE rp.record_kind = %s AND (rp.portfolio_id = ANY(%s) OR %s)",
+            pgsql.SQL(
+                """
+                SELECT rp.portfolio_id, v.id, v.retention_days, v.enabled FROM {policy} rp
+                JOIN {version} v ON v.policy_id = rp.id AND v.status = %s
+                WHERE rp.record_kind = %s AND (rp.portfolio_id = ANY(%s) OR %s)
+                """
+            ).format(policy=pgsql.Identifier(POLICY), version=pgsql.Identifier(VERSION)),
             [PolicyVersion.Status.APPROVED, spec.kind, portfolios, not portfolios],
         )
         versions = {int(p): (int(v), int(days), bool(enabled)) for p, v, days, enabled in cur.fetchall()}
@@ -355,14 +372,7 @@ def _decide_and_drop(
         # kind's, when empty), as a lease is its job's portfolio's (jobs.unpaused_q).
         if _paused(portfolios or list(versions)):
             return "kept_paused", 0
-        held = False
-        if portfolios:
-            cur.execute(
-                f"SELECT EXISTS (SELECT 1 FROM {HOLD} h WHERE h.released_at IS NULL"
-                " AND h.portfolio_id = ANY(%s) AND (h.record_kind = '' OR h.record_kind = %s))",
-                [portfolios, spec.kind],
-            )
-            held = bool(cur.fetchone()[0])
+        held = bool(portfolios) and portfolios_held(cur, spec=spec, portfolios=portfolios)
         verdict = _verdict(table_partition, portfolios=portfolios, versions=versions, held=held, slot=slot)
         if verdict != "dropped":
             return verdict, 0
@@ -412,6 +422,17 @@ def _decide_and_drop(
         # our scope lock deadlocks us). Dropped attached, only the parent is locked.
         cur.execute(f"DROP TABLE {target}")
     return "dropped", int(rows)
+
+
+def portfolios_held(cur: Any, *, spec: RecordKindSpec, portfolios: list[int]) -> bool:
+    """Does an active hold in ``portfolios`` reach ``spec``'s records, at any
+    scope — portfolio, property or record (conservative: a month of every
+    property and record goes at once)? The hold rule's one text
+    (``eligibility.hold_scope``), for every property of them."""
+    scope = hold_scope(spec, portfolio="ANY(%s)", property=ANY_PROPERTY, kind="%s")
+    held = pgsql.SQL("SELECT EXISTS (SELECT 1 FROM {h} h WHERE {scope})").format(h=HOLDS, scope=pgsql.SQL(scope))
+    cur.execute(held, [portfolios, spec.kind])
+    return bool(cur.fetchone()[0])
 
 
 def _paused(portfolios: list[int]) -> bool:

@@ -37,6 +37,7 @@ urlpatterns = [
     path("console/", include("cleanup_ops.console_urls")),
     path("api/v1/metrics/", api.MetricsView.as_view(), name="api-metrics"),
     path("api/v1/pause/", api.PauseView.as_view(), name="api-pause"),
+    path("api/v1/proof-keys/", api.ProofKeysView.as_view(), name="api-proof-keys"),
     path("api/v1/pause/resume/", api.ResumeView.as_view(), name="api-resume"),
     path("api/v1/schema/", SpectacularAPIView.as_view(), name="api-schema"),
     path("api/v1/docs/", SwaggerView.as_view(url_name="api-schema"), name="api-docs"),

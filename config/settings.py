@@ -280,6 +280,47 @@ for _ip in METRICS_ALLOWED_IPS:
     except ValueError:
         raise ImproperlyConfigured(f"METRICS_ALLOWED_IPS: {_ip!r} is not an IP address") from None
 
+# --- Proofs of disposition: the Ed25519 key that signs them (cleanup_ops.proof_keys).
+# RETENTION_PROOF_SIGNING_KEY: PEM text or a file's path; needed with DEBUG off for
+# any proof export (DEBUG on without one: the public demo key, id demo-insecure). RETENTION_PROOF_KEY_ID:
+# default the key's fingerprint. RETENTION_PROOF_PUBLIC_KEYS: a key set JSON of
+# retired keys, still published. Read here so a bad value stops start-up naming the
+# variable; the app's check (cleanup_ops.E120) holds the same rules for host projects.
+RETENTION_PROOF_SIGNING_KEY = env.str("RETENTION_PROOF_SIGNING_KEY", default="").strip()
+RETENTION_PROOF_KEY_ID = env.str("RETENTION_PROOF_KEY_ID", default="").strip()
+RETENTION_PROOF_PUBLIC_KEYS = env.str("RETENTION_PROOF_PUBLIC_KEYS", default="").strip()
+
+
+def _proof_key_check() -> None:
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import load_pem_private_key
+
+    if RETENTION_PROOF_KEY_ID and not re.fullmatch(r"[A-Za-z0-9._:-]{1,64}", RETENTION_PROOF_KEY_ID):
+        raise ImproperlyConfigured(
+            f"RETENTION_PROOF_KEY_ID: expected 1 to 64 of A-Z a-z 0-9 . _ : -, got {RETENTION_PROOF_KEY_ID!r}"
+        )
+    if not RETENTION_PROOF_SIGNING_KEY:
+        # Unset with DEBUG off: the proof exports answer 503 and `check --deploy` fails (cleanup_ops.E121).
+        return
+    text = RETENTION_PROOF_SIGNING_KEY
+    if not text.startswith("-----BEGIN"):
+        try:
+            text = Path(text).read_text(encoding="utf-8")
+        except OSError as exc:
+            raise ImproperlyConfigured(
+                f"RETENTION_PROOF_SIGNING_KEY: neither PEM text nor a readable file ({exc.strerror})"
+            ) from None
+    try:
+        key = load_pem_private_key(text.strip().encode(), password=None)
+    except (ValueError, TypeError):
+        # Never the value itself: it is (or is meant to be) a private key.
+        raise ImproperlyConfigured("RETENTION_PROOF_SIGNING_KEY: not a readable unencrypted PEM private key") from None
+    if not isinstance(key, Ed25519PrivateKey):
+        raise ImproperlyConfigured(f"RETENTION_PROOF_SIGNING_KEY: expected an Ed25519 key, got {type(key).__name__}")
+
+
+_proof_key_check()
+
 # Production hardening; `manage.py check --deploy` is clean with DEBUG off.
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)

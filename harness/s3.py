@@ -16,12 +16,14 @@ requests signed for the proxy's address are accepted as they are.
 from __future__ import annotations
 
 import http.client
+import re
 import threading
 import time
 from collections import Counter
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
+from xml.sax.saxutils import unescape
 
 from harness.brokers import BrokerServer
 
@@ -102,6 +104,22 @@ SLOW_DOWN = (
 )
 
 
+# A ``DeleteObjects`` answer's ``<Deleted><Key>…</Key>…</Deleted>`` entries.
+_DELETED = re.compile(r"<Deleted>\s*<Key>(.*?)</Key>", re.S)
+
+
+def wall_clock() -> float:
+    """The host's real time, even under a test's frozen clock. A store's log of
+    deletions is read beside the database's commit times (``clock_timestamp()``,
+    which ``time_machine`` cannot move); stamped with a frozen ``time.time()``
+    every deletion would seem to precede the history it is checked against."""
+    try:
+        from time_machine import escape_hatch
+    except ImportError:  # a bench run without the test requirements
+        return time.time()
+    return escape_hatch.time.time()
+
+
 class S3Proxy:
     """A counting, fault-injecting HTTP proxy in front of ``upstream``."""
 
@@ -109,6 +127,9 @@ class S3Proxy:
         self.upstream = urlsplit(upstream)
         self.calls: Counter[str] = Counter()
         self.keys_per_delete_objects: list[int] = []
+        # (key, wall_clock()) of each object moto deleted, as it answered: the
+        # store's own log of deletions, for checks made in commit order.
+        self.deleted: list[tuple[str, float]] = []
         self._faults: dict[str, int] = {}
         self._key_faults: dict[str, list[Any]] = {}  # key -> [error code, times left]
         self._late: dict[str, list[float]] = {}  # operation -> [seconds, times left]
@@ -157,6 +178,8 @@ class S3Proxy:
                     upstream.request(self.command, self.path, body=body, headers=headers)
                     answer = upstream.getresponse()
                     payload = answer.read()
+                    if answer.status < 300:
+                        proxy._log_deleted(operation, self.path, payload)
                     with proxy._lock:
                         late = proxy._late.get(operation)
                         pause = late[0] if late and late[1] > 0 else 0.0
@@ -221,8 +244,21 @@ class S3Proxy:
                     refused.append((key, str(fault[0])))
         return body, refused
 
+    def _log_deleted(self, operation: str, target: str, payload: bytes) -> None:
+        at = wall_clock()
+        if operation == "DeleteObjects":
+            found = _DELETED.findall(payload.decode())
+            keys = [unescape(key, {"&quot;": '"', "&apos;": "'"}) for key in found]
+        elif operation == "DeleteObject":
+            keys = [unquote(urlsplit(target).path.split("/", 2)[2])]
+        else:
+            return
+        with self._lock:
+            self.deleted.extend((key, at) for key in keys)
+
     def reset(self) -> None:
         with self._lock:
+            self.deleted.clear()
             self.calls.clear()
             self.keys_per_delete_objects.clear()
             self._faults.clear()

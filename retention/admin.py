@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from django import forms
 from django.contrib import admin, messages
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
@@ -66,7 +67,9 @@ def username_of(user: object) -> str:
     """A user as text, never a link: the user admin answers 403 to everyone
     but the platform's administrators, so a link would be an action the
     reader cannot take (issue 30, item 12)."""
-    return getattr(user, "username", "") or "—"
+    # The host's user model names its own username field (USERNAME_FIELD).
+    get_username = getattr(user, "get_username", None)
+    return (str(get_username()) if callable(get_username) else "") or "—"
 
 
 class AuditTrailHistory(_HistoryBase):
@@ -483,14 +486,15 @@ class MembershipAdmin(PortfolioScopedAdmin):
     list_display = ["id", "user", "portfolio", "role", "created_at"]
     list_filter = ["role", ("portfolio", PortfolioListFilter)]
     list_select_related = ["user", "portfolio"]
-    search_fields = ["user__username"]
-    autocomplete_fields = ["user"]
-    autocomplete_if_registered = ("portfolio",)
+    # The user model is the host's too (AUTH_USER_MODEL): django.contrib.auth's
+    # admin registers auth.User; a host's own user model has the host's admin, or a select.
+    autocomplete_if_registered = ("user", "portfolio")
 
     def get_search_fields(self, request: HttpRequest) -> Any:
         # The customer's name, when the host's customer model has one.
         has_name = DISPLAY_FIELD in {f.name for f in portfolio_model()._meta.concrete_fields}
-        return [*self.search_fields, *([f"portfolio__{DISPLAY_FIELD}"] if has_name else [])]
+        user = f"user__{get_user_model().USERNAME_FIELD}"
+        return [user, *([f"portfolio__{DISPLAY_FIELD}"] if has_name else [])]
 
     fields = ["user", "portfolio", "role"]
 

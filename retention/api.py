@@ -374,7 +374,7 @@ class AuditEventViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         parameters=[
             OpenApiParameter("action", str),
             OpenApiParameter("object_type", str),
-            OpenApiParameter("actor", int),
+            OpenApiParameter("actor", str, description="a user's id (of the user model's key type) or username"),
         ]
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:

@@ -12,12 +12,12 @@ their SQL from these functions.
 
 from __future__ import annotations
 
+import functools
 from datetime import datetime
 from typing import Any
 
 from django.db import connection
-from django.db.models import F, Q, QuerySet
-from django.db.models.functions import Coalesce
+from psycopg import sql as pg
 
 from retention.models import LegalHold
 from retention.registry import RecordKindSpec, get_spec
@@ -28,61 +28,110 @@ def db_datetime(value: datetime) -> object:
     return connection.ops.adapt_datetimefield_value(value)
 
 
-def hold_property_sql(spec: RecordKindSpec, alias: str) -> str:
-    """A hold's property test for row ``alias``: any property's hold when the
-    hold names none, else the row's property (through the path); a kind
-    without a property is reached by no property's hold."""
-    if not spec.has_property:
-        return "h.property_id IS NULL"
-    return f"(h.property_id IS NULL OR h.property_id = {spec.property_of(alias)})"
+# --- Which holds reach a record: the one definition ---------------------------------
+# Every path that decides whether a hold keeps something builds its test from
+# ``hold_scope`` (and a live row's record test from ``hold_record``): the
+# eligibility predicate inside each DELETE (``hold_covers_sql``), the batches'
+# held counts (``execution.statements``), the purge's decision over deleted
+# records (``deleted_record_held_sql``), the table-partition drop's check and the
+# console's figures. The scope's values are SQL expressions, so the same rule
+# reads them from the row itself, a statement's parameters or a list of
+# partitions (``g``).
+
+HOLDS = pg.Identifier(LegalHold._meta.db_table)
+
+# ``property`` for a decision over every property of the portfolios at once (the
+# drop, which removes a month of all of them): a hold of any property reaches it.
+ANY_PROPERTY = "h.property_id"
 
 
-def hold_record_sql(spec: RecordKindSpec, row_pk: str) -> str:
-    """A hold's record test for the key ``row_pk``: a record hold names it by
-    ``record_id`` (integer keys) or ``record_key`` (its text)."""
+def hold_scope(spec: RecordKindSpec | None, *, portfolio: str, property: str, kind: str) -> str:
+    """The active holds (alias ``h``) whose scope reaches records of ``kind``
+    in ``portfolio``'s ``property`` — each an SQL expression: a hold naming no
+    property reaches every property, a hold naming no kind every kind. The
+    record a hold may name is tested apart (``hold_record``, ``hold_names_no_record``).
+
+    ``spec``: the kind, when the records are of one; a kind without a property
+    is reached by no property's hold. ``None``: records of several kinds (the
+    purge's deleted records), whose ``property`` is NULL for a kind without one:
+    the same rule, by SQL's NULL. ``portfolio`` may be ``ANY(…)``, and
+    ``property`` ``ANY_PROPERTY``."""
+    if spec is not None and not spec.has_property:
+        property = "NULL"
+    return _sql(
+        "h.released_at IS NULL AND h.portfolio_id = {portfolio}"
+        " AND (h.property_id IS NULL OR h.property_id = {property})"
+        " AND (h.record_kind = '' OR h.record_kind = {kind})",
+        portfolio=portfolio,
+        property=property,
+        kind=kind,
+    )
+
+
+def hold_names_no_record(spec: RecordKindSpec) -> str:
+    """A hold (alias ``h``) over its whole scope: it names no record."""
+    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
+
+
+def hold_record_key(spec: RecordKindSpec) -> str:
+    """The record a record hold (alias ``h``) names, as the key's type."""
+    return "h.record_id" if spec.integer_key else spec.key_param("h.record_key")
+
+
+def hold_record(spec: RecordKindSpec, row_pk: str) -> str:
+    """A hold's record test for the key ``row_pk``: the hold names no record,
+    or this one — by ``record_id`` (integer keys) or ``record_key`` (its text:
+    the row's key is cast, never the hold's, so no hold's text can fail a cast)."""
     if spec.integer_key:
-        return f"(h.record_id IS NULL OR h.record_id = {row_pk})"
-    return f"(h.record_key = '' OR h.record_key = CAST({row_pk} AS text))"
+        return _sql("(h.record_id IS NULL OR h.record_id = {pk})", pk=row_pk)
+    return _sql("(h.record_key = '' OR h.record_key = CAST({pk} AS text))", pk=row_pk)
 
 
 def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
     """``EXISTS (…)``: an active hold covers row ``alias`` of ``kind``."""
     spec = get_spec(kind)
-    holds = LegalHold._meta.db_table
-    sql = (
-        f"EXISTS (SELECT 1 FROM {holds} h WHERE h.released_at IS NULL"
-        f" AND h.portfolio_id = {alias}.{spec.portfolio_column}"
-        f" AND {hold_property_sql(spec, alias)}"
-        f" AND (h.record_kind = '' OR h.record_kind = %s)"
-        f" AND {hold_record_sql(spec, f'{alias}.{spec.pk_column}')})"
+    scope = hold_scope(
+        spec,
+        portfolio=_sql("{alias}.{column}", alias=pg.Identifier(alias), column=pg.Identifier(spec.portfolio_column)),
+        property=spec.property_of(alias),
+        kind="%s",
     )
-    return sql, [kind]
+    record = hold_record(spec, _sql("{alias}.{pk}", alias=pg.Identifier(alias), pk=pg.Identifier(spec.pk_column)))
+    covers = _sql("EXISTS (SELECT 1 FROM {h} h WHERE {scope} AND {record})", h=HOLDS, scope=scope, record=record)
+    return covers, [kind]
 
 
-def holds_covering(
-    *, portfolio: Any, property: Any, kind: Any, record: Any, record_key: Any = None
-) -> QuerySet[LegalHold]:
-    """Active holds covering one record, given as expressions (``OuterRef``
-    of a row that describes the record — a deleted one, say): the same scope
-    rules as ``hold_covers_sql`` (portfolio; property, kind and record when
-    the hold names them). A NULL record id (not known) matches every
-    record-level hold of the scope: keep a file too many, never one too few.
-    A record of a non-integer key is named by ``record_key`` (its text; ""
-    when the record's key is an integer): a hold naming a key matches that
-    key, or any record when ``record_key`` is not given. A NULL property (a
-    kind without one) is reached only by holds naming no property."""
-    by_key = Q(record_key__gt="") if record_key is None else Q(record_key__gt="", record_key=record_key)
-    return (
-        LegalHold.objects.active()
-        .filter(portfolio_id=portfolio)
-        .filter(Q(property_id__isnull=True) | Q(property_id=property))
-        .filter(Q(record_kind="") | Q(record_kind=kind))
-        .filter(
-            Q(record_id__isnull=True, record_key="")
-            | Q(record_id__isnull=False, record_id=Coalesce(record, F("record_id")))
-            | by_key
-        )
+def deleted_record_held_sql(alias: str) -> str:
+    """``EXISTS (…)``: an active hold covers the deleted record that row
+    ``alias`` describes (a ``DeletedAttachment``: its portfolio, property — NULL
+    for a kind without one —, kind, and record id or key). A NULL record id (not
+    known) matches every record-level hold of the scope: keep a file too many,
+    never one too few. A record of a non-integer key is named by its
+    ``record_key`` ("" when the key is an integer)."""
+    column = functools.partial(pg.Identifier, alias)
+    scope = hold_scope(
+        None,
+        portfolio=_sql("{c}", c=column("portfolio_id")),
+        property=_sql("{c}", c=column("property_id")),
+        kind=_sql("{c}", c=column("record_kind")),
     )
+    return _sql(
+        "EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND ((h.record_id IS NULL AND h.record_key = '')"
+        " OR h.record_id = COALESCE({record_id}, h.record_id)"
+        " OR (h.record_key > '' AND h.record_key = {record_key})))",
+        holds=HOLDS,
+        scope=scope,
+        record_id=column("record_id"),
+        record_key=column("record_key"),
+    )
+
+
+def _sql(template: str, **parts: str | pg.Composable) -> str:
+    """``template`` with its fields filled, as text (see ``cleanup_ops.sql.compose``,
+    which adds the pipeline's table names): an identifier quoted, a string taken
+    as the fragment it is; placeholders pass through."""
+    fields = {name: value if isinstance(value, pg.Composable) else pg.SQL(value) for name, value in parts.items()}
+    return pg.SQL(template).format(**fields).as_string(None)
 
 
 def eligible_sql(kind: str, *, cutoff: datetime, alias: str = "r") -> tuple[str, list[object]]:
@@ -106,22 +155,28 @@ def count_expired_and_held(
     """(rows past the cutoff, of which held) in a portfolio or a property."""
     spec = get_spec(kind)
     hold_sql, hold_params = hold_covers_sql(kind)
-    where = [f"r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"]
+    where: list[pg.Composable] = [
+        pg.SQL("r.{ts} < {cutoff}").format(
+            ts=pg.Identifier(spec.timestamp_column), cutoff=pg.SQL(spec.cutoff_sql("%s"))
+        )
+    ]
     if spec.property_shape == "path":
         # A row whose path is NULL is in no partition: not "expired" here,
         # counted apart (``count_unreachable``).
-        where.append(f"{spec.property_of('r')} IS NOT NULL")
+        where.append(pg.SQL("{property} IS NOT NULL").format(property=pg.SQL(spec.property_of("r"))))
     params: list[Any] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
-        where.append(f"r.{spec.portfolio_column} = %s")
+        where.append(pg.SQL("r.{portfolio} = %s").format(portfolio=pg.Identifier(spec.portfolio_column)))
         params.append(portfolio_id)
     if property_id is not None:
-        where.append(spec.in_partition("r", property_sql="%s", portfolio_sql="%s"))
+        where.append(pg.SQL(spec.in_partition("r", property_sql="%s", portfolio_sql="%s")))
         params.append(property_id if spec.has_property else portfolio_id)
-    sql = (
-        f"SELECT COUNT(*), COALESCE(SUM(CASE WHEN {hold_sql} THEN 1 ELSE 0 END), 0)"
-        f" FROM {spec.table} r WHERE {' AND '.join(where)}"
-    )
+    sql = pg.SQL(
+        """
+        SELECT COUNT(*), COALESCE(SUM(CASE WHEN {held} THEN 1 ELSE 0 END), 0)
+        FROM {table} r WHERE {where}
+        """
+    ).format(held=pg.SQL(hold_sql), table=pg.Identifier(spec.table), where=pg.SQL(" AND ").join(where))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         expired, held = cursor.fetchone()
@@ -137,14 +192,21 @@ def count_unreachable(kind: str, *, portfolio_id: int | None = None, cutoff: dat
     spec = get_spec(kind)
     if spec.property_shape != "path":
         return 0
-    sql = f"SELECT COUNT(*) FROM {spec.table} r WHERE {spec.property_of('r')} IS NULL"
+    where: list[pg.Composable] = [pg.SQL("{property} IS NULL").format(property=pg.SQL(spec.property_of("r")))]
     params: list[Any] = []
     if cutoff is not None:
-        sql += f" AND r.{spec.timestamp_column} < {spec.cutoff_sql('%s')}"
+        where.append(
+            pg.SQL("r.{ts} < {cutoff}").format(
+                ts=pg.Identifier(spec.timestamp_column), cutoff=pg.SQL(spec.cutoff_sql("%s"))
+            )
+        )
         params.append(db_datetime(cutoff))
     if portfolio_id is not None:
-        sql += f" AND r.{spec.portfolio_column} = %s"
+        where.append(pg.SQL("r.{portfolio} = %s").format(portfolio=pg.Identifier(spec.portfolio_column)))
         params.append(portfolio_id)
+    sql = pg.SQL("SELECT COUNT(*) FROM {table} r WHERE {where}").format(
+        table=pg.Identifier(spec.table), where=pg.SQL(" AND ").join(where)
+    )
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         return int(cursor.fetchone()[0])

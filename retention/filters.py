@@ -14,7 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, cast
 
-from django.db.models import CharField, Q, QuerySet
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
+from django.db.models import CharField, Field, IntegerField, Q, QuerySet
 
 from retention.inputs import id_problem, text_problem
 from retention.models import AuditEvent
@@ -86,11 +88,13 @@ def choice_param(params: Mapping[str, Any], name: str, choices: list[str], *, st
 @dataclass(frozen=True)
 class AuditFilter:
     """``action`` matches a part of the action ("redriven", "legal_hold.");
-    ``actor`` is a user's id or username (exact, any case)."""
+    ``actor`` is a user's id or username (exact, any case). The id is of the
+    host's ``AUTH_USER_MODEL`` key type: an integer, or (a UUID, a string key)
+    whatever that key's field accepts, which is then also tried as a username."""
 
     action: str | None = None
     object_type: str | None = None
-    actor_id: int | None = None
+    actor_id: object = None
     object_id: str | None = None
     actor_name: str | None = None
 
@@ -100,10 +104,12 @@ class AuditFilter:
             q &= Q(action__icontains=self.action)
         if self.object_type:
             q &= Q(object_type=self.object_type)
+        actor = Q()
         if self.actor_id is not None:
-            q &= Q(actor_id=self.actor_id)
+            actor |= Q(actor_id=self.actor_id)
         if self.actor_name:
-            q &= Q(actor__username__iexact=self.actor_name)
+            actor |= Q(**{f"actor__{get_user_model().USERNAME_FIELD}__iexact": self.actor_name})
+        q &= actor
         if self.object_id:
             q &= Q(object_id=self.object_id)
         return q
@@ -118,6 +124,27 @@ class AuditFilter:
         return {name: str(value) for name, value in pairs.items() if value}
 
 
+def user_key_field() -> Field[Any, Any]:
+    return get_user_model()._meta.pk
+
+
+def user_key_is_integer() -> bool:
+    """Whether the host's ``AUTH_USER_MODEL`` has an integer key (Django's default user's has)."""
+    pk = user_key_field()
+    # A key that is a one-to-one link (multi-table inheritance) has its parent's type.
+    return isinstance(getattr(pk, "target_field", pk) if pk.is_relation else pk, IntegerField)
+
+
+def user_key_parse(raw: object) -> object:
+    """``raw`` as a key of the host's user model, or None when it is not one."""
+    if raw in (None, "") or not isinstance(raw, str):
+        return None
+    try:
+        return user_key_field().to_python(raw)
+    except (ValidationError, ValueError, TypeError):
+        return None
+
+
 def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilter:
     def column(name: str) -> int:
         # The filtered columns are the audit trail's CharFields, each with a max_length (retention.models).
@@ -125,11 +152,18 @@ def audit_filter_parse(params: Mapping[str, Any], *, strict: bool) -> AuditFilte
         return cast(int, field.max_length)
 
     raw_actor = params.get("actor")
-    by_id = isinstance(raw_actor, str) and raw_actor.isascii() and raw_actor.isdigit()
+    actor_id: object = None
+    if user_key_is_integer():
+        by_id = isinstance(raw_actor, str) and raw_actor.isascii() and raw_actor.isdigit()
+        actor_id = id_param(params, "actor", strict=strict) if by_id else None
+    else:
+        # A UUID (or string) key: the value is an id when the key's field takes it, and a username too.
+        actor_id = user_key_parse(raw_actor)
+        by_id = False
     return AuditFilter(
         action=text_param(params, "action", strict=strict, max_length=column("action")),
         object_type=text_param(params, "object_type", strict=strict, max_length=column("object_type")),
-        actor_id=id_param(params, "actor", strict=strict) if by_id else None,
+        actor_id=actor_id,
         # A username is at most 150 characters (django.contrib.auth).
         actor_name=None if by_id else text_param(params, "actor", strict=strict, max_length=150),
         object_id=text_param(params, "object_id", strict=strict, max_length=column("object_id")),

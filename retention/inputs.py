@@ -13,9 +13,11 @@ request can never write what a form would have refused:
   refuses it in text).
 - **Reasons** (a decision's reason, a review note, a hold's reason and its
   release's): free text as above, *and* at least ``MIN_REASON_LENGTH``
-  visible characters — letters, digits, punctuation and symbols, so spaces,
-  combining marks and blank "letters" such as U+3164 (Hangul filler) do not
-  count — and no format characters (Unicode ``Cf``: zero-width spaces and
+  visible characters — graphic base characters by Unicode properties
+  (``counts_as_visible``: letters, digits, punctuation and symbols that are
+  not default-ignorable and have a glyph), so spaces, combining marks, the
+  Hangul fillers, the braille blank U+2800 and U+1D159 do not count — and no
+  format characters (Unicode ``Cf``: zero-width spaces and
   joiners U+200B-U+200D, U+2060, U+FEFF, the soft hyphen U+00AD, and the
   bidirectional overrides and isolates such as U+202E). One rule for every
   reason, whichever route it came by: a reason is what a later reader of the
@@ -73,16 +75,84 @@ def text_problem(value: str, *, field: str, max_length: int = MAX_TEXT_LENGTH) -
     return None
 
 
-# Letters the Unicode standard classes as letters (Lo) but that render blank:
-# the Hangul fillers and the braille blank. They do not count as visible.
-_BLANK_LETTERS = frozenset("\u115f\u1160\u3164\uffa0\u2800")
+# --- What counts as a visible character (the reason rule) ------------------------
+#
+# Decided by Unicode properties, not by a list of blanks someone has met:
+#
+# 1. The general category. Only graphic base characters count: letters (L*),
+#    numbers (N*), punctuation (P*) and symbols (S*). Never: controls (Cc),
+#    format characters (Cf), surrogates (Cs), private use (Co: renders as
+#    whatever a font puts there, often nothing), unassigned code points (Cn:
+#    unknown to this Python's Unicode database, so nothing a reader can be
+#    shown to see), separators (Zs, Zl, Zp) and marks (Mn, Mc, Me).
+# 2. Marks count only with a base, through the base: "é" counts once whether
+#    it is one code point or "e" + U+0301, and marks with no base (ten U+0301,
+#    ten enclosing circles U+20DD) count nothing. So a reason is counted in
+#    user-perceived characters, not in code points a font stacks up.
+# 3. Default_Ignorable_Code_Point (DerivedCoreProperties): code points a
+#    renderer shows as nothing. The Cf and variation-selector members are
+#    excluded by 1 already; the rest is the standard's own
+#    Other_Default_Ignorable_Code_Point table (PropList.txt, unchanged since
+#    Unicode 6.x), whose graphic members are the Hangul fillers U+115F,
+#    U+1160, U+3164 and U+FFA0. Python's unicodedata lacks the property, so
+#    the table is written out below, whole.
+# 4. Graphic characters whose reference glyph is empty. No Unicode property
+#    marks them (both are ordinary So symbols), so they are named: U+2800
+#    BRAILLE PATTERN BLANK and U+1D159 MUSICAL SYMBOL NULL NOTEHEAD. Nothing
+#    else in L/N/P/S outside 3 has an empty reference glyph.
+_OTHER_DEFAULT_IGNORABLE = (
+    (0x034F, 0x034F),
+    (0x115F, 0x1160),
+    (0x17B4, 0x17B5),
+    (0x2065, 0x2065),
+    (0x3164, 0x3164),
+    (0xFFA0, 0xFFA0),
+    (0xFFF0, 0xFFF8),
+    (0xE0000, 0xE0000),
+    (0xE0002, 0xE001F),
+    (0xE0080, 0xE00FF),
+    (0xE01F0, 0xE0FFF),
+)
+_EMPTY_GLYPHS = frozenset("\u2800\U0001d159")
 _VISIBLE_CATEGORIES = frozenset("LNPS")
 
 
+def default_ignorable(ch: str) -> bool:
+    """Unicode's Default_Ignorable_Code_Point, for ``ch``."""
+    cat = unicodedata.category(ch)
+    if cat == "Cf" or "VARIATION SELECTOR" in unicodedata.name(ch, ""):
+        # Cf and the variation selectors, less the few the property leaves out
+        # (they show: prepended concatenation marks, interlinear annotations).
+        return ch not in _DEFAULT_IGNORABLE_EXCEPTIONS
+    point = ord(ch)
+    return any(low <= point <= high for low, high in _OTHER_DEFAULT_IGNORABLE)
+
+
+# Cf characters that are not default-ignorable (DerivedCoreProperties):
+# prepended concatenation marks and the interlinear annotation characters,
+# which render. Only ``default_ignorable`` reads this; the reason rule
+# refuses every Cf anyway.
+_DEFAULT_IGNORABLE_EXCEPTIONS = frozenset(
+    "\u0600\u0601\u0602\u0603\u0604\u0605\u06dd\u070f\u0890\u0891\u08e2"
+    "\ufff9\ufffa\ufffb"
+    "\U000110bd\U000110cd"
+    "\U00013430\U00013431\U00013432\U00013433\U00013434\U00013435\U00013436\U00013437\U00013438"
+)
+
+
+def counts_as_visible(ch: str) -> bool:
+    """Whether ``ch`` is one visible character of a reason (see above)."""
+    if unicodedata.category(ch)[0] not in _VISIBLE_CATEGORIES or ch in _EMPTY_GLYPHS:
+        return False
+    return not default_ignorable(ch)
+
+
 def visible_length(text: str) -> int:
-    """How many characters of ``text`` a reader sees: letters, digits,
-    punctuation and symbols, not spaces, marks, format characters or blanks."""
-    return sum(1 for ch in text if unicodedata.category(ch)[0] in _VISIBLE_CATEGORIES and ch not in _BLANK_LETTERS)
+    """How many characters of ``text`` a reader sees: graphic base characters
+    (letters, digits, punctuation, symbols) that are not default-ignorable and
+    have a glyph; spaces, marks, format, private-use and unassigned code
+    points count nothing."""
+    return sum(1 for ch in text if counts_as_visible(ch))
 
 
 def reason_problem(value: str, *, field: str, min_length: int = MIN_REASON_LENGTH) -> str | None:

@@ -498,7 +498,7 @@ def membership_grant(*, user: Actor, portfolio: Model, role: str, granted_by: Ac
                 action="membership.granted",
                 object_type="membership",
                 object_id=membership.pk,
-                details={"portfolio_id": portfolio.pk, "user_id": user.pk, "role": role},
+                details={"portfolio_id": portfolio.pk, "user_id": str(user.pk), "role": role},
             )
     forget_cached_scope(user)
     return membership
@@ -507,7 +507,8 @@ def membership_grant(*, user: Actor, portfolio: Model, role: str, granted_by: Ac
 def membership_revoke(*, membership_id: int, revoked_by: Actor | None) -> None:
     with transaction.atomic():
         membership = Membership.objects.select_for_update().get(pk=membership_id)
-        details = {"portfolio_id": membership.portfolio_id, "user_id": membership.user_id, "role": membership.role}
+        # The user's id as text: JSON has no UUID, and one type whatever the user model's key.
+        details = {"portfolio_id": membership.portfolio_id, "user_id": str(membership.user_id), "role": membership.role}
         membership.delete()
         audit_event_record(
             actor=revoked_by,

@@ -1,8 +1,10 @@
 from __future__ import annotations
 
 import os
+import uuid
 from collections.abc import Callable
 from datetime import datetime
+from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth.models import Group, User
@@ -40,6 +42,7 @@ SYSTEM_MODULES = frozenset(
         "test_demo_commands",
         "test_downstream_store_and_settings",
         "test_embedded_postgres",
+        "test_host_user_model",
         "test_installable",
         "test_interleavings",
         "test_interleavings_compound",
@@ -76,11 +79,113 @@ def tier_of(item: pytest.Item) -> str:
     return "unit"
 
 
+# --- pytest-xdist --------------------------------------------------------------------
+# Each worker has its own test database (pytest-django's ``_gw0`` suffix), on the one
+# PostgreSQL server. Tests that share something else — a broker server, the host
+# projects' virtualenv, a rate or a latency measured on the wall clock — are one
+# ``xdist_group``, which only ``--dist loadgroup`` honours: ``-n`` without a ``--dist``
+# of its own distributes by group here (docs/developing.md, "In parallel").
+WALL_CLOCK = pytest.mark.xdist_group("wall_clock")  # asserts a rate or a latency on the wall clock
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    given = config.invocation_params.args
+
+    def explicit(option: str) -> bool:
+        return any(arg == option or arg.startswith(f"{option}=") for arg in given)
+
+    if getattr(config.option, "dist", "no") == "load" and not explicit("--dist"):
+        config.option.dist = "loadgroup"
+    # pytest-django runs the rolled-back tests before the committing ones, whose flush
+    # empties the tables (the migration-made role groups with them); loadgroup's default
+    # sends the largest groups first, a committing group ahead of a worker's rolled-back
+    # tests. In collection order, each worker gets its tests in pytest-django's order.
+    if getattr(config.option, "dist", "no") == "loadgroup" and not explicit("--loadscope-reorder"):
+        config.option.loadscopereorder = False
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node) -> None:  # type: ignore[no-untyped-def]
+    # A worker parses the command line again, where --dist loadgroup may be absent.
+    node.workerinput["loadgroup"] = node.config.getvalue("dist") == "loadgroup"
+
+
+def xdist_group_of(item: pytest.Item) -> str:
+    """The group pytest-xdist's loadgroup gives ``item`` ("" for none): its groups' names, joined."""
+    names = {
+        str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+        for mark in item.iter_markers("xdist_group")
+    }
+    return "_".join(sorted(names))
+
+
+def database_use(item: pytest.Item) -> str:
+    """How ``item`` uses the test database, as pytest-django orders the tests by it:
+    "rolled back" (``db``), "committed" (a transactional test, a live server) or ""."""
+    fixtures = set(getattr(item, "fixturenames", ()))
+    marker = item.get_closest_marker("django_db")
+    committed = marker is not None and bool(
+        marker.kwargs.get("transaction") or marker.kwargs.get("reset_sequences") or (marker.args and marker.args[0])
+    )
+    if committed or fixtures & {"transactional_db", "django_db_reset_sequences", "live_server"}:
+        return "committed"
+    return "rolled back" if marker is not None or "db" in fixtures else ""
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's, which sends the node ids to the controller
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """A group runs in one piece where its first test is in pytest-django's order, so it
+    must not mix rolled-back and committing tests. On a loadgroup worker each grouped
+    test's node id ends in ``@<group>``: how the worker tells the controller's scheduler
+    the group. pytest-xdist 3.8.0 writes it to the item's ``_nodeid``, which pytest 9.2's
+    structured node ids (``Node._id``) no longer read, so the suffix is lost and every
+    group is silently spread over the workers (pytest-dev/pytest-xdist#1386, unfixed in a
+    release). Written here instead, unless xdist's own took (a release with the fix)."""
+    uses: dict[str, dict[str, str]] = {}
+    for item in session.items:
+        if group := xdist_group_of(item):
+            uses.setdefault(group, {}).setdefault(database_use(item), item.nodeid)
+    for group, first in uses.items():
+        if {"rolled back", "committed"} <= set(first):
+            raise pytest.UsageError(
+                f"xdist_group {group!r} mixes a rolled-back test ({first['rolled back']}) and a committing one "
+                f"({first['committed']}): a worker would run the rolled-back one after a flush"
+            )
+    if not getattr(session.config, "workerinput", {}).get("loadgroup"):  # an xdist worker under loadgroup
+        return
+    from _pytest.nodeid import coerce_node_id  # pytest 9.2's node id type; not public
+
+    for item in session.items:
+        group, nodeid = xdist_group_of(item), item.nodeid
+        if group and nodeid.rfind("@") <= nodeid.rfind("]"):
+            item._id = coerce_node_id(f"{nodeid}@{group}")
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
+
+
+# Each tier's share of the run: the sum of its tests' durations (setup, call and
+# teardown; under xdist the controller sums its workers' reports, so the figures
+# add up to more than the wall clock), printed at the end of every run.
+_TIER_SECONDS: dict[str, list[float]] = {}
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    tier = next((name for name in TIERS if name in report.keywords), "unknown")
+    seconds, tests = _TIER_SECONDS.setdefault(tier, [0.0, 0])
+    _TIER_SECONDS[tier] = [seconds + report.duration, tests + (report.when == "call")]
+
+
+def pytest_terminal_summary(terminalreporter) -> None:  # type: ignore[no-untyped-def]
+    if _TIER_SECONDS:
+        parts = [
+            f"{tier} {seconds:.0f} s ({int(tests)} tests)" for tier, (seconds, tests) in sorted(_TIER_SECONDS.items())
+        ]
+        terminalreporter.write_line("time by tier (sum of test durations): " + ", ".join(parts))
 
 
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
@@ -562,3 +667,34 @@ def silent_listener():  # type: ignore[no-untyped-def]
     stop.set()
     thread.join(timeout=2)
     server.close()
+
+
+# --- Host projects ---------------------------------------------------------------------
+# A host project's own database (tests/test_installable.py, tests/test_host_user_model.py).
+
+
+def database_setting(url: str, name: str) -> dict[str, object]:
+    parts = urlsplit(url)
+    return {
+        "ENGINE": "django.db.backends.postgresql",
+        "NAME": name,
+        "USER": parts.username or "",
+        "PASSWORD": parts.password or "",
+        "HOST": parts.hostname or "",
+        "PORT": str(parts.port or ""),
+    }
+
+
+@pytest.fixture
+def host_database():
+    """A database of its own on the suite's PostgreSQL server (the URL names the suite's, which
+    pytest-django replaces with a test database), dropped afterwards."""
+    import psycopg
+
+    url = os.environ["DATABASE_URL"]
+    name = f"host_{uuid.uuid4().hex[:12]}"
+    with psycopg.connect(url, dbname="postgres", autocommit=True) as conn:
+        conn.execute(f"CREATE DATABASE {name}")
+    yield database_setting(url, name)
+    with psycopg.connect(url, dbname="postgres", autocommit=True) as conn:
+        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")

@@ -205,6 +205,8 @@ def history_tables() -> dict[str, str]:
     from retention.registry import REGISTRY, get_spec
 
     tables = {kind: get_spec(kind).model._meta.db_table for kind in REGISTRY}
+    # A one-hop kind's path rows (a visit's unit): where its property is, at any instant.
+    tables |= {path_name(kind): hop[0] for kind in REGISTRY if (hop := get_spec(kind).path_hop)}
     tables |= {
         "hold": LegalHold._meta.db_table,
         "version": PolicyVersion._meta.db_table,
@@ -215,6 +217,47 @@ def history_tables() -> dict[str, str]:
         "purge_request": PurgeRequest._meta.db_table,
     }
     return tables
+
+
+def path_name(kind: str) -> str:
+    """The history's name of a one-hop kind's path table."""
+    return f"{kind}.path"
+
+
+@dataclass(frozen=True)
+class KindColumns:
+    """How the history reads a record kind's rows: the columns of its key,
+    customer, site (or the path row's column naming it), timestamp and file."""
+
+    pk: str
+    portfolio: str
+    property: str | None  # the record's site column; None without one or through a path
+    via: str | None  # a one-hop kind: the record's column naming its path row
+    path_pk: str | None
+    path_property: str | None
+    timestamp: str
+    timestamp_is_date: bool
+    document: str | None
+    integer_key: bool
+
+
+def kind_columns(kind: str) -> KindColumns:
+    from retention.registry import get_spec
+
+    spec = get_spec(kind)
+    hop = spec.path_hop
+    return KindColumns(
+        pk=spec.pk_column,
+        portfolio=spec.portfolio_column,
+        property=spec.property_column if spec.property_shape == "direct" else None,
+        via=spec.property_column if hop else None,
+        path_pk=hop[1] if hop else None,
+        path_property=hop[2] if hop else None,
+        timestamp=spec.timestamp_column,
+        timestamp_is_date=spec.timestamp_is_date,
+        document=spec.attachment_column,
+        integer_key=spec.integer_key,
+    )
 
 
 def history_install() -> None:
@@ -273,11 +316,19 @@ def _ts(value: Any) -> datetime | None:
 @dataclass
 class RecordState:
     kind: str
-    id: int
+    id: int | str  # a UUID key as PostgreSQL spells it
     portfolio_id: int
-    property_id: int
+    property_id: int | None  # None: a kind without a property, or a path row gone
     ts: datetime | None
     document_id: str | None
+    integer_key: bool = True
+
+    def after(self, cursor: dict) -> bool:
+        """The record's key lies in the ledger row's range ``(after, last]``."""
+        if self.integer_key:
+            return int(cursor["after_id"]) < int(self.id) <= int(cursor["last_id"])
+        after, last = cursor.get("after_key") or "", cursor.get("last_key") or ""
+        return after < str(self.id) <= last
 
 
 @dataclass
@@ -299,7 +350,10 @@ class History:
 
         tables = history_tables()
         self.name_of = {table: name for name, table in tables.items()}
+        self.columns = {kind: kind_columns(kind) for kind in REGISTRY}
         self.timestamp_column = {kind: get_spec(kind).timestamp_column for kind in REGISTRY}
+        self.pk_of = {kind: columns.pk for kind, columns in self.columns.items()}
+        self.pk_of |= {path_name(kind): c.path_pk for kind, c in self.columns.items() if c.path_pk}
         with connection.cursor() as cur:
             cur.execute(f"SELECT seq, tbl, op, old, new, at, xid, actor FROM {HISTORY_TABLE} ORDER BY seq")
             rows = cur.fetchall()
@@ -332,27 +386,38 @@ class History:
             if at is not None and (event.at > at or (before and event.at == at)):
                 break
             row = event.new if event.op != "DELETE" else event.old
-            key = (event.table, int(row["id"]))
+            key = (event.table, row[self.pk_of.get(event.table, "id")])
             if event.op == "DELETE":
                 rows.pop(key, None)
             else:
                 rows[key] = row
         return rows
 
-    def records_at(self, at: datetime | None, *, before: bool = False) -> dict[tuple[str, int], RecordState]:
+    def records_at(self, at: datetime | None, *, before: bool = False) -> dict[tuple[str, Any], RecordState]:
         out = {}
         for (kind, record_id), row in self._rows_at(self.timestamp_column, at, before=before).items():
-            out[(kind, record_id)] = self._record(kind, row)
+            out[(kind, record_id)] = self._record(kind, row, at, before=before)
         return out
 
-    def _record(self, kind: str, row: dict) -> RecordState:
+    def _record(self, kind: str, row: dict, at: datetime | None, *, before: bool = False) -> RecordState:
+        """The record ``row`` as the invariants see it at ``at``: a one-hop
+        kind's property is its path row's then (a unit moved is a record moved)."""
+        c = self.columns[kind]
+        prop: Any = row.get(c.property) if c.property else None
+        if c.via is not None:
+            units = self._rows_at([path_name(kind)], at, before=before)
+            unit = units.get((path_name(kind), row.get(c.via)))
+            prop = unit.get(c.path_property) if unit else None
+        ts = row.get(c.timestamp)
         return RecordState(
             kind=kind,
-            id=int(row["id"]),
-            portfolio_id=int(row["portfolio_id"]),
-            property_id=int(row["property_id"]),
-            ts=_ts(row.get(self.timestamp_column[kind])),
-            document_id=row.get("document_id"),
+            id=int(row[c.pk]) if c.integer_key else str(row[c.pk]),
+            portfolio_id=int(row[c.portfolio]),
+            property_id=None if prop is None else int(prop),
+            # A DateField's day: its midnight (the product compares the day with the cutoff's).
+            ts=datetime.fromisoformat(f"{ts}T00:00:00+00:00") if ts and c.timestamp_is_date else _ts(ts),
+            document_id=row.get(c.document) if c.document else None,
+            integer_key=c.integer_key,
         )
 
     def holds_at(self, at: datetime, *, before: bool = False) -> list[dict]:
@@ -383,23 +448,42 @@ class History:
 
     def deletions(self) -> list[tuple[Event, RecordState]]:
         return [
-            (e, self._record(e.table, e.old))
+            (e, self._record(e.table, e.old, e.at, before=True))
             for e in self.events
             if e.table in self.timestamp_column and e.op == "DELETE"
         ]
 
-    def named_by_deleted(self, document_id: str, at: datetime) -> list[RecordState]:
-        """Records deleted (committed) at or before ``at`` that named ``document_id`` when deleted."""
-        return [record for event, record in self.deletions() if event.at <= at and record.document_id == document_id]
+    def named_by_deleted(
+        self, document_id: str, at: datetime, *, canonical: Callable[[str], str] = lambda name: name
+    ) -> list[RecordState]:
+        """Records deleted (committed) at or before ``at`` that named ``document_id``
+        (as the store names it) when deleted."""
+        return [
+            record
+            for event, record in self.deletions()
+            if event.at <= at and record.document_id and canonical(record.document_id) == document_id
+        ]
 
 
 def hold_covers(hold: dict, record: RecordState) -> bool:
+    """The hold rule, restated independently of the product's SQL: its
+    customer; no site or the record's (a kind without a site is reached by no
+    site's hold); no kind or the record's; no record or this one (by id for an
+    integer key, by its text for a UUID)."""
+    if record.integer_key:
+        names = hold.get("record_id") is None or int(hold["record_id"]) == record.id
+    else:
+        names = (hold.get("record_key") or "") in ("", str(record.id))
     return (
         int(hold["portfolio_id"]) == record.portfolio_id
         and (hold.get("property_id") is None or int(hold["property_id"]) == record.property_id)
         and (hold.get("record_kind") or "") in ("", record.kind)
-        and (hold.get("record_id") is None or int(hold["record_id"]) == record.id)
+        and names
     )
+
+
+def _id(value: Any) -> int | None:
+    return None if value is None else int(value)
 
 
 def pause_covers(pause: dict, portfolio_id: int) -> bool:
@@ -415,6 +499,11 @@ class Expectations:
     store_deletes: list[tuple[str, datetime]]  # (document id, when the store applied its DELETE)
     store_documents: set[str]  # what the store still has at the end
     since: datetime  # when the interleaving began (the worker started)
+    # The name the store acts on for a record's spelling of its file (a
+    # storage's normalised key; the HTTP store's id is itself), and the key of
+    # a purge's document reference (``store:key`` for a Django storage).
+    canonical: Callable[[str], str] = lambda name: name
+    ref_key: Callable[[str], str] = lambda ref: ref
 
 
 def check_invariants(history: History, expect: Expectations) -> Violations:
@@ -444,13 +533,11 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
         if covering:
             v.add(f"{where} deleted while hold {covering[0]['id']} covered it")
         entries = [
-            row
-            for row in ledger_by_xid.get(event.xid, [])
-            if row["record_kind"] == record.kind and int(row["after_id"]) < record.id <= int(row["last_id"])
+            row for row in ledger_by_xid.get(event.xid, []) if row["record_kind"] == record.kind and record.after(row)
         ]
-        own = [row for row in entries if int(row["property_id"]) == record.property_id]
+        own = [row for row in entries if _id(row["property_id"]) == record.property_id]
         if not own:
-            others = sorted({int(row["property_id"]) for row in entries})
+            others = sorted({str(row["property_id"]) for row in entries})
             v.add(f"{where} deleted by a transaction with no ledger row of its property (others: {others})")
             continue
         entry = own[0]
@@ -484,8 +571,9 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             r
             for r in history.records_at(event.at).values()
             if r.kind == row["record_kind"]
-            and r.property_id == int(row["property_id"])
-            and int(row["after_id"]) < r.id <= int(row["last_id"])
+            and r.property_id == _id(row["property_id"])
+            and (r.property_id is not None or r.portfolio_id == int(row["portfolio_id"]))
+            and r.after(row)
             and r.ts is not None
             and r.ts < cutoff
         ]
@@ -539,11 +627,12 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
 
     # 4. Files: none deleted by the store while a surviving record named it or
     #    an active hold covered any record, deleted or alive, that named it.
+    same = expect.canonical
     for document_id, at in expect.store_deletes:
-        alive = [r for r in history.records_at(at).values() if r.document_id == document_id]
+        alive = [r for r in history.records_at(at).values() if r.document_id and same(r.document_id) == document_id]
         if alive:
             v.add(f"file {document_id} deleted from the store while {alive[0].kind} {alive[0].id} named it")
-        named = alive + history.named_by_deleted(document_id, at)
+        named = alive + history.named_by_deleted(document_id, at, canonical=same)
         holds = history.holds_at(at)
         covering = [(h, r) for r in named for h in holds if hold_covers(h, r)]
         if covering:
@@ -556,7 +645,7 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
     dispositions = dict(DocumentDisposition.objects.values_list("document_id", "state"))
     for request in PurgeRequest.objects.all():
         for document_id in request.held_document_ids:
-            if document_id not in expect.store_documents and dispositions.get(document_id) != "purged":
+            if expect.ref_key(document_id) not in expect.store_documents and dispositions.get(document_id) != "purged":
                 v.add(f"purge request {request.pk} says {document_id} is set aside; the store no longer has it")
         if request.documents_held > len(set(request.document_ids)):
             v.add(f"purge request {request.pk} counts {request.documents_held} held of {len(request.document_ids)}")
@@ -565,7 +654,7 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             request = PurgeRequest.objects.get(pk=job.purge_request_id)
             if request.documents_held == 0:
                 v.add(f"purge job {job.pk} ended purge_held with nothing set aside")
-            missing = [d for d in request.held_document_ids if d not in expect.store_documents]
+            missing = [d for d in request.held_document_ids if expect.ref_key(d) not in expect.store_documents]
             if missing and all(dispositions.get(d) != "purged" for d in missing):
                 v.add(f"purge job {job.pk} ended purge_held but the store no longer has {missing}")
     return v

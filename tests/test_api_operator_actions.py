@@ -140,7 +140,9 @@ class TestBulkLetterDecisions:
         letters(two_customers)
         acme = two_customers["acme"].pk
         client = client_for(operator_user)
-        body = {"operation": "redrive", "reason": REASON, "filter": {"portfolio": str(acme), "http_status": "400"}}
+        query = {"portfolio": str(acme), "http_status": "400"}
+        seen = client.get("/api/v1/dead-letters/", {**query, "status": "open"}).json()["seen"]
+        body = {"operation": "redrive", "reason": REASON, "filter": query, "seen": seen}
         assert client.post("/api/v1/dead-letters/bulk/", body, "json").status_code == 400  # expected is required
         stale = client.post("/api/v1/dead-letters/bulk/", {**body, "expected": 3}, "json")
         assert stale.status_code == 409 and DeadLetter.objects.open().count() == 3

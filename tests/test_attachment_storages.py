@@ -560,3 +560,190 @@ def test_a_purge_whose_session_ended_while_it_stalled_before_the_call_sends_noth
     assert job_run_slice(job_id=job.pk, owner="next").outcome == JobOutcome.PURGE_HELD
     assert on_s3.calls["DeleteObjects"] == 0 and bucket_keys(on_s3) == names
     assert the_purge_request().documents_held == 2
+
+
+# --- Two spellings of one file (issue 37) ------------------------------------
+# A record may spell its key other than the storage's own name of the file
+# (``contracts//lease-17.pdf``: S3's clean_name and the file system's path()
+# both make it ``contracts/lease-17.pdf``). Every check of the purge must
+# compare the name the storage will act on, or the purge of one spelling
+# deletes the file another spelling's record still names or a hold keeps.
+
+CANONICAL = "contracts/lease-17.pdf"
+DOUBLED = "contracts//lease-17.pdf"
+
+
+@pytest.fixture(params=["s3", "file_system"])
+def backend(request):  # type: ignore[no-untyped-def]
+    """Either storage, and a test of whether it still has a file of a name."""
+    if request.param == "s3":
+        proxy = request.getfixturevalue("on_s3")
+        return lambda name: name in bucket_keys(proxy)
+    root = request.getfixturevalue("on_disk")
+    return lambda name: (root / name).is_file()
+
+
+def guard_install() -> None:
+    """As the application's owner would: ``cleanup_reference_guard --install``."""
+    from io import StringIO
+
+    from django.core.management import call_command
+
+    call_command("cleanup_reference_guard", "--install", stdout=StringIO())
+
+
+@pytest.mark.usefixtures("clock")
+class TestKeySpellings:
+    def test_a_deleted_record_spelling_the_key_with_a_double_slash_leaves_the_file_a_living_held_record_names(
+        self, backend, portfolio, prop, active_policy, reviewer
+    ):
+        active_policy(portfolio, "signed_contract", 30)
+        guard_install()
+        contract(prop, OLD, DOUBLED, upload=False)  # expired
+        living = contract(prop, YOUNG, CANONICAL)  # living, and held
+        legal_hold_place(
+            portfolio=portfolio,
+            property=prop,
+            record_kind="signed_contract",
+            record_id=living,
+            placed_by=reviewer,
+            reason="a claim over the living contract",
+        )
+
+        sweep_trigger(slot=SLOT, now=NOW)
+        cleanup_drain()
+
+        assert backend(CANONICAL), "the purge of the doubled spelling deleted the living record's file"
+        request = the_purge_request()
+        assert (request.documents_purged, request.documents_referenced) == (0, 1)
+        # The request names the file as the storage does.
+        assert request.document_ids == [f"contracts:{CANONICAL}"]
+
+    def test_a_deleted_record_naming_the_key_leaves_the_file_a_living_record_spells_with_a_double_slash(
+        self, backend, portfolio, prop, active_policy, reviewer
+    ):
+        active_policy(portfolio, "signed_contract", 30)
+        guard_install()
+        contract(prop, OLD, CANONICAL)  # expired
+        living = contract(prop, YOUNG, DOUBLED, upload=False)  # living, held, the other spelling
+        legal_hold_place(
+            portfolio=portfolio,
+            property=prop,
+            record_kind="signed_contract",
+            record_id=living,
+            placed_by=reviewer,
+            reason="a claim over the living contract",
+        )
+
+        sweep_trigger(slot=SLOT, now=NOW)
+        cleanup_drain()
+
+        assert backend(CANONICAL), "the purge deleted the file a living record spells with a double slash"
+        assert the_purge_request().documents_referenced == 1
+
+    def test_a_hold_on_a_deleted_record_of_one_spelling_keeps_the_file_from_the_purge_of_the_other_spelling(
+        self, backend, portfolio, prop, active_policy, reviewer
+    ):
+        """Two deleted records, in two properties, name one file by two
+        spellings; a hold on one property after the deletion keeps the file
+        from both purges: one document, one decision, one disposition row."""
+        other = Property.objects.create(portfolio=portfolio, name="Dock Street")
+        active_policy(portfolio, "signed_contract", 30)
+        contract(prop, OLD, CANONICAL)
+        contract(other, OLD, DOUBLED, upload=False)
+        sweep_trigger(slot=SLOT, now=NOW)
+        for delete in CleanupJob.objects.filter(job_kind=JobKind.DELETE, record_kind="signed_contract"):
+            assert job_run_slice(job_id=delete.pk).outcome == JobOutcome.DELETED
+        # Held where the canonical spelling was deleted; the other property's purge must see it.
+        legal_hold_place(
+            portfolio=portfolio,
+            property=prop,
+            record_kind="signed_contract",
+            placed_by=reviewer,
+            reason="a claim raised after the deletion",
+        )
+
+        cleanup_drain()
+
+        assert backend(CANONICAL), "the purge of the other spelling deleted a file a hold keeps"
+        requests = PurgeRequest.objects.filter(record_kind="signed_contract")
+        assert sorted(r.documents_held for r in requests) == [1, 1]
+        assert {tuple(r.document_ids) for r in requests} == {(f"contracts:{CANONICAL}",)}
+        assert list(DocumentDisposition.objects.values_list("document_id", "state")) == [
+            (f"contracts:{CANONICAL}", DispositionState.SET_ASIDE)
+        ]
+        assert set(DeletedAttachment.objects.values_list("document_id", flat=True)) == {f"contracts:{CANONICAL}"}
+
+    def test_rows_spelled_before_the_guard_are_warned_about_and_install_records_them(
+        self, backend, portfolio, prop, active_policy
+    ):
+        from cleanup_ops.checks import check_document_spellings
+        from cleanup_ops.models import DocumentSpelling
+
+        active_policy(portfolio, "signed_contract", 30)
+        contract(prop, OLD, CANONICAL)
+        contract(prop, YOUNG, DOUBLED, upload=False)  # written before the guard: its spelling unrecorded
+        unguarded, warning = check_document_spellings(databases=["default"])
+        assert (unguarded.id, warning.id) == ("cleanup_ops.W011", "cleanup_ops.W010")
+        assert "'signed_contract'" in unguarded.msg
+        assert "'signed_contract'" in warning.msg and "1 key" in warning.msg
+        assert DOUBLED not in warning.msg  # identifiers only, never a key
+
+        guard_install()
+
+        assert check_document_spellings(databases=["default"]) == []
+        assert list(DocumentSpelling.objects.values_list("document_id", "spelling")) == [
+            (f"contracts:{CANONICAL}", DOUBLED)
+        ]
+        sweep_trigger(slot=SLOT, now=NOW)
+        cleanup_drain()
+        assert backend(CANONICAL)
+        assert the_purge_request().documents_referenced == 1
+
+    def test_the_guard_takes_the_canonical_decision_row_for_any_spelling(self, on_disk, portfolio, prop):
+        guard_install()
+        DocumentDisposition.objects.create(document_id=f"contracts:{CANONICAL}", state=DispositionState.PURGED)
+
+        contract(prop, YOUNG, "contracts/./x/../lease-17.pdf", upload=False)
+
+        assert DocumentDisposition.objects.get(document_id=f"contracts:{CANONICAL}").state == "pending"
+        assert list(DocumentDisposition.objects.values_list("document_id", flat=True)) == [f"contracts:{CANONICAL}"]
+
+
+@pytest.mark.usefixtures("clock")
+def test_references_written_before_the_canonical_names_are_rewritten_by_the_migration(
+    on_s3, portfolio, prop, active_policy
+):
+    """Rows of a purge written by the code before issue 37 (the key as the
+    record spelled it): migration 0021 rewrites them, merging the object's
+    decision rows, so the purge still in flight finds the living record."""
+    import importlib
+
+    from django.apps import apps
+
+    from cleanup_ops.models import DocumentSpelling
+
+    migration = importlib.import_module("cleanup_ops.migrations.0021_canonical_document_refs")
+    active_policy(portfolio, "signed_contract", 30)
+    contract(prop, OLD, DOUBLED, upload=False)
+    contract(prop, YOUNG, CANONICAL)  # living
+    sweep_trigger(slot=SLOT, now=NOW)
+    job_run_slice(job_id=CleanupJob.objects.get(job_kind=JobKind.DELETE, record_kind="signed_contract").pk)
+    # As the old code wrote them: the doubled spelling, and a decision row of each spelling.
+    old = f"contracts:{DOUBLED}"
+    PurgeRequest.objects.update(document_ids=[old])
+    DeletedAttachment.objects.update(document_id=old)
+    DocumentDisposition.objects.update(document_id=old, state=DispositionState.PENDING)
+    DocumentDisposition.objects.create(document_id=f"contracts:{CANONICAL}", state=DispositionState.SET_ASIDE)
+    assert not DocumentSpelling.objects.exists()
+
+    migration.canonicalise(apps, None)
+
+    assert the_purge_request().document_ids == [f"contracts:{CANONICAL}"]
+    assert set(DeletedAttachment.objects.values_list("document_id", flat=True)) == {f"contracts:{CANONICAL}"}
+    assert list(DocumentDisposition.objects.values_list("document_id", "state")) == [
+        (f"contracts:{CANONICAL}", DispositionState.SET_ASIDE)
+    ]
+    cleanup_drain()
+    assert CANONICAL in bucket_keys(on_s3)
+    assert the_purge_request().documents_referenced == 1

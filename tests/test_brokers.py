@@ -57,8 +57,10 @@ BROKER_VARS = {
 SERVER = {"redis": "redis-server", "sqs": "moto's SQS server (moto[server])", "rabbitmq": "rabbitmq-server"}
 
 # One broker server of each kind serves the whole run (scripts/test.sh), its queues
-# named after the clusters: under pytest-xdist these tests run on one worker, in turn.
-pytestmark = pytest.mark.xdist_group("brokers")
+# named after the clusters: under pytest-xdist the tests on them (broker_env) run on
+# one worker, in turn. The dispatch tests on the ORM broker (rolled back, in each
+# worker's own database) are in no group.
+BROKERS = pytest.mark.xdist_group("brokers")
 
 
 @pytest.fixture(params=list(BROKER_VARS))
@@ -128,6 +130,7 @@ def fetch(broker: object, timeout: float) -> list[str]:
     return []
 
 
+@BROKERS
 @pytest.mark.django_db(transaction=True)
 def test_a_message_goes_through_and_is_counted_while_it_waits(broker_of, broker_env):
     broker = broker_of("retention-test")
@@ -142,6 +145,7 @@ def test_a_message_goes_through_and_is_counted_while_it_waits(broker_of, broker_
     assert broker.queue_size() == 0
 
 
+@BROKERS
 @pytest.mark.django_db(transaction=True)
 def test_a_due_at_hint_is_held_back_until_its_instant_never_early(broker_of, broker_env):
     broker = broker_of("retention-test")
@@ -157,6 +161,7 @@ def test_a_due_at_hint_is_held_back_until_its_instant_never_early(broker_of, bro
     assert (arrived - due).total_seconds() < 2.5, "delivered long after it was due"
 
 
+@BROKERS
 @pytest.mark.parametrize("broker_env", ["rabbitmq", "sqs"], indirect=True)  # ORM and Redis drop such a message
 @pytest.mark.django_db(transaction=True)
 def test_a_message_a_cluster_rejects_is_dead_lettered_for_inspection(broker_of, broker_env):
@@ -255,6 +260,7 @@ def open_jobs(**filters: object) -> int:
     return CleanupJob.objects.open().filter(**filters).count()
 
 
+@BROKERS
 @pytest.mark.django_db(transaction=True)
 def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(broker_env, estate, tmp_path):
     kind, broker = broker_env
@@ -334,6 +340,7 @@ def test_each_broker_drains_a_sweep_exactly_once_with_a_worker_killed_mid_drain(
     assert ("retention-purge", JobKind.PURGE) in ran
 
 
+@BROKERS
 @pytest.mark.django_db(transaction=True)
 def test_cleanup_status_counts_the_waiting_messages_through_the_broker_interface(broker_of, broker_env):
     kind, env = broker_env
@@ -515,6 +522,7 @@ def _child_uses_its_own_connection(broker: object, parent_connection_id: int, ou
     out.put((id(broker.connection) != parent_connection_id, broker.queue_size()))  # type: ignore[attr-defined]
 
 
+@BROKERS
 @pytest.mark.parametrize("broker_env", ["rabbitmq", "sqs"], indirect=True)  # Redis's client is fork-safe itself
 @pytest.mark.django_db(transaction=True)
 def test_a_forked_process_opens_its_own_connection_and_the_parents_keeps_working(broker_of, broker_env):

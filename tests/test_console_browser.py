@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth.models import User
+from playwright.sync_api import expect
 
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState
@@ -106,7 +107,7 @@ def log_in(page, username: str) -> None:  # type: ignore[no-untyped-def]
     page.get_by_label("Password").fill(PASSWORD)
     page.get_by_role("button", name="Log in").click()
     page.wait_for_url("**/console/")
-    assert page.locator("header").get_by_text(username).is_visible()
+    expect(page.locator("header").get_by_text(username)).to_be_visible()
 
 
 def nav(page, name: str) -> None:  # type: ignore[no-untyped-def]
@@ -146,7 +147,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     page.get_by_label("operation").select_option("redrive")
     page.get_by_label("reason").fill(REASON)
     page.get_by_role("button", name="Review…").click()
-    assert page.get_by_role("heading", name="Redrive 1 dead letter(s)?").is_visible()
+    expect(page.get_by_role("heading", name="Redrive 1 dead letter(s)?")).to_be_visible()
     assert REASON in page.locator("main").inner_text()
     dead_letter.refresh_from_db()
     assert dead_letter.status == DeadLetter.Status.OPEN  # nothing applied before the confirmation
@@ -186,14 +187,14 @@ def test_an_auditor_sees_the_overview_and_charts_but_no_redrive_controls(page, d
     # An open dead letter waits for a decision: not a green "Pipeline running" (issue 30, item 11).
     banner = page.get_by_test_id("pipeline-state").inner_text()
     assert banner.startswith("Pipeline not paused") and "1 dead letter(s) wait for a decision" in banner
-    assert page.locator('svg[aria-label="rows deleted per hour"]').is_visible()
-    assert page.locator('svg[aria-label="failed attempts by category"]').is_visible()
-    assert page.get_by_role("heading", name="Retention debt").is_visible()
+    expect(page.locator('svg[aria-label="rows deleted per hour"]')).to_be_visible()
+    expect(page.locator('svg[aria-label="failed attempts by category"]')).to_be_visible()
+    expect(page.get_by_role("heading", name="Retention debt")).to_be_visible()
     assert page.get_by_role("button", name="Apply").count() == 0  # no pause form either
 
     nav(page, "Dead letters")
     page.wait_for_url("**/console/dead-letters/")
-    assert page.get_by_test_id(f"letter-{dead_letter.pk}").is_visible()
+    expect(page.get_by_test_id(f"letter-{dead_letter.pk}")).to_be_visible()
     assert page.get_by_label("operation").count() == 0
     assert page.get_by_label("reason").count() == 0
     assert page.get_by_role("button", name="Review…").count() == 0
@@ -243,12 +244,12 @@ def test_an_operator_redrives_all_letters_matching_a_filter_after_seeing_their_n
     page.get_by_test_id("bulk-redrive").click()
 
     heading = "Redrive all 2 open dead letter(s) matching this filter?"
-    assert page.get_by_role("heading", name=heading).is_visible()
+    expect(page.get_by_role("heading", name=heading)).to_be_visible()
     assert "portfolio Acme Lettings" in page.get_by_test_id("bulk-filter").inner_text()
     # Too short a reason: refused on the confirmation page, nothing changes.
     page.get_by_label("reason").fill("retry")
     page.get_by_role("button", name="Redrive all 2").click()
-    assert "at least 10 characters" in page.get_by_test_id("errors").inner_text()
+    expect(page.get_by_test_id("errors")).to_contain_text("at least 10 characters")
     assert DeadLetter.objects.filter(status="open").count() == 3
 
     page.get_by_label("reason").fill(REASON)
@@ -307,12 +308,12 @@ def test_the_job_page_is_reached_from_a_dead_letter(page, dead_letter) -> None:
     nav(page, "Dead letters")
     page.get_by_test_id(f"letter-{dead_letter.pk}").get_by_role("link", name=f"letter {dead_letter.pk}").click()
     page.wait_for_url(f"**/console/dead-letters/{dead_letter.pk}/")
-    assert page.get_by_role("heading", name=f"Dead letter {dead_letter.pk}").is_visible()
+    expect(page.get_by_role("heading", name=f"Dead letter {dead_letter.pk}")).to_be_visible()
     assert "Open" in page.get_by_test_id("letter-status").inner_text()
 
     page.get_by_test_id("letter-job").get_by_role("link", name=f"job {job.pk}").click()
     page.wait_for_url(f"**/console/jobs/{job.pk}/")
-    assert page.get_by_role("heading", name=f"Job {job.pk}").is_visible()
+    expect(page.get_by_role("heading", name=f"Job {job.pk}")).to_be_visible()
     assert page.get_by_test_id("job-state").inner_text() == "Dead"
     assert f"letter {dead_letter.pk}" in page.get_by_test_id("job-letter").inner_text()
     assert "Downstream rejected (4xx)" in page.locator("main").inner_text()

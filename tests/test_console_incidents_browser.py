@@ -19,6 +19,7 @@ from io import StringIO
 import pytest
 from django.core.management import call_command
 from django.utils import timezone
+from playwright.sync_api import expect
 
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, JobKind, PurgeRequest, WorkerHeartbeat
@@ -223,7 +224,7 @@ def test_a_customers_manager_lands_on_a_page_that_says_where_to_go(page, estate)
     page.wait_for_url("**/admin/retention/retentionpolicy/")
     page.goto("/console/workers/")
     assert page.get_by_test_id("forbidden").inner_text() == "You do not have access to this page"
-    assert page.get_by_test_id("where-to-go").get_by_role("link", name="Retention policies").is_visible()
+    expect(page.get_by_test_id("where-to-go").get_by_role("link", name="Retention policies")).to_be_visible()
 
 
 def test_an_operator_runs_a_backing_off_job_now_and_cancels_another(page, estate) -> None:
@@ -268,7 +269,7 @@ def test_the_header_search_finds_jobs_letters_and_events_by_a_property_name(page
     box.fill("quay")
     box.press("Enter")
     page.wait_for_url("**/console/search/?q=quay")
-    assert page.get_by_test_id(f"search-job-{job.pk}").is_visible()
+    expect(page.get_by_test_id(f"search-job-{job.pk}")).to_be_visible()
     assert "Quay Court" in page.get_by_test_id(f"search-letter-{letter.pk}").inner_text()
     assert page.get_by_test_id(f"search-job-{estate['jobs']['Harbour House'].pk}").count() == 0
     page.get_by_role("link", name="Every matching job").click()

@@ -30,6 +30,7 @@ from django.core.management import call_command
 from django.db import connection
 from django.utils import timezone
 from django_q.models import Schedule
+from playwright.sync_api import expect
 
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, PipelinePause, WorkerHeartbeat
@@ -271,7 +272,7 @@ def test_a_customers_manager_sees_no_release_and_a_reviewer_no_submit_in_the_adm
     assert page.get_by_role("button", name="Save").count() == 0
     assert page.get_by_role("link", name="reviewer").count() == 0  # users as names, not 403 links
     page.goto(f"/admin/retention/retentionpolicy/{policy.pk}/change/")
-    assert page.get_by_role("link", name="Submit a new version").is_visible()
+    expect(page.get_by_role("link", name="Submit a new version")).to_be_visible()
 
     page.context.clear_cookies()
     log_in_admin(page, "rev-acme")
@@ -301,6 +302,4 @@ def test_the_hold_forms_property_picker_offers_the_chosen_portfolios_properties_
     options.first.wait_for()
     # The dropdown first shows the answer to its opening query, then to the
     # typed term: wait (not sleep) until the last answer has landed.
-    from playwright.sync_api import expect
-
     expect(options).to_have_text(["Birch Row"], timeout=10_000)

@@ -25,6 +25,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -33,11 +34,14 @@ import textwrap
 import uuid
 import zipfile
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
+# The wheel's tests on one pytest-xdist worker (--dist loadgroup): the wheel is built once
+# (a module fixture is per worker), and the two host projects reinstall it into the one
+# shared virtualenv (requirements_venv), which two concurrent pip installs would tear.
+WHEEL_GROUP = pytest.mark.xdist_group("installable")
 TOOLING = ("bench/", "chaos/", "harness/", "tests/", "demo/", "config/", "properties/", "docstore/", "scripts/")
 
 
@@ -64,6 +68,7 @@ def wheel(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return built
 
 
+@WHEEL_GROUP
 def test_the_wheel_holds_the_two_apps_with_templates_static_files_and_migrations_and_no_tooling(wheel):
     names = zipfile.ZipFile(wheel).namelist()
     packages = {name.split("/", 1)[0] for name in names if not name.split("/", 1)[0].endswith(".dist-info")}
@@ -132,62 +137,32 @@ def venv_python(venv: Path) -> str:
     return str(venv / "bin/python")
 
 
-HOST_SETTINGS = """
+def adopting_block(section: str, *, index: int = 0, language: str = "python") -> str:
+    """The ``index``-th ``language`` code block of docs/adopting.md's section
+    headed ``section`` (a ``##`` heading's text, up to the next ``##``): the host
+    projects of the tests are built from what the page tells an adopter."""
+    page = (ROOT / "docs/adopting.md").read_text()
+    heading = re.search(rf"^## {re.escape(section)}\n", page, re.M)
+    assert heading, f"docs/adopting.md has no section {section!r}"
+    body = page[heading.end() :]
+    following = re.search(r"^## ", body, re.M)
+    body = body[: following.start()] if following else body
+    blocks = re.findall(rf"^```{language}\n(.*?)^```", body, re.M | re.S)
+    assert len(blocks) > index, f"docs/adopting.md, {section!r}: no {language} block {index}"
+    return blocks[index]
 
-# --- the retention cleanup console (docs/adopting.md) ------------------------------
-INSTALLED_APPS = [
-    "retention.admin_site.GuardedAdminConfig",
-    *[app for app in INSTALLED_APPS if app != "django.contrib.admin"],
-    "rest_framework",
-    "rest_framework.authtoken",
-    "drf_spectacular",
-    "drf_spectacular_sidecar",
-    "django_htmx",
-    "django_q",
-    "axes",
-    "accounts",
-    "sites",
-    "retention",
-    "cleanup_ops",
-]
-MIDDLEWARE = [
-    MIDDLEWARE[0],
-    "retention.middleware.RefuseControlCharacters",
-    *MIDDLEWARE[1:],
-    "axes.middleware.AxesMiddleware",
-]
-AUTHENTICATION_BACKENDS = [
-    "axes.backends.AxesStandaloneBackend",
-    "django.contrib.auth.backends.ModelBackend",
-    "retention.backends.MembershipBackend",
-]
-LOGIN_URL = "login"
-LOGIN_REDIRECT_URL = "console:overview"
-REST_FRAMEWORK = {
-    "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
-        "rest_framework.authentication.SessionAuthentication",
-    ],
-    "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
-    "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
-    "PAGE_SIZE": 50,
-    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
-}
-Q_CLUSTER = {
-    "name": "retention",
-    "workers": 2,
-    "queue_limit": 2,
-    "bulk": 1,
-    "timeout": 120,
-    "retry": 480,
-    "max_attempts": 1,
-    "ack_failures": True,
-    "orm": "default",
-    "broker_class": "cleanup_ops.brokers.DelayableORM",
-}
-RETENTION_PORTFOLIO_MODEL = "accounts.Customer"
-RETENTION_PROPERTY_MODEL = "sites.Building"
-RETENTION_PROPERTY_PORTFOLIO_FIELD = "customer"
+
+# Where the page says "your own apps", the host's: its customer and site models' apps.
+OWN_APPS = "    # ... your own apps, the ones holding your customer, site and record models ...\n"
+
+# The page's settings (section 2) and the customer and site settings (section 3),
+# verbatim but for the host's own apps; then what is this host's alone: its record
+# kind, its database, its host name.
+HOST_SETTINGS = (
+    "\n# --- the retention cleanup console, as docs/adopting.md writes it ---\n"
+    + adopting_block("2. Settings").replace(OWN_APPS, '    "accounts",\n    "sites",\n')
+    + adopting_block("3. Your customers and sites are your models")
+    + """
 RETENTION_RECORD_KINDS = {
     "work_order": {
         "model": "sites.WorkOrder",
@@ -200,6 +175,8 @@ RETENTION_RECORD_KINDS = {
 DATABASES = {"default": DATABASE}
 ALLOWED_HOSTS = ["testserver"]
 """
+)
+assert '"accounts",' in HOST_SETTINGS, "docs/adopting.md's INSTALLED_APPS lost its line for the host's own apps"
 
 HOST_MODELS = {
     "accounts": """
@@ -235,15 +212,7 @@ class WorkOrder(models.Model):
 """,
 }
 
-HOST_URLS = """
-from django.contrib import admin
-from django.urls import include, path
-
-urlpatterns = [
-    path("admin/", admin.site.urls),
-    path("ops/", include("cleanup_ops.urls")),
-]
-"""
+HOST_URLS = adopting_block("4. URLs")
 
 # Run inside the host project: the product's pages under /ops/, for a visitor
 # and for a superuser, with a customer and a building of the host's own models.
@@ -321,33 +290,6 @@ print("SWEEP", json.dumps({"rows": left, "files": files}))
 """
 
 
-def database_setting(url: str, name: str) -> dict[str, object]:
-    parts = urlsplit(url)
-    return {
-        "ENGINE": "django.db.backends.postgresql",
-        "NAME": name,
-        "USER": parts.username or "",
-        "PASSWORD": parts.password or "",
-        "HOST": parts.hostname or "",
-        "PORT": str(parts.port or ""),
-    }
-
-
-@pytest.fixture
-def host_database():
-    """A database of its own on the suite's PostgreSQL server (the URL names the suite's, which
-    pytest-django replaces with a test database), dropped afterwards."""
-    import psycopg
-
-    url = os.environ["DATABASE_URL"]
-    name = f"host_{uuid.uuid4().hex[:12]}"
-    with psycopg.connect(url, dbname="postgres", autocommit=True) as conn:
-        conn.execute(f"CREATE DATABASE {name}")
-    yield database_setting(url, name)
-    with psycopg.connect(url, dbname="postgres", autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-
-
 @pytest.fixture
 def bucket():
     """An S3 bucket on moto's server (real HTTP on loopback): the host's report storage."""
@@ -358,6 +300,7 @@ def bucket():
         yield {"BACKEND": "storages.backends.s3.S3Storage", "OPTIONS": storage_options(server.endpoint, "host-reports")}
 
 
+@WHEEL_GROUP
 def test_a_host_project_with_its_own_customer_and_site_models_checks_migrates_and_serves_the_console(
     wheel, host_database, bucket, tmp_path
 ):
@@ -424,6 +367,7 @@ def test_a_host_project_with_its_own_customer_and_site_models_checks_migrates_an
     }
 
 
+@WHEEL_GROUP
 def test_a_host_project_missing_what_the_console_needs_is_told_the_line_to_add(wheel, tmp_path):
     venv = requirements_venv()
     python = venv_python(venv)

@@ -512,7 +512,7 @@ def db_clock_now() -> datetime:
         observer.close()
 
 
-def _interleave(world: World, subject: Callable[[], Any], hold: CheckpointHold, observer: Any) -> None:
+def interleave(world: World, subject: Callable[[], Any], hold: CheckpointHold, observer: Any) -> None:
     """Hold the worker at the checkpoint, let the actor act, let go (see the module docstring)."""
     worker = InThread(subject, name="worker")
     world.threads = (worker, None)
@@ -550,7 +550,7 @@ def test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_mea
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
     try:
-        _interleave(world, subject, hold, observer)
+        interleave(world, subject, hold, observer)
     finally:
         hold.release()
         world.commit.set()

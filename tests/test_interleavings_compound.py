@@ -356,7 +356,7 @@ def test_a_worker_whose_clock_runs_120_seconds_ahead_takes_no_second_lease_while
                 return True
             row = observer.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE application_name = 'skewed-worker'"
-                " AND cardinality(pg_blocking_pids(pid)) > 0"
+                " AND datname = current_database() AND cardinality(pg_blocking_pids(pid)) > 0"
             ).fetchone()
             return bool(row[0])
 

@@ -1,6 +1,6 @@
 """The operation id's arithmetic, without a database: what a batch's id is a hash
 of (``cleanup_ops.execution.batches.operation_id``), and that the auditor's own
-copy of the formula (``cleanup_ops.proof_verify``, standard library only)
+copy of the formula (``cleanup_ops.proof_verify``, standard library and ``cryptography`` only)
 computes the same id from an export's text. The ids of real ledger rows are
 checked against the verifier in tests/test_proof_verify.py.
 """

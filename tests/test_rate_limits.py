@@ -25,7 +25,7 @@ from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
-from .conftest import make_records, make_user, utc
+from .conftest import WALL_CLOCK, make_records, make_user, utc
 from .conftest import one_property_portfolios as estate
 
 SLOT = utc("2026-08-21T02:00:00Z")
@@ -66,6 +66,7 @@ def test_a_refused_portfolio_token_takes_nothing_from_the_global_bucket():
     assert tokens_acquire(portfolio_id=2, now=100.1, buckets=[glob]) > 0
 
 
+@WALL_CLOCK
 @pytest.mark.django_db(transaction=True)
 def test_four_competing_workers_get_the_configured_rate_within_five_percent():
     rate, burst, seconds = 50.0, 5.0, 3.0
@@ -209,6 +210,7 @@ def test_a_group_is_told_when_on_the_database_clock_and_a_portfolio_without_a_to
     assert third.reserved and third.wait == 0.0 and third.allowed == {7}
 
 
+@WALL_CLOCK
 @pytest.mark.django_db(transaction=True)
 def test_two_workers_asleep_on_their_reservations_never_exceed_the_global_or_a_portfolio_rate():
     glob = BucketConfig("global", rate=15.0, burst=2.0)

@@ -17,8 +17,9 @@ from django.core.exceptions import ValidationError
 
 from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.models import CleanupJob, DeletedAttachment, LedgerEntry, Sweep
-from cleanup_ops.proof import proof_csv, sweep_proof
-from cleanup_ops.proof_verify import load, verify
+from cleanup_ops.proof import proof_csv_sign, proof_sign, sweep_proof
+from cleanup_ops.proof_keys import proof_public_keys
+from cleanup_ops.proof_verify import verify, verify_digests, verify_text
 from cleanup_ops.schedule import sweep_trigger
 from retention.checks import check_kind
 from retention.models import LegalHold
@@ -134,11 +135,12 @@ def test_the_proof_of_a_uuid_kind_recomputes_from_the_export_in_json_and_csv(
     proof = sweep_proof(sweep=Sweep.objects.get())
     inputs = [op for partition in proof["partitions"] for op in partition["operation_inputs"]]
     assert len(inputs) == 4 and {op["after_id"] for op in inputs} > {""}
-    assert verify(proof).ok, verify(proof).problems
-    assert verify(load(proof_csv(proof))).ok
+    keys = proof_public_keys()
+    assert verify(proof_sign(proof=proof), keys=keys).ok, verify(proof_sign(proof=proof), keys=keys).problems
+    assert verify_text(proof_csv_sign(proof=proof), keys=keys).ok
     # A changed cursor is caught.
     inputs[1]["after_id"] = str(uuid.uuid4())
-    assert not verify(proof).ok
+    assert not verify_digests(proof).ok
 
 
 @pytest.mark.django_db

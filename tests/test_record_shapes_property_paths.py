@@ -20,8 +20,9 @@ from django.db import IntegrityError, transaction
 from cleanup_ops.admission import sweep_preview
 from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.models import CleanupJob, JobOutcome, LedgerEntry, Sweep
-from cleanup_ops.proof import proof_csv, sweep_proof
-from cleanup_ops.proof_verify import load, verify
+from cleanup_ops.proof import proof_csv_sign, proof_sign, sweep_proof
+from cleanup_ops.proof_keys import proof_public_keys
+from cleanup_ops.proof_verify import verify, verify_text
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio
 from retention.checks import check_kind, unreachable_records_check
@@ -82,7 +83,9 @@ def test_a_kind_without_a_property_is_partitioned_by_portfolio_and_honours_portf
     assert set(LedgerEntry.objects.filter(record_kind="notice").values_list("property_id", flat=True)) == {None}
     assert docstore.documents() == {Notice.objects.get(pk=old_first[3]).document_id}
     proof = sweep_proof(sweep=Sweep.objects.get())
-    assert verify(proof).ok and verify(load(proof_csv(proof))).ok
+    keys = proof_public_keys()
+    assert verify(proof_sign(proof=proof), keys=keys).ok
+    assert verify_text(proof_csv_sign(proof=proof), keys=keys).ok
 
 
 @pytest.mark.django_db

@@ -465,8 +465,11 @@ def test_a_longer_retention_approved_while_the_drop_holds_its_locks_commits_afte
 
 @pytest.mark.django_db
 def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_alone(world, time_machine):
-    from cleanup_ops.proof import proof_csv, sweep_proof
-    from cleanup_ops.proof_verify import load, verify
+    from cleanup_ops.proof import proof_csv_sign, proof_sign, sweep_proof
+    from cleanup_ops.proof_keys import proof_public_keys
+    from cleanup_ops.proof_verify import load, verify_digests, verify_text
+
+    from .test_proof_verify import assert_every_field_is_covered
 
     time_machine.move_to(NOW, tick=False)
     sweep = sweep_trigger(slot=SLOT, now=NOW).sweep
@@ -475,13 +478,16 @@ def test_the_proof_lists_each_drop_and_the_verifier_recomputes_it_from_the_file_
     assert (march["rows"], march["ids_digest"]) == (7, digest_of(world.march_ids()))
     assert (march["lower_bound"], march["upper_bound"]) == ("2020-03-01T00:00:00Z", "2020-04-01T00:00:00Z")
     assert proof["table_partition_rows"] == 9
-    for text in (json.dumps(proof, default=str), proof_csv(proof)):
-        report = verify(load(text))
+    keys = proof_public_keys()
+    for text in (json.dumps(proof_sign(proof=proof)), proof_csv_sign(proof=proof)):
+        report = verify_text(text, keys=keys)
         assert report.ok, report.problems
         assert report.table_partitions == len(proof["table_partitions"])
+    # Every field of a drop (bounds, rows, each portfolio's figures) is signed: an edit to any fails.
+    assert assert_every_field_is_covered(proof_sign(proof=proof), keys) > 3 * 20
     march["rows"] = 8  # a claim its portfolios do not add up to
     march["portfolios"][str(world.a.pk)]["cutoff"] = "2020-03-20T00:00:00Z"  # a cutoff before the upper bound
-    problems = verify(load(json.dumps(proof, default=str))).problems
+    problems = verify_digests(load(json.dumps(proof, default=str))).problems
     assert any(f"table partition {P_MARCH}: 8 rows stated" in p for p in problems)
     assert any(f"portfolio {world.a.pk}'s cutoff is before its upper bound" in p for p in problems)
     # A customer's scoped proof shows its own portfolio only, without the shared digest.

@@ -173,6 +173,7 @@ def test_a_customer_auditor_gets_their_own_figures_from_sweeps_proofs_and_metric
     assert detail["rows_deleted"] == sum(j.rows_deleted for j in own_jobs) == 3
 
     proof = api.get(f"/api/v1/sweeps/{sweep.pk}/proof/").json()
+    assert proof.pop("signature")["key_id"] == "test-2026"
     assert proof == as_json(sweep_proof(sweep=sweep, portfolio_ids=scope))
     assert proof["portfolio_ids"] == [own.pid] and proof["jobs"] == own_jobs.count()
     assert {row["portfolio_id"] for row in proof["partitions"]} == {own.pid}

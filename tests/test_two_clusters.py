@@ -107,8 +107,12 @@ def assert_exactly_once(*, rows_before: int) -> None:
 
 
 def test_two_clusters_drain_one_sweep_together_and_the_lease_cap_holds_across_them(estate, start_cluster):
-    start_cluster("host-a")
-    start_cluster("host-b")
+    # A global rate limit keeps the sweep running for seconds (48 batches at 6 a
+    # second), so each cluster takes work: unlimited, the first cluster to poll can
+    # drain it before the other's workers take a message (seen under pytest-xdist).
+    slow = {"CLEANUP_RATE_GLOBAL": "6", "CLEANUP_BURST_GLOBAL": "1"}
+    start_cluster("host-a", **slow)
+    start_cluster("host-b", **slow)
     assert wait_for(lambda: len(Stat.get_all()) == 2, timeout=30), "django-q2's Stat does not see both clusters"
     assert len({stat.cluster_id for stat in Stat.get_all()}) == 2
 

@@ -15,6 +15,17 @@ for _name in ("SECURE_SSL_REDIRECT", "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECUR
 # The browsable API is off in production unless API_BROWSABLE is set; the suite
 # turns it on so the route crawler proves its pages and forms clean.
 os.environ.setdefault("API_BROWSABLE", "true")
+# Proofs are signed, and DEBUG is off here as in production: a fixed test key
+# , so a failing proof reproduces byte for byte.
+if "RETENTION_PROOF_SIGNING_KEY" not in os.environ:
+    from cryptography.hazmat.primitives import serialization as _serialization
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey as _Ed25519PrivateKey
+
+    _test_key = _Ed25519PrivateKey.from_private_bytes(b"retention-cleanup test proof key")
+    os.environ["RETENTION_PROOF_SIGNING_KEY"] = _test_key.private_bytes(
+        _serialization.Encoding.PEM, _serialization.PrivateFormat.PKCS8, _serialization.NoEncryption()
+    ).decode()
+    os.environ.setdefault("RETENTION_PROOF_KEY_ID", "test-2026")
 # The second schema (tests/schema_b): record kinds unlike the demo's, which the
 # record-kind tests configure through RETENTION_RECORD_KINDS.
 os.environ.setdefault("EXTRA_INSTALLED_APPS", "tests.schema_b")

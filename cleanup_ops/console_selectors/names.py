@@ -5,7 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from django.contrib.auth.models import User
+from django.contrib.auth import get_user_model
+from django.core.exceptions import ValidationError
 
 from cleanup_ops.models import Sweep
 from retention.domain import SEARCHED_FIELDS, names_by_pk, portfolio_model, property_model
@@ -55,12 +56,28 @@ def sweep_keys(ids: Iterable[int | None]) -> dict[int, str]:
     return dict(Sweep.objects.filter(pk__in=wanted).values_list("id", "key")) if wanted else {}
 
 
-def usernames(ids: Iterable[int | None]) -> dict[int, str]:
-    wanted = _wanted(ids)
-    return dict(User.objects.filter(pk__in=wanted).values_list("id", "username")) if wanted else {}
+def usernames(ids: Iterable[object]) -> dict[str, str]:
+    """User id (as text: ``"7"``, a UUID's ``"0b5e…"``) → username, for the ids
+    an audit event's details name, of whatever key type the host's
+    ``AUTH_USER_MODEL`` has: one query (none if empty). Ids written before
+    details carried text (integers) and ids that are not of the key's type
+    (a hand-edited row) are looked up by their text, or skipped."""
+    model = get_user_model()
+    wanted = set()
+    for raw in ids:
+        if raw is None or isinstance(raw, bool) or not isinstance(raw, (int, str)):
+            continue
+        try:
+            wanted.add(model._meta.pk.to_python(raw))
+        except (ValidationError, ValueError, TypeError):
+            continue
+    if not wanted:
+        return {}
+    rows = model._default_manager.filter(pk__in=wanted).values_list("pk", model.USERNAME_FIELD)
+    return {str(pk): str(name) for pk, name in rows}
 
 
-def audit_names(events: Iterable[Any]) -> dict[str, dict[int, str]]:
+def audit_names(events: Iterable[Any]) -> dict[str, dict[Any, str]]:
     """The names an audit page's details need (portfolios, properties, sweeps,
     users they mention, and portfolios that are the object): four queries at most."""
     events = list(events)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from django.contrib.auth import get_user_model
 from django.db.models import Q
 
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
@@ -69,7 +70,7 @@ def audit_search_q(text: str) -> Q:
     q = (
         Q(action__icontains=text)
         | Q(reason__icontains=text)
-        | Q(actor__username__icontains=text)
+        | Q(**{f"actor__{get_user_model().USERNAME_FIELD}__icontains": text})
         | Q(object_type__icontains=text)
         | Q(object_id=text)
     )

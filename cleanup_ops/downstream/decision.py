@@ -34,7 +34,7 @@ Protocol of a purge job's slice (the job is already leased by
         record names again was reused: the batch made it ``pending`` again.)
       - an active legal hold over any record that named the document —
         deleted by any batch, of any kind or property
-        (``retention.eligibility.holds_covering``) → ask the store whether
+        (``retention.eligibility.deleted_record_held_sql``) → ask the store whether
         it still has the file (``HEAD``): if it does, the document is **set
         aside** (disposition ``set_aside``); if not, it is recorded as
         absent, never as set aside. A set-aside document stays so until
@@ -103,13 +103,14 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Exists, OuterRef
+from django.db.models import BooleanField
+from django.db.models.expressions import RawSQL
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
 from cleanup_ops.downstream.stores import DOCSTORE, AttachmentStore, ref_key
-from cleanup_ops.models import DeletedAttachment, DispositionState, DocumentDisposition
-from retention.eligibility import holds_covering
+from cleanup_ops.models import DeletedAttachment, DispositionState, DocumentDisposition, DocumentSpelling
+from retention.eligibility import deleted_record_held_sql
 from retention.registry import REGISTRY
 
 # The purge's one log (``downstream.purge``'s), whichever of its modules writes.
@@ -246,14 +247,10 @@ def documents_held(document_ids: list[str]) -> set[str]:
     """Those of ``document_ids`` that an active hold keeps: it covers a deleted
     record — of any kind, property or portfolio, deleted by any batch — that
     named the document. One query for the whole list."""
-    covering = holds_covering(
-        portfolio=OuterRef("portfolio_id"),
-        property=OuterRef("property_id"),
-        kind=OuterRef("record_kind"),
-        record=OuterRef("record_id"),
-        record_key=OuterRef("record_key"),
-    )
-    named = DeletedAttachment.objects.filter(document_id__in=document_ids).filter(Exists(covering))
+    # The hold rule's one text (retention.eligibility.hold_scope), over this
+    # table's columns: names from _meta, no value of anyone's in the text.
+    held = RawSQL(deleted_record_held_sql(DeletedAttachment._meta.db_table), (), output_field=BooleanField())  # noqa: S611
+    named = DeletedAttachment.objects.filter(document_id__in=document_ids).alias(held=held).filter(held=True)
     return set(named.order_by().values_list("document_id", flat=True).distinct())
 
 
@@ -269,24 +266,35 @@ def disposition_mark(document_id: str, *, state: str, request_id: int) -> None:
 
 def document_still_referenced(document_id: str, *, store: str = DOCSTORE) -> bool:
     """Does any remaining record, of any kind with attachments in the same
-    store, name ``document_id`` (a reference, ``stores.document_ref``)?"""
-    key = ref_key(store, document_id)
-    return any(
-        spec.model._default_manager.filter(**{spec.attachment_field: key}).exists()
-        for spec in REGISTRY.values()
-        if spec.attachment_field and (spec.attachment_storage or DOCSTORE) == store
-    )
+    store, name ``document_id`` (a canonical reference, ``stores.document_ref``)
+    — spelled as its canonical key or any other way recorded for it?"""
+    return bool(documents_referenced([document_id], store=store))
 
 
 def documents_referenced(refs: list[str], *, store: str) -> set[str]:
-    """Those of ``refs`` that a remaining record of a kind of ``store`` names: a query per such kind."""
+    """Those of ``refs`` (canonical references) that a remaining record of a
+    kind of ``store`` names: a query per such kind, by the column's value.
+
+    A record may spell a storage's key other than its canonical name
+    (``contracts//a.pdf`` for ``contracts/a.pdf``: one object to the store).
+    The reference guard records each such spelling as it is written
+    (``DocumentSpelling``, under the document's decision row, which this
+    decision holds), so the check asks the record tables for those spellings
+    too — through the column's index, never computing a canonical name per
+    row (issue 37)."""
     if not refs:
         return set()
-    by_key = {ref_key(store, r): r for r in refs}
+    by_key: dict[str, set[str]] = {}
+    for ref in refs:
+        by_key.setdefault(ref_key(store, ref), set()).add(ref)
+    if store != DOCSTORE:
+        spelled = DocumentSpelling.objects.filter(document_id__in=refs).values_list("document_id", "spelling")
+        for ref, spelling in spelled:
+            by_key.setdefault(spelling, set()).add(ref)
     named: set[str] = set()
     for spec in REGISTRY.values():
         if spec.attachment_field and (spec.attachment_storage or DOCSTORE) == store:
             field = spec.attachment_field
             values = spec.model._default_manager.filter(**{f"{field}__in": list(by_key)}).values_list(field, flat=True)
             named.update(str(v) for v in values)
-    return {by_key[k] for k in named if k in by_key}
+    return {ref for key in named for ref in by_key.get(key, ())}

@@ -32,10 +32,10 @@ from cleanup_ops.execution.leases import (
     JobRef,
     job_finish,
     job_release,
+    jobs_give_back_for_tokens,
     lease_expiry_from,
     lease_renewal,
     lock_job,
-    token_wait_next_slice,
     wait_for_token,
 )
 from cleanup_ops.models import (
@@ -110,20 +110,17 @@ def purge_run(
                 _unpurgeable_raise(request)
                 progress.outcome = _purge_finish(job=job, lease=lease, request_id=request.id)
                 return
-            wait = docstore_hold_remaining(now=clock.now().timestamp())
+            backoff = docstore_hold_remaining(now=clock.now().timestamp())
+            if backoff > 0:
+                # The store asked every purge to wait (a 429's Retry-After): not
+                # a token wait, the job goes back until then, jittered.
+                progress.deferred_seconds = backoff + retry_after_jitter()
+                job_release(lease=lease, available_at=clock.now() + timedelta(seconds=progress.deferred_seconds))
+                return
+            slice_left = max_seconds - (time.monotonic() - started)
+            wait = wait_for_token(job.portfolio_id, buckets=buckets, lease_until=lease_until, slice_left=slice_left)
             if wait > 0:
-                wait += retry_after_jitter()
-            else:
-                slice_left = max_seconds - (time.monotonic() - started)
-                wait = wait_for_token(job.portfolio_id, buckets=buckets, lease_until=lease_until, slice_left=slice_left)
-                if wait > 0 and token_wait_next_slice(wait):
-                    # Only this slice's end comes before the store's token: back
-                    # due now, the next slice reserves and sleeps.
-                    job_release(lease=lease)
-                    return
-            if wait > 0:
-                progress.deferred_seconds = wait
-                job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
+                progress.deferred_seconds = jobs_give_back_for_tokens(lease=lease, job_ids=[job.id], wait=wait)
                 return
             if before_request:
                 before_request(job.id)

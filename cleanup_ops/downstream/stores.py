@@ -46,15 +46,28 @@ What a purge asks a store, and what the answers mean:
   ``recovery.classification``), ``DownstreamTimeout``,
   ``DownstreamConnectionError``.
 - ``exists(key)``: does the store still have the file?
+- ``canonical(key)``: the name the storage will act on, for a key with no
+  ``key_problem`` — a file's identity. Two spellings of one object
+  (``contracts//a.pdf`` and ``contracts/a.pdf``, ``a/../b`` and ``b``) are
+  one document to every check of the purge only if they are compared in
+  this form (issue 37).
 
 A purge's document reference (``DeletedAttachment.document_id``,
 ``DocumentDisposition.document_id``, ``PurgeRequest.document_ids``) is the
-HTTP document id as it is, or ``<alias>:<key>`` for a storage (``document_ref``):
-the same key in two storages is two documents, and an HTTP id (no ``:``) is
-never one of a storage. The key itself is kept exactly, up to
-``STORAGE_KEY_MAX_BYTES`` (S3's limit, 1,024 bytes of UTF-8). Nothing a store
-answers beyond a status and an error code is read: never a body, never a
-file's contents.
+HTTP document id as it is, or ``<alias>:<canonical key>`` for a storage
+(``document_ref`` over ``canonical``): the same key in two storages is two
+documents, and an HTTP id (no ``:``) is never one of a storage. A storage's
+canonical key is, per ``name_rule``: on S3 the bucket key relative to the
+storage's ``location`` (django-storages' ``clean_name`` and
+``_normalize_name``, exactly as its own ``delete`` applies them); on the file
+system the path ``storage.path()`` resolves to, relative to the storage's
+``location``; on any other storage the key as the record spells it. The same
+rules are a PostgreSQL function (``cleanup_ops_storage_name``, migration
+``0020``), which the reference guard applies to the keys the application
+writes; ``tests/test_storage_names.py`` proves the two agree. Keys are at
+most ``STORAGE_KEY_MAX_BYTES`` (S3's limit, 1,024 bytes of UTF-8). Nothing a
+store answers beyond a status and an error code is read: never a body, never
+a file's contents.
 """
 
 from __future__ import annotations
@@ -69,7 +82,7 @@ from typing import Any
 
 from django.conf import settings
 from django.core.exceptions import SuspiciousOperation
-from django.core.files.storage import Storage, storages
+from django.core.files.storage import FileSystemStorage, Storage, storages
 
 from cleanup_ops.downstream.client import DocstoreClient
 from cleanup_ops.downstream.urls import document_id_valid
@@ -105,6 +118,13 @@ THROTTLE_CODES = frozenset(
 )
 # Per-key codes worth retrying (the store's trouble, not the key's).
 TRANSIENT_CODES = THROTTLE_CODES | {"InternalError", "ServiceUnavailable", "RequestTimeout", "OperationAborted"}
+
+# How a store names its files (``AttachmentStore.name_rule``), for the SQL
+# twin of ``canonical`` (``cleanup_ops_storage_name``): the key as it is, S3's
+# rules, the file system's.
+RULE_EXACT = "exact"
+RULE_S3 = "s3"
+RULE_FILE_SYSTEM = "file_system"
 
 DELETED = "deleted"
 ABSENT = "absent"
@@ -177,6 +197,16 @@ class AttachmentStore(ABC):
     def exists(self, key: str) -> bool:
         """Does the store still have the file?"""
 
+    def canonical(self, key: str) -> str:
+        """The name of ``key``'s file as the store will act on it: equal for
+        two keys exactly when the store would act on one file. Only for a key
+        with no ``key_problem``."""
+        return key
+
+    def name_rule(self) -> tuple[str, str]:
+        """(rule, location) of ``canonical``, for its SQL twin."""
+        return RULE_EXACT, ""
+
 
 class DocstoreStore(AttachmentStore):
     """The HTTP document store (``DocstoreClient``): fenced, one document per call."""
@@ -248,12 +278,41 @@ class StorageStore(AttachmentStore):
         return None
 
     def _name_check(self, key: str) -> None:
-        path = getattr(self.storage, "path", None)
-        if path is not None:
-            try:
-                path(key)
-            except NotImplementedError:
-                return
+        self.canonical(key)
+
+    @cached_property
+    def _file_system(self) -> bool:
+        # A storage whose ``path`` maps names to files under ``location``
+        # (FileSystemStorage and its subclasses): its names have a canonical
+        # form. Another storage's names are taken as they are spelled.
+        return isinstance(self.storage, FileSystemStorage)
+
+    def canonical(self, key: str) -> str:
+        """The file system: the file ``storage.path(key)`` resolves to
+        (``safe_join``: ``//``, ``.`` and ``..`` segments and a trailing slash
+        gone; ``SuspiciousFileOperation`` outside the location), relative to
+        the storage's location. A name that resolves to the location itself
+        names no file (``ValueError``). Any other storage: the key as it is."""
+        if not self._file_system:
+            path = getattr(self.storage, "path", None)
+            if path is not None:
+                try:
+                    path(key)  # its own name rules refuse what they refuse
+                except NotImplementedError:
+                    pass
+            return key
+        storage: Any = self.storage  # a FileSystemStorage: its ``location``
+        resolved = str(storage.path(key))
+        name = resolved[len(str(storage.location)) :].lstrip("/")
+        if not name:
+            raise ValueError("the name resolves to the storage's location")
+        return name
+
+    def name_rule(self) -> tuple[str, str]:
+        if self._file_system:
+            storage: Any = self.storage
+            return RULE_FILE_SYSTEM, str(storage.location)
+        return RULE_EXACT, ""
 
     def delete(
         self, keys: list[str], *, idempotency_keys: list[str] | None = None, deadline: float | None = None
@@ -327,8 +386,24 @@ class S3Store(StorageStore):
         # timeout to each socket operation after the connection), plus a margin.
         return settings.STORAGE_PURGE_CONNECT_TIMEOUT + 2 * settings.STORAGE_PURGE_READ_TIMEOUT + 1.0
 
-    def _name_check(self, key: str) -> None:
-        self.object_key(key)
+    def canonical(self, key: str) -> str:
+        """The bucket key of ``key`` (``object_key``) relative to the
+        storage's ``location``: one name per object for a given location.
+        (Not ``clean_name(key)`` alone: ``_normalize_name`` then resolves
+        ``..`` segments a backslash spelled and a leading ``/``, so
+        ``a\\..\\b`` and ``/b`` are the object ``b`` too.) A name that
+        resolves to the location itself names no object (``ValueError``)."""
+        object_key = self.object_key(key)
+        base = str(self.storage.location).rstrip("/")
+        # django-storages refuses a location with a leading slash (check_location),
+        # so the bucket key of a name under it starts with ``<base>/``.
+        name = object_key[len(base) + 1 :] if base else object_key
+        if not name:
+            raise ValueError("the name resolves to the storage's location")
+        return name
+
+    def name_rule(self) -> tuple[str, str]:
+        return RULE_S3, str(self.storage.location)
 
     def object_key(self, key: str) -> str:
         """The bucket's key of a storage name: the storage's ``location`` and
@@ -454,6 +529,14 @@ def storage_store(alias: str) -> StorageStore:
     if _is_s3(storage):
         return S3Store(alias, storage)
     return StorageStore(alias, storage)
+
+
+def key_canonicaliser(store: str) -> Callable[[str], str]:
+    """``canonical`` for the outbox, opening no connection: the HTTP id as it
+    is, or the storage's canonical name of a key with no ``key_problem``."""
+    if not store:
+        return lambda key: key
+    return storage_store(store).canonical
 
 
 def key_checker(store: str) -> Callable[[object], str | None]:

@@ -156,8 +156,8 @@ def _job_lock_fenced() -> str:
 @sql.statement
 def _job_finish() -> str:
     return sql.compose(
-        "UPDATE {job} SET state = %s, outcome = %s, finished_at = %s, lease_token = NULL,"
-        " lease_owner = '', lease_expires_at = NULL WHERE id = %s"
+        "UPDATE {job} SET state = %s, outcome = %s, finished_at = %s, {cleared} WHERE id = %s",
+        cleared=sql.lease_cleared(),
     )
 
 
@@ -451,6 +451,24 @@ def token_wait_next_slice(wait: float) -> bool:
         settings.CLEANUP_LEASE_SECONDS * 3 / 4,
     )
     return wait <= fresh
+
+
+def jobs_give_back_for_tokens(*, lease: JobLease, job_ids: list[int], wait: float) -> float:
+    """The token protocol's one give-back, for jobs whose tokens are ``wait``
+    seconds away and which this slice will not sleep for: due now when the next
+    slice could sleep through the wait (``token_wait_next_slice``: a deferral
+    would cost a broker message and a lease per job, and the next slice
+    reserves and sleeps anyway), else released until their tokens are there
+    (not an attempt). Every path that takes tokens calls it — a single job, a
+    group's left-out partitions, a purge. (A group none of whose tokens come
+    within this slice but all within the next ends the slice instead: its
+    partitions go back due now by the slice's own release, ``_Turns.release``,
+    which keeps the untouched ones' places.) Returns the deferral (0: due now)."""
+    if token_wait_next_slice(wait):
+        jobs_release(lease=lease, job_ids=job_ids)
+        return 0.0
+    jobs_release(lease=lease, job_ids=job_ids, available_at=clock.now() + timedelta(seconds=wait))
+    return wait
 
 
 def wait_for_token(

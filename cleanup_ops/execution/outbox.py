@@ -47,7 +47,8 @@ def purge_outbox_write_many(
 
     Called inside the batch's transaction. Each document is kept as its
     reference in the kind's store (``stores.document_ref``: the HTTP id, or
-    ``<alias>:<key>`` with the key exactly as the record holds it). Ids and
+    ``<alias>:<key>`` with the storage's canonical name of the key the record
+    holds, ``AttachmentStore.canonical``). Ids and
     keys the store cannot take (``stores.key_checker``) are never stored:
     counted, and their records named with the problem (see ``PurgeRequest``).
     """
@@ -56,12 +57,15 @@ def purge_outbox_write_many(
     for job, operation, named in batches:
         store = get_spec(job.record_kind).attachment_storage or stores.DOCSTORE
         problem_of = stores.key_checker(store)
+        canonical = stores.key_canonicaliser(store)
         refs_of: dict[str, str] = {}
         unpurgeable = []
         for document_id, record_id in named:
             problem = problem_of(document_id)
             if problem is None:
-                refs_of[document_id] = stores.document_ref(store, document_id)
+                # The name the store will act on: two spellings of one file
+                # are one document to the purge (issue 37).
+                refs_of[document_id] = stores.document_ref(store, canonical(document_id))
             else:
                 unpurgeable.append({"record_id": record_id, "problem": problem})
         refs.append(refs_of)

@@ -26,7 +26,6 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
 
 from django.conf import settings
 from django.db import connection
@@ -43,6 +42,7 @@ from cleanup_ops.execution.leases import (
     group_tokens_unused,
     job_lease,
     job_release,
+    jobs_give_back_for_tokens,
     jobs_lease_group,
     jobs_release,
     lease_expiry_from,
@@ -180,17 +180,9 @@ def job_run_slice(
             while True:
                 slice_left = max_seconds - (time.monotonic() - started)
                 wait = wait_for_token(job.portfolio_id, lease_until=lease_until, slice_left=slice_left)
-                if wait > 0 and token_wait_next_slice(wait):
-                    # Only this slice's end (or a stop) comes before the token:
-                    # back due now, the next slice reserves and sleeps.
-                    job_release(lease=lease)
-                    break
                 if wait > 0:
-                    # No token within what a slice and the lease can bear: give
-                    # the job back until its tokens are there (not an attempt)
-                    # rather than holding the lease.
-                    result.deferred_seconds = wait
-                    job_release(lease=lease, available_at=clock.now() + timedelta(seconds=wait))
+                    # No token within what this slice and the lease can bear.
+                    result.deferred_seconds = jobs_give_back_for_tokens(lease=lease, job_ids=[job_id], wait=wait)
                     break
                 if before_batch:
                     before_batch(job_id)
@@ -390,7 +382,7 @@ def group_run_slice(
             result.out_of_time = True
             break
         allowed = set(grant.allowed)
-        working = _defer_without_tokens(working, grant, jobs=jobs, lease=lease, turns=turns, result=result, now=now)
+        working = _defer_without_tokens(working, grant, jobs=jobs, lease=lease, turns=turns, result=result)
         if not working:
             continue
         if grant.wait > 0 and not token_sleep(grant.wait):
@@ -451,7 +443,6 @@ def _defer_without_tokens(
     lease: JobLease,
     turns: _Turns,
     result: GroupSliceResult,
-    now: datetime,
 ) -> list[int]:
     """The partitions of ``working`` whose portfolio has its token. The
     others are kept for a later transaction of this slice (or the next slice)
@@ -464,7 +455,7 @@ def _defer_without_tokens(
         for job_id in deferred:
             by_wait.setdefault(grant.wait_of(jobs[job_id].portfolio_id), []).append(job_id)
         for wait, ids in sorted(by_wait.items()):
-            jobs_release(lease=lease, job_ids=ids, available_at=now + timedelta(seconds=wait))
+            jobs_give_back_for_tokens(lease=lease, job_ids=ids, wait=wait)
         result.deferred_seconds = max(result.deferred_seconds, *by_wait)
         turns.drop(set(deferred))
     return [job_id for job_id in working if jobs[job_id].portfolio_id in grant.allowed]

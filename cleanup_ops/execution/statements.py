@@ -19,8 +19,8 @@ from __future__ import annotations
 from psycopg.sql import SQL, Composable, Identifier, Literal
 
 from cleanup_ops.lifecycle import JobEvent, state_after
-from cleanup_ops.sql import Columns, any_of, compose, ident, rows_cte, statement
-from retention.models import LegalHold
+from cleanup_ops.sql import Columns, any_of, compose, ident, lease_cleared, rows_cte, statement
+from retention.eligibility import HOLDS, hold_names_no_record, hold_record_key, hold_scope
 from retention.registry import RecordKindSpec
 
 SCOPE_COLUMNS: Columns = (
@@ -195,19 +195,6 @@ def partition_candidates(spec: RecordKindSpec) -> str:
     )
 
 
-def _scope_wide(spec: RecordKindSpec) -> str:
-    """A hold (alias ``h``) that names no record."""
-    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
-
-
-def _hold_key(spec: RecordKindSpec) -> str:
-    """The record a record hold (alias ``h``) names, as the key's type."""
-    return "h.record_id" if spec.integer_key else spec.key_param("h.record_key")
-
-
-HOLDS = ident(LegalHold._meta.db_table)
-
-
 def _and_in_span(spec: RecordKindSpec, alias: str | Composable, low: str, high: str, *, pruning: bool) -> str:
     """Pruning: `` AND`` row ``alias``'s timestamp lies in [``low``, ``high``],
     the candidates' span; nothing without ``pruning``. On a table PARTITION
@@ -246,23 +233,8 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning:
     partitions outside it are pruned as the DELETE starts. Parameters:
     ``_next_candidates``'s, ``portfolio_id``, ``kind`` and the predicate's."""
     names = _kind_names(spec)
-    hold_property = (
-        "(h.property_id IS NULL OR h.property_id = %(property_id)s)" if spec.has_property else "h.property_id IS NULL"
-    )
-    scope = compose(
-        "h.released_at IS NULL AND h.portfolio_id = %(portfolio_id)s"
-        " AND {hold_property} AND (h.record_kind = '' OR h.record_kind = %(kind)s)",
-        hold_property=hold_property,
-    )
-    held = compose(
-        "CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})"
-        " THEN (SELECT COUNT(*) FROM c)"
-        " ELSE (SELECT COUNT(DISTINCT c.id) FROM {holds} h JOIN c ON c.id = {hold_key} WHERE {scope}) END",
-        holds=HOLDS,
-        scope=scope,
-        scope_wide=_scope_wide(spec),
-        hold_key=_hold_key(spec),
-    )
+    scope = hold_scope(spec, portfolio="%(portfolio_id)s", property="%(property_id)s", kind="%(kind)s")
+    held = _held_count(spec, scope=scope, rows="c", key="c.id")
     # The record's scope as it is now (the property through its path).
     # Not an index condition (see group_delete): fewer paths to plan.
     rescope = compose("({table}.{portfolio_col} = %(portfolio_id)s) IS TRUE", **names)
@@ -270,7 +242,9 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning:
         in_property = spec.in_partition(spec.table, property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
         rescope = f"{in_property} AND {rescope}"
     # A non-integer key: the ids and the held count share a text column.
-    record, held_cell = ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", f"CAST(({held}) AS text)")
+    record, held_cell = (
+        ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", compose("CAST(({held}) AS text)", held=held))
+    )
     return compose(
         "WITH c AS ({candidates}),"
         " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id{within} AND {rescope}"
@@ -366,8 +340,12 @@ DELETE_COLUMNS: Columns = (
 
 
 def _in_range(spec: RecordKindSpec, alias: str) -> str:
-    partition = spec.in_partition(alias, property_sql="g.property_id", portfolio_sql="g.portfolio_id")
-    return f"{partition} AND {spec.after(alias, 'g.after_id')} AND {spec.at_most(alias, 'g.last_id')}"
+    return compose(
+        "{partition} AND {after} AND {at_most}",
+        partition=spec.in_partition(alias, property_sql="g.property_id", portfolio_sql="g.portfolio_id"),
+        after=spec.after(alias, "g.after_id"),
+        at_most=spec.at_most(alias, "g.last_id"),
+    )
 
 
 def _partition_of_g(spec: RecordKindSpec) -> str:
@@ -380,35 +358,38 @@ def _past_cutoff(spec: RecordKindSpec) -> str:
     return compose("r.{ts} < {cutoff}", **_kind_names(spec), cutoff=spec.cutoff_sql("g.cutoff"))
 
 
-def _hold_scope(spec: RecordKindSpec) -> str:
-    hold_property = (
-        "(h.property_id IS NULL OR h.property_id = g.property_id)" if spec.has_property else "h.property_id IS NULL"
-    )
-    return (
-        "h.released_at IS NULL AND h.portfolio_id = g.portfolio_id"
-        f" AND {hold_property}"
-        " AND (h.record_kind = '' OR h.record_kind = %(kind)s)"
+def _held_count(spec: RecordKindSpec, *, scope: str, rows: str, key: str, where: str = "true") -> str:
+    """Of ``rows`` (a FROM item, its key ``key``) matching ``where``, those an
+    active hold of ``scope`` (``eligibility.hold_scope``) covers, counted from
+    the holds: a hold over the whole scope holds every such row; otherwise the
+    record holds of that scope whose record matches (a handful, however many
+    rows). ``CASE`` evaluates only the branch it takes, so without a scope-wide
+    hold the rows are not read again. The held count of every batch shape."""
+    return compose(
+        "CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})"
+        " THEN (SELECT COUNT(*) FROM {rows} WHERE {where})"
+        " ELSE (SELECT COUNT(DISTINCT {key}) FROM {holds} h JOIN {rows} ON {key} = {hold_key}"
+        " WHERE {scope} AND {where}) END",
+        holds=HOLDS,
+        scope=scope,
+        scope_wide=hold_names_no_record(spec),
+        hold_key=hold_record_key(spec),
+        rows=rows,
+        key=key,
+        where=where,
     )
 
 
 def _held_in(spec: RecordKindSpec, rows: str) -> str:
     """Of the rows of ``spec``'s table (alias ``r``) matching ``rows``, those an
-    active hold of partition ``g``'s scope covers, counted from the holds: a
-    hold over the whole scope holds every such row; otherwise the record
-    holds of that scope whose record matches (a handful, however many
-    rows). ``CASE`` evaluates only the branch it takes, so without a
-    scope-wide hold the rows are not read again."""
-    return compose(
-        "CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})"
-        " THEN (SELECT COUNT(*) FROM {table} r WHERE {rows})"
-        " ELSE (SELECT COUNT(DISTINCT r.{pk}) FROM {holds} h JOIN {table} r ON r.{pk} = {hold_key}"
-        " WHERE {scope} AND {rows}) END",
-        **_kind_names(spec),
-        holds=HOLDS,
-        scope=_hold_scope(spec),
-        scope_wide=_scope_wide(spec),
-        hold_key=_hold_key(spec),
-        rows=rows,
+    active hold of partition ``g``'s scope covers (``_held_count``)."""
+    names = _kind_names(spec)
+    return _held_count(
+        spec,
+        scope=hold_scope(spec, portfolio="g.portfolio_id", property="g.property_id", kind="%(kind)s"),
+        rows=compose("{table} r", **names),
+        key=compose("r.{pk}", **names),
+        where=rows,
     )
 
 
@@ -444,7 +425,7 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False)
     extra = (
         compose("CAST({document} AS text), {record}", document=ident(table, attachment), record=record)
         if attachment
-        else f"CAST(NULL AS text), CAST(NULL AS {key_type})"
+        else compose("CAST(NULL AS text), CAST(NULL AS {key_type})", key_type=key_type)
     )
     # ``(… = …) IS TRUE``: the same test, but not one the planner can answer
     # from the portfolio's index — it would AND a bitmap of the portfolio's
@@ -464,7 +445,7 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False)
     # Which partition a deleted row was of: its property column, else
     # (a path, no property) the partition's row of ``g`` it matched.
     partition = ident(table, spec.property_column) if spec.property_shape == "direct" else f"g.{_partition_of_g(spec)}"
-    ids = f"CAST(%(ids)s AS {spec.pk_sql_type}[])"
+    ids = compose("CAST(%(ids)s AS {pk_type}[])", pk_type=spec.pk_sql_type)
     rows = compose(
         "r.{pk} = ANY({ids}){span} AND {range} AND {past}",
         **names,
@@ -560,19 +541,18 @@ def group_jobs_advance() -> str:
     return _jobs_advance(rows_cte("g", ADVANCE_COLUMNS))
 
 
-def _jobs_advance(ctes: str) -> str:
+def _jobs_advance(ctes: str | Composable) -> str:
     """``group_jobs_advance``'s UPDATE after the ``WITH`` of ``ctes`` (which define ``g``)."""
+    advanced = compose("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE)))
     return compose(
         "WITH {ctes}"
         " UPDATE {job} SET cursor = g.new_cursor, batches = batches + g.add_batches,"
         " batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {job}.batch_size END,"
         " rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,"
         " state = g.state, outcome = g.outcome,"
-        " finished_at = CASE WHEN {advanced} THEN finished_at ELSE %(now)s END,"
-        " lease_token = CASE WHEN {advanced} THEN lease_token ELSE NULL END,"
-        " lease_owner = CASE WHEN {advanced} THEN lease_owner ELSE '' END,"
-        " lease_expires_at = CASE WHEN {advanced} THEN %(renew)s ELSE NULL END"
+        " finished_at = CASE WHEN {advanced} THEN finished_at ELSE %(now)s END, {lease}"
         " FROM g WHERE {job}.id = g.job_id RETURNING {job}.id, {job}.state, {job}.outcome",
         ctes=ctes,
-        advanced=compose("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE))),
+        advanced=advanced,
+        lease=lease_cleared(unless=advanced, renewed="%(renew)s"),
     )

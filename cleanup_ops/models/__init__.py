@@ -47,6 +47,7 @@ from cleanup_ops.models.outbox import (
     DeletedAttachment,
     DispositionState,
     DocumentDisposition,
+    DocumentSpelling,
     PurgeRequest,
 )
 from cleanup_ops.models.table_partitions import TablePartitionDrop
@@ -66,6 +67,7 @@ __all__ = [
     "DeletedAttachment",
     "DispositionState",
     "DocumentDisposition",
+    "DocumentSpelling",
     "JobKind",
     "JobOutcome",
     "JobState",

@@ -12,6 +12,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import TYPE_CHECKING
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
@@ -60,7 +61,9 @@ class DeadLetter(models.Model):
     policy_version_id = models.BigIntegerField()
     sweep = models.ForeignKey("Sweep", on_delete=models.PROTECT, related_name="dead_letters")
     status = models.CharField(max_length=10, choices=DeadLetterStatus.choices, default=DeadLetterStatus.OPEN)
-    resolved_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    resolved_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     resolved_at = models.DateTimeField(null=True, blank=True)
     resolution_reason = models.TextField(blank=True, default="")
     redrive_job = models.OneToOneField(
@@ -123,9 +126,13 @@ class PipelinePause(models.Model):
 
     portfolio_id = models.BigIntegerField(null=True, blank=True)
     reason = models.TextField()
-    paused_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    paused_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     paused_at = models.DateTimeField()
-    resumed_by = models.ForeignKey("auth.User", null=True, blank=True, on_delete=models.PROTECT, related_name="+")
+    resumed_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
     resumed_at = models.DateTimeField(null=True, blank=True)
     resume_reason = models.TextField(blank=True, default="")
 

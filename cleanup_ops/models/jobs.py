@@ -27,7 +27,7 @@ from django.conf import settings
 from django.db import models
 from django.db.models import Exists, IntegerField, Q, Value
 
-from cleanup_ops.lifecycle import OPEN_STATES, JobEvent, JobOutcome, JobState, next_state
+from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES, JobEvent, JobOutcome, JobState, next_state
 from cleanup_ops.models.interventions import DeadLetter, DeadLetterStatus, PipelinePause
 from retention.registry import record_kind_choices
 
@@ -307,13 +307,11 @@ class CleanupJob(models.Model):
 
     # Transitions after a failure; the caller holds the job row lock.
     _RETRY_FIELDS = ("state", "available_at", "attempt", "last_error_category", "last_error_class")
-    _LEASE_FIELDS = ("lease_token", "lease_owner", "lease_expires_at", "enqueued_at")
+    _LEASE_FIELDS = tuple(LEASE_CLEARED)
 
     def _clear_lease(self) -> None:
-        self.lease_token = None
-        self.lease_owner = ""
-        self.lease_expires_at = None
-        self.enqueued_at = None
+        for field, value in LEASE_CLEARED.items():
+            setattr(self, field, value)
 
     def mark_retry(self, *, at: datetime) -> None:
         self.state = next_state(JobEvent.RETRY, self.state)

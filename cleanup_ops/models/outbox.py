@@ -140,3 +140,33 @@ class DocumentDisposition(models.Model):
 
     def __str__(self) -> str:
         return f"{self.document_id}: {self.state}"
+
+
+class DocumentSpelling(models.Model):
+    """A living record spells a storage document's key other than the
+    storage's canonical name (``downstream.stores``: ``contracts//a.pdf`` for
+    ``contracts/a.pdf``): written by the reference guard's trigger when a
+    record starts naming the key (``downstream.guard``), and by
+    ``cleanup_reference_guard --install`` for rows written before the guard.
+
+    Why: the purge compares canonical references, but the living-reference
+    check asks the record tables by the value of their column, through its
+    index; this table gives it every other spelling of a document to ask for
+    too, so a record naming the file another way keeps it. A row outlives the
+    record that spelled the key so (a spelling no record holds any more
+    matches nothing): at most one row per distinct spelling ever written.
+    """
+
+    # The canonical reference (``stores.document_ref``), as a disposition's.
+    document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH)
+    # The key as a record's column spells it.
+    spelling = models.CharField(max_length=STORAGE_KEY_MAX_BYTES)
+
+    class Meta:
+        ordering = ["id"]
+        constraints = [
+            models.UniqueConstraint(fields=["document_id", "spelling"], name="document_spelling_one_per_spelling"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.document_id} spelled {self.spelling}"

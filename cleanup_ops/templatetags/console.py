@@ -250,7 +250,7 @@ def audit_details(details: Any, names: Any) -> str:
         elif key == "property_id":
             parts.append(format_html("{}", property_name(value, names.get("properties", {}))))
         elif key == "user_id":
-            parts.append(format_html("user {}", names.get("users", {}).get(value, f"#{value}")))
+            parts.append(format_html("user {}", names.get("users", {}).get(str(value), f"#{value}")))
         elif key == "category":
             parts.append(format_html("category {}", label(value, "category")))
         elif key == "record_kind":

@@ -6,11 +6,9 @@ breakdown, then confirmed. Between the two, letters and jobs come and go: a
 count alone would let a letter that appeared after the page was shown be
 decided, and one that was shown and vanished be replaced by another, with
 the same number. So the page carries a digest of the ids it covers
-(``selection_digest``), and confirming re-reads the matching ids: when they
-differ (``selection_changed``), nothing happens and the page asks again.
-
-The digest names ids only (no record contents); it is not a secret, just a
-compact fingerprint of the set.
+(``cleanup_ops.selectors.selection_digest``, the API's bulk decision by
+filter checks the same one), and confirming re-reads the matching ids: when
+they differ (``selection_changed``), nothing happens and the page asks again.
 
 ``bulk_confirmation`` is the one flow of both bulk pages (jobs and dead
 letters): the reason, the count, the digest, and — only when every check
@@ -20,8 +18,6 @@ the page showed.
 
 from __future__ import annotations
 
-import hashlib
-from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,36 +25,13 @@ from django.db.models import QuerySet
 from django.http import QueryDict
 
 from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
+from cleanup_ops.selectors import selection_changed, selection_digest, selection_ids
 from cleanup_ops.views.common import reason_problem
 from retention.filters import int_param
 from retention.inputs import MAX_ID, MAX_TEXT_LENGTH, text_check
 
 # Rows of a bulk page's breakdown (by customer and kind or category).
 BULK_BREAKDOWN_ROWS = 20
-
-
-def selection_ids(matching: QuerySet[Any]) -> list[int]:
-    return sorted(matching.values_list("id", flat=True))
-
-
-def selection_digest(ids: Iterable[int]) -> str:
-    """A sha256 over the sorted ids: what the confirmation page showed."""
-    text = ",".join(str(i) for i in sorted(ids))
-    return hashlib.sha256(text.encode("ascii")).hexdigest()
-
-
-def selection_changed(*, seen: str, ids: list[int], expected: int | None, noun: str) -> str | None:
-    """Why confirming must ask again (the ids matching now are not the ids
-    shown), or ``None``. ``seen`` is the digest the page carried; a missing
-    one (a form from before this check) counts as a change."""
-    if expected is not None and expected != len(ids):
-        return f"The number of {noun} matching changed from {expected} to {len(ids)}; check and confirm again."
-    if seen and seen == selection_digest(ids):
-        return None
-    return (
-        f"The {noun} matching changed since the page was shown (some appeared, some are gone),"
-        f" though there are still {len(ids)}; check and confirm again."
-    )
 
 
 @dataclass
@@ -107,7 +80,7 @@ def bulk_confirmation(
     elif not ids:
         page.errors.append(none_left)
     elif changed := selection_changed(seen=params.get("seen", ""), ids=ids, expected=expected, noun=noun):
-        page.errors.append(changed)
+        page.errors.append(changed.message)
     else:
         page.pinned = tuple(ids)
     return page

@@ -15,7 +15,8 @@ from cleanup_ops.console_selectors import (
     sweeps_history,
 )
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
-from cleanup_ops.proof import PROOF_FORMATS, proof_csv, sweep_proof
+from cleanup_ops.proof import PROOF_FORMATS, proof_csv_sign, proof_sign, sweep_proof
+from cleanup_ops.proof_keys import ProofKeyMissing
 from cleanup_ops.selectors import (
     sweep_attachments,
     sweep_figures_seen,
@@ -99,9 +100,13 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
         return HttpResponse("format must be csv or json\n", status=400, content_type="text/plain")
     scope = portfolio_ids_where(request.user, VIEW_PERM)
     proof = sweep_proof(sweep=get_object_or_404(Sweep, pk=sweep_id), portfolio_ids=scope)
-    if fmt == "csv":
-        response = HttpResponse(proof_csv(proof), content_type="text/csv")
-    else:
-        response = JsonResponse(proof)
+    try:
+        if fmt == "csv":
+            response = HttpResponse(proof_csv_sign(proof=proof), content_type="text/csv")
+        else:
+            response = JsonResponse(proof_sign(proof=proof))
+    except ProofKeyMissing as exc:
+        # Never an unsigned proof: an auditor could not tell it from a forged one.
+        return HttpResponse(f"{exc}\n", status=503, content_type="text/plain")
     response["Content-Disposition"] = f'attachment; filename="proof-{proof["key"].replace(":", "_")}.{fmt}"'
     return response

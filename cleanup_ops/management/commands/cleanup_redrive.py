@@ -3,7 +3,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from django.contrib.auth.models import User
+from django.contrib.auth import get_user_model
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
@@ -42,7 +42,8 @@ class Command(BaseCommand):
                 raise CommandError(f"--sweep: no sweep {options['sweep']!r}")
         actor = None
         if options["user"]:
-            actor = User.objects.filter(username=options["user"]).first()
+            users = get_user_model()._default_manager
+            actor = users.filter(**{users.model.USERNAME_FIELD: options["user"]}).first()
             if actor is None:
                 raise CommandError(f"--user: no user {options['user']!r}")
         letter_filter = DeadLetterFilter(

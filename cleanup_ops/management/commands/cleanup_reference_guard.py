@@ -6,7 +6,13 @@ from typing import Any
 
 from django.core.management.base import BaseCommand
 
-from cleanup_ops.downstream.guard import function_sql, guarded_kinds, guards_install, trigger_sql
+from cleanup_ops.downstream.guard import (
+    function_sql,
+    guarded_kinds,
+    guards_install,
+    spellings_backfill_sql,
+    trigger_sql,
+)
 
 
 class Command(BaseCommand):
@@ -26,6 +32,10 @@ class Command(BaseCommand):
             for spec in guarded_kinds(include_unmanaged=True):
                 for statement in trigger_sql(spec):
                     self.stdout.write(statement + ";")
+                backfill = spellings_backfill_sql(spec)
+                if backfill is not None:
+                    self.stdout.write(backfill + ";")
             return
-        kinds = guards_install(include_unmanaged=True)
+        # Rows written before the guard: their spellings recorded too (issue 37).
+        kinds = guards_install(include_unmanaged=True, backfill=True)
         self.stdout.write(f"reference guard installed on {len(kinds)} record kinds: {', '.join(kinds) or 'none'}")
