@@ -200,7 +200,7 @@ HISTORY_TABLE = "interleaving_history"
 
 def history_tables() -> dict[str, str]:
     """Logical name -> table of every model the invariants are about."""
-    from cleanup_ops.models import CleanupJob, LedgerEntry, PipelinePause, PurgeRequest
+    from cleanup_ops.models import CleanupJob, LedgerEntry, PipelinePause, PurgeRequest, TablePartitionDrop
     from retention.models import LegalHold, PolicyVersion, RetentionPolicy
     from retention.registry import REGISTRY, get_spec
 
@@ -215,6 +215,7 @@ def history_tables() -> dict[str, str]:
         "job": CleanupJob._meta.db_table,
         "ledger": LedgerEntry._meta.db_table,
         "purge_request": PurgeRequest._meta.db_table,
+        "partition_drop": TablePartitionDrop._meta.db_table,
     }
     return tables
 
@@ -272,7 +273,9 @@ def history_install() -> None:
             f"""CREATE OR REPLACE FUNCTION interleaving_log() RETURNS trigger LANGUAGE plpgsql AS $$
             BEGIN
               INSERT INTO {HISTORY_TABLE} (tbl, op, old, new, at, xid, actor)
-              VALUES (TG_TABLE_NAME, TG_OP,
+              -- A partitioned table's row fires its partition's trigger: logged as the table's.
+              VALUES (coalesce((SELECT CAST(CAST(i.inhparent AS regclass) AS text) FROM pg_inherits i
+                                WHERE i.inhrelid = TG_RELID), TG_TABLE_NAME), TG_OP,
                       CASE WHEN TG_OP <> 'INSERT' THEN to_jsonb(OLD) END,
                       CASE WHEN TG_OP <> 'DELETE' THEN to_jsonb(NEW) END,
                       clock_timestamp(), txid_current(), current_setting('interleaving.actor', true));
@@ -504,6 +507,11 @@ class Expectations:
     # a purge's document reference (``store:key`` for a Django storage).
     canonical: Callable[[str], str] = lambda name: name
     ref_key: Callable[[str], str] = lambda ref: ref
+    # A table-partition drop read the pauses after this instant (the trigger
+    # was let go from a checkpoint before its decision then): a pause that had
+    # committed by then and still stood as the drop committed must have kept
+    # the table partition. None: no drop was held before its decision.
+    drop_decided_after: datetime | None = None
 
 
 def check_invariants(history: History, expect: Expectations) -> Violations:
@@ -657,4 +665,70 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             missing = [d for d in request.held_document_ids if expect.ref_key(d) not in expect.store_documents]
             if missing and all(dispositions.get(d) != "purged" for d in missing):
                 v.add(f"purge job {job.pk} ended purge_held but the store no longer has {missing}")
+
+    # 6. Table-partition drops (no row trigger fires for a DROP TABLE: the rows
+    #    are those of the kind whose timestamp lay in its bounds as it
+    #    committed): none under an active hold; each portfolio's rows past the
+    #    cutoff of the version active as it committed, which is the version
+    #    its ledger row names; never under a withdrawn policy or a pause it
+    #    should have seen; its counts are the rows that were in it.
+    drops = [e for e in history.events if e.table == "partition_drop" and e.op == "INSERT"]
+    for event in drops:
+        drop = event.new
+        name, kind = drop["table_partition"], drop["record_kind"]
+        lower, upper, slot = _ts(drop["lower_bound"]), _ts(drop["upper_bound"]), _ts(drop["slot"])
+        inside = [
+            r
+            for r in history.records_at(event.at, before=True).values()
+            if r.kind == kind and r.ts is not None and (lower is None or lower <= r.ts) and r.ts < upper
+        ]
+        for record in inside:
+            covering = [h for h in history.holds_at(event.at, before=True) if hold_covers(h, record)]
+            if covering:
+                v.add(
+                    f"table partition {name} dropped with {kind} {record.id} (portfolio {record.portfolio_id},"
+                    f" property {record.property_id}) while hold {covering[0]['id']} covered it"
+                )
+        per_portfolio: dict[int, int] = defaultdict(int)
+        for record in inside:
+            per_portfolio[record.portfolio_id] += 1
+        named = {int(p): entry for p, entry in (drop["portfolios"] or {}).items()}
+        if int(drop["rows"]) != len(inside) or {p: int(e["rows"]) for p, e in named.items()} != dict(per_portfolio):
+            v.add(
+                f"table partition {name}: its ledger row counts {drop['rows']} rows {named},"
+                f" {len(inside)} were in it as it committed {dict(per_portfolio)}"
+            )
+        for portfolio_id in per_portfolio:
+            version = history.active_version_at(event.at, portfolio_id=portfolio_id, kind=kind)
+            if version is None or not version["enabled"]:
+                v.add(f"table partition {name} dropped while portfolio {portfolio_id}'s policy was withdrawn")
+                continue
+            cutoff = slot - timedelta(days=int(version["retention_days"]))
+            young = [r for r in inside if r.portfolio_id == portfolio_id and r.ts is not None and not r.ts < cutoff]
+            if young:
+                v.add(
+                    f"table partition {name} dropped with {kind} {young[0].id} of portfolio {portfolio_id},"
+                    f" younger than its cutoff {cutoff:%Y-%m-%d} (version {version['id']} active as it committed)"
+                )
+            entry = named.get(portfolio_id)
+            if entry is not None and int(entry["policy_version_id"]) != int(version["id"]):
+                v.add(
+                    f"table partition {name} dropped under version {entry['policy_version_id']} of portfolio"
+                    f" {portfolio_id}; version {version['id']} was active as it committed"
+                )
+            if expect.drop_decided_after is not None:
+                seen = {int(p["id"]) for p in history.pauses_at(expect.drop_decided_after)}
+                standing = [
+                    p
+                    for p in history.pauses_at(event.at, before=True)
+                    if int(p["id"]) in seen and pause_covers(p, portfolio_id)
+                ]
+                if standing:
+                    v.add(
+                        f"table partition {name} dropped with portfolio {portfolio_id}'s rows although pause"
+                        f" {standing[0]['id']} had committed before the drop read the pauses"
+                    )
+    names = [e.new["table_partition"] for e in drops]
+    if len(names) != len(set(names)):
+        v.add(f"a table partition is on the drops' ledger twice: {sorted(names)}")
     return v
