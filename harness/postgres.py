@@ -65,10 +65,12 @@ from harness.ports import free_port
 from harness.procs import pids, renice, stat_fields
 
 RUN_AS = "postgres"
-# Durability off: a throwaway cluster is recreated, never recovered.
+# Durability off: a throwaway cluster is recreated, never recovered. Commit
+# timestamps on: the interleaving suite's history reads when a transaction that
+# ran SET CONSTRAINTS ALL IMMEDIATE (a table-partition drop) really committed.
 SERVER_OPTIONS = (
     "-k /tmp -c listen_addresses=127.0.0.1 -c fsync=off -c synchronous_commit=off -c full_page_writes=off"
-    " -c max_connections=200"
+    " -c max_connections=200 -c track_commit_timestamp=on"
 )
 # The kept demo cluster: its Unix socket only (a fixed URL, no port to clash), and
 # durable (fsync on) so a crash of the machine never leaves a cluster that will not

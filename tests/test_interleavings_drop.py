@@ -306,6 +306,8 @@ class World:
             "a1": Property.objects.create(portfolio=self.a, name="A1"),
             "a2": Property.objects.create(portfolio=self.a, name="A2"),
             "b1": Property.objects.create(portfolio=self.b, name="B1"),
+            # No rows of its own: a drop locks the properties its rows name, not this one.
+            "a3": Property.objects.create(portfolio=self.a, name="A3"),
         }
         for tag, site, old in RECORDS:
             self.records[tag] = self.shape.create(self, self.sites[site], at=self.shape.old if old else YOUNG)
@@ -382,11 +384,12 @@ class World:
         return self._app(lambda: model.objects.filter(pk=r1).delete())
 
     def _application_moves_it_then_a_hold_on_its_new_property_commits(self) -> Callable[[], Any]:
-        """The one-hop race: R1 (a reading: its unit, with R2) moves into A2 and
-        commits, or waits for the drop; a reviewer then holds A2, and that
+        """The one-hop race: R1 (a reading: its unit, with R2) moves into A3, a
+        property with no rows in the month (so not one the drop locks), and
+        commits, or waits for the drop; a reviewer then holds A3, and that
         commits. Whatever the drop read before, what moved is under a hold."""
-        move = self._app(lambda: self.shape.move(self, self.records["R1"], self.sites["a2"]))
-        reviewer, a, a2 = self.reviewer, self.a, self.sites["a2"]
+        move = self._app(lambda: self.shape.move(self, self.records["R1"], self.sites["a3"]))
+        reviewer, a, a2 = self.reviewer, self.a, self.sites["a3"]
 
         def run() -> Any:
             moving = InThread(move, name="move")
@@ -472,7 +475,8 @@ def interleave_drop(
     if world.finishes_while_held:
         acting.join()
     else:
-        acting.settle(observer, ready=world.wrote.is_set)
+        # Until it is done or waits on a lock; a write left in flight, until it has written.
+        acting.settle(observer, ready=world.wrote.is_set if world.in_flight else None)
     released = db_clock_now()
     hold.release()
     if world.in_flight:
@@ -509,6 +513,10 @@ def table_partitions_of(table: str) -> set[str]:
 
 @pytest.fixture
 def drop_settings(request, settings, time_machine):  # type: ignore[no-untyped-def]
+    with connection.cursor() as cur:
+        cur.execute("SELECT current_setting('track_commit_timestamp')")
+        # A drop's instant is its commit timestamp (tests.interleaving.drop_commit_timestamps).
+        assert cur.fetchone()[0] == "on", "the drop matrix needs track_commit_timestamp = on (harness.postgres)"
     shape = SHAPES[request.node.callspec.params["kind"]]
     settings.RETENTION_RECORD_KINDS = {shape.kind: shape.entry}
     registry_reload()
