@@ -23,6 +23,7 @@ from typing import Any
 from django.db.models import Count, QuerySet, Sum
 from django.http import HttpRequest, HttpResponse, HttpResponseBase
 from django.utils import timezone
+from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema, extend_schema_view
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -39,6 +40,7 @@ from cleanup_ops.apiserializers import (
     DeadLetterSerializer,
     JobActionResultSerializer,
     JobSerializer,
+    PauseResultSerializer,
     PauseSerializer,
     SweepDetailSerializer,
     SweepSerializer,
@@ -77,6 +79,8 @@ from cleanup_ops.selectors import (
 )
 from retention import apiutils
 from retention.apiutils import (
+    ID_PATH_PATTERN,
+    ID_SCHEMA,
     Conflict,
     ReasonSerializer,
     RolePermission,
@@ -85,6 +89,7 @@ from retention.apiutils import (
     filter_errors_as_400,
     int_param,
 )
+from retention.filters import MAX_AGE_HOURS
 from retention.scoping import may_act_in, portfolio_ids_q, portfolio_ids_where, scope_queryset
 
 SWEEP_VIEW = "cleanup_ops.view_sweep"
@@ -133,6 +138,7 @@ class SeenPagination(PageNumberPagination):
 
 
 class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.GenericViewSet):
+    lookup_value_regex = ID_PATH_PATTERN
     queryset = Sweep.objects.order_by("-slot")
     serializer_class = SweepSerializer
     permission_classes = [RolePermission]
@@ -197,10 +203,12 @@ class SweepViewSet(mixins.ListModelMixin, mixins.RetrieveModelMixin, viewsets.Ge
     @extend_schema(
         parameters=[OpenApiParameter("export", str, enum=list(PROOF_FORMATS), required=False)],
         responses={
-            200: OpenApiResponse(
+            (200, "application/json"): OpenApiResponse(
+                OpenApiTypes.OBJECT,
                 description="proof of disposition, signed (JSON, or CSV with ?export=csv); "
-                "verify it with the keys at /api/v1/proof-keys/"
+                "verify it with the keys at /api/v1/proof-keys/",
             ),
+            (200, "text/csv"): OpenApiResponse(OpenApiTypes.STR, description="the signed proof as CSV (?export=csv)"),
             400: OpenApiResponse(description="export is neither csv nor json"),
             503: OpenApiResponse(description="no proof signing key is configured (RETENTION_PROOF_SIGNING_KEY)"),
         },
@@ -225,6 +233,7 @@ class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
     is no longer pending, 403 without the action's role in its portfolio,
     404 for another customer's job as for a missing one."""
 
+    lookup_value_regex = ID_PATH_PATTERN
     serializer_class = JobSerializer
     permission_classes = [RolePermission]
     required_perms = {
@@ -281,9 +290,9 @@ class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("sweep", int),
+            OpenApiParameter("sweep", ID_SCHEMA),
             OpenApiParameter("state", str, enum=JobState.values),
-            OpenApiParameter("portfolio", int),
+            OpenApiParameter("portfolio", ID_SCHEMA),
         ]
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -303,6 +312,7 @@ class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
 
 
 class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH_PATTERN
     serializer_class = DeadLetterSerializer
     pagination_class = SeenPagination
     permission_classes = [RolePermission]
@@ -399,9 +409,14 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         parameters=[
             OpenApiParameter("status", str, enum=DeadLetter.Status.values),
             OpenApiParameter("category", str, enum=FailureCategory.values),
-            OpenApiParameter("older_than_hours", int),
-            OpenApiParameter("portfolio", int),
-            OpenApiParameter("sweep", int),
+            OpenApiParameter("older_than_hours", {"type": "integer", "minimum": 0, "maximum": MAX_AGE_HOURS}),
+            OpenApiParameter(
+                "http_status",
+                {"type": "integer", "minimum": 0, "maximum": 599},
+                description="0 (no HTTP answer) or a status from 100 to 599",
+            ),
+            OpenApiParameter("portfolio", ID_SCHEMA),
+            OpenApiParameter("sweep", ID_SCHEMA),
         ]
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -456,7 +471,7 @@ class MetricsView(APIView):
     permission_classes = [RolePermission]
     required_perms = {"get": JOB_VIEW}
 
-    @extend_schema(responses={200: OpenApiResponse(description="overview figures")})
+    @extend_schema(responses={200: OpenApiResponse(OpenApiTypes.OBJECT, description="overview figures")})
     def get(self, request: Request) -> Response:
         return Response(overview(portfolio_ids=portfolio_ids_where(request.user, JOB_VIEW)))
 
@@ -469,7 +484,11 @@ class ProofKeysView(APIView):
     permission_classes = [AllowAny]
     authentication_classes: list[Any] = []
 
-    @extend_schema(responses={200: OpenApiResponse(description="the proof signing public keys (key set JSON)")})
+    @extend_schema(
+        responses={
+            200: OpenApiResponse(OpenApiTypes.OBJECT, description="the proof signing public keys (key set JSON)")
+        }
+    )
     def get(self, request: Request) -> Response:
         return Response(proof_key_set())
 
@@ -495,7 +514,10 @@ class _PauseSwitchView(APIView):
 @extend_schema_view(
     post=extend_schema(
         request=PauseSerializer,
-        responses={201: OpenApiResponse(description="paused"), 400: OpenApiResponse(description="invalid")},
+        responses={
+            201: OpenApiResponse(PauseResultSerializer, description="paused"),
+            400: OpenApiResponse(description="invalid"),
+        },
     )
 )
 class PauseView(_PauseSwitchView):
@@ -509,7 +531,10 @@ class PauseView(_PauseSwitchView):
 @extend_schema_view(
     post=extend_schema(
         request=PauseSerializer,
-        responses={200: OpenApiResponse(description="resumed"), 400: OpenApiResponse(description="invalid")},
+        responses={
+            200: OpenApiResponse(PauseResultSerializer, description="resumed"),
+            400: OpenApiResponse(description="invalid"),
+        },
     )
 )
 class ResumeView(_PauseSwitchView):

@@ -16,7 +16,14 @@ from rest_framework.exceptions import ValidationError
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.operator import Decision
 from cleanup_ops.selectors import sweep_figures_seen
-from retention.apiutils import FreeTextField, IdField, ReasonSerializer
+from retention.apiutils import (
+    FreeTextField,
+    IdField,
+    ReasonSerializer,
+    StrictChoiceField,
+    StrictIntegerField,
+    StrictRegexField,
+)
 
 
 class SweepSerializer(serializers.ModelSerializer):
@@ -72,7 +79,7 @@ class TriggerSerializer(serializers.Serializer):
 class TriggerResultSerializer(serializers.Serializer):
     id = serializers.IntegerField()
     key = serializers.CharField()
-    status = serializers.CharField()
+    status = serializers.ChoiceField(choices=Sweep.Status.choices)
     created = serializers.BooleanField()
     jobs_admitted = serializers.IntegerField()
     carried_over = serializers.IntegerField()
@@ -156,15 +163,15 @@ class BulkLetterDecisionSerializer(ReasonSerializer):
     ``seen``: the number of letters the caller saw and the list's digest of
     them, as the console's confirmation carries."""
 
-    operation = serializers.ChoiceField(choices=Decision.choices)
+    operation = StrictChoiceField(choices=Decision.choices)
     letter_ids = serializers.ListField(
         child=IdField(), required=False, allow_empty=False, max_length=BULK_MAX_IDS, help_text="the letters to decide"
     )
     filter = serializers.DictField(
         child=FreeTextField(max_length=40), required=False, help_text="an inbox filter instead of ids"
     )
-    expected = serializers.IntegerField(required=False, min_value=0, max_value=2**31 - 1)
-    seen = serializers.RegexField(
+    expected = StrictIntegerField(required=False, min_value=0, max_value=2**31 - 1)
+    seen = StrictRegexField(
         SEEN_PATTERN,
         required=False,
         help_text="with a filter: the `seen` of GET /api/v1/dead-letters/?status=open and the same filter",
@@ -192,3 +199,8 @@ class BulkLetterResultSerializer(serializers.Serializer):
 
 class PauseSerializer(ReasonSerializer):
     portfolio_id = IdField(required=False, allow_null=True, default=None)
+
+
+class PauseResultSerializer(serializers.Serializer):
+    id = serializers.IntegerField(help_text="the pause")
+    portfolio_id = serializers.IntegerField(allow_null=True, help_text="null: the whole pipeline")

@@ -96,6 +96,7 @@ REQUIRED_APPS = (
     ("axes", "login throttling (django-axes)"),
 )
 REQUIRED_MIDDLEWARE = (
+    ("retention.apierrors.ApiJsonErrors", "JSON error answers under api/ (a 500, the CSRF check's 403, a 414)"),
     ("retention.middleware.RefuseControlCharacters", "a 400 naming a parameter that holds a NUL"),
     ("django.contrib.sessions.middleware.SessionMiddleware", "the console's login"),
     ("django.middleware.csrf.CsrfViewMiddleware", "the console's forms"),
@@ -131,6 +132,7 @@ REQUIRED_REST_FRAMEWORK = (
         "the lists are paginated, as the schema says",
     ),
     ("DEFAULT_SCHEMA_CLASS", "drf_spectacular.openapi.AutoSchema", "the OpenAPI schema at api/v1/schema/"),
+    ("EXCEPTION_HANDLER", "retention.apierrors.api_exception_handler", "every error body is a JSON object"),
 )
 # django-q2 options the pipeline's correctness relies on (docs/architecture.md, "Working with django-q2").
 Q_CLUSTER_OPTIONS = {"ack_failures": True, "max_attempts": 1, "bulk": 1}

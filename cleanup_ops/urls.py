@@ -5,9 +5,10 @@ project, ``config/urls.py``, includes it at the root): the console under
 ``console/``, its login and logout pages, the REST API (the pipeline's and
 retention's viewsets on one router, the trigger endpoint ``api/v1/sweeps/``,
 the schema and its docs pages) under ``api/v1/``, and the Prometheus exporter
-at ``metrics``. Nothing in the code or the templates writes a path: every
-link is ``reverse()`` or ``{% url %}`` of the names below, so the prefix is
-the host's choice. The admin stays the host's (``admin.site.urls``).
+at ``metrics``. Any other path under ``api/`` is a JSON 404 (``api-not-found``,
+last). Nothing in the code or the templates writes a path: every link is
+``reverse()`` or ``{% url %}`` of the names below, so the prefix is the
+host's choice. The admin stays the host's (``admin.site.urls``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rest_framework.routers import DefaultRouter
 from cleanup_ops import api, prometheus
 from cleanup_ops.apidocs import RedocView, SwaggerView
 from retention import api as retention_api
+from retention.apierrors import NOT_FOUND_ROUTE, api_not_found
 
 # One router for api/v1/ (one API root): the pipeline's viewsets, then retention's.
 router = DefaultRouter(trailing_slash=True)
@@ -43,5 +45,7 @@ urlpatterns = [
     path("api/v1/docs/", SwaggerView.as_view(url_name="api-schema"), name="api-docs"),
     path("api/v1/redoc/", RedocView.as_view(url_name="api-schema"), name="api-redoc"),
     path("api/v1/", include(router.urls)),
+    # Last under api/: a path no route above matches is a JSON 404 (retention.apierrors), in any host project.
+    re_path(r"^api/(?P<rest>.*)$", api_not_found, name=NOT_FOUND_ROUTE),
     re_path(r"^metrics$", prometheus.prometheus_metrics, name="prometheus-metrics"),
 ]

@@ -137,6 +137,8 @@ INSTALLED_APPS = [
 
 MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
+    # Under api/, an error Django answers (500, 400, the CSRF 403, a 414) is JSON like the API's own.
+    "retention.apierrors.ApiJsonErrors",
     # Control characters (NUL…) in any query or form parameter: a 400 naming it.
     "retention.middleware.RefuseControlCharacters",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -240,6 +242,8 @@ REST_FRAMEWORK = {
     "DEFAULT_PAGINATION_CLASS": "rest_framework.pagination.PageNumberPagination",
     "PAGE_SIZE": 50,
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    # Every error body is a JSON object (retention.apierrors).
+    "EXCEPTION_HANDLER": "retention.apierrors.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
 }
 SPECTACULAR_SETTINGS = {
@@ -265,6 +269,8 @@ SPECTACULAR_SETTINGS = {
         }
     },
     "COMPONENT_SPLIT_REQUEST": True,
+    # A sweep's status is answered by two components (a sweep, a trigger's result): one enum, named.
+    "ENUM_NAME_OVERRIDES": {"SweepStatusEnum": "cleanup_ops.models.SweepStatus"},
     "POSTPROCESSING_HOOKS": [
         "drf_spectacular.hooks.postprocess_schema_enums",
         "cleanup_ops.apischema.add_common_responses",

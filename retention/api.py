@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from typing import Any, cast
 
-from django.db.models import QuerySet
+from django.db.models import CharField, QuerySet
 from drf_spectacular.utils import OpenApiParameter, OpenApiResponse, extend_schema
 from rest_framework import mixins, serializers, status, viewsets
 from rest_framework.decorators import action
@@ -27,11 +27,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from retention.apiutils import (
+    ID_PATH_PATTERN,
     Conflict,
-    FreeTextField,
+    ReasonField,
     ReasonSerializer,
     RecordIdField,
     RolePermission,
+    StrictBooleanField,
+    StrictIntegerField,
+    StrictModelSerializer,
     StrictPrimaryKeyRelatedField,
     TenantScoped,
     call_service,
@@ -39,10 +43,12 @@ from retention.apiutils import (
 )
 from retention.domain import portfolio_model, property_model, property_portfolio_attname
 from retention.filters import audit_filter_parse
-from retention.inputs import MIN_REASON_LENGTH, reason_problem
+from retention.inputs import CONTROL_FREE_PATTERN, REASON_RULE
 from retention.models import (
     MAX_BATCH_SIZE,
+    MAX_RETENTION_DAYS,
     MIN_BATCH_SIZE,
+    MIN_RETENTION_DAYS,
     AuditEvent,
     LegalHold,
     PolicyVersion,
@@ -109,30 +115,28 @@ class PolicySerializer(serializers.ModelSerializer):
 
 
 class NewVersionSerializer(serializers.Serializer):
-    retention_days = serializers.IntegerField()
-    batch_size = serializers.IntegerField(
+    retention_days = StrictIntegerField(
+        min_value=MIN_RETENTION_DAYS,
+        max_value=MAX_RETENTION_DAYS,
+        help_text="Days a record is kept after it ended (a JSON integer).",
+    )
+    batch_size = StrictIntegerField(
         required=False,
         min_value=MIN_BATCH_SIZE,
         max_value=MAX_BATCH_SIZE,
         help_text="Rows per batch of one partition; default: the active version's, or CLEANUP_BATCH_SIZE.",
     )
-    enabled = serializers.BooleanField(default=True)
-    reason = FreeTextField(allow_blank=True)
+    enabled = StrictBooleanField(default=True)
+    reason = ReasonField()
 
 
 class ReviewSerializer(serializers.Serializer):
-    note = FreeTextField(
-        help_text=f"Why: at least {MIN_REASON_LENGTH} visible characters (approving needs one as much as rejecting)."
-    )
-
-    def validate_note(self, value: str) -> str:
-        problem = reason_problem(value, field="note")
-        if problem is not None:
-            raise serializers.ValidationError(problem)
-        return value
+    note = ReasonField(help_text=f"Why (approving needs a note as much as rejecting). {REASON_RULE}")
 
 
-class LegalHoldSerializer(serializers.ModelSerializer):
+class LegalHoldSerializer(StrictModelSerializer):
+    """A legal hold: a portfolio, or one of its properties, a record kind or one record, kept from cleanup."""
+
     class Meta:
         model = LegalHold
         fields = [
@@ -155,7 +159,7 @@ class LegalHoldSerializer(serializers.ModelSerializer):
         queryset=property_model()._default_manager.none(), required=False, allow_null=True
     )
     record_id = RecordIdField(required=False, allow_null=True)
-    reason = FreeTextField()
+    reason = ReasonField()
 
     def to_representation(self, instance: Any) -> dict[str, Any]:
         data = super().to_representation(instance)
@@ -195,6 +199,7 @@ class AuditEventSerializer(serializers.ModelSerializer):
 
 
 class PolicyViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH_PATTERN
     queryset = RetentionPolicy.objects.prefetch_related("versions").order_by("id")
     serializer_class = PolicySerializer
     permission_classes = [RolePermission]
@@ -247,6 +252,7 @@ class ImpactSerializer(serializers.Serializer):
 
 
 class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH_PATTERN
     portfolio_field = "policy__portfolio_id"
     queryset = PolicyVersion.objects.order_by("-id")
     serializer_class = PolicyVersionSerializer
@@ -302,6 +308,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
             200: PolicyVersionSerializer,
             400: OpenApiResponse(description="not in review, or note missing"),
             403: OpenApiResponse(description="the author, or a role without the permission"),
+            409: OpenApiResponse(description="another version of the policy was approved at the same moment"),
         },
     )
     @action(detail=True, methods=["post"])
@@ -310,6 +317,7 @@ class PolicyVersionViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
 
 
 class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH_PATTERN
     queryset = LegalHold.objects.order_by("-id")
     serializer_class = LegalHoldSerializer
     permission_classes = [RolePermission]
@@ -365,16 +373,27 @@ class LegalHoldViewSet(TenantScoped, mixins.CreateModelMixin, viewsets.ReadOnlyM
         return Response(LegalHoldSerializer(hold).data)
 
 
+def _text_schema(column: str) -> dict[str, Any]:
+    """A text filter on an audit trail column: at most the column's length (longer is a 400)."""
+    field = cast("CharField[Any, Any]", AuditEvent._meta.get_field(column))
+    return {"type": "string", "maxLength": field.max_length, "pattern": CONTROL_FREE_PATTERN}
+
+
 class AuditEventViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
+    lookup_value_regex = ID_PATH_PATTERN
     serializer_class = AuditEventSerializer
     permission_classes = [RolePermission]
     required_perms = {"list": "retention.view_auditevent", "retrieve": "retention.view_auditevent"}
 
     @extend_schema(
         parameters=[
-            OpenApiParameter("action", str),
-            OpenApiParameter("object_type", str),
-            OpenApiParameter("actor", str, description="a user's id (of the user model's key type) or username"),
+            OpenApiParameter("action", _text_schema("action"), description="a part of the action, any case"),
+            OpenApiParameter("object_type", _text_schema("object_type")),
+            OpenApiParameter(
+                "actor",
+                {"type": "string", "maxLength": 150},
+                description="a user's id (of the user model's key type) or username",
+            ),
         ]
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:

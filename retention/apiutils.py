@@ -7,9 +7,12 @@
 raises for its own state conflicts; ``ReasonSerializer`` is the body of every
 action that only takes a reason; ``TenantScoped`` narrows a viewset to the
 portfolios where the user holds its read permission; ``IdField``,
-``StrictPrimaryKeyRelatedField`` and ``FreeTextField`` apply
+``StrictPrimaryKeyRelatedField``, ``FreeTextField`` and ``ReasonField`` apply
 ``retention.inputs`` to request bodies (ids are JSON integers, text is
-bounded and free of control characters). It lives in ``retention`` (the lower layer)
+bounded and free of control characters, a reason follows the reason rule),
+and every other field of a body is a ``StrictJSONType`` (``StrictIntegerField``,
+``StrictBooleanField``…, and ``StrictModelSerializer``'s generated fields):
+a JSON body's value must have the field's JSON type, never coerced. It lives in ``retention`` (the lower layer)
 so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 """
 
@@ -22,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from django.core.exceptions import PermissionDenied as DjangoPermissionDenied
 from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
+from django.db import models
 from django.http import QueryDict
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, status
@@ -35,7 +39,16 @@ if TYPE_CHECKING:
 
 from retention.filters import FilterError, id_param
 from retention.filters import choice_param as filters_choice_param
-from retention.inputs import CONTROL_FREE_PATTERN, MAX_ID, MAX_TEXT_LENGTH, id_problem
+from retention.inputs import (
+    CONTROL_FREE_PATTERN,
+    MAX_ID,
+    MAX_TEXT_LENGTH,
+    MIN_REASON_LENGTH,
+    REASON_RULE,
+    id_problem,
+    json_type_problem,
+    reason_problem,
+)
 from retention.scoping import scope_queryset
 
 
@@ -168,6 +181,16 @@ class IdField(serializers.IntegerField):
         return _id_value(self, data)
 
 
+#: The router's pattern for a path ``{id}``: 1 to 19 digits. Anything else
+#: (``abc``, ``-1``, twenty digits) matches no route and is the catch-all's JSON
+#: 404 (``retention.apierrors``); a value above ``MAX_ID`` is a 404 of the view.
+ID_PATH_PATTERN = "[0-9]{1,19}"
+
+
+#: An id's JSON Schema: what ``IdField`` and the router take.
+ID_SCHEMA: dict[str, Any] = {"type": "integer", "minimum": 1, "maximum": MAX_ID}
+
+
 UUID_TEXT = re.compile(r"^[0-9a-fA-F]{8}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{4}-?[0-9a-fA-F]{12}$")
 
 
@@ -199,12 +222,74 @@ class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
         return super().to_internal_value(_id_value(self, data))
 
 
+# --- Strict JSON types ----------------------------------------------------------
+#
+# DRF's fields coerce: an IntegerField takes "30", a CharField takes 30 and
+# a BooleanField takes "yes". In a JSON body each field must already have
+# its JSON type (``retention.inputs.json_type_problem``), or the answer is a
+# 400 naming the field. A form post (the browsable API's forms) sends every
+# value as a string, and is left to the field's own parsing.
+
+
+class StrictJSONType(serializers.Field):
+    """Mixin, first in a field's bases: the value of a JSON body must be of
+    ``json_type`` ("string", "integer" or "boolean") before the field parses it."""
+
+    json_type: str
+
+    def to_internal_value(self, data: Any) -> Any:
+        if not _from_form(self):
+            problem = json_type_problem(data, field=self.field_name or "value", expected=self.json_type)
+            if problem is not None:
+                raise ValidationError(problem)
+        return super().to_internal_value(data)
+
+
+class StrictCharField(StrictJSONType, serializers.CharField):
+    json_type = "string"
+
+
+class StrictIntegerField(StrictJSONType, serializers.IntegerField):
+    json_type = "integer"
+
+
+class StrictBooleanField(StrictJSONType, serializers.BooleanField):
+    json_type = "boolean"
+
+
+class StrictChoiceField(StrictJSONType, serializers.ChoiceField):
+    json_type = "string"  # every choice of ours is a string
+
+
+class StrictRegexField(StrictJSONType, serializers.RegexField):
+    json_type = "string"
+
+
+class StrictModelSerializer(serializers.ModelSerializer):
+    """A ``ModelSerializer`` whose generated fields are the strict ones: a
+    writable model field takes only its JSON type."""
+
+    serializer_field_mapping = {
+        **serializers.ModelSerializer.serializer_field_mapping,
+        models.CharField: StrictCharField,
+        models.TextField: StrictCharField,
+        models.IntegerField: StrictIntegerField,
+        models.PositiveIntegerField: StrictIntegerField,
+        models.PositiveSmallIntegerField: StrictIntegerField,
+        models.SmallIntegerField: StrictIntegerField,
+        models.BigIntegerField: StrictIntegerField,
+        models.BooleanField: StrictBooleanField,
+    }
+    serializer_choice_field = StrictChoiceField
+
+
 # A RegexValidator, so the OpenAPI schema states it as the field's ``pattern``.
 no_control_characters = RegexValidator(CONTROL_FREE_PATTERN, "must not contain control characters (such as NUL).")
 
 
-class FreeTextField(serializers.CharField):
-    """A reason or a note: at most ``MAX_TEXT_LENGTH`` characters, no control characters."""
+class FreeTextField(StrictCharField):
+    """Free text (a slot, a filter value): a JSON string of at most
+    ``MAX_TEXT_LENGTH`` characters, no control characters."""
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("max_length", MAX_TEXT_LENGTH)
@@ -213,8 +298,27 @@ class FreeTextField(serializers.CharField):
         self.validators.append(no_control_characters)
 
 
+class ReasonField(FreeTextField):
+    """A reason or a review note: free text and the reason rule
+    (``retention.inputs.reason_problem``), checked here so the answer is a 400
+    naming the field, and stated in the schema (``minLength`` and the rule as
+    the ``description``). The services check it again, whatever the route."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("min_length", MIN_REASON_LENGTH)
+        kwargs.setdefault("help_text", REASON_RULE)
+        super().__init__(**kwargs)
+
+    def to_internal_value(self, data: Any) -> str:
+        value: str = super().to_internal_value(data)
+        problem = reason_problem(value, field=self.field_name or "reason")
+        if problem is not None:
+            raise ValidationError(problem)
+        return value
+
+
 class ReasonSerializer(serializers.Serializer):
-    reason = FreeTextField(required=False, allow_blank=True, default="")
+    reason = ReasonField()
 
 
 # For the type checker, TenantScoped is the generic view it is mixed into

@@ -173,6 +173,46 @@ def reason_problem(value: str, *, field: str, min_length: int = MIN_REASON_LENGT
     return None
 
 
+#: The reason rule in words, for a form's help text and the API schema's ``description``.
+REASON_RULE = (
+    f"At least {MIN_REASON_LENGTH} visible characters, counted by Unicode properties: letters, digits,"
+    " punctuation and symbols that are not default-ignorable and have a glyph (spaces, combining marks,"
+    " fillers and invisible characters count nothing); no format characters (zero-width spaces, soft"
+    f" hyphens, direction overrides) and no control characters; at most {MAX_TEXT_LENGTH} characters."
+    " It goes into the audit trail."
+)
+
+#: The JSON types a request body's field may be required to have (``json_type_problem``).
+JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "boolean": (bool,)}
+
+
+def _json_type_of(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int):
+        return "an integer"
+    if isinstance(value, float):
+        return "a number with a fraction or an exponent"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object" if isinstance(value, dict) else type(value).__name__
+
+
+def json_type_problem(value: Any, *, field: str, expected: str) -> str | None:
+    """Why ``value`` (from a JSON body) is not of the JSON type ``expected``
+    (a key of ``JSON_TYPES``), or ``None``. Never coerced: ``"30"`` is not an
+    integer, ``30.0`` and ``true`` are not either, ``30`` is not a string."""
+    types = JSON_TYPES[expected]
+    if isinstance(value, types) and (expected == "boolean" or not isinstance(value, bool)):
+        return None
+    article = "an" if expected[0] in "aeiou" else "a"
+    return f"{field} must be {article} JSON {expected}, not {_json_type_of(value)}."
+
+
 def text_check(value: str, *, field: str, max_length: int = MAX_TEXT_LENGTH) -> str:
     """``value`` if acceptable, else ``InputError`` naming ``field``."""
     problem = text_problem(value, field=field, max_length=max_length)

@@ -21,8 +21,8 @@ from collections.abc import Callable
 from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse, QueryDict
-from django.urls import NoReverseMatch, reverse
 
+from retention.apierrors import under_api
 from retention.inputs import has_control_characters
 
 FORM_TYPES = ("application/x-www-form-urlencoded", "multipart/form-data")
@@ -39,12 +39,10 @@ def control_character_field(params: QueryDict) -> str | None:
 
 
 def _is_api(path: str) -> bool:
-    """Whether ``path`` is under the API's root (``api-root``, wherever the
-    host mounted the product's URLs)."""
-    try:
-        return path.startswith(reverse("api-root"))
-    except NoReverseMatch:  # a project without the product's API
-        return False
+    """Whether ``path`` is under the API's prefix (``api/``, wherever the host
+    mounted the product's URLs; ``retention.apierrors.under_api``): also a path
+    no route matches there (``/api/%00``), which is answered as JSON too."""
+    return under_api(path)
 
 
 def path_problem(request: HttpRequest) -> bool:

@@ -100,6 +100,8 @@ WORD_PARAMS = {
     "fmt": ["json", "csv"],
     "format": ["json", "api"],
     "url": ["no-such-page/"],
+    # The catch-all under api/ (retention.apierrors.api_not_found).
+    "rest": ["no-such-route/"],
 }
 
 

@@ -131,7 +131,7 @@ def test_an_auditor_of_one_portfolio_who_manages_another_reads_the_first_ones_pi
     api = api_for(user)
     jobs = api.get("/api/v1/jobs/").json()["results"]
     assert {j["portfolio_id"] for j in jobs} == {p1.pk}
-    letters = api.get("/api/v1/dead-letters/?status=").json()["results"]
+    letters = api.get("/api/v1/dead-letters/").json()["results"]
     assert {letter["portfolio_id"] for letter in letters} == {p1.pk}
     p3_letter = DeadLetter.objects.get(portfolio_id=p3.pk)
     p3_job = CleanupJob.objects.filter(portfolio_id=p3.pk).first()
@@ -162,8 +162,8 @@ def test_an_auditor_of_customer_a_who_manages_customer_b_reads_nothing_of_bs_pip
     b_letter = DeadLetter.objects.get(portfolio_id=p2.pk)
     api = api_for(cross)
     assert api.get(f"/api/v1/dead-letters/{b_letter.pk}/").status_code == 404
-    assert {row["portfolio_id"] for row in api.get("/api/v1/dead-letters/?status=").json()["results"]} == {p1.pk}
-    assert api.get(f"/api/v1/dead-letters/?portfolio={p2.pk}&status=").json()["count"] == 0
+    assert {row["portfolio_id"] for row in api.get("/api/v1/dead-letters/").json()["results"]} == {p1.pk}
+    assert api.get(f"/api/v1/dead-letters/?portfolio={p2.pk}").json()["count"] == 0
     assert p2.pk not in {j["portfolio_id"] for j in api.get("/api/v1/jobs/").json()["results"]}
     # b's own property manager is refused the same URLs outright.
     assert api_for(only_b).get(f"/api/v1/dead-letters/{b_letter.pk}/").status_code == 403

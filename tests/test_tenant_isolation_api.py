@@ -56,7 +56,7 @@ def portfolio_refs(data: Any) -> set[int]:
 
 API_LISTS = {
     "/api/v1/jobs/": "job",
-    "/api/v1/dead-letters/?status=": "letter",
+    "/api/v1/dead-letters/": "letter",  # every status (an empty ?status= is a 400)
     "/api/v1/policies/": "policy",
     "/api/v1/policy-versions/": "version",
     "/api/v1/legal-holds/": "hold",
