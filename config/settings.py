@@ -325,6 +325,10 @@ _proof_key_check()
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# A failed CSRF check answers in the console's frame (templates 403_csrf.html),
+# never Django's page that speaks of DEBUG; the typed reason is kept by the
+# browser (cleanup_ops.views.errors explains why not by the server).
+CSRF_FAILURE_VIEW = "cleanup_ops.views.errors.csrf_failure"
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG
