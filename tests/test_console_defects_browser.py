@@ -163,3 +163,35 @@ def test_a_reason_typed_before_a_csrf_failure_is_filled_in_again_on_a_fresh_form
     # Once a send went through, the draft is gone: the inbox opens with an empty reason.
     page.goto("/console/dead-letters/")
     expect(page.get_by_label("reason", exact=True)).to_have_value("")
+
+
+# --- 5. The legal hold's property picker, every visit -----------------------------------
+
+
+def picker_offers(page: Any, portfolio_label: str) -> list[str]:
+    page.goto("/admin/retention/legalhold/add/")
+    page.wait_for_load_state("load")
+    page.locator("#id_portfolio").select_option(label=portfolio_label)
+    page.locator("#id_property + .select2 .select2-selection").click()
+    page.wait_for_selector(".select2-results__option:not(.loading-results)")
+    options = page.locator(".select2-results__option").all_text_contents()
+    page.keyboard.press("Escape")
+    return sorted(options)
+
+
+def test_the_hold_forms_property_picker_offers_only_the_chosen_portfolios_properties_on_every_visit(
+    page, portfolio, prop
+) -> None:
+    from properties.models import Portfolio
+
+    birch = Portfolio.objects.create(name="Birch Estates", slug="birch")
+    Property.objects.create(portfolio=birch, name="Birch Row")
+    make_user("rev", "compliance_reviewer")
+    page.goto("/admin/login/")
+    page.locator("#id_username").fill("rev")
+    page.locator("#id_password").fill(PASSWORD)
+    page.locator("input[type=submit]").click()
+    page.wait_for_url("**/admin/")
+    for _ in range(3):  # the first visit, and the later ones with every file cached
+        assert picker_offers(page, str(portfolio)) == ["Harbour House"]
+        assert picker_offers(page, str(birch)) == ["Birch Row"]

@@ -3,10 +3,13 @@
 One box, the same meaning everywhere: the text is matched, case-insensitively,
 against what an operator has in hand during an incident — a portfolio's or a
 property's name, a sweep's slot (``2026-08-21T02:00`` or its key), a failure
-category (its slug or its label, "downstream"), a job's key — and a number
-is also an id (of the job, the letter, the sweep, the property or the
-portfolio; for audit events, the object's id). Every search is one query per
-list, narrowed by the reader's portfolios like any other read.
+category (its slug or its label, "downstream"), a record kind (its slug or
+its label, "maintenance"), a job's key, a document id of a purge (exactly, as
+the store's log shows it) — and a number is also an id (of the job, the
+letter, the sweep, the property or the portfolio; for audit events, the
+object's id) and, for dead letters, the store's HTTP status (``403``). Every
+search is one query per list, narrowed by the reader's portfolios like any
+other read.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.domain import matching, portfolio_model, property_model
 from retention.models import AuditEvent
+from retention.registry import REGISTRY
 from retention.scoping import PortfolioScope, portfolio_ids_q
 
 SEARCH_RESULTS = 20
@@ -29,6 +33,11 @@ SEARCH_RESULTS = 20
 def _categories_matching(text: str) -> list[str]:
     lowered = text.lower()
     return [value for value, label in FailureCategory.choices if lowered in value or lowered in label.lower()]
+
+
+def _kinds_matching(text: str) -> list[str]:
+    lowered = text.lower()
+    return [kind for kind, spec in REGISTRY.items() if lowered in kind or lowered in spec.label.lower()]
 
 
 def _number(text: str) -> int | None:
@@ -42,11 +51,19 @@ def _scope_matching(text: str) -> Q:
     return Q(portfolio_id__in=portfolios) | Q(property_id__in=properties)
 
 
+def _document_q(text: str, *, field: str) -> Q:
+    """A purge whose request names the document ``text`` (JSON containment: the index-friendly ``@>``)."""
+    return Q(**{f"{field}__document_ids__contains": [text]})
+
+
 def job_search_q(text: str) -> Q:
-    q = _scope_matching(text) | Q(key__icontains=text)
+    q = _scope_matching(text) | Q(key__icontains=text) | _document_q(text, field="purge_request")
     categories = _categories_matching(text)
     if categories:
         q |= Q(last_error_category__in=categories)
+    kinds = _kinds_matching(text)
+    if kinds:
+        q |= Q(record_kind__in=kinds)
     number = _number(text)
     if number is not None:
         q |= Q(pk=number) | Q(sweep_id=number) | Q(property_id=number) | Q(portfolio_id=number)
@@ -54,13 +71,23 @@ def job_search_q(text: str) -> Q:
 
 
 def letter_search_q(text: str) -> Q:
-    q = _scope_matching(text) | Q(sweep__key__icontains=text) | Q(error_class__icontains=text)
+    q = (
+        _scope_matching(text)
+        | Q(sweep__key__icontains=text)
+        | Q(error_class__icontains=text)
+        | _document_q(text, field="job__purge_request")
+    )
     categories = _categories_matching(text)
     if categories:
         q |= Q(category__in=categories)
+    kinds = _kinds_matching(text)
+    if kinds:
+        q |= Q(record_kind__in=kinds)
     number = _number(text)
     if number is not None:
         q |= Q(pk=number) | Q(job_id=number) | Q(sweep_id=number) | Q(property_id=number) | Q(portfolio_id=number)
+        if 100 <= number <= 599:  # an HTTP status the store answered
+            q |= Q(http_status=number)
     return q
 
 
@@ -80,6 +107,9 @@ def audit_search_q(text: str) -> Q:
     categories = _categories_matching(text)
     for category in categories:
         q |= Q(details__category=category)
+    kinds = _kinds_matching(text)
+    if kinds:
+        q |= Q(details__record_kind__in=kinds)
     sweeps = list(Sweep.objects.filter(key__icontains=text).values_list("id", flat=True)[:50])
     if sweeps:
         q |= Q(details__sweep_id__in=sweeps)
