@@ -143,6 +143,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Times in the viewer's zone (the browser's, from a cookie), console and admin alike.
+    "retention.middleware.ViewerTimeZone",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: answers a locked-out login attempt.
@@ -182,6 +184,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Every server-rendered date and time names its zone ("2026-08-21 04:00 CEST"):
+# the admin's lists and pages too, in the viewer's zone (retention.middleware.ViewerTimeZone).
+FORMAT_MODULE_PATH = ["config.formats"]
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"

@@ -503,3 +503,50 @@ def test_the_guides_have_no_paragraph_broken_into_another(doc: str) -> None:
     assert paragraph_slips(text) == []
     if doc == "docs/operating.md":
         assert "is *carried over*,\n  not admitted twice" in text
+
+
+# --- 6. Times with their zone, in the viewer's zone, console and admin alike -----------
+
+
+@pytest.fixture
+def hold(portfolio, prop, time_machine):  # type: ignore[no-untyped-def]
+    from retention.services import legal_hold_place
+
+    time_machine.move_to("2026-01-15T12:34:00Z", tick=False)
+    reviewer = make_user("rev", "compliance_reviewer")
+    ids = make_records(prop, "lease", 1, ended=OLD)
+    return legal_hold_place(
+        portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="litigation hold, x"
+    )
+
+
+def test_the_admin_names_the_zone_of_its_times_utc_without_the_viewers_zone(hold) -> None:
+    html = logged_in("viewer", "compliance_reviewer").get("/admin/retention/legalhold/").content.decode()
+    assert "2026-01-15 12:34 UTC" in html
+
+
+def test_the_admin_shows_times_in_the_viewers_zone_from_the_browsers_cookie(hold) -> None:
+    client = logged_in("viewer", "compliance_reviewer")
+    client.cookies["viewer_zone"] = "America/New_York"
+    html = client.get("/admin/retention/legalhold/").content.decode()
+    assert "2026-01-15 07:34 EST" in html and "12:34 UTC" not in html
+    # The hold's own page, too (a read-only field).
+    assert "2026-01-15 07:34 EST" in client.get(f"/admin/retention/legalhold/{hold.pk}/change/").content.decode()
+
+
+def test_a_zone_cookie_that_is_no_iana_zone_is_ignored(hold) -> None:
+    client = logged_in("viewer", "compliance_reviewer")
+    for bogus in ("../../etc/passwd", "Mars/Olympus", "x" * 200):
+        client.cookies["viewer_zone"] = bogus
+        assert "2026-01-15 12:34 UTC" in client.get("/admin/retention/legalhold/").content.decode()
+
+
+def test_the_throughput_axis_is_labelled_in_the_viewers_zone_and_names_it(letter, time_machine) -> None:
+    time_machine.move_to("2026-01-15T12:34:00Z", tick=False)
+    client = logged_in("op", "operator")
+    utc_axis = client.get("/console/").content.decode()
+    assert "UTC, last 12 h" in utc_axis and ">12h<" in utc_axis
+    client.cookies["viewer_zone"] = "Asia/Kolkata"  # UTC+05:30: the half hour shows
+    local = client.get("/console/").content.decode()
+    assert "Asia/Kolkata, last 12 h" in local and "UTC, last 12 h" not in local
+    assert ">17:30<" in local  # the bar of 12:00 UTC

@@ -10,6 +10,7 @@ import re
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
+from zoneinfo import ZoneInfo
 
 import pytest
 from playwright.sync_api import expect
@@ -195,3 +196,33 @@ def test_the_hold_forms_property_picker_offers_only_the_chosen_portfolios_proper
     for _ in range(3):  # the first visit, and the later ones with every file cached
         assert picker_offers(page, str(portfolio)) == ["Harbour House"]
         assert picker_offers(page, str(birch)) == ["Birch Row"]
+
+
+# --- 6. The admin's times in the viewer's zone, as the console's -----------------------
+
+
+def test_the_browser_names_its_zone_and_the_admin_then_shows_times_in_it(browser, live_server, portfolio, prop) -> None:
+    from django.utils import timezone
+
+    from retention.services import legal_hold_place
+
+    reviewer = make_user("rev", "compliance_reviewer")
+    ids = make_records(prop, "lease", 1, ended=OLD)
+    hold = legal_hold_place(
+        portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="litigation hold, x"
+    )
+    origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
+    context = browser.new_context(base_url=origin, timezone_id="America/New_York", locale="en-US")
+    try:
+        tab = context.new_page()
+        tab.goto("/admin/login/")
+        assert [c["value"] for c in context.cookies() if c["name"] == "viewer_zone"] == ["America/New_York"]
+        tab.locator("#id_username").fill("rev")
+        tab.locator("#id_password").fill(PASSWORD)
+        tab.locator("input[type=submit]").click()
+        tab.wait_for_url("**/admin/")
+        tab.goto("/admin/retention/legalhold/")
+        placed = timezone.localtime(hold.placed_at, timezone=ZoneInfo("America/New_York"))
+        expect(tab.locator("#result_list")).to_contain_text(placed.strftime("%Y-%m-%d %H:%M ") + placed.tzname())
+    finally:
+        context.close()

@@ -20,7 +20,7 @@ from typing import Any
 from django.contrib.auth import get_user_model
 from django.db.models import Q
 
-from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
+from cleanup_ops.models import CleanupJob, DeadLetter, PurgeRequest, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.domain import matching, portfolio_model, property_model
 from retention.models import AuditEvent
@@ -51,13 +51,16 @@ def _scope_matching(text: str) -> Q:
     return Q(portfolio_id__in=portfolios) | Q(property_id__in=properties)
 
 
-def _document_q(text: str, *, field: str) -> Q:
-    """A purge whose request names the document ``text`` (JSON containment: the index-friendly ``@>``)."""
-    return Q(**{f"{field}__document_ids__contains": [text]})
+def _purges_naming(text: str) -> Any:
+    """The purge requests whose documents include ``text`` exactly (JSON
+    containment, ``@>``), as a subquery: a join would make the bulk
+    actions' ``SELECT … FOR UPDATE`` over a search lock an outer join's
+    nullable side, which PostgreSQL refuses."""
+    return PurgeRequest.objects.filter(document_ids__contains=[text]).values("pk")
 
 
 def job_search_q(text: str) -> Q:
-    q = _scope_matching(text) | Q(key__icontains=text) | _document_q(text, field="purge_request")
+    q = _scope_matching(text) | Q(key__icontains=text) | Q(purge_request_id__in=_purges_naming(text))
     categories = _categories_matching(text)
     if categories:
         q |= Q(last_error_category__in=categories)
@@ -75,7 +78,7 @@ def letter_search_q(text: str) -> Q:
         _scope_matching(text)
         | Q(sweep__key__icontains=text)
         | Q(error_class__icontains=text)
-        | _document_q(text, field="job__purge_request")
+        | Q(job_id__in=CleanupJob.objects.filter(purge_request_id__in=_purges_naming(text)).values("pk"))
     )
     categories = _categories_matching(text)
     if categories:
