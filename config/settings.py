@@ -145,6 +145,8 @@ MIDDLEWARE = [
     "django.middleware.common.CommonMiddleware",
     "django.middleware.csrf.CsrfViewMiddleware",
     "django.contrib.auth.middleware.AuthenticationMiddleware",
+    # Times in the viewer's zone (the browser's, from a cookie), console and admin alike.
+    "retention.middleware.ViewerTimeZone",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: answers a locked-out login attempt.
@@ -184,6 +186,9 @@ AUTH_PASSWORD_VALIDATORS = [
 ]
 LANGUAGE_CODE = "en-us"
 TIME_ZONE = "UTC"
+# Every server-rendered date and time names its zone ("2026-08-21 04:00 CEST"):
+# the admin's lists and pages too, in the viewer's zone (retention.middleware.ViewerTimeZone).
+FORMAT_MODULE_PATH = ["config.formats"]
 USE_I18N = True
 USE_TZ = True
 STATIC_URL = "static/"
@@ -331,6 +336,10 @@ _proof_key_check()
 SECURE_SSL_REDIRECT = env_bool("SECURE_SSL_REDIRECT", not DEBUG)
 SESSION_COOKIE_SECURE = env_bool("SESSION_COOKIE_SECURE", not DEBUG)
 CSRF_COOKIE_SECURE = env_bool("CSRF_COOKIE_SECURE", not DEBUG)
+# A failed CSRF check answers in the console's frame (templates 403_csrf.html),
+# never Django's page that speaks of DEBUG; the typed reason is kept by the
+# browser (cleanup_ops.views.errors explains why not by the server).
+CSRF_FAILURE_VIEW = "cleanup_ops.views.errors.csrf_failure"
 SECURE_HSTS_SECONDS = env_int("SECURE_HSTS_SECONDS", 0 if DEBUG else 31536000, minimum=0)
 SECURE_HSTS_INCLUDE_SUBDOMAINS = not DEBUG
 SECURE_HSTS_PRELOAD = not DEBUG

@@ -40,11 +40,17 @@ class PropertyAdmin(PortfolioScopedAdmin):
         """An autocomplete (a legal hold's property picker) that sends the
         chosen ``portfolio`` gets that portfolio's properties only
         (``retention/static/retention/hold_property_picker.js``; the admin
-        site refuses a value that is not an id). The form still checks the pair."""
+        site refuses a value that is not an id). The hold's picker with no
+        portfolio chosen yet gets none: offering every portfolio's properties
+        would offer ones the form then refuses. The form still checks the pair."""
         queryset, may_have_duplicates = super().get_search_results(request, queryset, search_term)
+        if not request.path.endswith("/autocomplete/"):
+            return queryset, may_have_duplicates
         portfolio = request.GET.get("portfolio", "")
-        if request.path.endswith("/autocomplete/") and id_problem(portfolio, field="portfolio", from_form=True) is None:
+        if portfolio and id_problem(portfolio, field="portfolio", from_form=True) is None:
             queryset = queryset.filter(portfolio_id=int(portfolio))
+        elif request.GET.get("model_name") == "legalhold" and request.GET.get("field_name") == "property":
+            queryset = queryset.none()
         return queryset, may_have_duplicates
 
 

@@ -43,6 +43,7 @@ from django.contrib import admin
 from django.contrib.admin.apps import AdminConfig
 from django.contrib.admin.utils import get_fields_from_path
 from django.core.exceptions import FieldDoesNotExist, PermissionDenied
+from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
 
 from retention.inputs import MAX_FILTER_LENGTH, id_problem, text_problem
@@ -55,6 +56,15 @@ CHANGELIST_PARAMS = frozenset({"q", "o", "p", "all", "e", "_popup", "_to_field",
 ID, YEAR, MONTH, DAY, TEXT = "id", "year", "month", "day", "text"
 INTEGER_KEYS = frozenset({"AutoField", "BigAutoField", "SmallAutoField", "IntegerField", "BigIntegerField"})
 RANGES = {YEAR: (1, 9998), MONTH: (1, 12), DAY: (1, 31)}
+
+
+def all_values_filter(field: Any, filter_class: Any) -> bool:
+    """Whether the changelist filters ``field`` with Django's
+    ``AllValuesFieldListFilter``: named, or the default for a plain field
+    (no choices, not a boolean, not a date: those have filters of their own)."""
+    if filter_class is not None:
+        return isinstance(filter_class, type) and issubclass(filter_class, admin.AllValuesFieldListFilter)
+    return not field.choices and not isinstance(field, models.BooleanField | models.DateField)
 
 
 def changelist_lookups(model_admin: admin.ModelAdmin, request: HttpRequest) -> dict[str, str]:
@@ -84,6 +94,11 @@ def changelist_lookups(model_admin: admin.ModelAdmin, request: HttpRequest) -> d
         else:
             for suffix in ("exact", "gte", "lt"):
                 lookups[f"{path}__{suffix}"] = TEXT
+            if all_values_filter(field, filter_class):
+                # Django's AllValuesFieldListFilter (a plain field's default:
+                # axes' "path info") filters by the bare path, ``?path_info=…``;
+                # without it here every link of that filter answered 400.
+                lookups[path] = TEXT
     hierarchy = model_admin.get_date_hierarchy(request) if hasattr(model_admin, "get_date_hierarchy") else None
     hierarchy = hierarchy or model_admin.date_hierarchy
     if hierarchy:

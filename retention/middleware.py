@@ -17,10 +17,13 @@ object id ``%00`` reached PostgreSQL, which refuses NUL in text).
 
 from __future__ import annotations
 
+import zoneinfo
 from collections.abc import Callable
+from functools import lru_cache
 from urllib.parse import unquote_to_bytes
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, JsonResponse, QueryDict
+from django.utils import timezone
 
 from retention.apierrors import under_api
 from retention.inputs import has_control_characters
@@ -77,3 +80,46 @@ class RefuseControlCharacters:
                 return JsonResponse({field: [message]}, status=400)
             return HttpResponseBadRequest(f"{field}: {message}\n", content_type="text/plain")
         return self.get_response(request)
+
+
+# --- The viewer's time zone -------------------------------------------------------
+
+# The cookie the console's script (and the admin's, retention/viewer_zone.js)
+# sets to the browser's IANA zone, e.g. "America/New_York".
+VIEWER_ZONE_COOKIE = "viewer_zone"
+
+
+@lru_cache(maxsize=1)
+def _known_zones() -> frozenset[str]:
+    return frozenset(zoneinfo.available_timezones())
+
+
+def viewer_zone(request: HttpRequest) -> zoneinfo.ZoneInfo | None:
+    """The zone the viewer's browser named, if it is a known IANA zone (the
+    cookie is the client's word: anything else is ignored, never looked up)."""
+    name = request.COOKIES.get(VIEWER_ZONE_COOKIE, "")
+    if not name or len(name) > 64 or name not in _known_zones():
+        return None
+    return zoneinfo.ZoneInfo(name)
+
+
+class ViewerTimeZone:
+    """Render every time in the viewer's zone, the zone named, in the console
+    and the admin alike: Django's current time zone is the browser's, as its
+    script reported it in ``viewer_zone``. Without the cookie (the very first
+    page, or no script) times stay in ``TIME_ZONE`` (UTC), named as such;
+    the formats name the zone either way (``config/formats``)."""
+
+    def __init__(self, get_response: Callable[[HttpRequest], HttpResponse]) -> None:
+        self.get_response = get_response
+
+    def __call__(self, request: HttpRequest) -> HttpResponse:
+        zone = viewer_zone(request)
+        if zone is None:
+            timezone.deactivate()
+            return self.get_response(request)
+        timezone.activate(zone)
+        try:
+            return self.get_response(request)
+        finally:
+            timezone.deactivate()

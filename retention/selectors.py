@@ -57,6 +57,21 @@ class ImpactPreview:
         return self.eligible_after / self.rows_per_second if self.rows_per_second else None
 
     @property
+    def time_after_text(self) -> str | None:
+        """``seconds_after`` as a person would say it: "under a second" (never
+        "about 0 s"), "about 40 s", "about 3 min", "about 2 h"."""
+        seconds = self.seconds_after
+        if seconds is None:
+            return None
+        if seconds < 1:
+            return "under a second"
+        if seconds < 90:
+            return f"about {round(seconds)} s"
+        if seconds < 90 * 60:
+            return f"about {round(seconds / 60)} min"
+        return f"about {round(seconds / 3600)} h"
+
+    @property
     def eligible_now(self) -> int:
         return self.expired_now - self.held_now if self.active_enabled and self.active_days else 0
 

@@ -37,6 +37,7 @@ SYSTEM_MODULES = frozenset(
         "test_brokers",
         "test_console_accessibility",
         "test_console_browser",
+        "test_console_defects_browser",
         "test_console_incidents_browser",
         "test_console_recovery_browser",
         "test_demo_commands",

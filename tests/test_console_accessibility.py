@@ -18,6 +18,7 @@ tests are skipped with a reason locally (CI fails on any skip).
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import re
@@ -240,6 +241,29 @@ def confirmation_pages(page: Any, world: dict[str, Any]) -> Iterator[str]:
     yield "console:jobs_selected"
 
 
+def error_pages(page: Any, world: dict[str, Any]) -> Iterator[str]:
+    """The error pages in the console's frame (issue 39, item 6): a 404, a
+    failed CSRF check (the form sent without its cookie) and the 500 page
+    (Django's ``server_error`` answer, served at a made-up address so its
+    stylesheet comes from the live server). The CSRF cookie is cleared: last."""
+    from django.test import RequestFactory
+    from django.views.defaults import server_error
+
+    page.goto("/console/no-such-page/")
+    yield "404"
+    html = server_error(RequestFactory().get("/")).content.decode()
+    page.route("**/console/made-up-500/", lambda route: route.fulfill(status=500, body=html, content_type="text/html"))
+    page.goto("/console/made-up-500/")
+    yield "500"
+    page.goto(reverse("console:dead_letters"))
+    page.locator(f"input[name=letter][value='{world['letter'].pk}']").check()
+    page.get_by_label("reason", exact=True).fill(REASON)
+    page.context.clear_cookies(name="csrftoken")
+    page.get_by_role("button", name="Review…").click()
+    page.wait_for_selector("[data-csrf-failure]")
+    yield "403 (CSRF)"
+
+
 ID_PARAMS = {"sweep_id", "job_id", "letter_id", "portfolio_id"}
 
 
@@ -294,7 +318,8 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_console_page_in_light
                 checked.append(f"{name} [{scheme}]")
                 seen.update(f"{v['impact']} {v['id']}" for v in found)
                 blocking += [f"{name} [{scheme}] {url}: {describe([v])}" for v in found if v["impact"] in BLOCKING]
-            for name in confirmation_pages(page, world):
+            # One page at a time: each generator opens its next page only when asked.
+            for name in itertools.chain(confirmation_pages(page, world), error_pages(page, world)):
                 found = axe_run(page, axe_source)
                 checked.append(f"{name} [{scheme}]")
                 seen.update(f"{v['impact']} {v['id']}" for v in found)
@@ -320,7 +345,7 @@ def test_every_console_page_fits_a_390_px_screen(browser, live_server, world) ->
             if not no_overflow(page):
                 width = page.evaluate("() => document.documentElement.scrollWidth")
                 wide.append(f"{name} {url}: {width} px")
-        for name in confirmation_pages(page, world):
+        for name in itertools.chain(confirmation_pages(page, world), error_pages(page, world)):
             if not no_overflow(page):
                 wide.append(name)
         assert not wide, wide

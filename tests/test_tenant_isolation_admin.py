@@ -134,10 +134,12 @@ def test_portfolio_filters_list_only_the_members_portfolios(world):
         c["display"] for spec in response.context["cl"].filter_specs for c in spec.choices(response.context["cl"])
     ]
     assert "Alder Homes" in choices and "Birch Estates" not in choices
-    autocomplete = client.get(
-        "/admin/autocomplete/?app_label=retention&model_name=legalhold&field_name=property&term=Tower"
-    ).json()
+    picker = "/admin/autocomplete/?app_label=retention&model_name=legalhold&field_name=property&term=Tower"
+    # The hold's picker offers the chosen portfolio's properties (none before one is chosen) ...
+    autocomplete = client.get(f"{picker}&portfolio={world['alder'].pid}").json()
     assert [r["text"] for r in autocomplete["results"]] == ["Alder Tower"]
+    # ... and never another customer's, even when that customer's portfolio is sent.
+    assert client.get(f"{picker}&portfolio={world['birch'].pid}").json()["results"] == []
 
 
 # --- Creating in another customer's portfolio is refused ------------------------

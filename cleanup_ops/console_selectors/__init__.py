@@ -28,8 +28,10 @@ from cleanup_ops.console_selectors.jobs import (
     jobs_page,
 )
 from cleanup_ops.console_selectors.names import (
+    LinkReach,
     PortfolioScope,
     audit_names,
+    link_reach,
     portfolio_choices,
     portfolio_names,
     property_names,
@@ -58,6 +60,7 @@ __all__ = [
     "ForecastStatus",
     "JobFilter",
     "JobsPage",
+    "LinkReach",
     "PortfolioScope",
     "audit_names",
     "drain_forecast",
@@ -66,6 +69,7 @@ __all__ = [
     "job_filter_parse",
     "jobs_mark_paused",
     "jobs_page",
+    "link_reach",
     "next_slot_after",
     "paused_portfolio_ids",
     "pauses_overview",

@@ -8,6 +8,7 @@ from typing import Any
 
 from django.db.models import Count, Max, Min, Q, Sum
 
+from cleanup_ops.console_selectors.letters import documents_affected
 from cleanup_ops.console_selectors.names import PAGE_SIZE, SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import job_search_q
 from cleanup_ops.models import (
@@ -218,4 +219,6 @@ def job_detail(job: CleanupJob, *, scope_audit: Any) -> dict[str, Any]:
         "letter": getattr(this, "dead_letter_or_none", None),
         "redrives": [item for item in chain if item.redrive_of_id == job.pk],
         "events": events,
+        # A purge's documents by id, as its letter's advice sends the operator here for them.
+        "documents": documents_affected(job),
     }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from typing import Any
 
 from django.contrib.auth import get_user_model
@@ -10,7 +11,7 @@ from django.core.exceptions import ValidationError
 
 from cleanup_ops.models import Sweep
 from retention.domain import SEARCHED_FIELDS, names_by_pk, portfolio_model, property_model
-from retention.scoping import PortfolioScope, portfolio_ids_q
+from retention.scoping import PortfolioScope, portfolio_ids_q, portfolio_ids_where
 
 PAGE_SIZE = 50
 # The longest text a search box takes.
@@ -90,3 +91,41 @@ def audit_names(events: Iterable[Any]) -> dict[str, dict[Any, str]]:
         "sweeps": sweep_keys(d.get("sweep_id") for d in details),
         "users": usernames(d.get("user_id") for d in details),
     }
+
+
+# --- Where a viewer may go ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LinkReach:
+    """Which console pages a viewer may open, for pages that name other
+    subjects (the audit log, search): those are links, the rest plain names.
+    Managers and reviewers read the audit log but not the pipeline's pages: a
+    link there would answer 403 (or 404 outside their portfolios)."""
+
+    portfolios: PortfolioScope  # where the portfolio page's permission holds (None: every portfolio)
+    jobs: bool
+    letters: bool
+    sweeps: bool
+
+    def portfolio(self, portfolio_id: object) -> bool:
+        """Whether the portfolio page of ``portfolio_id`` opens for the viewer."""
+        if self.portfolios is None:
+            return True
+        try:
+            return int(str(portfolio_id)) in self.portfolios
+        except ValueError:
+            return False
+
+
+def link_reach(user: Any, *, page_perm: str, letter_perm: str) -> LinkReach:
+    """``user``'s reach, from the permissions the pages require: the job,
+    sweep and portfolio pages ``page_perm`` (the portfolio page only in the
+    portfolios where it holds), the dead-letter page ``letter_perm``."""
+    may_pages = bool(user.has_perm(page_perm))
+    return LinkReach(
+        portfolios=portfolio_ids_where(user, page_perm) if may_pages else frozenset(),
+        jobs=may_pages,
+        letters=bool(user.has_perm(letter_perm)),
+        sweeps=may_pages,
+    )

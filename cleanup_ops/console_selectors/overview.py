@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any, TypedDict, cast
 
 from django.core.cache import cache
-from django.db.models import Count, Min, OuterRef, Q, Subquery, Sum
+from django.db.models import Count, ExpressionWrapper, IntegerField, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
 
@@ -39,6 +39,7 @@ from cleanup_ops.models import (
     superseded_q,
 )
 from cleanup_ops.ratelimit import effective_limits
+from cleanup_ops.recovery.classification import FINAL_CATEGORIES
 from cleanup_ops.sweeps import sweep_status_seen
 from retention.eligibility import db_datetime, hold_covers_sql
 from retention.models import PolicyVersion
@@ -148,17 +149,26 @@ def throughput(
 
 
 def retries_by_category(*, sweep: Sweep | None, portfolio_ids: PortfolioScope = None) -> dict[str, int]:
-    """Failed attempts by category, for the current sweep's jobs and open ones."""
+    """Failed attempts by category, for the current sweep's jobs and open ones.
+
+    ``attempt`` is the retry budget spent: a failure that is never retried (a
+    4xx from the store, an invalid input: ``FINAL_CATEGORIES``) kills the job
+    with ``attempt`` unchanged, 0 on a first try. Summing ``attempt`` alone
+    left the chart empty through exactly such an incident; the job that died
+    of one counts its final failed attempt too (as ``DeadLetter.failed_attempts``)."""
     scope = open_q()
     if sweep is not None:
         scope |= Q(sweep=sweep)
-    return dict(
-        CleanupJob.objects.filter(scope, portfolio_ids_q(portfolio_ids), attempt__gt=0)
+    final = Q(state=JobState.DEAD, last_error_category__in=sorted(FINAL_CATEGORIES))
+    rows = (
+        CleanupJob.objects.filter(scope, portfolio_ids_q(portfolio_ids))
+        .filter(Q(attempt__gt=0) | final)
         .exclude(last_error_category="")
         .values_list("last_error_category")
-        .annotate(n=Sum("attempt"))
+        .annotate(n=ExpressionWrapper(Sum("attempt") + Count("id", filter=final), output_field=IntegerField()))
         .order_by("last_error_category")
     )
+    return {category: n for category, n in rows if n}
 
 
 def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 from croniter import croniter
 from django.conf import settings
-from django.db.models import Count, Max, Q, Sum
+from django.db.models import Count, Max, Min, Q, Sum
 
 from cleanup_ops.console_selectors.waiting import OpenWork, open_work
 from cleanup_ops.models import (
@@ -32,6 +32,9 @@ from retention.scoping import PortfolioScope, portfolio_ids_q
 # the minimum.
 FORECAST_WINDOW = timedelta(minutes=15)
 FORECAST_MIN_WINDOW = timedelta(minutes=1)
+# A rate measured over less than the minimum window is trusted all the same
+# once this many jobs finished in it (work that drains in seconds).
+FORECAST_MIN_FINISHES = 5
 
 OUTCOMES = list(JobOutcome.values)
 
@@ -198,10 +201,18 @@ def drain_forecast(
     window: timedelta = FORECAST_WINDOW,
     blocked: int = 0,
     work: OpenWork | None = None,
+    first_finished_at: datetime | None = None,
 ) -> DrainForecast:
     """When will the open work finish at the rate measured over the last
     ``window`` (or since ``started_at`` when that is shorter), and is that
     before ``next_slot``, the next sweep of the schedule?
+
+    The rate is the recent throughput: with ``first_finished_at`` (the
+    earliest finish within the window) and two finishes or more, it is
+    measured from that first finish to now, over the finishes after it.
+    After a recovery (workers back, a pause lifted, the store answering
+    again) the window's first minutes were idle: counted, they would give a
+    rate of a fraction of the real one (35 min forecast for 25 s of work).
 
     ``remaining``: open jobs that can run; ``blocked``: open jobs that cannot
     (a paused portfolio, no worker for their queue), which no rate finishes:
@@ -209,6 +220,11 @@ def drain_forecast(
     ``finished_recently``: jobs finished (done or dead) within that span.
     Pure: counts and times in, a forecast out."""
     measured_from = max(now - window, started_at)
+    counted = finished_recently
+    if first_finished_at is not None and finished_recently >= 2 and first_finished_at > measured_from:
+        # Measured from the first finish, that finish is the start line: the
+        # ones after it are what finished in the span.
+        measured_from, counted = min(first_finished_at, now), finished_recently - 1
     span = max(0.0, (now - measured_from).total_seconds())
     to_next = (next_slot - now).total_seconds()
 
@@ -233,11 +249,11 @@ def drain_forecast(
         return result(ForecastStatus.BLOCKED)
     if remaining <= 0:
         return result(ForecastStatus.DONE, eta=0.0)
-    rate = finished_recently / (span / 60) if span > 0 else None
+    rate = counted / (span / 60) if span > 0 else None
     if to_next <= 0:
         eta = remaining / rate * 60 if rate else None
         return result(ForecastStatus.OVERRAN, rate=rate, eta=eta)
-    if span < FORECAST_MIN_WINDOW.total_seconds():
+    if span < FORECAST_MIN_WINDOW.total_seconds() and counted < FORECAST_MIN_FINISHES:
         return result(ForecastStatus.MEASURING, rate=rate)
     if not rate:
         return result(ForecastStatus.STALLED, rate=0.0)
@@ -265,7 +281,7 @@ def sweep_forecast(
     since = max(now - window, started_at)
     finished = CleanupJob.objects.filter(
         portfolio_ids_q(portfolio_ids), finished_since_q(since), sweep_id=sweep.pk
-    ).count()
+    ).aggregate(count=Count("id"), first=Min("finished_at"))
     work = open_work(now=now, portfolio_ids=portfolio_ids, live_kinds=live_kinds, sweep_id=sweep.pk)
     return drain_forecast(
         now=now,
@@ -273,7 +289,8 @@ def sweep_forecast(
         remaining=work.runnable,
         blocked=work.blocked,
         work=work,
-        finished_recently=finished,
+        finished_recently=finished["count"],
+        first_finished_at=finished["first"],
         next_slot=next_slot_after(sweep.slot),
         window=window,
     )

@@ -154,6 +154,13 @@ RULES: tuple[Rule, ...] = (
 )
 
 
+# Categories whose failure is never retried: the job dies on it, and its
+# ``attempt`` (the retry budget spent) does not count that failed attempt.
+FINAL_CATEGORIES = frozenset(
+    rule.category for rule in RULES if all(r.disposition == DEAD for r in RULES if r.category == rule.category)
+)
+
+
 @dataclass(frozen=True)
 class Classification:
     category: FailureCategory

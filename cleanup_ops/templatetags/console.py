@@ -22,6 +22,7 @@ from django.utils import timezone
 from django.utils.html import format_html
 
 from cleanup_ops.checks import DEFAULT_REFRESH_SECONDS
+from cleanup_ops.console_selectors.names import LinkReach
 from cleanup_ops.models import DeadLetterStatus, JobKind, JobOutcome, JobState, SweepStatus
 from cleanup_ops.recovery.classification import FailureCategory
 from retention.registry import REGISTRY
@@ -168,11 +169,24 @@ def portfolio_name(portfolio_id: Any, names: Any) -> str:
     return name if name is not None else f"portfolio {portfolio_id} (deleted)"
 
 
+def _unreachable(reach: Any, kind: str, ident: Any) -> bool:
+    """Whether ``reach`` (a ``console_selectors.LinkReach``, or None: every
+    page) says the viewer would be refused the page of ``kind`` ``ident``."""
+    if not isinstance(reach, LinkReach):
+        return False
+    if kind == "portfolio":
+        return not reach.portfolio(ident)
+    return not bool(getattr(reach, kind))
+
+
 @register.simple_tag
-def portfolio_link(portfolio_id: Any, names: Any) -> str:
-    """The portfolio's name, linked to its console page."""
+def portfolio_link(portfolio_id: Any, names: Any, reach: Any = None) -> str:
+    """The portfolio's name, linked to its console page where ``reach``
+    (``console_selectors.LinkReach``) lets the viewer open it."""
     if portfolio_id in (None, ""):
         return "all portfolios"
+    if _unreachable(reach, "portfolio", portfolio_id):
+        return portfolio_name(portfolio_id, names)
     return format_html(
         '<a href="{}" class="portfolio">{}</a>',
         reverse("console:portfolio", args=[portfolio_id]),
@@ -190,26 +204,32 @@ def property_name(property_id: Any, names: Any) -> str:
 
 
 @register.simple_tag
-def job_link(job_id: Any) -> str:
+def job_link(job_id: Any, reach: Any = None) -> str:
     if job_id in (None, ""):
         return DASH
+    if _unreachable(reach, "jobs", job_id):
+        return f"job {job_id}"
     return format_html('<a href="{}">job {}</a>', reverse("console:job", args=[job_id]), job_id)
 
 
 @register.simple_tag
-def letter_link(letter_id: Any) -> str:
+def letter_link(letter_id: Any, reach: Any = None) -> str:
     if letter_id in (None, ""):
         return DASH
+    if _unreachable(reach, "letters", letter_id):
+        return f"letter {letter_id}"
     return format_html('<a href="{}">letter {}</a>', reverse("console:dead_letter", args=[letter_id]), letter_id)
 
 
 @register.simple_tag
-def sweep_link(sweep_id: Any, key: Any = "") -> str:
+def sweep_link(sweep_id: Any, key: Any = "", reach: Any = None) -> str:
     """The sweep's key (its slot), linked; ``key`` is the key or a mapping id → key."""
     if sweep_id in (None, ""):
         return DASH
     if isinstance(key, Mapping):
         key = key.get(sweep_id) or key.get(str(sweep_id))
+    if _unreachable(reach, "sweeps", sweep_id):
+        return str(key or f"sweep {sweep_id}")
     return format_html('<a href="{}">{}</a>', reverse("console:sweep", args=[sweep_id]), key or f"sweep {sweep_id}")
 
 
@@ -231,8 +251,9 @@ _DETAIL_LABELS = {
 
 
 @register.simple_tag
-def audit_details(details: Any, names: Any) -> str:
-    """An audit event's details in words, with names for the ids it mentions."""
+def audit_details(details: Any, names: Any, reach: Any = None) -> str:
+    """An audit event's details in words, with names for the ids it mentions
+    (links only to the pages ``reach`` lets the viewer open)."""
     if not isinstance(details, Mapping):
         return DASH
     names = names if isinstance(names, Mapping) else {}
@@ -242,11 +263,11 @@ def audit_details(details: Any, names: Any) -> str:
             continue
         if key in {"old_job_id", "new_job_id", "job_id"}:
             prefix = {"old_job_id": "from ", "new_job_id": "new ", "job_id": ""}[key]
-            parts.append(format_html("{}{}", prefix, job_link(value)))
+            parts.append(format_html("{}{}", prefix, job_link(value, reach)))
         elif key == "sweep_id":
-            parts.append(format_html("sweep {}", sweep_link(value, names.get("sweeps", {}))))
+            parts.append(format_html("sweep {}", sweep_link(value, names.get("sweeps", {}), reach)))
         elif key == "portfolio_id":
-            parts.append(portfolio_link(value, names.get("portfolios", {})))
+            parts.append(portfolio_link(value, names.get("portfolios", {}), reach))
         elif key == "property_id":
             parts.append(format_html("{}", property_name(value, names.get("properties", {}))))
         elif key == "user_id":
@@ -256,7 +277,7 @@ def audit_details(details: Any, names: Any) -> str:
         elif key == "record_kind":
             parts.append(format_html("{}", label(value, "kind")))
         elif key == "job_ids" and isinstance(value, list):
-            shown = format_html(", ".join(["{}"] * min(len(value), 10)), *[job_link(v) for v in value[:10]])
+            shown = format_html(", ".join(["{}"] * min(len(value), 10)), *[job_link(v, reach) for v in value[:10]])
             more = f" and {len(value) - 10} more" if len(value) > 10 else ""
             parts.append(format_html("{} job(s): {}{}", len(value), shown, more))
         else:

@@ -8,10 +8,10 @@ from django.core.paginator import Paginator
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from cleanup_ops.console_selectors import audit_names
+from cleanup_ops.console_selectors import audit_names, link_reach
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import audit_search_q
-from cleanup_ops.views.common import PAGE_SIZE, bad_input_as_400
+from cleanup_ops.views.common import LETTER_VIEW, PAGE_SIZE, VIEW_PERM, bad_input_as_400
 from retention.filters import audit_events, audit_filter_parse, text_param
 from retention.scoping import scope_audit_events
 
@@ -31,5 +31,12 @@ def audit_log(request: HttpRequest) -> HttpResponse:
     return render(
         request,
         "console/audit.html",
-        {"page": page, "filters": filters, "names": names["portfolios"], "detail_names": names},
+        {
+            "page": page,
+            "filters": filters,
+            "names": names["portfolios"],
+            "detail_names": names,
+            # Links only to the pages the viewer may open (a manager reads the log, not the pipeline).
+            "reach": link_reach(request.user, page_perm=VIEW_PERM, letter_perm=LETTER_VIEW),
+        },
     )

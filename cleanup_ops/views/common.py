@@ -29,6 +29,11 @@ PAUSE_VIEW = "cleanup_ops.view_pipelinepause"
 PAGE_SIZE = 50
 
 
+def counted(n: int, noun: str, plural: str = "") -> str:
+    """``counted(1, "job")`` → "1 job", ``counted(2, "job")`` → "2 jobs": never "2 job(s)"."""
+    return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
 def bad_request(request: HttpRequest, field: str, message: str) -> HttpResponse:
     """400 naming the parameter; nothing was changed."""
     back = request.path if request.method == "GET" else reverse("console:overview")

@@ -26,7 +26,7 @@ from cleanup_ops.recovery.operator import (
     jobs_act,
     jobs_in_reach,
 )
-from cleanup_ops.views.common import bad_input_as_400, bad_request, reason_problem, redirect_back
+from cleanup_ops.views.common import bad_input_as_400, bad_request, counted, reason_problem, redirect_back
 from retention.actors import request_actor
 from retention.inputs import MAX_TEXT_LENGTH, id_check, text_check
 
@@ -80,10 +80,21 @@ def jobs_selected(request: HttpRequest) -> HttpResponse:
     except ValidationError as exc:
         messages.error(request, "; ".join(exc.messages))
     else:
-        verb = (
-            "are due now" if action == JobAction.RUN_NOW else "were cancelled (each is a dead letter, can be redriven)"
-        )
-        messages.success(request, f"{len(done)} ticked job(s) {verb}.")
+        one = len(done) == 1
+        if action == JobAction.RUN_NOW:
+            verb = "is due now" if one else "are due now"
+        else:
+            verb = (
+                "was cancelled (a dead letter now, which can be redriven)"
+                if one
+                else "were cancelled (each a dead letter now, which can be redriven)"
+            )
+        messages.success(request, f"{counted(len(done), 'ticked job')} {verb}.")
         if done.skipped:
-            messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
+            left = (
+                "was no longer pending and is left as it is"
+                if done.skipped == 1
+                else "were no longer pending and are left as they are"
+            )
+            messages.warning(request, f"{counted(done.skipped, 'job')} {left}.")
     return redirect_back(request, "console:jobs")

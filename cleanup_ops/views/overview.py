@@ -63,16 +63,20 @@ def throughput_cached(*, now: datetime, hours: int, scope: frozenset[int] | None
 
 
 def throughput_chart(points: list[dict[str, Any]], *, hours: int) -> dict[str, Any]:
-    """Rows deleted per hour (or per 6 hours above two days), labelled in UTC."""
+    """Rows deleted per hour (or per 6 hours above two days), labelled in the
+    viewer's zone (``retention.middleware.ViewerTimeZone``; UTC without it),
+    the zone named on the axis. A zone half an hour off UTC labels "05:30"."""
     bucket = 1 if hours <= 48 else 6
     bars: list[tuple[str, int]] = []
     for i in range(0, len(points), bucket):
         chunk = points[i : i + bucket]
-        start = datetime.fromisoformat(chunk[0]["hour"])
-        label = f"{start:%H}h" if hours <= 24 else f"{start:%a %H}h"
+        start = timezone.localtime(datetime.fromisoformat(chunk[0]["hour"]))
+        clock = f"{start:%H}h" if start.minute == 0 else f"{start:%H:%M}"
+        label = clock if hours <= 24 else f"{start:%a} {clock}"
         bars.append((label, sum(p["rows"] for p in chunk)))
     unit = "hour" if bucket == 1 else f"{bucket} hours"
-    return bar_chart(bars, x_label=f"UTC, last {hours} h (one bar per {unit})", y_label=f"rows deleted per {unit}")
+    zone = timezone.get_current_timezone_name()
+    return bar_chart(bars, x_label=f"{zone}, last {hours} h (one bar per {unit})", y_label=f"rows deleted per {unit}")
 
 
 def landing_page(request: HttpRequest) -> HttpResponse:

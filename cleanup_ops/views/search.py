@@ -8,7 +8,7 @@ from django.contrib.auth.decorators import login_required
 from django.http import HttpRequest, HttpResponse
 from django.shortcuts import render
 
-from cleanup_ops.console_selectors import audit_names, portfolio_names, property_names
+from cleanup_ops.console_selectors import audit_names, link_reach, portfolio_names, property_names
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
 from cleanup_ops.console_selectors.search import SEARCH_RESULTS, search_everything
 from cleanup_ops.models import CleanupJob, DeadLetter
@@ -50,5 +50,6 @@ def search_page(request: HttpRequest) -> HttpResponse:
             "names": portfolio_names(r.portfolio_id for r in rows),
             "property_names": property_names(r.property_id for r in rows),
             "detail_names": audit_names(events),
+            "reach": link_reach(user, page_perm=VIEW_PERM, letter_perm=LETTER_VIEW),
         },
     )

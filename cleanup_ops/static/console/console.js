@@ -160,9 +160,123 @@
     }
   });
 
+  // Keyboard focus across a live refresh: the swap replaces the fragment,
+  // and with it the focused link or button, so the browser would drop focus
+  // to <body> and the next Tab would start again at the top of the page. The
+  // focused element is described before the swap (tag, then what identifies
+  // it: id, test id, name and value, href, label, text) and the same element
+  // of the new fragment is focused after it; if it is gone, the one at the
+  // same place among the fragment's focusable elements is.
+  var FOCUSABLE = "a[href], button, input, select, textarea, summary, [tabindex]:not([tabindex='-1'])";
+  var IDENTIFYING = ["id", "data-testid", "name", "value", "href", "aria-label"];
+  var focusKept = null;
+
+  function describe(el, live) {
+    var key = { tag: el.tagName, text: (el.textContent || "").trim(), attrs: {} };
+    for (var i = 0; i < IDENTIFYING.length; i++) key.attrs[IDENTIFYING[i]] = el.getAttribute(IDENTIFYING[i]);
+    key.index = Array.prototype.indexOf.call(live.querySelectorAll(FOCUSABLE), el);
+    return key;
+  }
+
+  function matches(el, key) {
+    if (el.tagName !== key.tag || (el.textContent || "").trim() !== key.text) return false;
+    for (var i = 0; i < IDENTIFYING.length; i++) {
+      if (el.getAttribute(IDENTIFYING[i]) !== key.attrs[IDENTIFYING[i]]) return false;
+    }
+    return true;
+  }
+
+  document.addEventListener("htmx:beforeSwap", function (event) {
+    var live = document.getElementById("live");
+    var active = document.activeElement;
+    focusKept = null;
+    if (!live || event.detail.target !== live || !active || active === live || !live.contains(active)) return;
+    focusKept = describe(active, live);
+  });
+
+  function refocus() {
+    var key = focusKept;
+    focusKept = null;
+    var live = document.getElementById("live");
+    if (!key || !live || (document.activeElement && document.activeElement !== document.body)) return;
+    var all = live.querySelectorAll(FOCUSABLE);
+    var found = null;
+    for (var i = 0; i < all.length && !found; i++) if (matches(all[i], key)) found = all[i];
+    if (!found && all.length) found = all[Math.min(Math.max(key.index, 0), all.length - 1)];
+    if (found) found.focus({ preventScroll: true });
+  }
+
+  // A reason typed into a form survives a failed CSRF check (403_csrf.html,
+  // cleanup_ops/views/errors.py): it is saved in sessionStorage (this tab
+  // only, never sent anywhere) as the form is sent; the failure page marks
+  // the draft as failed and shows it; the form's page, opened afresh, fills
+  // it into the same form's empty reason field. Any other page after a send
+  // means the send went through: the draft is dropped.
+  var DRAFT_KEY = "console-reason-draft";
+
+  function formKey(form) {
+    var hidden = form.querySelectorAll("input[type=hidden]:not([name=csrfmiddlewaretoken]):not([name=next])");
+    var parts = [form.getAttribute("action") || window.location.pathname];
+    for (var i = 0; i < hidden.length; i++) parts.push(hidden[i].name + "=" + hidden[i].value);
+    return parts.join("&");
+  }
+
+  function readDraft() {
+    try {
+      return JSON.parse(window.sessionStorage.getItem(DRAFT_KEY) || "null");
+    } catch (e) {
+      return null;
+    }
+  }
+
+  function writeDraft(draft) {
+    try {
+      if (draft) window.sessionStorage.setItem(DRAFT_KEY, JSON.stringify(draft));
+      else window.sessionStorage.removeItem(DRAFT_KEY);
+    } catch (e) { /* storage unavailable: nothing is kept */ }
+  }
+
+  document.addEventListener("submit", function (event) {
+    var form = event.target;
+    if (!form || !form.querySelector || (form.method || "").toLowerCase() !== "post") return;
+    var reason = form.querySelector("[name=reason]");
+    if (reason && reason.value) writeDraft({ form: formKey(form), reason: reason.value, failed: false });
+  });
+
+  function draftOnLoad() {
+    var draft = readDraft();
+    if (!draft) return;
+    var failure = document.querySelector("[data-csrf-failure]");
+    if (failure) {
+      draft.failed = true;
+      writeDraft(draft);
+      var box = document.getElementById("csrf-draft");
+      var text = document.getElementById("csrf-draft-text");
+      if (box && text) {
+        text.textContent = draft.reason;
+        box.hidden = false;
+      }
+      return;
+    }
+    if (draft.failed) {
+      var forms = document.querySelectorAll("form");
+      for (var i = 0; i < forms.length; i++) {
+        var reason = forms[i].querySelector("[name=reason]");
+        if (reason && !reason.value && formKey(forms[i]) === draft.form) {
+          reason.value = draft.reason;
+          break;
+        }
+      }
+    }
+    writeDraft(null);
+  }
+
+  document.addEventListener("DOMContentLoaded", draftOnLoad);
+
   document.addEventListener("htmx:afterSwap", function () {
     failingSince = null;
     localize(document);
     stamp();
+    refocus();
   });
 })();

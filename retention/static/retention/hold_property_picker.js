@@ -3,30 +3,35 @@
 // chosen above it (sent as ``portfolio`` with each search; the property admin
 // filters on it), and forgets a property chosen before the portfolio changed.
 // The form checks the pair again on the server (a property of another
-// portfolio is a form error on "property").
+// portfolio is a form error on "property"), and the autocomplete offers no
+// property at all until a portfolio is chosen (retention.admin_domain).
+//
+// The portfolio is added to the picker's requests by a jQuery prefilter, not
+// by setting the picker up again once the page has loaded: that set-up had to
+// run after Django's own (deferred by jQuery's ready), and from the second
+// visit on, with every file cached, the page's load event came first, the
+// set-up was skipped and the picker searched every portfolio's properties.
 {
     const $ = django.jQuery;
-    // After the admin's own autocomplete set-up, which runs when the DOM is ready.
-    window.addEventListener('load', function() {
-        const property = $('#id_property');
-        const portfolio = $('#id_portfolio');
-        if (!property.length || !portfolio.length || !property.data('select2')) {
+    // A search of the hold's property picker (its data is a query string by now).
+    function isPicker(data) {
+        if (typeof data !== 'string') {
+            return false;
+        }
+        const params = new URLSearchParams(data);
+        return params.get('app_label') === 'retention' && params.get('model_name') === 'legalhold' &&
+            params.get('field_name') === 'property';
+    }
+
+    $.ajaxPrefilter(function(options) {
+        if (!isPicker(options.data)) {
             return;
         }
-        const element = property[0];
-        property.select2('destroy');
-        property.select2({
-            ajax: {
-                data: (params) => ({
-                    term: params.term,
-                    page: params.page,
-                    app_label: element.dataset.appLabel,
-                    model_name: element.dataset.modelName,
-                    field_name: element.dataset.fieldName,
-                    portfolio: portfolio.val() || ''
-                })
-            }
-        });
-        portfolio.on('change', () => property.val(null).trigger('change'));
+        const portfolio = document.getElementById('id_portfolio');
+        options.data += '&portfolio=' + encodeURIComponent(portfolio ? portfolio.value : '');
+    });
+
+    $(function() {
+        $('#id_portfolio').on('change', () => $('#id_property').val(null).trigger('change'));
     });
 }
