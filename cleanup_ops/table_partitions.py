@@ -322,7 +322,7 @@ def _decide_and_drop(
         cur.execute(
             pgsql.SQL("SELECT t.{portfolio}, {property}, count(*) FROM {table} t GROUP BY 1, 2 ORDER BY 1, 2").format(
                 portfolio=pgsql.Identifier(spec.portfolio_column),
-                property=pgsql.SQL(spec.property_of("t")),  # the registry's fragment: the property through its path
+                property=spec.property_of("t"),  # the registry's fragment: the property through its path
                 table=table,
             )
         )
@@ -429,8 +429,8 @@ def portfolios_held(cur: Any, *, spec: RecordKindSpec, portfolios: list[int]) ->
     scope — portfolio, property or record (conservative: a month of every
     property and record goes at once)? The hold rule's one text
     (``eligibility.hold_scope``), for every property of them."""
-    scope = hold_scope(spec, portfolio="ANY(%s)", property=ANY_PROPERTY, kind="%s")
-    held = pgsql.SQL("SELECT EXISTS (SELECT 1 FROM {h} h WHERE {scope})").format(h=HOLDS, scope=pgsql.SQL(scope))
+    scope = hold_scope(spec, portfolio=pgsql.SQL("ANY(%s)"), property=ANY_PROPERTY, kind=pgsql.Placeholder())
+    held = pgsql.SQL("SELECT EXISTS (SELECT 1 FROM {h} h WHERE {scope})").format(h=HOLDS, scope=scope)
     cur.execute(held, [portfolios, spec.kind])
     return bool(cur.fetchone()[0])
 

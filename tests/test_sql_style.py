@@ -93,32 +93,12 @@ def product_findings() -> list[Finding]:
     return found
 
 
-# What is left of the text SQL, per module: a ratchet. Today's main had 59
-# findings; the SQLite arms' removal took 7 (the last: the ledger insert no
-# longer spliced into the jobs' advance with .replace). The rest goes as the
-# one disposal protocol rewrites each statement as a composed template
-# (docs/architecture.md, "Databases"). A module may only go down, and must be
-# lowered here when it does; no other module may start.
-STILL_TEXT = {
-    "cleanup_ops/sql.py": 2,
-    "retention/eligibility.py": 1,
-    "retention/registry.py": 5,
-}
-
-
-def test_no_module_writes_more_sql_as_text_than_the_ratchet_allows() -> None:
+def test_no_product_module_writes_sql_as_text() -> None:
+    """Every statement of the product is composed (cleanup_ops.sql.composed):
+    no finding in any module of ``PRODUCT``. A new finding fails here with
+    its place and rule; there is no allowance per module."""
     found = product_findings()
-    per_module: dict[str, list[Finding]] = {}
-    for finding in found:
-        per_module.setdefault(finding.path, []).append(finding)
-    grown = {
-        path: "\n".join(map(str, items)) for path, items in per_module.items() if len(items) > STILL_TEXT.get(path, 0)
-    }
-    assert not grown, "SQL written as text beyond the ratchet:\n" + "\n".join(grown.values())
-    shrunk = {
-        path: len(per_module.get(path, [])) for path, n in STILL_TEXT.items() if len(per_module.get(path, [])) < n
-    }
-    assert not shrunk, f"fewer findings than STILL_TEXT says: lower it to {shrunk}"
+    assert not found, "SQL written as text:\n" + "\n".join(map(str, found))
 
 
 @pytest.mark.parametrize(
