@@ -211,10 +211,6 @@ def table_partitions_of(table: str) -> list[TablePartition]:
     return sorted(found, key=lambda p: p.upper)
 
 
-def _ident(*names: str) -> str:
-    return pgsql.Identifier(*names).as_string(connection.connection)
-
-
 def rfc3339(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -290,7 +286,6 @@ def _drop_one(
 def _decide_and_drop(
     spec: RecordKindSpec, table_partition: TablePartition, *, slot: datetime, now: datetime | None, sweep_id: int | None
 ) -> tuple[str, int]:
-    target = _ident(table_partition.schema, table_partition.name)
     table = pgsql.Identifier(table_partition.schema, table_partition.name)
     timeout = str(max(1, round(settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS * 1000)))
     # Listed, not yet locked: a concurrent trigger of the slot may drop it now.
@@ -300,7 +295,7 @@ def _decide_and_drop(
         # Deferred foreign-key checks still pending on its rows (rows a caller
         # wrote earlier in its own transaction) would make the DROP refuse: run them now.
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cur.execute(f"LOCK TABLE {target} IN SHARE MODE")  # b
+        cur.execute(pgsql.SQL("LOCK TABLE {table} IN SHARE MODE").format(table=table))  # b
         hop = spec.path_hop
         if hop is not None:
             # b': a kind reached through its unit: the units its rows name,
@@ -420,7 +415,7 @@ def _decide_and_drop(
         # portfolio and property tables, which the DROP then takes ACCESS
         # EXCLUSIVE (every reader of them waits; a hold placement waiting for
         # our scope lock deadlocks us). Dropped attached, only the parent is locked.
-        cur.execute(f"DROP TABLE {target}")
+        cur.execute(pgsql.SQL("DROP TABLE {table}").format(table=table))
     return "dropped", int(rows)
 
 
@@ -454,12 +449,12 @@ def _lock_parent_nowait(cur: Any, table: str, table_partition: TablePartition) -
     every later reader of the parent wait behind it. Never queued, the drop
     holds the lock only for the catalog change; the application's write
     waits for our rollback at most and always lands."""
-    parent = _ident(table)
+    parent = pgsql.Identifier(table)
     deadline = time.monotonic() + settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS
     while True:
         try:
             with transaction.atomic():
-                cur.execute(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                cur.execute(pgsql.SQL("LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT").format(parent=parent))
             return
         except OperationalError as exc:
             if getattr(exc.__cause__, "sqlstate", None) != "55P03" or time.monotonic() >= deadline:
