@@ -31,12 +31,13 @@ def db_datetime(value: datetime) -> object:
 # --- Which holds reach a record: the one definition ---------------------------------
 # Every path that decides whether a hold keeps something builds its test from
 # ``hold_scope`` (and a live row's record test from ``hold_record``): the
-# eligibility predicate inside each DELETE (``hold_covers_sql``), the batches'
+# eligibility predicate inside each DELETE (``hold_covers``), the batches'
 # held counts (``execution.statements``), the purge's decision over deleted
 # records (``deleted_record_held_sql``), the table-partition drop's check and the
-# console's figures. The scope's values are SQL expressions, so the same rule
-# reads them from the row itself, a statement's parameters or a list of
-# partitions (``g``).
+# console's figures. The scope's values are SQL expressions (``Composable``s:
+# a column, a parameter, a row of ``g``), so the same rule reads them from the
+# row itself, a statement's parameters or a list of partitions, and every
+# fragment here is composed into its statement, never pasted as text.
 
 HOLDS = pg.Identifier(LegalHold._meta.db_table)
 
