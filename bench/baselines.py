@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from datetime import datetime, timedelta
 
-from bench.common import sql
+from bench.common import sql, text
 from bench.dataset import KIND, RETENTION_DAYS, TABLE, Dataset, verify
 from bench.runs import RunResult, ServerCount, small_portfolio_fairness
 
@@ -42,7 +42,8 @@ def run_loop(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     started = time.perf_counter()
     with connection.cursor() as cur:  # autocommit: every statement is its own transaction
         for prop_id, days in props:
-            pred, params = eligible_sql(KIND, cutoff=slot - timedelta(days=days), alias="r")
+            predicate, params = eligible_sql(KIND, cutoff=slot - timedelta(days=days), alias="r")
+            pred = text(predicate)
             after = 0
             while True:
                 cur.execute(
@@ -86,7 +87,8 @@ def _run_loop_portfolios(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     with connection.cursor() as cur:  # autocommit: every statement is its own transaction
         for portfolio_id, kind, days in units:
             table = get_spec(kind).table
-            pred, params = eligible_sql(kind, cutoff=slot - timedelta(days=days), alias="r")
+            predicate, params = eligible_sql(kind, cutoff=slot - timedelta(days=days), alias="r")
+            pred = text(predicate)
             while True:
                 cur.execute(
                     f"WITH d AS (DELETE FROM {table} WHERE id IN (SELECT r.id FROM {table} r"
@@ -117,7 +119,8 @@ def run_single_delete(ds: Dataset, slot: datetime) -> RunResult:
     started = time.perf_counter()
     with connection.cursor() as cur:
         for kind, stats in ds.kinds.items():
-            pred, params = eligible_sql(kind, cutoff=slot - timedelta(days=RETENTION_DAYS), alias=stats.table)
+            predicate, params = eligible_sql(kind, cutoff=slot - timedelta(days=RETENTION_DAYS), alias=stats.table)
+            pred = text(predicate)
             cur.execute(f"DELETE FROM {stats.table} WHERE {pred}", params)
     seconds = time.perf_counter() - started
     server.end()
@@ -145,7 +148,8 @@ def run_loop_ranged(ds: Dataset, batch: int, slot: datetime) -> RunResult:
     with connection.cursor() as cur:
         for prop_id, days in props:
             cutoff = slot - timedelta(days=days)
-            pred, params = eligible_sql(KIND, cutoff=cutoff, alias=TABLE)
+            predicate, params = eligible_sql(KIND, cutoff=cutoff, alias=TABLE)
+            pred = text(predicate)
             after = 0
             while True:
                 t0 = time.perf_counter()

@@ -51,7 +51,18 @@ def django_setup(batch_size: int) -> None:
     django.setup()
 
 
-def sql(statement: str, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
+def text(fragment: Any) -> str:
+    """A fragment the product composed (a ``psycopg.sql.Composable``, e.g. the
+    eligibility predicate) as this database's text, quoted as the connection
+    quotes: the bench's own baselines write their statements as text around
+    it. The product never does this (tests/test_sql_style.py)."""
+    from django.db import connection
+
+    connection.ensure_connection()
+    return str(fragment.as_string(connection.connection))
+
+
+def sql(statement: Any, params: list[Any] | None = None) -> list[tuple[Any, ...]]:
     from django.db import connection
 
     with connection.cursor() as cur:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from bench.common import log, sql, try_sql
+from bench.common import log, sql, text, try_sql
 from harness import postgres
 from harness.postgres import admin_url
 
@@ -250,9 +250,11 @@ def kind_stats(kind: str, cutoff: datetime) -> KindStats:
 
     spec = get_spec(kind)
     table, ts = spec.table, spec.timestamp_column
-    pred, params = eligible_sql(kind, cutoff=cutoff, alias="r")
+    predicate, params = eligible_sql(kind, cutoff=cutoff, alias="r")
+    pred = text(predicate)
     eligible, eligible_sum = sql(f"SELECT count(*), COALESCE(sum(r.id), 0) FROM {table} r WHERE {pred}", params)[0]
-    hold_sql, hold_params = hold_covers_sql(kind, alias="r")
+    covers, hold_params = hold_covers_sql(kind, alias="r")
+    hold_sql = text(covers)
     held = sql(f"SELECT count(*) FROM {table} r WHERE r.{ts} < %s AND {hold_sql}", [db_datetime(cutoff), *hold_params])[
         0
     ][0]
@@ -440,7 +442,8 @@ def verify(ds: Dataset, label: str, *, pipeline: bool = False) -> dict[str, Any]
     for kind, k in ds.kinds.items():
         spec = get_spec(kind)
         remaining, remaining_sum = sql(f"SELECT count(*), COALESCE(sum(id), 0) FROM {k.table}")[0]
-        hold_sql, hold_params = hold_covers_sql(kind, alias="r")
+        covers, hold_params = hold_covers_sql(kind, alias="r")
+        hold_sql = text(covers)
         held = sql(
             f"SELECT count(*) FROM {k.table} r WHERE r.{spec.timestamp_column} < %s AND {hold_sql}",
             [db_datetime(ds.cutoff), *hold_params],

@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from bench.statements import DATA_CLASSES, classify_text, short
+from bench.statements import DATA_CLASSES, classify_text, short, statement_text
 
 Wrap = Callable[[Callable[..., Any]], Callable[..., Any]]
 
@@ -217,13 +217,16 @@ class StatementCounter:
             self.installed.append(f"{module}.{attribute}")
 
     def execute_wrapper(
-        self, execute: Callable[..., Any], statement: str, params: Any, many: bool, context: dict[str, Any]
+        self, execute: Callable[..., Any], statement: Any, params: Any, many: bool, context: dict[str, Any]
     ) -> Any:
         started = time.perf_counter()
         try:
             return execute(statement, params, many, context)
         finally:
             elapsed = time.perf_counter() - started
+            # A composed statement (the product's) as the text it ran as: a
+            # Composed is neither hashable (the per-text key below) nor text.
+            statement = statement_text(statement, context["connection"].connection)
             text_class = classify_text(statement)
             if text_class == "transaction control" or not self.stack:
                 cls = text_class

@@ -11,7 +11,7 @@ timed in isolation, each in a transaction that is rolled back, median of ``REPEA
   partition up to the limit, the second only the expired ones; in the nightly shape ~1
   row in 100 is expired. Both return the same counts (checked);
 * **delete**: ``execution.statements.group_delete`` over those partitions' candidate ranges, as
-  ``execution.candidates`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate ``named``);
+  ``execution.candidates`` runs it (``DELETE_COLUMNS`` arrays, the eligibility predicate its own);
 * **ledger insert**: the ledger CTE of ``execution.statements.ledger_insert_and_jobs_advance`` for
   100 rows (13 arrays through ``unnest``, the committed form) against the same 100 rows as a
   ``VALUES`` list of 1,300 scalar parameters (built here), client time and server time (``EXPLAIN ANALYZE``), to tell
@@ -31,6 +31,8 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+from psycopg import sql as pg
+
 from bench.common import log, sql
 
 REPEAT = 15
@@ -46,7 +48,15 @@ def _median_ms(fn: Any, repeat: int = REPEAT) -> float:
     return round(1000 * statistics.median(samples), 3)
 
 
-def _rolled_back(statement: str, params: list[Any] | dict[str, Any]) -> Any:
+# A statement as the product builds it (composed) or a bench's own literal text.
+Statement = str | pg.Composable
+
+
+def _composable(statement: Statement) -> pg.Composable:
+    return pg.SQL(statement) if isinstance(statement, str) else statement  # type: ignore[arg-type]  # a literal
+
+
+def _rolled_back(statement: Statement, params: list[Any] | dict[str, Any]) -> Any:
     """Run one statement (positional or named parameters) in a transaction that is rolled
     back; returns its rows."""
     from django.db import connection, transaction
@@ -66,9 +76,9 @@ def _rolled_back(statement: str, params: list[Any] | dict[str, Any]) -> Any:
     return rows
 
 
-def _explain_ms(statement: str, params: list[Any] | dict[str, Any]) -> tuple[float, float]:
+def _explain_ms(statement: Statement, params: list[Any] | dict[str, Any]) -> tuple[float, float]:
     """(planning ms, execution ms) of EXPLAIN ANALYZE, rolled back."""
-    rows = _rolled_back("EXPLAIN (ANALYZE, FORMAT JSON) " + statement, params)
+    rows = _rolled_back(pg.SQL("EXPLAIN (ANALYZE, FORMAT JSON) {}").format(_composable(statement)), params)
     plan = rows[0][0]
     if isinstance(plan, str):
         import json
@@ -77,8 +87,10 @@ def _explain_ms(statement: str, params: list[Any] | dict[str, Any]) -> tuple[flo
     return float(plan[0]["Planning Time"]), float(plan[0]["Execution Time"])
 
 
-def _explain_text(statement: str, params: list[Any] | dict[str, Any]) -> list[str]:
-    rows = _rolled_back("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) " + statement, params)
+def _explain_text(statement: Statement, params: list[Any] | dict[str, Any]) -> list[str]:
+    rows = _rolled_back(
+        pg.SQL("EXPLAIN (ANALYZE, BUFFERS, COSTS OFF, TIMING OFF) {}").format(_composable(statement)), params
+    )
     return [r[0] for r in rows]
 
 
@@ -125,14 +137,23 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         full = {**pipeline_sql.rows_params("g", statements.CANDIDATE_COLUMNS, candidate_rows), "budget": 1001}
         # The same statement (same CTE ``g``, same parameters, same global limit), the
         # rows found through the due index instead.
-        ts = spec.timestamp_column
-        due = (
-            f"WITH {pipeline_sql.compose('{g}', g=pipeline_sql.rows_cte('g', statements.CANDIDATE_COLUMNS))}"
-            " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM ("
-            f"SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL ("
-            f"SELECT d.id FROM (SELECT r.id FROM {spec.table} r WHERE r.property_id = g.property_id"
-            f" AND r.{ts} < g.cutoff AND r.id > g.after_id OFFSET 0) d ORDER BY d.id LIMIT g.lim) c ON true"
-            " LIMIT %(budget)s) x GROUP BY x.ord, x.job_id"
+        due: Statement = pg.SQL(
+            """
+            WITH {g}
+            SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), MAX(x.id) FROM (
+                SELECT g.ord, g.job_id, c.id FROM g LEFT JOIN LATERAL (
+                    SELECT d.id FROM (
+                        SELECT r.id FROM {table} r
+                        WHERE r.property_id = g.property_id AND r.{ts} < g.cutoff AND r.id > g.after_id OFFSET 0
+                    ) d ORDER BY d.id LIMIT g.lim
+                ) c ON true
+                LIMIT %(budget)s
+            ) x GROUP BY x.ord, x.job_id
+            """
+        ).format(
+            g=pipeline_sql.rows_cte("g", statements.CANDIDATE_COLUMNS),
+            table=pg.Identifier(spec.table),
+            ts=pg.Identifier(spec.timestamp_column),
         )
     except (AttributeError, TypeError) as exc:
         keyset = None
@@ -157,8 +178,6 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         }
         # The group DELETE over the same partitions' candidate ranges (as _delete runs it).
         try:
-            from retention.eligibility import eligible_sql_for
-
             found = {job_id: last for job_id, (_n, last) in found_rows.items()}
             found_candidates = _rolled_back(keyset, full)
             ids = [i for row in found_candidates for i in (row[5] if len(row) > 5 else None) or ()]
@@ -175,13 +194,10 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
                 for job_id, portfolio, prop, _k, cutoff in items
                 if found.get(job_id)
             ]
-            predicate, predicate_params = pipeline_sql.named(
-                *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
-            )
-            statement = statements.group_delete(spec, predicate=predicate)
+            # The eligibility predicate is the statement's own (kind ``%(kind)s``).
+            statement = statements.group_delete(spec)
             delete_params = {
                 **pipeline_sql.rows_params("g", statements.DELETE_COLUMNS, ranges),
-                **predicate_params,
                 "kind": kind,
                 "ids": ids,  # the candidates, as _delete passes them
                 "ts_lo": min((lo for lo, _ in spans), default=None),
@@ -228,22 +244,20 @@ def plans_phase(slot: datetime, group: int = GROUP) -> dict[str, Any]:
         # The committed form's insert (the ledger CTE of
         # ``statements.ledger_insert_and_jobs_advance``), alone.
         columns = statements.LEDGER_COLUMNS
-        listed = ", ".join(column for column, _ in columns)
-        arrays = (
-            f"WITH {pipeline_sql.compose('{g}', g=pipeline_sql.rows_cte('g', columns))}"
-            f" INSERT INTO cleanup_ops_ledgerentry ({listed}) SELECT {listed} FROM g"
-        )
+        listed = pg.SQL(", ").join(pg.Identifier(column) for column, _ in columns)
+        arrays: Statement | None = pg.SQL(
+            "WITH {g} INSERT INTO cleanup_ops_ledgerentry ({listed}) SELECT {listed} FROM g"
+        ).format(g=pipeline_sql.rows_cte("g", columns), listed=listed)
         array_params = pipeline_sql.rows_params("g", columns, ledger_rows)
     except (AttributeError, TypeError) as exc:
         arrays = None
         out["ledger_insert"] = f"skipped ({type(exc).__name__})"
     if arrays:
-        names = ", ".join(column for column, _ in columns)
-        values = pipeline_sql.compose(
-            "{v}", v=pipeline_sql.values_list(len(ledger_rows), [sql_type for _, sql_type in columns])
-        )
-        scalar = (
-            f"WITH g({names}) AS (VALUES {values}) INSERT INTO cleanup_ops_ledgerentry ({names}) SELECT {names} FROM g"
+        scalar = pg.SQL(
+            "WITH g({names}) AS (VALUES {values}) INSERT INTO cleanup_ops_ledgerentry ({names}) SELECT {names} FROM g"
+        ).format(
+            names=listed,
+            values=pipeline_sql.values_list(len(ledger_rows), [sql_type for _, sql_type in columns]),
         )
         flat = [row[column] for row in ledger_rows for column, _ in columns]
         out["ledger_insert"] = {

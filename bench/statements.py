@@ -127,11 +127,25 @@ _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
 )
 
 
-def normalise(statement: str) -> str:
-    return " ".join(statement.replace('"', "").split()).lower()
+def statement_text(statement: Any, connection: Any = None) -> str:
+    """A statement as text: the product's are ``psycopg.sql.Composable`` until
+    they execute, so the instrumentation renders one with the connection it
+    runs on (``connection``, a psycopg connection; else the default's)."""
+    if isinstance(statement, str):
+        return statement
+    if connection is None:
+        from django.db import connection as default
+
+        default.ensure_connection()
+        connection = default.connection
+    return str(statement.as_string(connection))
 
 
-def classify_text(statement: str) -> str:
+def normalise(statement: Any) -> str:
+    return " ".join(statement_text(statement).replace('"', "").split()).lower()
+
+
+def classify_text(statement: Any) -> str:
     text = normalise(statement)
     for name, pattern in _TEXT_RULES:
         if pattern.search(text):
@@ -139,8 +153,8 @@ def classify_text(statement: str) -> str:
     return "other"
 
 
-def short(statement: str, width: int = 110) -> str:
-    text = " ".join(statement.replace('"', "").split())
+def short(statement: Any, width: int = 110) -> str:
+    text = " ".join(statement_text(statement).replace('"', "").split())
     return text if len(text) <= width else text[: width - 1] + "…"
 
 

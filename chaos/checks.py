@@ -9,6 +9,7 @@ from datetime import timedelta
 from django.db import connection
 from django.db.models import Count, Sum
 from django.utils import timezone
+from psycopg import sql as pg
 
 from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry
 from cleanup_ops.schedule import slot_current
@@ -49,14 +50,23 @@ def snapshot_before() -> Before:
         before.totals[kind] = spec.model.objects.count()
         hold_sql, hold_params = hold_covers_sql(kind)
         has_docs = any(f.name == "document_id" for f in spec.model._meta.fields)
-        doc = "r.document_id" if has_docs else "''"
+        doc = pg.SQL("r.document_id" if has_docs else "''")
         for portfolio_id, version_kind, days in versions:
             if version_kind != kind:
                 continue
             with connection.cursor() as cur:
                 cur.execute(
-                    f"SELECT r.id, r.property_id, {hold_sql}, {doc} FROM {spec.table} r"
-                    f" WHERE r.portfolio_id = %s AND r.{spec.timestamp_column} < %s",
+                    pg.SQL(
+                        """
+                        SELECT r.id, r.property_id, {held}, {doc} FROM {table} r
+                        WHERE r.portfolio_id = %s AND r.{ts} < %s
+                        """
+                    ).format(
+                        held=hold_sql,
+                        doc=doc,
+                        table=pg.Identifier(spec.table),
+                        ts=pg.Identifier(spec.timestamp_column),
+                    ),
                     [*hold_params, portfolio_id, db_datetime(slot - timedelta(days=days))],
                 )
                 for record_id, property_id, held, document_id in cur.fetchall():

@@ -1,4 +1,4 @@
-"""The pipeline's raw SQL, by name, and how a statement is composed.
+"""The pipeline's raw SQL that no one caller owns, by name, and how a statement is composed.
 
 Why raw SQL at all: on the per-batch path every statement counts (an ORM query
 that builds model instances costs several plain round trips), and a few
@@ -6,26 +6,30 @@ statements need what the ORM does not say (``FOR SHARE OF``, ``RETURNING`` on
 a DELETE with a correlated hold check, advisory locks, percentiles). Everything
 else (admission's bulk insert, the admin, the API) uses the ORM.
 
-Each statement is a function named after what it does, returning the SQL text
-with ``%s`` placeholders; the callers pass the parameters. Table and column
-names come from the models' ``_meta``, never from input, and go into the text
-as identifiers (``compose``; the purge's, admission's, rate limits' and
-console figures' builders still interpolate them as f-strings). The product
-runs on PostgreSQL only (15 to 18): each statement has one text. Here are the
-statements of sweeps, purge, admission, rate limits and console figures and
-the helpers every statement is built with; the batch transaction's own are in
-``execution/statements.py`` and the lease's in ``execution/leases.py``, next
-to their only caller.
+Each statement is a function named after what it does, returning a
+``psycopg.sql`` template with its fields filled (``composed``): table and
+column names from the models' ``_meta``, never from input, as quoted
+identifiers; enum values as ``psycopg.sql.Literal`` of the enums; everything
+else a parameter the caller passes (``%s``, or ``%(name)s`` where a
+statement names them). A statement stays ``Composable`` until the cursor runs it: no text is
+formatted, split or spliced. The product runs on PostgreSQL only (15 to 18):
+each statement has one text.
 
-The ledger insert stays a named statement: through the ORM it would build a
-model instance per batch for nothing.
+Here: the composition helpers every statement is built with (``composed``,
+``rows_cte``, ``any_of``, ``lease_cleared``, ``statement``), and the
+statements of sweeps, the purge, admission, rate limits, health and the
+console's figures. The batch transaction's own are in
+``cleanup_ops.execution.statements`` (and ``execution.key_cursors``), the
+lease's in ``cleanup_ops.execution.leases``, the hold rule's fragments in
+``retention.eligibility`` and a record kind's in ``retention.registry``: each
+next to what it is about.
 """
 
 from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any, ParamSpec
+from typing import Any, ParamSpec, TypeVar
 
 from django.db import connection
 from psycopg import sql as pg
@@ -82,7 +86,8 @@ def execute(sql: str | pg.Composable, params: Sequence[Any] | Mapping[str, Any] 
 # --- Composition -----------------------------------------------------------------
 # Names go into a statement through ``psycopg.sql``: a template with ``{name}``
 # fields, each table or column name an ``Identifier`` (quoted), each fragment
-# our code wrote (a record kind's predicate, a CTE) plain ``SQL``.
+# (a record kind's predicate, a CTE) the ``Composed`` its builder returns, so
+# a statement is never text that another edits.
 
 
 # The tables and columns above, as identifiers every template may name
@@ -107,23 +112,17 @@ def ident(*names: str) -> pg.Identifier:
     return pg.Identifier(*names)
 
 
-def composed(template: str, **parts: str | pg.Composable) -> pg.Composed:
+def composed(template: str, **parts: pg.Composable) -> pg.Composed:
     """``template`` with its ``{field}``s filled, kept composed until it
-    executes (a cursor takes a ``Composed``): an identifier (``ident``,
-    ``NAMES``) quoted, a string taken as the SQL fragment it is. ``%s`` and
-    ``%(name)s`` placeholders pass through untouched."""
-    fields = {name: value if isinstance(value, pg.Composable) else pg.SQL(value) for name, value in parts.items()}
-    return pg.SQL(template).format(**{**NAMES, **fields})
+    executes (a cursor takes a ``Composed``): the pipeline's tables
+    (``NAMES``) and ``parts``, each a ``Composable`` — an identifier
+    (``ident``) quoted, a fragment (``pg.SQL``, another statement's
+    ``Composed``) as it is, a value a ``pg.Literal`` or ``pg.Placeholder``.
+    ``%s`` and ``%(name)s`` placeholders in the template pass through untouched."""
+    return pg.SQL(template).format(**{**NAMES, **parts})
 
 
-def compose(template: str, **parts: str | pg.Composable) -> str:
-    """``composed``, as text, for the builders that still splice fragments as
-    text. Rendered without a connection (``as_string(None)``, psycopg ≥ 3.2):
-    the double-quoted identifiers PostgreSQL's own quoting gives."""
-    return composed(template, **parts).as_string(None)
-
-
-def lease_cleared(*, unless: str | None = None, renewed: str | None = None) -> str:
+def lease_cleared(*, unless: pg.Composable | None = None, renewed: pg.Composable | None = None) -> pg.Composed:
     """The SET list that clears a job's lease (``lifecycle.LEASE_CLEARED``,
     rendered: the one definition in Python and SQL alike). ``unless``: a
     condition under which each column keeps its value instead (a batch that
@@ -132,18 +131,22 @@ def lease_cleared(*, unless: str | None = None, renewed: str | None = None) -> s
     for column, value in LEASE_CLEARED.items():
         cleared: pg.Composable = pg.Literal(value)
         if unless is not None:
-            kept = pg.SQL(renewed) if column == "lease_expires_at" and renewed else pg.Identifier(column)
+            kept = renewed if column == "lease_expires_at" and renewed is not None else pg.Identifier(column)
             cleared = pg.SQL("CASE WHEN {unless} THEN {kept} ELSE {cleared} END").format(
-                unless=pg.SQL(unless), kept=kept, cleared=cleared
+                unless=unless, kept=kept, cleared=cleared
             )
         sets.append(pg.SQL("{column} = {value}").format(column=pg.Identifier(column), value=cleared))
-    return compose("{sets}", sets=pg.SQL(", ").join(sets))
+    return pg.SQL(", ").join(sets)
 
 
-def statement(build: Callable[P, str]) -> Callable[P, str]:
-    """A statement builder whose text is composed once per shape: cached on
-    its (hashable) arguments, so a batch pays a dictionary lookup, not a
-    composition, per statement."""
+Built = TypeVar("Built", bound=pg.Composable)
+
+
+def statement(build: Callable[P, Built]) -> Callable[P, Built]:
+    """A statement builder composed once per shape: cached on its (hashable)
+    arguments, so a batch pays a dictionary lookup, not a composition, per
+    statement. The ``Composed`` it returns is shared: callers run it or
+    compose it into another, never change it."""
     return functools.cache(build)  # type: ignore[return-value]  # the same call signature, cached
 
 
@@ -200,38 +203,31 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
     return {name: list(values)}
 
 
-def named(statement: str, params: Sequence[Any], *, prefix: str) -> tuple[str, dict[str, Any]]:
-    """A fragment written with ``%s`` placeholders (the eligibility predicate)
-    turned into named ones, ``%(prefix_0)s`` …, for a statement that names its
-    parameters."""
-    parts = statement.split("%s")
-    if len(parts) - 1 != len(params):
-        raise ValueError(f"{prefix}: {len(parts) - 1} placeholders for {len(params)} parameters")
-    text = parts[0] + "".join(f"%({prefix}_{i})s{part}" for i, part in enumerate(parts[1:]))
-    return text, {f"{prefix}_{i}": value for i, value in enumerate(params)}
-
-
 # --- Health ---------------------------------------------------------------------
 
 
-def max_locks_per_transaction() -> str:
-    return "SELECT current_setting('max_locks_per_transaction')::integer"
+def max_locks_per_transaction() -> pg.SQL:
+    return pg.SQL("SELECT current_setting('max_locks_per_transaction')::integer")
 
 
 # --- Sweeps ---------------------------------------------------------------------
 
 
 @statement
-def sweep_lock_running() -> str:
+def sweep_lock_running() -> pg.Composed:
     """Lock a running sweep's row (no row: not running). Parameters: ``sweep``."""
-    return compose(
-        "SELECT id FROM {sweep} WHERE id = %(sweep)s AND status = {running} FOR UPDATE",
+    return composed(
+        """
+        SELECT id FROM {sweep}
+        WHERE id = %(sweep)s AND status = {running}
+        FOR UPDATE
+        """,
         running=pg.Literal(SweepStatus.RUNNING.value),
     )
 
 
 @statement
-def sweep_finish_if_drained() -> str:
+def sweep_finish_if_drained() -> pg.Composed:
     """Finish the sweep if none of its jobs is open: drained, or drained with
     dead letters when one of its jobs is dead and not redriven (a redriven
     job's work is its redrive's: once that is done, the sweep is drained).
@@ -242,13 +238,18 @@ def sweep_finish_if_drained() -> str:
     The job states come from ``lifecycle.TRANSITIONS``: open is every state
     some event leaves (``lifecycle.OPEN_STATES``), dead the one *fail* leads
     to. Which sweep status follows is the sweep's own rule, stated here."""
-    return compose(
-        "UPDATE {sweep} SET finished_at = %(now)s, status = CASE WHEN EXISTS (SELECT 1 FROM {job} j"
-        " WHERE j.sweep_id = %(sweep)s AND j.state = {dead} AND NOT EXISTS (SELECT 1 FROM {letter} d"
-        " WHERE d.job_id = j.id AND d.status = {redriven}))"
-        " THEN {with_dead_letters} ELSE {drained} END"
-        " WHERE id = %(sweep)s AND NOT EXISTS (SELECT 1 FROM {job} j WHERE j.sweep_id = %(sweep)s"
-        " AND j.state IN ({open}))",
+    return composed(
+        """
+        UPDATE {sweep} SET finished_at = %(now)s, status = CASE
+            WHEN EXISTS (
+                SELECT 1 FROM {job} j
+                WHERE j.sweep_id = %(sweep)s AND j.state = {dead}
+                    AND NOT EXISTS (SELECT 1 FROM {letter} d WHERE d.job_id = j.id AND d.status = {redriven})
+            ) THEN {with_dead_letters}
+            ELSE {drained} END
+        WHERE id = %(sweep)s
+            AND NOT EXISTS (SELECT 1 FROM {job} j WHERE j.sweep_id = %(sweep)s AND j.state IN ({open}))
+        """,
         dead=pg.Literal(state_after(JobEvent.FAIL)),
         redriven=pg.Literal(DeadLetterStatus.REDRIVEN.value),
         with_dead_letters=pg.Literal(SweepStatus.DRAINED_WITH_DEAD_LETTERS.value),
@@ -352,11 +353,11 @@ def dispositions_take() -> pg.Composed:
     )
 
 
-def transaction_idle_timeout() -> str:
+def transaction_idle_timeout() -> pg.SQL:
     """End this transaction's session if it sits idle longer than
     the parameter (milliseconds) — the backstop for a lock held across a
     bounded HTTP call."""
-    return "SELECT set_config('idle_in_transaction_session_timeout', %s, true)"
+    return pg.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
 
 
 def purge_advance() -> pg.Composed:
@@ -403,9 +404,9 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[pg.Composed, pg.Composed]:
     where = composed(
         "EXISTS (SELECT 1 FROM {table} r WHERE {partition} AND r.{ts} < {cutoff})",
         table=ident(spec.table),
-        partition=spec.in_partition("r", property_sql="d.property_id", portfolio_sql="d.portfolio_id"),
+        partition=spec.in_partition("r", property_sql=pg.SQL("d.property_id"), portfolio_sql=pg.SQL("d.portfolio_id")),
         ts=ident(spec.timestamp_column),
-        cutoff=spec.cutoff_sql("d.cutoff"),
+        cutoff=spec.cutoff_sql(pg.SQL("d.cutoff")),
     )
     return cte, where
 
@@ -420,7 +421,7 @@ def _open_elsewhere(spec: RecordKindSpec) -> pg.Composed:
                 AND o.record_kind = %s AND o.state IN ({states}) AND o.job_kind = {delete} AND o.sweep_id <> %s
         )
         """,
-        same_property="o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL",
+        same_property=pg.SQL("o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL"),
         states=pg.SQL(", ").join(pg.Literal(state) for state in OPEN_STATES),
         delete=pg.Literal(JobKind.DELETE.value),
     )
@@ -468,7 +469,7 @@ def admit_partitions(spec: RecordKindSpec) -> pg.Composed:
         where=where,
         open_elsewhere=_open_elsewhere(spec),
         # Without a property the key's property part is "-": <sweep>:<portfolio>:-:<kind>.
-        key_property="d.property_id" if spec.has_property else pg.Literal("-"),
+        key_property=pg.SQL("d.property_id") if spec.has_property else pg.Literal("-"),
         delete=pg.Literal(JobKind.DELETE.value),
         pending=pg.Literal(JobState.PENDING.value),
     )
@@ -578,14 +579,14 @@ def portfolio_fairness() -> pg.Composed:
     )
 
 
-def retention_debt(spec: RecordKindSpec, *, hold_sql: str, cutoffs: int) -> pg.Composed:
+def retention_debt(spec: RecordKindSpec, *, hold_sql: pg.Composable, cutoffs: int) -> pg.Composed:
     """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
     timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
-    names = {
+    names: dict[str, pg.Composable] = {
         "ts": ident(spec.timestamp_column),
         "table": ident(spec.table),
-        "held_sql": pg.SQL(hold_sql),
-        "cutoff": pg.SQL(spec.cutoff_sql("c.cutoff")),
+        "held_sql": hold_sql,
+        "cutoff": spec.cutoff_sql(pg.SQL("c.cutoff")),
     }
     if spec.property_shape != "direct":
         # A path or no property: the rows of the portfolio (through the path,

@@ -211,10 +211,6 @@ def table_partitions_of(table: str) -> list[TablePartition]:
     return sorted(found, key=lambda p: p.upper)
 
 
-def _ident(*names: str) -> str:
-    return pgsql.Identifier(*names).as_string(connection.connection)
-
-
 def rfc3339(value: datetime) -> str:
     return value.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
@@ -290,7 +286,6 @@ def _drop_one(
 def _decide_and_drop(
     spec: RecordKindSpec, table_partition: TablePartition, *, slot: datetime, now: datetime | None, sweep_id: int | None
 ) -> tuple[str, int]:
-    target = _ident(table_partition.schema, table_partition.name)
     table = pgsql.Identifier(table_partition.schema, table_partition.name)
     timeout = str(max(1, round(settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS * 1000)))
     # Listed, not yet locked: a concurrent trigger of the slot may drop it now.
@@ -300,7 +295,7 @@ def _decide_and_drop(
         # Deferred foreign-key checks still pending on its rows (rows a caller
         # wrote earlier in its own transaction) would make the DROP refuse: run them now.
         cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
-        cur.execute(f"LOCK TABLE {target} IN SHARE MODE")  # b
+        cur.execute(pgsql.SQL("LOCK TABLE {table} IN SHARE MODE").format(table=table))  # b
         hop = spec.path_hop
         if hop is not None:
             # b': a kind reached through its unit: the units its rows name,
@@ -322,7 +317,7 @@ def _decide_and_drop(
         cur.execute(
             pgsql.SQL("SELECT t.{portfolio}, {property}, count(*) FROM {table} t GROUP BY 1, 2 ORDER BY 1, 2").format(
                 portfolio=pgsql.Identifier(spec.portfolio_column),
-                property=pgsql.SQL(spec.property_of("t")),  # the registry's fragment: the property through its path
+                property=spec.property_of("t"),  # the registry's fragment: the property through its path
                 table=table,
             )
         )
@@ -420,7 +415,7 @@ def _decide_and_drop(
         # portfolio and property tables, which the DROP then takes ACCESS
         # EXCLUSIVE (every reader of them waits; a hold placement waiting for
         # our scope lock deadlocks us). Dropped attached, only the parent is locked.
-        cur.execute(f"DROP TABLE {target}")
+        cur.execute(pgsql.SQL("DROP TABLE {table}").format(table=table))
     return "dropped", int(rows)
 
 
@@ -429,8 +424,8 @@ def portfolios_held(cur: Any, *, spec: RecordKindSpec, portfolios: list[int]) ->
     scope — portfolio, property or record (conservative: a month of every
     property and record goes at once)? The hold rule's one text
     (``eligibility.hold_scope``), for every property of them."""
-    scope = hold_scope(spec, portfolio="ANY(%s)", property=ANY_PROPERTY, kind="%s")
-    held = pgsql.SQL("SELECT EXISTS (SELECT 1 FROM {h} h WHERE {scope})").format(h=HOLDS, scope=pgsql.SQL(scope))
+    scope = hold_scope(spec, portfolio=pgsql.SQL("ANY(%s)"), property=ANY_PROPERTY, kind=pgsql.Placeholder())
+    held = pgsql.SQL("SELECT EXISTS (SELECT 1 FROM {h} h WHERE {scope})").format(h=HOLDS, scope=scope)
     cur.execute(held, [portfolios, spec.kind])
     return bool(cur.fetchone()[0])
 
@@ -454,12 +449,12 @@ def _lock_parent_nowait(cur: Any, table: str, table_partition: TablePartition) -
     every later reader of the parent wait behind it. Never queued, the drop
     holds the lock only for the catalog change; the application's write
     waits for our rollback at most and always lands."""
-    parent = _ident(table)
+    parent = pgsql.Identifier(table)
     deadline = time.monotonic() + settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS
     while True:
         try:
             with transaction.atomic():
-                cur.execute(f"LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT")
+                cur.execute(pgsql.SQL("LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT").format(parent=parent))
             return
         except OperationalError as exc:
             if getattr(exc.__cause__, "sqlstate", None) != "55P03" or time.monotonic() >= deadline:

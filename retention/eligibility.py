@@ -31,21 +31,24 @@ def db_datetime(value: datetime) -> object:
 # --- Which holds reach a record: the one definition ---------------------------------
 # Every path that decides whether a hold keeps something builds its test from
 # ``hold_scope`` (and a live row's record test from ``hold_record``): the
-# eligibility predicate inside each DELETE (``hold_covers_sql``), the batches'
+# eligibility predicate inside each DELETE (``hold_covers``), the batches'
 # held counts (``execution.statements``), the purge's decision over deleted
 # records (``deleted_record_held_sql``), the table-partition drop's check and the
-# console's figures. The scope's values are SQL expressions, so the same rule
-# reads them from the row itself, a statement's parameters or a list of
-# partitions (``g``).
+# console's figures. The scope's values are SQL expressions (``Composable``s:
+# a column, a parameter, a row of ``g``), so the same rule reads them from the
+# row itself, a statement's parameters or a list of partitions, and every
+# fragment here is composed into its statement, never pasted as text.
 
 HOLDS = pg.Identifier(LegalHold._meta.db_table)
 
 # ``property`` for a decision over every property of the portfolios at once (the
 # drop, which removes a month of all of them): a hold of any property reaches it.
-ANY_PROPERTY = "h.property_id"
+ANY_PROPERTY = pg.SQL("h.property_id")
 
 
-def hold_scope(spec: RecordKindSpec | None, *, portfolio: str, property: str, kind: str) -> str:
+def hold_scope(
+    spec: RecordKindSpec | None, *, portfolio: pg.Composable, property: pg.Composable, kind: pg.Composable
+) -> pg.Composed:
     """The active holds (alias ``h``) whose scope reaches records of ``kind``
     in ``portfolio``'s ``property`` — each an SQL expression: a hold naming no
     property reaches every property, a hold naming no kind every kind. The
@@ -57,51 +60,54 @@ def hold_scope(spec: RecordKindSpec | None, *, portfolio: str, property: str, ki
     the same rule, by SQL's NULL. ``portfolio`` may be ``ANY(…)``, and
     ``property`` ``ANY_PROPERTY``."""
     if spec is not None and not spec.has_property:
-        property = "NULL"
-    return _sql(
-        "h.released_at IS NULL AND h.portfolio_id = {portfolio}"
-        " AND (h.property_id IS NULL OR h.property_id = {property})"
-        " AND (h.record_kind = '' OR h.record_kind = {kind})",
-        portfolio=portfolio,
-        property=property,
-        kind=kind,
-    )
+        property = pg.SQL("NULL")
+    return pg.SQL(
+        """
+        h.released_at IS NULL AND h.portfolio_id = {portfolio}
+            AND (h.property_id IS NULL OR h.property_id = {property})
+            AND (h.record_kind = '' OR h.record_kind = {kind})
+        """
+    ).format(portfolio=portfolio, property=property, kind=kind)
 
 
-def hold_names_no_record(spec: RecordKindSpec) -> str:
+def hold_names_no_record(spec: RecordKindSpec) -> pg.SQL:
     """A hold (alias ``h``) over its whole scope: it names no record."""
-    return "h.record_id IS NULL" if spec.integer_key else "h.record_key = ''"
+    return pg.SQL("h.record_id IS NULL" if spec.integer_key else "h.record_key = ''")
 
 
-def hold_record_key(spec: RecordKindSpec) -> str:
+def hold_record_key(spec: RecordKindSpec) -> pg.Composable:
     """The record a record hold (alias ``h``) names, as the key's type."""
-    return "h.record_id" if spec.integer_key else spec.key_param("h.record_key")
+    return pg.SQL("h.record_id") if spec.integer_key else spec.key_param(pg.SQL("h.record_key"))
 
 
-def hold_record(spec: RecordKindSpec, row_pk: str) -> str:
+def hold_record(spec: RecordKindSpec, row_pk: pg.Composable) -> pg.Composed:
     """A hold's record test for the key ``row_pk``: the hold names no record,
     or this one — by ``record_id`` (integer keys) or ``record_key`` (its text:
     the row's key is cast, never the hold's, so no hold's text can fail a cast)."""
     if spec.integer_key:
-        return _sql("(h.record_id IS NULL OR h.record_id = {pk})", pk=row_pk)
-    return _sql("(h.record_key = '' OR h.record_key = CAST({pk} AS text))", pk=row_pk)
+        return pg.SQL("(h.record_id IS NULL OR h.record_id = {pk})").format(pk=row_pk)
+    return pg.SQL("(h.record_key = '' OR h.record_key = CAST({pk} AS text))").format(pk=row_pk)
 
 
-def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[str, list[object]]:
-    """``EXISTS (…)``: an active hold covers row ``alias`` of ``kind``."""
-    spec = get_spec(kind)
+def hold_covers(spec: RecordKindSpec, *, alias: str, kind: pg.Composable) -> pg.Composed:
+    """``EXISTS (…)``: an active hold covers row ``alias`` of ``spec``'s kind,
+    the kind given as ``kind`` (a parameter)."""
     scope = hold_scope(
         spec,
-        portfolio=_sql("{alias}.{column}", alias=pg.Identifier(alias), column=pg.Identifier(spec.portfolio_column)),
+        portfolio=pg.Identifier(alias, spec.portfolio_column),
         property=spec.property_of(alias),
-        kind="%s",
+        kind=kind,
     )
-    record = hold_record(spec, _sql("{alias}.{pk}", alias=pg.Identifier(alias), pk=pg.Identifier(spec.pk_column)))
-    covers = _sql("EXISTS (SELECT 1 FROM {h} h WHERE {scope} AND {record})", h=HOLDS, scope=scope, record=record)
-    return covers, [kind]
+    record = hold_record(spec, pg.Identifier(alias, spec.pk_column))
+    return pg.SQL("EXISTS (SELECT 1 FROM {h} h WHERE {scope} AND {record})").format(h=HOLDS, scope=scope, record=record)
 
 
-def deleted_record_held_sql(alias: str) -> str:
+def hold_covers_sql(kind: str, *, alias: str = "r") -> tuple[pg.Composed, list[object]]:
+    """``hold_covers`` with the kind a positional parameter: (SQL, its parameters)."""
+    return hold_covers(get_spec(kind), alias=alias, kind=pg.Placeholder()), [kind]
+
+
+def deleted_record_held_sql(alias: str) -> pg.Composed:
     """``EXISTS (…)``: an active hold covers the deleted record that row
     ``alias`` describes (a ``DeletedAttachment``: its portfolio, property — NULL
     for a kind without one —, kind, and record id or key). A NULL record id (not
@@ -110,43 +116,42 @@ def deleted_record_held_sql(alias: str) -> str:
     ``record_key`` ("" when the key is an integer)."""
     column = functools.partial(pg.Identifier, alias)
     scope = hold_scope(
-        None,
-        portfolio=_sql("{c}", c=column("portfolio_id")),
-        property=_sql("{c}", c=column("property_id")),
-        kind=_sql("{c}", c=column("record_kind")),
+        None, portfolio=column("portfolio_id"), property=column("property_id"), kind=column("record_kind")
     )
-    return _sql(
-        "EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND ((h.record_id IS NULL AND h.record_key = '')"
-        " OR h.record_id = COALESCE({record_id}, h.record_id)"
-        " OR (h.record_key > '' AND h.record_key = {record_key})))",
-        holds=HOLDS,
-        scope=scope,
-        record_id=column("record_id"),
-        record_key=column("record_key"),
-    )
+    return pg.SQL(
+        """
+        EXISTS (
+            SELECT 1 FROM {holds} h
+            WHERE {scope} AND ((h.record_id IS NULL AND h.record_key = '')
+                OR h.record_id = COALESCE({record_id}, h.record_id)
+                OR (h.record_key > '' AND h.record_key = {record_key}))
+        )
+        """
+    ).format(holds=HOLDS, scope=scope, record_id=column("record_id"), record_key=column("record_key"))
 
 
-def _sql(template: str, **parts: str | pg.Composable) -> str:
-    """``template`` with its fields filled, as text (see ``cleanup_ops.sql.compose``,
-    which adds the pipeline's table names): an identifier quoted, a string taken
-    as the fragment it is; placeholders pass through."""
-    fields = {name: value if isinstance(value, pg.Composable) else pg.SQL(value) for name, value in parts.items()}
-    return pg.SQL(template).format(**fields).as_string(None)
-
-
-def eligible_sql(kind: str, *, cutoff: datetime, alias: str = "r") -> tuple[str, list[object]]:
+def eligible_sql(kind: str, *, cutoff: datetime, alias: str = "r") -> tuple[pg.Composed, list[object]]:
     """The WHERE fragment selecting rows of ``kind`` that may be deleted now."""
-    predicate, params = eligible_sql_for(kind, cutoff_sql="%s", alias=alias)
+    predicate, params = eligible_sql_for(kind, cutoff_sql=pg.Placeholder(), alias=alias)
     return predicate, [db_datetime(cutoff), *params]
 
 
-def eligible_sql_for(kind: str, *, cutoff_sql: str, alias: str = "r") -> tuple[str, list[object]]:
+def eligible_sql_for(kind: str, *, cutoff_sql: pg.Composable, alias: str = "r") -> tuple[pg.Composed, list[object]]:
     """The same predicate with the cutoff as an SQL expression (a column of a
     joined list of partitions, each with its own cutoff); its params follow
     any the expression itself takes."""
+    return eligible_predicate(kind, cutoff_sql=cutoff_sql, alias=alias, kind_sql=pg.Placeholder()), [kind]
+
+
+def eligible_predicate(kind: str, *, cutoff_sql: pg.Composable, alias: str, kind_sql: pg.Composable) -> pg.Composed:
+    """The predicate with every value an SQL expression: the cutoff and the
+    kind (``kind_sql``, a named parameter in a statement that names them)."""
     spec = get_spec(kind)
-    hold_sql, hold_params = hold_covers_sql(kind, alias=alias)
-    return f"{alias}.{spec.timestamp_column} < {spec.cutoff_sql(cutoff_sql)} AND NOT {hold_sql}", hold_params
+    return pg.SQL("{ts} < {cutoff} AND NOT {held}").format(
+        ts=pg.Identifier(alias, spec.timestamp_column),
+        cutoff=spec.cutoff_sql(cutoff_sql),
+        held=hold_covers(spec, alias=alias, kind=kind_sql),
+    )
 
 
 def count_expired_and_held(
@@ -157,26 +162,26 @@ def count_expired_and_held(
     hold_sql, hold_params = hold_covers_sql(kind)
     where: list[pg.Composable] = [
         pg.SQL("r.{ts} < {cutoff}").format(
-            ts=pg.Identifier(spec.timestamp_column), cutoff=pg.SQL(spec.cutoff_sql("%s"))
+            ts=pg.Identifier(spec.timestamp_column), cutoff=spec.cutoff_sql(pg.Placeholder())
         )
     ]
     if spec.property_shape == "path":
         # A row whose path is NULL is in no partition: not "expired" here,
         # counted apart (``count_unreachable``).
-        where.append(pg.SQL("{property} IS NOT NULL").format(property=pg.SQL(spec.property_of("r"))))
+        where.append(pg.SQL("{property} IS NOT NULL").format(property=spec.property_of("r")))
     params: list[Any] = [*hold_params, db_datetime(cutoff)]
     if portfolio_id is not None:
         where.append(pg.SQL("r.{portfolio} = %s").format(portfolio=pg.Identifier(spec.portfolio_column)))
         params.append(portfolio_id)
     if property_id is not None:
-        where.append(pg.SQL(spec.in_partition("r", property_sql="%s", portfolio_sql="%s")))
+        where.append(spec.in_partition("r", property_sql=pg.Placeholder(), portfolio_sql=pg.Placeholder()))
         params.append(property_id if spec.has_property else portfolio_id)
     sql = pg.SQL(
         """
         SELECT COUNT(*), COALESCE(SUM(CASE WHEN {held} THEN 1 ELSE 0 END), 0)
         FROM {table} r WHERE {where}
         """
-    ).format(held=pg.SQL(hold_sql), table=pg.Identifier(spec.table), where=pg.SQL(" AND ").join(where))
+    ).format(held=hold_sql, table=pg.Identifier(spec.table), where=pg.SQL(" AND ").join(where))
     with connection.cursor() as cursor:
         cursor.execute(sql, params)
         expired, held = cursor.fetchone()
@@ -192,12 +197,12 @@ def count_unreachable(kind: str, *, portfolio_id: int | None = None, cutoff: dat
     spec = get_spec(kind)
     if spec.property_shape != "path":
         return 0
-    where: list[pg.Composable] = [pg.SQL("{property} IS NULL").format(property=pg.SQL(spec.property_of("r")))]
+    where: list[pg.Composable] = [pg.SQL("{property} IS NULL").format(property=spec.property_of("r"))]
     params: list[Any] = []
     if cutoff is not None:
         where.append(
             pg.SQL("r.{ts} < {cutoff}").format(
-                ts=pg.Identifier(spec.timestamp_column), cutoff=pg.SQL(spec.cutoff_sql("%s"))
+                ts=pg.Identifier(spec.timestamp_column), cutoff=spec.cutoff_sql(pg.Placeholder())
             )
         )
         params.append(db_datetime(cutoff))

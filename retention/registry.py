@@ -87,6 +87,7 @@ from typing import Any
 from django.apps import apps
 from django.conf import settings
 from django.db import models
+from psycopg import sql as pg
 
 DEFAULT_RECORD_KINDS: dict[str, dict[str, Any]] = {
     "lease": {
@@ -195,36 +196,52 @@ class RecordKindSpec:
         site = meta.get_field(second)
         return str(meta.db_table), str(meta.pk.column), str(site.column)  # type: ignore[union-attr]  # a foreign key
 
-    def in_partition(self, alias: str, *, property_sql: str, portfolio_sql: str) -> str:
+    def _at(self, alias: str, column: str) -> pg.Identifier:
+        """Column ``column`` of row ``alias``, both quoted."""
+        return pg.Identifier(alias, column)
+
+    def _unit_hop(self) -> dict[str, pg.Identifier]:
+        """The one-hop path's unit table and columns as identifiers, a
+        template's ``{unit}``, ``{unit_pk}``, ``{unit_property}``."""
+        table, pk, prop = self._hop
+        return {"unit": pg.Identifier(table), "unit_pk": pg.Identifier(pk), "unit_property": pg.Identifier(prop)}
+
+    def in_partition(self, alias: str, *, property_sql: pg.Composable, portfolio_sql: pg.Composable) -> pg.Composed:
         """Row ``alias`` belongs to the partition (``property_sql``,
-        ``portfolio_sql``): its property (through the path) or, without one,
-        its portfolio."""
+        ``portfolio_sql``, SQL expressions): its property (through the path)
+        or, without one, its portfolio."""
         shape = self.property_shape
         if shape == "direct":
-            return f"{alias}.{self.property_column} = {property_sql}"
+            return pg.SQL("{column} = {property}").format(
+                column=self._at(alias, self.property_column), property=property_sql
+            )
         if shape == "none":
-            return f"{alias}.{self.portfolio_column} = {portfolio_sql}"
-        table, pk, prop = self._hop
-        return f"{alias}.{self.property_column} IN (SELECT u.{pk} FROM {table} u WHERE u.{prop} = {property_sql})"
+            return pg.SQL("{column} = {portfolio}").format(
+                column=self._at(alias, self.portfolio_column), portfolio=portfolio_sql
+            )
+        return pg.SQL("{column} IN (SELECT u.{unit_pk} FROM {unit} u WHERE u.{unit_property} = {property})").format(
+            column=self._at(alias, self.property_column), property=property_sql, **self._unit_hop()
+        )
 
-    def property_of(self, alias: str) -> str:
+    def property_of(self, alias: str) -> pg.Composable:
         """The property id of row ``alias`` as an expression (NULL without one)."""
         shape = self.property_shape
         if shape == "direct":
-            return f"{alias}.{self.property_column}"
+            return self._at(alias, self.property_column)
         if shape == "none":
-            return "NULL"
-        table, pk, prop = self._hop
-        return f"(SELECT u.{prop} FROM {table} u WHERE u.{pk} = {alias}.{self.property_column})"
+            return pg.SQL("NULL")
+        return pg.SQL("(SELECT u.{unit_property} FROM {unit} u WHERE u.{unit_pk} = {column})").format(
+            column=self._at(alias, self.property_column), **self._unit_hop()
+        )
 
-    def keyset_order(self, alias: str) -> str:
+    def keyset_order(self, alias: str) -> pg.Composable:
         """The ORDER BY of the keyset walk, in the keyset index's order."""
-        pk = self.pk_column
+        pk = self._at(alias, self.pk_column)
         if self.property_shape == "direct":
-            return f"{alias}.{self.property_column}, {alias}.{pk}"
+            return pg.SQL(", ").join([self._at(alias, self.property_column), pk])
         if self.property_shape == "none":
-            return f"{alias}.{self.portfolio_column}, {alias}.{pk}"
-        return f"{alias}.{pk}"
+            return pg.SQL(", ").join([self._at(alias, self.portfolio_column), pk])
+        return pk
 
     @property
     def integer_key(self) -> bool:
@@ -249,26 +266,27 @@ class RecordKindSpec:
         """A key read from the database as the cursor carries it."""
         return int(value) if self.integer_key else self.key_text(value)
 
-    def key_param(self, param: str) -> str:
+    def key_param(self, param: pg.Composable) -> pg.Composable:
         """A text parameter/column of a key as the key's type."""
         if self.integer_key:
             return param
-        return f"CAST(NULLIF({param}, '') AS uuid)"
+        return pg.SQL("CAST(NULLIF({param}, '') AS uuid)").format(param=param)
 
-    def after(self, alias: str, param: str) -> str:
+    def after(self, alias: str, param: pg.Composable) -> pg.Composed:
         """Row ``alias`` lies after the cursor ``param`` (``KEY_START``: every row)."""
-        pk = f"{alias}.{self.pk_column}"
+        pk = self._at(alias, self.pk_column)
         if self.integer_key:
-            return f"{pk} > {param}"
-        return f"({param} = '' OR {pk} > {self.key_param(param)})"
+            return pg.SQL("{pk} > {param}").format(pk=pk, param=param)
+        return pg.SQL("({param} = '' OR {pk} > {key})").format(param=param, pk=pk, key=self.key_param(param))
 
-    def at_most(self, alias: str, param: str) -> str:
-        pk = f"{alias}.{self.pk_column}"
-        return f"{pk} <= {param}" if self.integer_key else f"{pk} <= {self.key_param(param)}"
+    def at_most(self, alias: str, param: pg.Composable) -> pg.Composed:
+        return pg.SQL("{pk} <= {key}").format(pk=self._at(alias, self.pk_column), key=self.key_param(param))
 
-    def max_key(self, expr: str) -> str:
+    def max_key(self, expr: pg.Composable) -> pg.Composed:
         """The largest key of ``expr`` as the cursor carries it (no ``max(uuid)`` in PostgreSQL)."""
-        return f"MAX({expr})" if self.integer_key else f"MAX(CAST({expr} AS text))"
+        if self.integer_key:
+            return pg.SQL("MAX({expr})").format(expr=expr)
+        return pg.SQL("MAX(CAST({expr} AS text))").format(expr=expr)
 
     def key_sql_type(self) -> str:
         """The type a key is carried in by the batch's row lists."""
@@ -287,14 +305,14 @@ class RecordKindSpec:
         field = self.model._meta.get_field(self.timestamp_field)
         return isinstance(field, models.DateField) and not isinstance(field, models.DateTimeField)
 
-    def cutoff_sql(self, cutoff: str) -> str:
+    def cutoff_sql(self, cutoff: pg.Composable) -> pg.Composable:
         """The value the timestamp column is compared with (``column < …``) for
         the cutoff expression ``cutoff`` (a timestamp): the cutoff itself, or
         for a ``DateField`` the cutoff's UTC date — a day is eligible only
         once all of it lies before the cutoff."""
         if not self.timestamp_is_date:
             return cutoff
-        return f"CAST(({cutoff}) AT TIME ZONE 'UTC' AS date)"
+        return pg.SQL("CAST(({cutoff}) AT TIME ZONE 'UTC' AS date)").format(cutoff=cutoff)
 
     def keyset_index_fields(self) -> list[str]:
         """The index the keyset scan walks: (property — the unit of a path,

@@ -109,3 +109,24 @@ def test_no_import_cycle_among_bench_modules() -> None:
 
     cycles = [name for name in graph if name in reach(name)]
     assert cycles == []
+
+
+@pytest.mark.django_db
+def test_a_composed_statement_is_counted_by_the_text_it_runs_as() -> None:
+    """The product's statements reach the execute wrapper composed (a
+    ``psycopg.sql.Composed``, neither text nor hashable): rendered with the
+    connection they run on, they are classified and keyed as before."""
+    from django.db import connection
+
+    from cleanup_ops.execution import statements
+
+    counter = StatementCounter()
+    ran: list[object] = []
+    statement = statements.ledger_insert_and_jobs_advance()
+    with connection.cursor():
+        context = {"connection": connection}
+        counter.execute_wrapper(lambda *args: ran.append(args[0]), statement, {}, False, context)
+    assert ran == [statement]  # executed as it came, composed
+    assert dict(counter.counts.calls) == {"ledger insert + job update": 1}
+    ((cls, text),) = counter.counts.texts
+    assert cls == "ledger insert + job update" and "INSERT INTO" in text

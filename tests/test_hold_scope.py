@@ -23,9 +23,10 @@ from pathlib import Path
 
 import pytest
 from django.db import connection
+from psycopg.sql import SQL, Placeholder
 
 from cleanup_ops.execution import statements
-from cleanup_ops.sql import compose, ident
+from cleanup_ops.sql import composed, ident
 from cleanup_ops.table_partitions import portfolios_held
 from properties.models import Portfolio, Property
 from retention.eligibility import deleted_record_held_sql, hold_covers_sql, hold_scope
@@ -94,22 +95,31 @@ def _answers(row: Row) -> dict[str, bool]:
     partition = {"portfolio_id": row.portfolio, "property_id": row.property, "kind": row.kind, "id": key}
     with connection.cursor() as cur:
         covers, params = hold_covers_sql(row.kind)
-        cur.execute(compose("SELECT {covers} FROM {table} r WHERE r.{pk} = %s", covers=covers, **names), [*params, key])
+        cur.execute(
+            composed("SELECT {covers} FROM {table} r WHERE r.{pk} = %s", covers=covers, **names), [*params, key]
+        )
         live = cur.fetchone()[0]
         single = statements._held_count(
             spec,
-            scope=hold_scope(spec, portfolio="%(portfolio_id)s", property="%(property_id)s", kind="%(kind)s"),
-            rows="c",
-            key="c.id",
+            scope=hold_scope(
+                spec,
+                portfolio=Placeholder("portfolio_id"),
+                property=Placeholder("property_id"),
+                kind=Placeholder("kind"),
+            ),
+            rows=SQL("c"),
+            key=SQL("c.id"),
         )
         cur.execute(
-            compose("WITH c AS (SELECT CAST(%(id)s AS {t}) AS id) SELECT {held}", t=spec.pk_sql_type, held=single),
+            composed(
+                "WITH c AS (SELECT CAST(%(id)s AS {t}) AS id) SELECT {held}", t=SQL(spec.pk_sql_type), held=single
+            ),
             partition,
         )
         single_held = cur.fetchone()[0]
-        group = statements._held_in(spec, compose("r.{pk} = %(id)s", **names))
+        group = statements._held_in(spec, composed("r.{pk} = %(id)s", **names))
         cur.execute(
-            compose(
+            composed(
                 "SELECT {held} FROM (VALUES (CAST(%(portfolio_id)s AS bigint), CAST(%(property_id)s AS bigint)))"
                 " AS g (portfolio_id, property_id)",
                 held=group,
@@ -118,7 +128,7 @@ def _answers(row: Row) -> dict[str, bool]:
         )
         group_held = cur.fetchone()[0]
         cur.execute(
-            compose(
+            composed(
                 "SELECT {held} FROM (VALUES (CAST(%s AS bigint), CAST(%s AS bigint), CAST(%s AS text),"
                 " CAST(%s AS bigint), CAST(%s AS text))) AS d (portfolio_id, property_id, record_kind, record_id,"
                 " record_key)",

@@ -6,6 +6,7 @@ import pytest
 from django.core.exceptions import ValidationError
 from django.db import connection
 from django.utils import timezone
+from psycopg.sql import SQL, Identifier
 
 from properties.models import Lease, MaintenanceRecord, Property, TenantActivity
 from retention.eligibility import count_expired_and_held, eligible_sql
@@ -55,8 +56,12 @@ def eligible_ids(kind, *, cutoff, property_id):
     predicate, params = eligible_sql(kind, cutoff=cutoff)
     with connection.cursor() as cursor:
         cursor.execute(
-            f"SELECT r.{spec.pk_column} FROM {spec.table} r WHERE r.{spec.property_column} = %s AND {predicate}"
-            f" ORDER BY r.{spec.pk_column}",
+            SQL("SELECT r.{pk} FROM {table} r WHERE r.{property} = %s AND {predicate} ORDER BY r.{pk}").format(
+                pk=Identifier(spec.pk_column),
+                table=Identifier(spec.table),
+                property=Identifier(spec.property_column),
+                predicate=predicate,
+            ),
             [property_id, *params],
         )
         return [row[0] for row in cursor.fetchall()]

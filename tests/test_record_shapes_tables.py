@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 from django.db import connection
+from psycopg.sql import SQL
 
 from cleanup_ops.execution.runner import cleanup_drain
 from cleanup_ops.models import CleanupJob, JobOutcome
@@ -117,7 +118,7 @@ def test_a_monthly_partitioned_table_is_cleaned_by_row_deletes_pruned_to_the_par
     statement = statements.partition_candidates(spec)
     params = {"property_id": prop.pk, "after_id": 0, "cutoff": utc("2026-07-22T02:00:00Z"), "lim": 25}
     with connection.cursor() as cursor:
-        cursor.execute("EXPLAIN " + statement, params)
+        cursor.execute(SQL("EXPLAIN {}").format(statement), params)
         plan = "\n".join(row[0] for row in cursor.fetchall())
     assert "meter_readings_2026_03" in plan and "meter_readings_2026_07" in plan
     assert "meter_readings_2026_08" not in plan and "meter_readings_2026_12" not in plan, plan

@@ -146,7 +146,7 @@ def test_print_sql_names_the_function_and_each_trigger(db):  # type: ignore[no-u
     out = StringIO()
     call_command("cleanup_reference_guard", "--print-sql", stdout=out)
     text = out.getvalue()
-    # Names are quoted identifiers (cleanup_ops.sql.compose).
+    # Names are quoted identifiers (cleanup_ops.sql.composed).
     assert 'CREATE OR REPLACE FUNCTION "cleanup_ops_document_named"()' in text
     assert (
         'CREATE TRIGGER "cleanup_ops_guard_lease" BEFORE INSERT OR UPDATE OF "document_id" ON "properties_lease"'

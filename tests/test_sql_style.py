@@ -1,8 +1,8 @@
-"""SQL reads as SQL: the product is to write every statement as a ``psycopg.sql.SQL``
+"""SQL reads as SQL: the product writes every statement as a ``psycopg.sql.SQL``
 template (identifiers as ``sql.Identifier``, values as parameters or
-``sql.Literal``) kept ``Composable`` until it executes, or as a named query in a
-``.sql`` file. This test reads the product's source (no database) and refuses
-the ways text SQL crept in before:
+``sql.Literal``) kept ``Composable`` until it executes. This test reads the
+product's source (no database) and refuses, in every module, the ways text
+SQL crept in before:
 
 * an f-string whose text carries SQL (``f"SELECT … {table}"``);
 * ``str.format`` or ``%`` on a string literal that carries SQL;
@@ -93,32 +93,21 @@ def product_findings() -> list[Finding]:
     return found
 
 
-# What is left of the text SQL, per module: a ratchet. Today's main had 59
-# findings; the SQLite arms' removal took 7 (the last: the ledger insert no
-# longer spliced into the jobs' advance with .replace). The rest goes as the
-# one disposal protocol rewrites each statement as a composed template
-# (docs/architecture.md, "Databases"). A module may only go down, and must be
-# lowered here when it does; no other module may start.
-STILL_TEXT = {
-    "cleanup_ops/sql.py": 2,
-    "retention/eligibility.py": 1,
-    "retention/registry.py": 5,
-}
+def assert_no_text_sql(found: list[Finding]) -> None:
+    assert not found, "SQL written as text:\n" + "\n".join(map(str, found))
 
 
-def test_no_module_writes_more_sql_as_text_than_the_ratchet_allows() -> None:
-    found = product_findings()
-    per_module: dict[str, list[Finding]] = {}
-    for finding in found:
-        per_module.setdefault(finding.path, []).append(finding)
-    grown = {
-        path: "\n".join(map(str, items)) for path, items in per_module.items() if len(items) > STILL_TEXT.get(path, 0)
-    }
-    assert not grown, "SQL written as text beyond the ratchet:\n" + "\n".join(grown.values())
-    shrunk = {
-        path: len(per_module.get(path, [])) for path, n in STILL_TEXT.items() if len(per_module.get(path, [])) < n
-    }
-    assert not shrunk, f"fewer findings than STILL_TEXT says: lower it to {shrunk}"
+def test_no_product_module_writes_sql_as_text() -> None:
+    """Every statement of the product is composed (``cleanup_ops.sql.composed``):
+    no finding in any module of ``PRODUCT``, and no allowance per module. A
+    new finding fails here with its place and rule."""
+    assert_no_text_sql(product_findings())
+
+
+def test_a_module_with_an_f_string_statement_fails_naming_its_line() -> None:
+    module = 'from django.db import connection\n\ndef rows(table):\n    return f"SELECT id FROM {table} WHERE x = 1"\n'
+    with pytest.raises(AssertionError, match=r"cleanup_ops/x\.py:4: f-string SQL"):
+        assert_no_text_sql(findings_in(module, "cleanup_ops/x.py"))
 
 
 @pytest.mark.parametrize(

@@ -18,6 +18,7 @@ the span read by initplans: pruned as it starts) and a group of partitions
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -82,19 +83,21 @@ def delete_probes() -> Iterator[list[Probe]]:
     """Every DELETE of ``TABLE`` the batches run, probed first (module docstring)."""
     probes: list[Probe] = []
 
-    def probe(execute: Any, sql: str, params: Any, many: bool, context: dict[str, Any]) -> Any:
-        if f'DELETE FROM "{TABLE}"' in sql:
+    def probe(execute: Any, sql: Any, params: Any, many: bool, context: dict[str, Any]) -> Any:
+        # The product's statements arrive composed: read them as the text they run as.
+        text = sql if isinstance(sql, str) else sql.as_string(context["connection"].connection)
+        if f'DELETE FROM "{TABLE}"' in text:
             raw = context["cursor"].cursor  # psycopg's own: not through this wrapper again
             raw.execute("SAVEPOINT pruning_probe")
             raw.execute(f"SELECT id, tableoid::regclass::text FROM {TABLE}")
             before = dict(raw.fetchall())
-            raw.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql, params)
+            raw.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + text, params)
             (plan,) = raw.fetchone()[0]
             raw.execute(f"SELECT id FROM {TABLE}")
             gone = set(before) - {row[0] for row in raw.fetchall()}
             raw.execute("ROLLBACK TO SAVEPOINT pruning_probe")
             raw.execute("RELEASE SAVEPOINT pruning_probe")
-            shape = "alone" if "USING c " in sql else "group"
+            shape = "alone" if re.search(r"USING c\s", text) else "group"
             probes.append(Probe(shape, read_by(plan["Plan"]), {before[i] for i in gone}))
         return execute(sql, params, many, context)
 

@@ -103,8 +103,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import BooleanField
-from django.db.models.expressions import RawSQL
+from psycopg import sql as pg
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
@@ -247,11 +246,24 @@ def documents_held(document_ids: list[str]) -> set[str]:
     """Those of ``document_ids`` that an active hold keeps: it covers a deleted
     record — of any kind, property or portfolio, deleted by any batch — that
     named the document. One query for the whole list."""
-    # The hold rule's one text (retention.eligibility.hold_scope), over this
-    # table's columns: names from _meta, no value of anyone's in the text.
-    held = RawSQL(deleted_record_held_sql(DeletedAttachment._meta.db_table), (), output_field=BooleanField())  # noqa: S611
-    named = DeletedAttachment.objects.filter(document_id__in=document_ids).alias(held=held).filter(held=True)
-    return set(named.order_by().values_list("document_id", flat=True).distinct())
+    if not document_ids:
+        return set()
+    return {document_id for (document_id,) in sql.execute(_documents_held(), [list(document_ids)])}
+
+
+def _documents_held() -> pg.Composed:
+    """The documents of a list (the parameter) named by a deleted record an
+    active hold covers: the hold rule's one text
+    (``retention.eligibility.deleted_record_held_sql``) over this table's
+    columns, names from ``_meta``, no value of anyone's in the text."""
+    return sql.composed(
+        """
+        SELECT DISTINCT d.document_id FROM {deleted} d
+        WHERE d.document_id = ANY(CAST(%s AS varchar[])) AND {held}
+        """,
+        deleted=sql.ident(DeletedAttachment._meta.db_table),
+        held=deleted_record_held_sql("d"),
+    )
 
 
 def document_held(document_id: str) -> bool:

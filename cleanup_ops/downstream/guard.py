@@ -47,7 +47,7 @@ from django.db import DatabaseError, connection, transaction
 from psycopg import sql as pg
 
 from cleanup_ops.models import STORAGE_KEY_MAX_BYTES, DispositionState, DocumentDisposition, DocumentSpelling
-from cleanup_ops.sql import compose, ident
+from cleanup_ops.sql import composed, ident
 from retention.registry import REGISTRY, RecordKindSpec
 
 FUNCTION = "cleanup_ops_document_named"
@@ -107,8 +107,8 @@ END
 $guard$"""
 
 
-def function_sql() -> str:
-    return compose(
+def function_sql() -> pg.Composed:
+    return composed(
         _FUNCTION_TEMPLATE,
         function=ident(FUNCTION),
         max_bytes=pg.Literal(STORAGE_KEY_MAX_BYTES),
@@ -136,13 +136,13 @@ def trigger_arguments(spec: RecordKindSpec) -> list[str]:
     return [column, spec.attachment_storage, rule, location]
 
 
-def trigger_sql(spec: RecordKindSpec) -> list[str]:
+def trigger_sql(spec: RecordKindSpec) -> list[pg.Composed]:
     """The statements that (re)create the guard on one kind's table."""
     name, table, column = ident(trigger_name(spec)), ident(spec.table), ident(str(spec.attachment_column))
     arguments = pg.SQL(", ").join(pg.Literal(argument) for argument in trigger_arguments(spec))
     return [
-        compose("DROP TRIGGER IF EXISTS {name} ON {table}", name=name, table=table),
-        compose(
+        composed("DROP TRIGGER IF EXISTS {name} ON {table}", name=name, table=table),
+        composed(
             "CREATE TRIGGER {name} BEFORE INSERT OR UPDATE OF {column} ON {table}"
             " FOR EACH ROW EXECUTE FUNCTION {function}({arguments})",
             name=name,
@@ -154,7 +154,7 @@ def trigger_sql(spec: RecordKindSpec) -> list[str]:
     ]
 
 
-def spellings_backfill_sql(spec: RecordKindSpec) -> str | None:
+def spellings_backfill_sql(spec: RecordKindSpec) -> pg.Composed | None:
     """The statement recording every spelling a kind's rows hold other than
     the storage's name (rows written before the guard), or None for a kind of
     the HTTP store (ids are their own name). One scan of the table: run when
@@ -162,7 +162,7 @@ def spellings_backfill_sql(spec: RecordKindSpec) -> str | None:
     if not spec.attachment_storage:
         return None
     _, alias, rule, location = trigger_arguments(spec)
-    return compose(
+    return composed(
         "WITH named AS (SELECT DISTINCT {column} AS spelling FROM {table}"
         " WHERE {column} <> '' AND octet_length({column}) <= {max_bytes}),"
         " canonical AS (SELECT spelling, cleanup_ops_storage_name({rule}, {location}, spelling) AS name FROM named)"
@@ -179,13 +179,13 @@ def spellings_backfill_sql(spec: RecordKindSpec) -> str | None:
     )
 
 
-def spellings_missing_sql(spec: RecordKindSpec) -> str | None:
+def spellings_missing_sql(spec: RecordKindSpec) -> pg.Composed | None:
     """How many distinct spellings a kind's rows hold that the storage names
     otherwise and ``DocumentSpelling`` does not record (cleanup_ops.W010)."""
     if not spec.attachment_storage:
         return None
     _, alias, rule, location = trigger_arguments(spec)
-    return compose(
+    return composed(
         "WITH named AS (SELECT DISTINCT {column} AS spelling FROM {table}"
         " WHERE {column} <> '' AND octet_length({column}) <= {max_bytes}),"
         " canonical AS (SELECT spelling, cleanup_ops_storage_name({rule}, {location}, spelling) AS name FROM named)"

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from cleanup_ops import sql
 from cleanup_ops.execution import statements
 from retention.conf import MAX_BATCH_SIZE
-from retention.eligibility import db_datetime, eligible_sql_for
+from retention.eligibility import db_datetime
 from retention.registry import RecordKindSpec, get_spec
 
 Key = int | str  # a cursor: an integer key, or a non-integer one's text ("" before the first)
@@ -225,11 +225,8 @@ def _count_and_delete_alone(cur: Any, item: PartitionBatch) -> tuple[dict[int, i
     ``_delete`` returns."""
     kind = item.job.record_kind
     spec = get_spec(kind)
-    predicate, predicate_params = sql.named(
-        *eligible_sql_for(kind, cutoff_sql="CAST(%(cutoff)s AS timestamptz)", alias=spec.table), prefix="eligible"
-    )
     attachment = attachment_column(kind)
-    statement = statements.partition_count_and_delete(spec, predicate=predicate, pruning=pruning(spec))
+    statement = statements.partition_count_and_delete(spec, pruning=pruning(spec))
     params = {
         "property_id": item.job.property_id,
         "portfolio_id": item.job.portfolio_id,
@@ -237,7 +234,6 @@ def _count_and_delete_alone(cur: Any, item: PartitionBatch) -> tuple[dict[int, i
         "cutoff": db_datetime(item.cutoff),
         "lim": item.limit,
         "kind": kind,
-        **predicate_params,
     }
     deleted = 0
     named: list[tuple[str, Key]] = []
@@ -265,9 +261,6 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         spec = get_spec(kind)
         # A group holds one job per partition of a kind: its property, or its portfolio without one.
         by_property = {(item.job.property_id if spec.has_property else item.job.portfolio_id): item for item in items}
-        predicate, predicate_params = sql.named(
-            *eligible_sql_for(kind, cutoff_sql="g.cutoff", alias=spec.table), prefix="eligible"
-        )
         attachment = attachment_column(kind)
         ranges = [
             {
@@ -279,7 +272,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
             }
             for item in items
         ]
-        params = {**sql.rows_params("g", statements.delete_columns(spec), ranges), **predicate_params, "kind": kind}
+        params = {**sql.rows_params("g", statements.delete_columns(spec), ranges), "kind": kind}
         # The DELETE takes the counted candidates: they are the ledger's.
         params["ids"] = [i for item in items for i in item.ids or ()]
         # And their span of timestamps, bound as literals (each item here
@@ -288,7 +281,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         params["ts_hi"] = max(item.ts_hi for item in items)
         for item in items:
             item.in_range = item.candidates
-        statement = statements.group_delete(spec, predicate=predicate, pruning=pruning(spec))
+        statement = statements.group_delete(spec, pruning=pruning(spec))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
             item = by_property[int(property_id)]
             if n_held is not None:

@@ -61,6 +61,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg import sql as pg
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
@@ -128,34 +129,37 @@ JOB_FIELDS = (
 LEASE_LOCK_NAMESPACE = 7401
 
 
-def _cap_lock() -> str:
+def _cap_lock() -> pg.SQL:
     """Serialises the cap check and the claim of one portfolio's stripe."""
-    return "SELECT pg_advisory_xact_lock(%s, %s)"
+    return pg.SQL("SELECT pg_advisory_xact_lock(%s, %s)")
 
 
 @sql.statement
-def _caps_lock(stripes: int) -> str:
+def _caps_lock(stripes: int) -> pg.Composed:
     """The cap locks of several stripes, taken in stripe order
     (parameters: the namespace, then the stripe numbers)."""
-    return sql.compose(
+    return sql.composed(
         "SELECT pg_advisory_xact_lock(CAST(%s AS integer), v.p) FROM (VALUES {rows}) AS v(p) ORDER BY v.p",
         rows=sql.values_list(stripes, ["integer"]),
     )
 
 
 @sql.statement
-def _job_lock_fenced() -> str:
+def _job_lock_fenced() -> pg.Composed:
     """The job's cursor, row-locked, only while our lease token is valid: a
     worker whose lease expired gets no row and commits nothing."""
-    return sql.compose(
-        "SELECT cursor FROM {job} WHERE id = %s AND state = %s AND lease_token = %s AND lease_expires_at > %s"
-        " FOR UPDATE"
+    return sql.composed(
+        """
+        SELECT cursor FROM {job}
+        WHERE id = %s AND state = %s AND lease_token = %s AND lease_expires_at > %s
+        FOR UPDATE
+        """
     )
 
 
 @sql.statement
-def _job_finish() -> str:
-    return sql.compose(
+def _job_finish() -> pg.Composed:
+    return sql.composed(
         "UPDATE {job} SET state = %s, outcome = %s, finished_at = %s, {cleared} WHERE id = %s",
         cleared=sql.lease_cleared(),
     )

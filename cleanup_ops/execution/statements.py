@@ -7,20 +7,22 @@ packages run (purge, admission, buckets, sweeps), which stay in
 ``cleanup_ops.sql`` with the composition helpers these use, and the text cursors only a non-integer key needs
 (``execution.key_cursors``).
 
-Every builder is a ``sql.statement``: composed with ``psycopg.sql`` (each
-table and column name an identifier, ``sql.compose``) once per shape — its
-arguments — and cached, so a batch composes nothing.
+Every builder is a ``sql.statement``: a ``psycopg.sql`` template (each
+table and column name an identifier, ``sql.composed``) filled once per
+shape — its arguments — and cached, so a batch composes nothing; the
+fragments it takes (the hold rule, a kind's partition and keyset) are
+``Composable`` too, from ``retention.eligibility`` and ``retention.registry``.
 Every statement takes named parameters; the list of partitions is a table
 ``g`` (``sql.rows_cte``).
 """
 
 from __future__ import annotations
 
-from psycopg.sql import SQL, Composable, Identifier, Literal
+from psycopg.sql import SQL, Composable, Composed, Identifier, Literal, Placeholder
 
 from cleanup_ops.lifecycle import JobEvent, state_after
-from cleanup_ops.sql import Columns, any_of, compose, ident, lease_cleared, rows_cte, statement
-from retention.eligibility import HOLDS, hold_names_no_record, hold_record_key, hold_scope
+from cleanup_ops.sql import Columns, any_of, composed, ident, lease_cleared, rows_cte, statement
+from retention.eligibility import HOLDS, eligible_predicate, hold_names_no_record, hold_record_key, hold_scope
 from retention.registry import RecordKindSpec
 
 SCOPE_COLUMNS: Columns = (
@@ -37,7 +39,7 @@ Hop = tuple[str, str, str]  # a one-hop path's (unit table, unit pk, unit's prop
 @statement
 def group_fence_scopes_and_policies(
     *, portfolio_partitions: bool = False, paths: tuple[tuple[Hop, tuple[str, ...]], ...] = ()
-) -> str:
+) -> Composed:
     """Steps a-c of the batch for a group, in one statement. The fence ``f``:
     those of the group's jobs whose lease is still ours — cursor and the
     totals so far (the finishing outcome is decided from them) — rows locked
@@ -67,61 +69,78 @@ def group_fence_scopes_and_policies(
     either sees it there (then the property's own lock covers its holds) or
     does not (then its records are not deleted). Each ``u`` is read by a
     one-time filter of the result (a CTE no one reads is never run)."""
-    scopes = "s"
-    portfolio_scope = ""
+    scopes: Composable = SQL("s")
+    portfolio_scope: Composable = SQL("")
     if portfolio_partitions:
-        scopes = "(SELECT * FROM s UNION ALL SELECT * FROM t) s"
-        portfolio_scope = compose(
-            ", t AS MATERIALIZED (SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
-            " FROM g JOIN f ON f.id = g.job_id"
-            " JOIN {portfolio} po ON po.{portfolio_pk} = g.portfolio_id AND g.property_id IS NULL"
-            " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
-            " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-            " ORDER BY po.{portfolio_pk} FOR SHARE OF po)",
+        scopes = SQL("(SELECT * FROM s UNION ALL SELECT * FROM t) s")
+        portfolio_scope = composed(
+            """,
+            t AS MATERIALIZED (
+                SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size
+                FROM g JOIN f ON f.id = g.job_id
+                JOIN {portfolio} po ON po.{portfolio_pk} = g.portfolio_id AND g.property_id IS NULL
+                LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind
+                LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s
+                ORDER BY po.{portfolio_pk} FOR SHARE OF po
+            )
+            """,
         )
-    path_locks = ""
-    path_reads = ""
+    path_locks: list[Composable] = []
+    path_reads: list[Composable] = []
     for n, ((unit, unit_pk, unit_property), kinds) in enumerate(paths):
         name = ident(f"u{n}")
-        path_locks += compose(
-            ", {name} AS MATERIALIZED (SELECT u.{unit_pk} FROM s JOIN g ON g.job_id = s.job_id"
-            " JOIN {unit} u ON u.{unit_property} = g.property_id WHERE g.record_kind IN ({kinds})"
-            " ORDER BY u.{unit_pk} FOR SHARE OF u)",
-            name=name,
-            unit=ident(unit),
-            unit_pk=ident(unit_pk),
-            unit_property=ident(unit_property),
-            kinds=SQL(", ").join(Literal(kind) for kind in kinds),
+        path_locks.append(
+            composed(
+                """,
+                {name} AS MATERIALIZED (
+                    SELECT u.{unit_pk} FROM s JOIN g ON g.job_id = s.job_id
+                    JOIN {unit} u ON u.{unit_property} = g.property_id WHERE g.record_kind IN ({kinds})
+                    ORDER BY u.{unit_pk} FOR SHARE OF u
+                )
+                """,
+                name=name,
+                unit=ident(unit),
+                unit_pk=ident(unit_pk),
+                unit_property=ident(unit_property),
+                kinds=SQL(", ").join(Literal(kind) for kind in kinds),
+            )
         )
-        path_reads += compose(" AND (SELECT COUNT(*) FROM {name}) >= 0", name=name)
-    return compose(
-        "WITH {g},"
-        " f AS MATERIALIZED (SELECT id, cursor, rows_deleted, rows_held FROM {job} WHERE id {ids}"
-        " AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s"
-        " ORDER BY id FOR UPDATE),"
-        " s AS MATERIALIZED (SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size"
-        " FROM g JOIN f ON f.id = g.job_id"
-        " JOIN {property} p ON p.{property_pk} = g.property_id"
-        " JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio} AND po.{portfolio_pk} = g.portfolio_id"
-        " LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind"
-        " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        " ORDER BY p.{property_pk} FOR SHARE OF p, po){portfolio_scope}{path_locks}"
-        " SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,"
-        " s.retention_days, s.enabled, s.batch_size FROM f LEFT JOIN {scopes} ON s.job_id = f.id"
-        " WHERE true{path_reads} ORDER BY f.id",
+        path_reads.append(composed(" AND (SELECT COUNT(*) FROM {name}) >= 0", name=name))
+    return composed(
+        """
+        WITH {g},
+        f AS MATERIALIZED (
+            SELECT id, cursor, rows_deleted, rows_held FROM {job}
+            WHERE id {ids} AND state = %(state)s AND lease_token = %(token)s AND lease_expires_at > %(now)s
+            ORDER BY id FOR UPDATE
+        ),
+        s AS MATERIALIZED (
+            SELECT g.job_id, v.id AS version_id, v.retention_days, v.enabled, v.batch_size
+            FROM g JOIN f ON f.id = g.job_id
+            JOIN {property} p ON p.{property_pk} = g.property_id
+            JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio} AND po.{portfolio_pk} = g.portfolio_id
+            LEFT JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = g.record_kind
+            LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s
+            ORDER BY p.{property_pk} FOR SHARE OF p, po
+        ){portfolio_scope}{path_locks}
+        SELECT f.id, f.cursor, f.rows_deleted, f.rows_held, s.job_id IS NOT NULL, s.version_id,
+            s.retention_days, s.enabled, s.batch_size
+        FROM f LEFT JOIN {scopes} ON s.job_id = f.id
+        WHERE true{path_reads} ORDER BY f.id
+        """,
         g=rows_cte("g", SCOPE_COLUMNS),
         ids=any_of("ids", "bigint"),
         portfolio_scope=portfolio_scope,
         scopes=scopes,
-        path_locks=path_locks,
-        path_reads=path_reads,
+        path_locks=SQL("").join(path_locks),
+        path_reads=SQL("").join(path_reads),
     )
 
 
 @statement
-def ledger_lookup() -> str:
+def ledger_lookup() -> Composed:
     """Parameters: ``ops`` (``any_params``)."""
-    return compose(
+    return composed(
         "SELECT operation_id, last_id FROM {ledger} WHERE operation_id {ops}",
         ops=any_of("ops", "varchar"),
     )
@@ -131,7 +150,7 @@ POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", "bigint"), ("r
 
 
 @statement
-def policies_and_ledger_lookup() -> str:
+def policies_and_ledger_lookup() -> Composed:
     """Lock, then read: the policy decision of the batch, read by a statement
     that starts once every scope lock is held (``group_fence_scopes_and_policies``
     took them), so under READ COMMITTED it sees every version approved before
@@ -143,14 +162,16 @@ def policies_and_ledger_lookup() -> str:
     enabled, batch size, NULL, NULL) per job, then (NULL, …, operation id,
     last id) per ledger row found. Parameters: ``p`` (``POLICY_COLUMNS``),
     ``ops`` (``any_params``), ``approved``."""
-    return compose(
-        "WITH {p}"
-        " SELECT p.job_id, v.id, v.retention_days, v.enabled, v.batch_size,"
-        " CAST(NULL AS varchar), CAST(NULL AS bigint) FROM p"
-        " LEFT JOIN {policy} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = p.record_kind"
-        " LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s"
-        " UNION ALL SELECT NULL, NULL, NULL, NULL, NULL, operation_id, last_id FROM {ledger}"
-        " WHERE operation_id {ops}",
+    return composed(
+        """
+        WITH {p}
+        SELECT p.job_id, v.id, v.retention_days, v.enabled, v.batch_size, CAST(NULL AS varchar), CAST(NULL AS bigint)
+        FROM p
+        LEFT JOIN {policy} rp ON rp.portfolio_id = p.portfolio_id AND rp.record_kind = p.record_kind
+        LEFT JOIN {version} v ON v.policy_id = rp.id AND v.status = %(approved)s
+        UNION ALL
+        SELECT NULL, NULL, NULL, NULL, NULL, operation_id, last_id FROM {ledger} WHERE operation_id {ops}
+        """,
         p=rows_cte("p", POLICY_COLUMNS),
         ops=any_of("ops", "varchar"),
     )
@@ -167,35 +188,41 @@ def _kind_names(spec: RecordKindSpec) -> dict[str, Identifier]:
     }
 
 
-def _next_candidates(spec: RecordKindSpec) -> str:
+def _next_candidates(spec: RecordKindSpec) -> Composed:
     """The ids and retention timestamps of one partition's next candidates
     after its cursor (the keyset walk). Parameters: ``property_id``,
     ``after_id``, ``cutoff``, ``lim``."""
-    return compose(
-        "SELECT r.{pk} AS id, r.{ts} AS ts FROM {table} r WHERE {partition} AND {after}"
-        " AND r.{ts} < {cutoff} ORDER BY {order} LIMIT %(lim)s",
+    return composed(
+        """
+        SELECT r.{pk} AS id, r.{ts} AS ts FROM {table} r
+        WHERE {partition} AND {after} AND r.{ts} < {cutoff}
+        ORDER BY {order} LIMIT %(lim)s
+        """,
         **_kind_names(spec),
-        partition=spec.in_partition("r", property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s"),
-        after=spec.after("r", "%(after_id)s"),
-        cutoff=spec.cutoff_sql("%(cutoff)s"),
+        partition=spec.in_partition(
+            "r", property_sql=Placeholder("property_id"), portfolio_sql=Placeholder("portfolio_id")
+        ),
+        after=spec.after("r", Placeholder("after_id")),
+        cutoff=spec.cutoff_sql(Placeholder("cutoff")),
         order=spec.keyset_order("r"),
     )
 
 
 @statement
-def partition_candidates(spec: RecordKindSpec) -> str:
+def partition_candidates(spec: RecordKindSpec) -> Composed:
     """One partition's next candidates after its cursor: (count, last id, the
     ids, their lowest and highest timestamp, for ``group_delete``).
     Parameters: ``_next_candidates``'s."""
-    return compose(
-        "SELECT COUNT(*), {last}, {ids} FROM ({candidates}) c",
-        last=spec.max_key("c.id"),
-        ids="ARRAY_AGG(c.id), MIN(c.ts), MAX(c.ts)",
+    return composed(
+        "SELECT COUNT(*), {last}, ARRAY_AGG(c.id), MIN(c.ts), MAX(c.ts) FROM ({candidates}) c",
+        last=spec.max_key(SQL("c.id")),
         candidates=_next_candidates(spec),
     )
 
 
-def _and_in_span(spec: RecordKindSpec, alias: str | Composable, low: str, high: str, *, pruning: bool) -> str:
+def _and_in_span(
+    spec: RecordKindSpec, alias: Composable, low: Composable, high: Composable, *, pruning: bool
+) -> Composable:
     """Pruning: `` AND`` row ``alias``'s timestamp lies in [``low``, ``high``],
     the candidates' span; nothing without ``pruning``. On a table PARTITION
     BY RANGE on the timestamp (``candidates.pruning``) the candidates' id is
@@ -207,17 +234,18 @@ def _and_in_span(spec: RecordKindSpec, alias: str | Composable, low: str, high: 
     range. Not on other tables: it prunes nothing there, and skews the
     estimates where its values are unknown when planned."""
     if not pruning:
-        return ""
-    return compose(
+        return SQL("")
+    return composed(
         " AND {alias}.{ts} BETWEEN {low} AND {high}", alias=alias, ts=ident(spec.timestamp_column), low=low, high=high
     )
 
 
 @statement
-def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False) -> str:
+def partition_count_and_delete(spec: RecordKindSpec, *, pruning: bool = False) -> Composed:
     """One partition's next candidates and the DELETE of those the
-    eligibility ``predicate`` (cutoff ``%(cutoff)s``, its parameters named)
-    admits, in one statement. The DELETE re-tests the scope (property and
+    eligibility predicate (``eligibility.eligible_predicate``: cutoff
+    ``%(cutoff)s``, kind ``%(kind)s``) admits, in one statement. The DELETE
+    re-tests the scope (property and
     portfolio) as well as the predicate: a row the application moved while
     the DELETE waited for its row lock is re-checked by PostgreSQL as it is
     now, and no longer matches. The rows a hold kept are counted from the
@@ -231,35 +259,47 @@ def partition_count_and_delete(spec: RecordKindSpec, *, predicate: str, pruning:
     own values: the keyset walk. ``pruning``: the DELETE keeps to the span of
     ``c``'s timestamps (``_and_in_span``), read by initplans, so the table
     partitions outside it are pruned as the DELETE starts. Parameters:
-    ``_next_candidates``'s, ``portfolio_id``, ``kind`` and the predicate's."""
+    ``_next_candidates``'s, ``portfolio_id``, ``kind``."""
     names = _kind_names(spec)
-    scope = hold_scope(spec, portfolio="%(portfolio_id)s", property="%(property_id)s", kind="%(kind)s")
-    held = _held_count(spec, scope=scope, rows="c", key="c.id")
+    portfolio, property = Placeholder("portfolio_id"), Placeholder("property_id")
+    scope = hold_scope(spec, portfolio=portfolio, property=property, kind=Placeholder("kind"))
+    held = _held_count(spec, scope=scope, rows=SQL("c"), key=SQL("c.id"))
     # The record's scope as it is now (the property through its path).
     # Not an index condition (see group_delete): fewer paths to plan.
-    rescope = compose("({table}.{portfolio_col} = %(portfolio_id)s) IS TRUE", **names)
+    rescope: Composable = composed("({table}.{portfolio_col} = %(portfolio_id)s) IS TRUE", **names)
     if spec.has_property:
-        in_property = spec.in_partition(spec.table, property_sql="%(property_id)s", portfolio_sql="%(portfolio_id)s")
-        rescope = f"{in_property} AND {rescope}"
+        in_property = spec.in_partition(spec.table, property_sql=property, portfolio_sql=portfolio)
+        rescope = composed("{in_property} AND {rescope}", in_property=in_property, rescope=rescope)
     # A non-integer key: the ids and the held count share a text column.
     record, held_cell = (
-        ("d.id", held) if spec.integer_key else ("CAST(d.id AS text)", compose("CAST(({held}) AS text)", held=held))
+        (SQL("d.id"), held)
+        if spec.integer_key
+        else (SQL("CAST(d.id AS text)"), composed("CAST(({held}) AS text)", held=held))
     )
-    return compose(
-        "WITH c AS ({candidates}),"
-        " d AS (DELETE FROM {table} USING c WHERE {table}.{pk} = c.id{within} AND {rescope}"
-        " AND {predicate} RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id)"
-        " SELECT (SELECT COUNT(*) FROM c), (SELECT {last} FROM c), {held_cell}, CAST(NULL AS text)"
-        " UNION ALL SELECT NULL, NULL, {record}, d.document_id FROM d",
+    predicate = eligible_predicate(
+        spec.kind, cutoff_sql=SQL("CAST(%(cutoff)s AS timestamptz)"), alias=spec.table, kind_sql=Placeholder("kind")
+    )
+    return composed(
+        """
+        WITH c AS ({candidates}),
+        d AS (
+            DELETE FROM {table} USING c
+            WHERE {table}.{pk} = c.id{within} AND {rescope} AND {predicate}
+            RETURNING {table}.{pk} AS id, CAST({document} AS text) AS document_id
+        )
+        SELECT (SELECT COUNT(*) FROM c), (SELECT {last} FROM c), {held_cell}, CAST(NULL AS text)
+        UNION ALL
+        SELECT NULL, NULL, {record}, d.document_id FROM d
+        """,
         **names,
         candidates=_next_candidates(spec),
         within=_and_in_span(
-            spec, names["table"], "(SELECT MIN(c.ts) FROM c)", "(SELECT MAX(c.ts) FROM c)", pruning=pruning
+            spec, names["table"], SQL("(SELECT MIN(c.ts) FROM c)"), SQL("(SELECT MAX(c.ts) FROM c)"), pruning=pruning
         ),
         rescope=rescope,
         predicate=predicate,
-        document=ident(spec.table, spec.attachment_column) if spec.attachment_column else "NULL",
-        last=spec.max_key("c.id"),
+        document=ident(spec.table, spec.attachment_column) if spec.attachment_column else SQL("NULL"),
+        last=spec.max_key(SQL("c.id")),
         held_cell=held_cell,
         record=record,
     )
@@ -276,7 +316,7 @@ CANDIDATE_COLUMNS: Columns = (
 
 
 @statement
-def group_candidates(spec: RecordKindSpec) -> str:
+def group_candidates(spec: RecordKindSpec) -> Composed:
     """Candidates of several partitions of one kind, in one statement, reading
     no more than one batch of rows in all.
 
@@ -292,21 +332,26 @@ def group_candidates(spec: RecordKindSpec) -> str:
     cut short and is not counted this time. Parameters: ``g``
     (``CANDIDATE_COLUMNS``, each row with its partition's own limit, its
     batch size), ``budget`` (the global limit)."""
-    return compose(
-        "WITH {g}"
-        " SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), {last},"
-        " ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL), MIN(x.ts), MAX(x.ts) FROM ("
-        "SELECT g.ord, g.job_id, c.id, c.ts FROM g LEFT JOIN LATERAL ("
-        "SELECT r.{pk} AS id, r.{ts} AS ts FROM {table} r WHERE {partition} AND {after}"
-        " AND r.{ts} < {cutoff}"
-        " ORDER BY {order} LIMIT g.lim) c ON true"
-        " LIMIT %(budget)s) x GROUP BY x.ord, x.job_id",
+    return composed(
+        """
+        WITH {g}
+        SELECT x.ord, x.job_id, COUNT(*), COUNT(x.id), {last},
+            ARRAY_AGG(x.id) FILTER (WHERE x.id IS NOT NULL), MIN(x.ts), MAX(x.ts)
+        FROM (
+            SELECT g.ord, g.job_id, c.id, c.ts FROM g LEFT JOIN LATERAL (
+                SELECT r.{pk} AS id, r.{ts} AS ts FROM {table} r
+                WHERE {partition} AND {after} AND r.{ts} < {cutoff}
+                ORDER BY {order} LIMIT g.lim
+            ) c ON true
+            LIMIT %(budget)s
+        ) x GROUP BY x.ord, x.job_id
+        """,
         **_kind_names(spec),
         g=rows_cte("g", candidate_columns(spec)),
-        last=spec.max_key("x.id"),
-        partition=spec.in_partition("r", property_sql="g.property_id", portfolio_sql="g.portfolio_id"),
-        after=spec.after("r", "g.after_id"),
-        cutoff=spec.cutoff_sql("g.cutoff"),
+        last=spec.max_key(SQL("x.id")),
+        partition=spec.in_partition("r", property_sql=SQL("g.property_id"), portfolio_sql=SQL("g.portfolio_id")),
+        after=spec.after("r", SQL("g.after_id")),
+        cutoff=spec.cutoff_sql(SQL("g.cutoff")),
         order=spec.keyset_order("r"),
     )
 
@@ -339,62 +384,71 @@ DELETE_COLUMNS: Columns = (
 )
 
 
-def _in_range(spec: RecordKindSpec, alias: str) -> str:
-    return compose(
+def _in_range(spec: RecordKindSpec, alias: str) -> Composed:
+    return composed(
         "{partition} AND {after} AND {at_most}",
-        partition=spec.in_partition(alias, property_sql="g.property_id", portfolio_sql="g.portfolio_id"),
-        after=spec.after(alias, "g.after_id"),
-        at_most=spec.at_most(alias, "g.last_id"),
+        partition=spec.in_partition(alias, property_sql=SQL("g.property_id"), portfolio_sql=SQL("g.portfolio_id")),
+        after=spec.after(alias, SQL("g.after_id")),
+        at_most=spec.at_most(alias, SQL("g.last_id")),
     )
 
 
-def _partition_of_g(spec: RecordKindSpec) -> str:
+def _partition_of_g(spec: RecordKindSpec) -> Identifier:
     """The column of ``g`` that names a partition: its property, or its portfolio without one."""
-    return "property_id" if spec.has_property else "portfolio_id"
+    return ident("property_id" if spec.has_property else "portfolio_id")
 
 
-def _past_cutoff(spec: RecordKindSpec) -> str:
+def _past_cutoff(spec: RecordKindSpec) -> Composed:
     """Rows of ``spec``'s table (alias ``r``) past the cutoff of partition ``g``."""
-    return compose("r.{ts} < {cutoff}", **_kind_names(spec), cutoff=spec.cutoff_sql("g.cutoff"))
+    return composed("r.{ts} < {cutoff}", **_kind_names(spec), cutoff=spec.cutoff_sql(SQL("g.cutoff")))
 
 
-def _held_count(spec: RecordKindSpec, *, scope: str, rows: str, key: str, where: str = "true") -> str:
+def _held_count(
+    spec: RecordKindSpec, *, scope: Composable, rows: Composable, key: Composable, where: Composable | None = None
+) -> Composed:
     """Of ``rows`` (a FROM item, its key ``key``) matching ``where``, those an
     active hold of ``scope`` (``eligibility.hold_scope``) covers, counted from
     the holds: a hold over the whole scope holds every such row; otherwise the
     record holds of that scope whose record matches (a handful, however many
     rows). ``CASE`` evaluates only the branch it takes, so without a scope-wide
     hold the rows are not read again. The held count of every batch shape."""
-    return compose(
-        "CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})"
-        " THEN (SELECT COUNT(*) FROM {rows} WHERE {where})"
-        " ELSE (SELECT COUNT(DISTINCT {key}) FROM {holds} h JOIN {rows} ON {key} = {hold_key}"
-        " WHERE {scope} AND {where}) END",
+    return composed(
+        """
+        CASE WHEN EXISTS (SELECT 1 FROM {holds} h WHERE {scope} AND {scope_wide})
+            THEN (SELECT COUNT(*) FROM {rows} WHERE {where})
+            ELSE (
+                SELECT COUNT(DISTINCT {key}) FROM {holds} h JOIN {rows} ON {key} = {hold_key}
+                WHERE {scope} AND {where}
+            )
+        END
+        """,
         holds=HOLDS,
         scope=scope,
         scope_wide=hold_names_no_record(spec),
         hold_key=hold_record_key(spec),
         rows=rows,
         key=key,
-        where=where,
+        where=SQL("true") if where is None else where,
     )
 
 
-def _held_in(spec: RecordKindSpec, rows: str) -> str:
+def _held_in(spec: RecordKindSpec, rows: Composable) -> Composed:
     """Of the rows of ``spec``'s table (alias ``r``) matching ``rows``, those an
     active hold of partition ``g``'s scope covers (``_held_count``)."""
     names = _kind_names(spec)
     return _held_count(
         spec,
-        scope=hold_scope(spec, portfolio="g.portfolio_id", property="g.property_id", kind="%(kind)s"),
-        rows=compose("{table} r", **names),
-        key=compose("r.{pk}", **names),
+        scope=hold_scope(
+            spec, portfolio=SQL("g.portfolio_id"), property=SQL("g.property_id"), kind=Placeholder("kind")
+        ),
+        rows=composed("{table} r", **names),
+        key=composed("r.{pk}", **names),
         where=rows,
     )
 
 
 @statement
-def group_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False) -> str:
+def group_delete(spec: RecordKindSpec, *, pruning: bool = False) -> Composed:
     """Delete the eligible rows of every partition's candidates; returns one
     row per deleted record: (property id — a group holds one job per
     property and kind —, document id, record id, NULL) for kinds with
@@ -409,61 +463,69 @@ def group_delete(spec: RecordKindSpec, *, predicate: str, pruning: bool = False)
     (``_and_in_span``), ``ts_lo`` to ``ts_hi``, bound as literals: only the
     table partitions in it are planned. Held is counted in this statement's
     snapshot, from the holds (``_held_in``): rows a hold covers, not a
-    difference. ``predicate`` is the eligibility predicate
-    over ``table`` with the cutoff ``g.cutoff``, its parameters named
-    (``named``): the hold check is inside this statement, and so is the
+    difference. The eligibility predicate (``eligibility.eligible_predicate``)
+    is over ``table`` with the cutoff ``g.cutoff`` and the kind ``%(kind)s``:
+    the hold check is inside this statement, and so is the
     scope (property and portfolio), re-tested on a row the application
     changed while the DELETE waited for it. Parameters: ``g``
     (``DELETE_COLUMNS``), ``kind``, ``ids`` (``ts_lo`` and ``ts_hi`` too
-    with ``pruning``) and the predicate's."""
+    with ``pruning``)."""
     table = spec.table
     names = _kind_names(spec)
     # A non-integer key is returned as text (the cursor's form).
-    key_type = "bigint" if spec.integer_key else "text"
-    record = compose("{table}.{pk}" if spec.integer_key else "CAST({table}.{pk} AS text)", **names)
+    key_type = SQL("bigint" if spec.integer_key else "text")
+    record = composed("{table}.{pk}" if spec.integer_key else "CAST({table}.{pk} AS text)", **names)
     attachment = spec.attachment_column
     extra = (
-        compose("CAST({document} AS text), {record}", document=ident(table, attachment), record=record)
+        composed("CAST({document} AS text), {record}", document=ident(table, attachment), record=record)
         if attachment
-        else compose("CAST(NULL AS text), CAST(NULL AS {key_type})", key_type=key_type)
+        else composed("CAST(NULL AS text), CAST(NULL AS {key_type})", key_type=key_type)
     )
+    predicate = eligible_predicate(spec.kind, cutoff_sql=SQL("g.cutoff"), alias=table, kind_sql=Placeholder("kind"))
     # ``(… = …) IS TRUE``: the same test, but not one the planner can answer
     # from the portfolio's index — it would AND a bitmap of the portfolio's
     # every row (half the table for a large customer) with the range's.
-    in_range = compose(
+    in_range = composed(
         "{range} AND ({table}.{portfolio_col} = g.portfolio_id) IS TRUE AND {predicate}",
         **names,
         range=_in_range(spec, table),
         predicate=predicate,
     )
-    common: dict[str, str | Composable] = {
-        **names,
-        "g": rows_cte("g", delete_columns(spec)),
-        "in_range": in_range,
-        "extra": extra,
-    }
     # Which partition a deleted row was of: its property column, else
     # (a path, no property) the partition's row of ``g`` it matched.
-    partition = ident(table, spec.property_column) if spec.property_shape == "direct" else f"g.{_partition_of_g(spec)}"
-    ids = compose("CAST(%(ids)s AS {pk_type}[])", pk_type=spec.pk_sql_type)
-    rows = compose(
+    partition = (
+        ident(table, spec.property_column)
+        if spec.property_shape == "direct"
+        else composed("g.{column}", column=_partition_of_g(spec))
+    )
+    ids = composed("CAST(%(ids)s AS {pk_type}[])", pk_type=SQL(spec.pk_sql_type))
+    rows = composed(
         "r.{pk} = ANY({ids}){span} AND {range} AND {past}",
         **names,
         ids=ids,
-        span=_and_in_span(spec, "r", "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
+        span=_and_in_span(spec, SQL("r"), Placeholder("ts_lo"), Placeholder("ts_hi"), pruning=pruning),
         range=_in_range(spec, "r"),
         past=_past_cutoff(spec),
     )
-    return compose(
-        "WITH {g}, d AS (DELETE FROM {table} USING g WHERE {table}.{pk} = ANY({ids}){span} AND {in_range}"
-        " RETURNING {partition}, {extra}),"
-        " k AS (SELECT g.{of_g}, {held} AS held FROM g)"
-        " SELECT d.*, CAST(NULL AS bigint) FROM d"
-        " UNION ALL SELECT k.{of_g}, CAST(NULL AS text), CAST(NULL AS {key_type}), CAST(k.held AS bigint)"
-        " FROM k WHERE k.held > 0",
-        **common,
+    return composed(
+        """
+        WITH {g},
+        d AS (
+            DELETE FROM {table} USING g
+            WHERE {table}.{pk} = ANY({ids}){span} AND {in_range}
+            RETURNING {partition}, {extra}
+        ),
+        k AS (SELECT g.{of_g}, {held} AS held FROM g)
+        SELECT d.*, CAST(NULL AS bigint) FROM d
+        UNION ALL
+        SELECT k.{of_g}, CAST(NULL AS text), CAST(NULL AS {key_type}), CAST(k.held AS bigint) FROM k WHERE k.held > 0
+        """,
+        **names,
+        g=rows_cte("g", delete_columns(spec)),
+        in_range=in_range,
+        extra=extra,
         ids=ids,
-        span=_and_in_span(spec, names["table"], "%(ts_lo)s", "%(ts_hi)s", pruning=pruning),
+        span=_and_in_span(spec, names["table"], Placeholder("ts_lo"), Placeholder("ts_hi"), pruning=pruning),
         partition=partition,
         of_g=_partition_of_g(spec),
         held=_held_in(spec, rows),
@@ -497,8 +559,8 @@ def ledger_columns(*, keys: bool) -> Columns:
     return LEDGER_KEY_COLUMNS if keys else LEDGER_COLUMNS
 
 
-def _ledger_names(keys: bool) -> str:
-    return ", ".join(column for column, _ in ledger_columns(keys=keys))
+def _ledger_names(keys: bool) -> Composed:
+    return SQL(", ").join(ident(column) for column, _ in ledger_columns(keys=keys))
 
 
 ADVANCE_COLUMNS: Columns = (
@@ -514,13 +576,13 @@ ADVANCE_COLUMNS: Columns = (
 
 
 @statement
-def ledger_insert_and_jobs_advance(*, keys: bool = False) -> str:
+def ledger_insert_and_jobs_advance(*, keys: bool = False) -> Composed:
     """One ledger row per applied batch (``l``, ``ledger_columns``) and the
     jobs' advance (``g``) in one statement (a data-modifying CTE), one round
     trip fewer per batch transaction. Parameters: ``l``, then
     ``group_jobs_advance``'s."""
     return _jobs_advance(
-        compose(
+        composed(
             "{l}, written AS (INSERT INTO {ledger} ({columns}) SELECT {columns} FROM l), {g}",
             l=rows_cte("l", ledger_columns(keys=keys)),
             columns=_ledger_names(keys),
@@ -530,7 +592,7 @@ def ledger_insert_and_jobs_advance(*, keys: bool = False) -> str:
 
 
 @statement
-def group_jobs_advance() -> str:
+def group_jobs_advance() -> Composed:
     """Every job of the transaction in one statement: cursor, counts, batch
     size (0 keeps it), and the state and outcome ``lifecycle.after_batch``
     decided. The lease columns follow that state: the state an *advance*
@@ -541,18 +603,21 @@ def group_jobs_advance() -> str:
     return _jobs_advance(rows_cte("g", ADVANCE_COLUMNS))
 
 
-def _jobs_advance(ctes: str | Composable) -> str:
+def _jobs_advance(ctes: Composable) -> Composed:
     """``group_jobs_advance``'s UPDATE after the ``WITH`` of ``ctes`` (which define ``g``)."""
-    advanced = compose("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE)))
-    return compose(
-        "WITH {ctes}"
-        " UPDATE {job} SET cursor = g.new_cursor, batches = batches + g.add_batches,"
-        " batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {job}.batch_size END,"
-        " rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,"
-        " state = g.state, outcome = g.outcome,"
-        " finished_at = CASE WHEN {advanced} THEN finished_at ELSE %(now)s END, {lease}"
-        " FROM g WHERE {job}.id = g.job_id RETURNING {job}.id, {job}.state, {job}.outcome",
+    advanced = composed("g.state = {leased}", leased=Literal(state_after(JobEvent.ADVANCE)))
+    return composed(
+        """
+        WITH {ctes}
+        UPDATE {job} SET cursor = g.new_cursor, batches = batches + g.add_batches,
+            batch_size = CASE WHEN g.batch_size > 0 THEN g.batch_size ELSE {job}.batch_size END,
+            rows_deleted = rows_deleted + g.add_deleted, rows_held = rows_held + g.add_held,
+            state = g.state, outcome = g.outcome,
+            finished_at = CASE WHEN {advanced} THEN finished_at ELSE %(now)s END, {lease}
+        FROM g WHERE {job}.id = g.job_id
+        RETURNING {job}.id, {job}.state, {job}.outcome
+        """,
         ctes=ctes,
         advanced=advanced,
-        lease=lease_cleared(unless=advanced, renewed="%(renew)s"),
+        lease=lease_cleared(unless=advanced, renewed=Placeholder("renew")),
     )

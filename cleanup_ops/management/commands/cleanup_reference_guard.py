@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from django.core.management.base import BaseCommand
+from django.db import connection
+from psycopg import sql as pg
 
 from cleanup_ops.downstream.guard import (
     function_sql,
@@ -28,13 +30,20 @@ class Command(BaseCommand):
 
     def handle(self, *args: Any, **options: Any) -> None:
         if options["print_sql"]:
-            self.stdout.write(function_sql().strip() + ";")
+            # The one place a statement becomes text: printed for a table's
+            # owner to run, quoted as this database's connection quotes.
+            connection.ensure_connection()
+
+            def text(statement: pg.Composable) -> str:
+                return statement.as_string(connection.connection).strip() + ";"
+
+            self.stdout.write(text(function_sql()))
             for spec in guarded_kinds(include_unmanaged=True):
                 for statement in trigger_sql(spec):
-                    self.stdout.write(statement + ";")
+                    self.stdout.write(text(statement))
                 backfill = spellings_backfill_sql(spec)
                 if backfill is not None:
-                    self.stdout.write(backfill + ";")
+                    self.stdout.write(text(backfill))
             return
         # Rows written before the guard: their spellings recorded too (issue 37).
         kinds = guards_install(include_unmanaged=True, backfill=True)
