@@ -19,8 +19,8 @@ identifiers, ranges and counts only.
 a ``BEFORE INSERT`` trigger on each table locks the chain's head row
 (``LedgerChainHead``, created the first time) ``FOR UPDATE``, links the row to
 the head, hashes it and moves the head to it — in the statement that inserts
-the row, so in the batch's own transaction (``execution.statements
-.ledger_insert_and_jobs_advance``, the drop's transaction in
+the row, so in the batch's own transaction
+(``cleanup_ops.execution.statements.ledger_insert_and_jobs_advance``, the drop's transaction in
 ``cleanup_ops.table_partitions``) and with no round trip more. Two
 transactions writing to one chain take turns on the head's lock until the
 first commits, so the second links to the first's row and the chain never
