@@ -18,7 +18,7 @@ from django.core.management import CommandError, call_command
 from django.db import connection
 
 from cleanup_ops import table_partitions as drops_service
-from cleanup_ops.execution.runner import job_run_slice
+from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.ledger_chain import DROPS_CHAIN, backfill, portfolio_chain, verify_chains
 from cleanup_ops.models import CleanupJob, LedgerChainHead, LedgerEntry, Sweep, TablePartitionDrop
 from cleanup_ops.proof import proof_sign, sweep_proof
@@ -93,6 +93,28 @@ def test_a_drained_sweeps_chain_verifies_row_by_row_and_ends_at_its_head(swept, 
     assert code == 0, text
     assert (summary["ok"], summary["chains"], summary["rows"]) == (True, 1, 5)
     assert verify_command("--portfolio", str(portfolio.pk))[0] == 0
+
+
+@pytest.mark.django_db
+def test_a_group_transaction_writing_several_rows_of_one_portfolio_links_them_one_after_another(
+    portfolio, active_policy, time_machine
+) -> None:
+    """Many small partitions of one portfolio share a transaction: its one
+    ledger insert writes several rows of one chain, each linked to the one
+    the trigger linked before it in that same statement."""
+    time_machine.move_to(NOW, tick=False)
+    active_policy(portfolio, "lease", 365)
+    for n in range(4):
+        make_records(Property.objects.create(portfolio=portfolio, name=f"Court {n}"), "lease", 2, ended=OLD)
+    sweep_trigger(slot=SLOT)
+    cleanup_drain()
+    entries = list(LedgerEntry.objects.order_by("id"))
+    assert len(entries) == 4
+    assert len({e.applied_at for e in entries}) < len(entries), "no transaction wrote two ledger rows"
+    for before, after in itertools.pairwise(entries):
+        assert (after.prev_id, after.prev_hash) == (before.id, before.entry_hash)
+    report = verify_chains()
+    assert report.ok and (report.chains, report.rows) == (1, 4), report.problems
 
 
 @pytest.mark.django_db
@@ -266,6 +288,30 @@ def test_the_backfill_links_rows_written_before_the_chain_in_id_order_as_the_tri
     assert {e.pk: (e.prev_id, e.prev_hash, e.entry_hash) for e in LedgerEntry.objects.all()} == linked
     assert verify_chains().ok
     assert backfill() == 0  # nothing left to link
+
+
+@pytest.mark.django_db
+def test_migration_0022_on_a_database_with_ledger_rows_links_them_as_the_trigger_did(swept) -> None:
+    """An existing database: the rows exist before the chain. Migrated back to
+    0021 (the columns, the head table and the functions gone) and forward
+    again, the migration's backfill gives every row the link and hash it had.
+    The test's transaction rolls the DDL back with the rest (PostgreSQL's DDL
+    is transactional)."""
+    from django.db.migrations.executor import MigrationExecutor
+
+    linked = {e.pk: (e.prev_id, e.prev_hash, e.entry_hash) for e in LedgerEntry.objects.all()}
+    latest = MigrationExecutor(connection).loader.graph.leaf_nodes("cleanup_ops")
+    with connection.cursor() as cur:
+        # The fixture's deferred foreign-key checks, run now: an ALTER TABLE refuses pending ones.
+        cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+    executor = MigrationExecutor(connection)
+    executor.migrate([("cleanup_ops", "0021_canonical_document_refs")])
+    with connection.cursor() as cur:
+        cur.execute("SELECT to_regclass('cleanup_ops_ledgerchainhead') IS NULL")
+        assert cur.fetchone()[0]
+    MigrationExecutor(connection).migrate(latest)
+    assert {e.pk: (e.prev_id, e.prev_hash, e.entry_hash) for e in LedgerEntry.objects.all()} == linked
+    assert verify_chains().ok
 
 
 @pytest.mark.django_db
