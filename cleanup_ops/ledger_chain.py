@@ -44,11 +44,11 @@ issued before the rewrite no longer matches the database.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from django.db import connection
+from django.db import connection, transaction
 from django.db.models import TextField
 from django.db.models.functions import Cast
 from psycopg import sql as pg
@@ -96,9 +96,18 @@ class ChainReport:
 
 def verify_chains(*, portfolio_id: int | None = None) -> ChainReport:
     """Walk every chain (only ``portfolio_id``'s, when given; the drops' chain
-    only without it) and recompute it against its head. Reads, never writes:
-    it runs beside the workers (a batch committing meanwhile may show as a
-    head ahead of the rows read; run it again)."""
+    only without it) and recompute it against its head. Reads, never writes,
+    so it runs beside the workers: called outside a transaction, it reads
+    the heads and the rows in one snapshot (REPEATABLE READ), so a batch
+    committing meanwhile is either wholly in it or not at all."""
+    if connection.in_atomic_block:
+        return _verify_chains(portfolio_id)
+    with transaction.atomic(), connection.cursor() as cur:
+        cur.execute(pg.SQL("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY"))
+        return _verify_chains(portfolio_id)
+
+
+def _verify_chains(portfolio_id: int | None) -> ChainReport:
     report = ChainReport()
     heads = {head.chain: head for head in LedgerChainHead.objects.all()}
     entries = (
@@ -147,7 +156,7 @@ def _walk(
     report: ChainReport,
     rows: Iterator[dict[str, Any]],
     *,
-    chain_of: Any,
+    chain_of: Callable[[dict[str, Any]], str],
     ids: dict[str, set[int]],
     heads: dict[str, LedgerChainHead],
 ) -> set[str]:
