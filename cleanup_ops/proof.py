@@ -31,6 +31,16 @@ the upper bound: the verifier checks that too). Their rows are counted in
 digest stays the jobs'. The CSV carries them as ``# table_partition`` and
 ``# table_partition_portfolio`` lines.
 
+Each operation also carries its ledger row as the ledger's hash chain
+hashed it (``ledger``: id, ``prev_id``, ``prev_hash``, ``hash``, policy
+version, candidates, rows deleted and held, applied at; the chain's protocol
+is ``cleanup_ops.ledger_chain``), and ``ledger_heads`` names the chain heads
+the proof covers: per portfolio its last ledger row of the sweep (id and
+hash), and the last table-partition drop's. The heads are under the
+signature; the verifier recomputes the rows and checks they chain to them
+(the drops' rows are not carried: their head is named, signed). The CSV carries
+the heads as ``# ledger_head <chain> <id> <hash>`` lines, not the rows.
+
 Every export is signed (``proof_sign``, ``proof_csv_sign``): one Ed25519
 signature over the whole document, made with the platform's key
 (``cleanup_ops.proof_keys``), so no field (a count, a state, a cutoff, an
@@ -56,10 +66,12 @@ import json
 from datetime import UTC, datetime
 from typing import Any
 
+from cleanup_ops.ledger_chain import DROPS_CHAIN, portfolio_chain
 from cleanup_ops.models import CleanupJob, LedgerEntry, Sweep, TablePartitionDrop
 from cleanup_ops.proof_keys import proof_signing_key
 from cleanup_ops.proof_verify import (
     CSV_SIGNATURE,
+    LEDGER_CHAIN_METHOD,
     SIGNATURE_ALGORITHM,
     SIGNED_METHOD,
     csv_signed_bytes,
@@ -114,10 +126,27 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
     ledger = (
         LedgerEntry.objects.filter(job__sweep=sweep, **in_scope)
         .order_by("job_id", "operation_id")
-        .values_list("job_id", "operation_id", "after_id", "last_id", "batch_limit", "cutoff", "after_key", "last_key")
+        .values_list(
+            "job_id",
+            "operation_id",
+            "after_id",
+            "last_id",
+            "batch_limit",
+            "cutoff",
+            "after_key",
+            "last_key",
+            *LEDGER_ROW_FIELDS,
+        )
         .iterator(chunk_size=5000)
     )
-    for job_id, operation_id, after_int, last_int, limit, cutoff, after_key, last_key in ledger:
+    heads: dict[int, tuple[int, str | None]] = {}  # per portfolio: its chain's last row of this sweep
+    for job_id, operation_id, after_int, last_int, limit, cutoff, after_key, last_key, *chained in ledger:
+        row = dict(zip(LEDGER_ROW_FIELDS, chained, strict=True))
+        portfolio = row.pop("portfolio_id")
+        row["hash"] = row.pop("entry_hash")
+        if portfolio not in heads or heads[portfolio][0] < row["id"]:
+            heads[portfolio] = (row["id"], row["hash"])
+        row["applied_at"] = rfc3339(row["applied_at"])
         # A non-integer key: the range as text, "" before the first batch (what the id hashes).
         after_id: int | str = after_key if last_key else after_int
         last_id: int | str = last_key if last_key else last_int
@@ -135,6 +164,8 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
                 "last_id": last_id,
                 "limit": limit,
                 "cutoff": rfc3339(cutoff),
+                # The row as its chain hashed it (cleanup_ops.ledger_chain).
+                "ledger": row,
             }
         )
     rows: list[dict[str, Any]] = []
@@ -159,7 +190,7 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
             }
         )
     sweep_digest = hashlib.sha256("\n".join(r["digest"] for r in rows).encode()).hexdigest()
-    dropped = table_partition_drops(sweep=sweep, portfolio_ids=portfolio_ids)
+    dropped, drops_head = table_partition_drops_and_head(sweep=sweep, portfolio_ids=portfolio_ids)
     # The status the console's sweep page and the API's sweep give the same
     # reader (selectors.sweep_figures_seen): counted from the proof's own jobs,
     # a dead job later redriven would call a recovered sweep "with dead letters".
@@ -182,10 +213,45 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
         # under a legal hold has the outcome purge_held.
         "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=portfolio_ids),
         "partitions": rows,
+        # The chain heads this proof covers (under the signature): per portfolio
+        # its last ledger row of the sweep, and the last table-partition drop's.
+        "ledger_chain_method": LEDGER_CHAIN_METHOD,
+        "ledger_heads": ledger_heads(heads, drops_head),
         "table_partition_rows": sum(d["rows"] for d in dropped),
         "table_partition_id_method": TABLE_PARTITION_ID_METHOD,
         "table_partitions": dropped,
     }
+
+
+# What each operation's ``ledger`` block carries: the ledger row's chain
+# fields and the counts its hash covers beyond the operation's inputs
+# (``entry_hash`` as ``hash``; the portfolio is the job's, taken out).
+LEDGER_ROW_FIELDS = (
+    "portfolio_id",
+    "id",
+    "prev_id",
+    "prev_hash",
+    "entry_hash",
+    "policy_version_id",
+    "candidates",
+    "rows_deleted",
+    "rows_held",
+    "applied_at",
+)
+
+
+def ledger_heads(
+    heads: dict[int, tuple[int, str | None]], drops_head: tuple[int, str | None] | None
+) -> list[dict[str, Any]]:
+    """The chain heads a proof names: per portfolio (in id order) its last ledger row
+    of the sweep, then the last table-partition drop's, when the proof lists drops."""
+    out: list[dict[str, Any]] = [
+        {"chain": portfolio_chain(portfolio), "entry_id": entry_id, "entry_hash": entry_hash}
+        for portfolio, (entry_id, entry_hash) in sorted(heads.items())
+    ]
+    if drops_head is not None:
+        out.append({"chain": DROPS_CHAIN, "entry_id": drops_head[0], "entry_hash": drops_head[1]})
+    return out
 
 
 TABLE_PARTITION_ID_METHOD = (
@@ -198,7 +264,16 @@ TABLE_PARTITION_ID_METHOD = (
 def table_partition_drops(*, sweep: Sweep, portfolio_ids: frozenset[int] | None) -> list[dict[str, Any]]:
     """The sweep's whole table partitions dropped, in drop order (only those
     with one of ``portfolio_ids``, shown for them alone, when given)."""
+    return table_partition_drops_and_head(sweep=sweep, portfolio_ids=portfolio_ids)[0]
+
+
+def table_partition_drops_and_head(
+    *, sweep: Sweep, portfolio_ids: frozenset[int] | None
+) -> tuple[list[dict[str, Any]], tuple[int, str | None] | None]:
+    """``table_partition_drops``, and the last listed drop's row in the drops'
+    chain (id, ``entry_hash``; None when none is listed): the head the proof names."""
     out = []
+    head: tuple[int, str | None] | None = None
     for drop in TablePartitionDrop.objects.filter(sweep=sweep).order_by("id"):
         portfolios = {
             key: value for key, value in drop.portfolios.items() if portfolio_ids is None or int(key) in portfolio_ids
@@ -218,7 +293,8 @@ def table_partition_drops(*, sweep: Sweep, portfolio_ids: frozenset[int] | None)
                 "portfolios": portfolios,
             }
         )
-    return out
+        head = (drop.pk, drop.entry_hash)
+    return out, head
 
 
 OPERATION_ID_METHOD = (
@@ -244,6 +320,9 @@ def proof_csv(proof: dict[str, Any]) -> str:
     out.write(f"# attachments {attachments}\n")
     # The operation ids' inputs (``proof_verify`` reads them back).
     out.write(f"# slot {proof['slot']}\n")
+    # The chain heads the proof covers (``proof_verify`` reads them back).
+    for head in proof.get("ledger_heads", []):
+        out.write(f"# ledger_head {head['chain']} {head['entry_id']} {head['entry_hash']}\n")
     out.write("# operations: job_id after_id last_id limit cutoff operation_id\n")
     # Whole table partitions dropped (``proof_verify`` reads them back).
     for d in proof.get("table_partitions", []):

@@ -49,6 +49,18 @@ dropped only when all of it is past every cutoff). ``ids_digest`` is stated
 for an auditor who holds the ids (its formula:
 ``cleanup_ops.models.table_partitions``).
 
+The ledger's hash chains (``ledger_heads``): the proof names, per
+portfolio, the last ledger row of its jobs (id and ``entry_hash``) — its
+chain's head as far as this sweep goes — and, for whole table partitions
+dropped, the last drop's (named and signed; the drops' rows are not
+carried). A JSON proof carries each operation's ledger row
+(``ledger``: its id, ``prev_id``, ``prev_hash``, hash and counts); the
+verifier recomputes every row's hash (``LEDGER_CHAIN_METHOD``), checks that a
+row whose previous row is in the proof names that row's hash and that the last
+row is the head named. A chain's rows of other sweeps are not in the proof:
+the heads tie this proof to the database's chain, which ``manage.py
+cleanup_ledger_verify`` walks whole.
+
 Exit status: 0 when the signature is valid under a given key and every digest
 is recomputed identical; 1 otherwise, with one line per problem naming the
 field, digest or key that differs; 2 for a usage error.
@@ -278,11 +290,186 @@ def verify_table_partitions(proof: dict[str, Any], report: Report) -> None:
             report.problems.append(f"table partition {name}: portfolio {key}'s cutoff is before its upper bound")
 
 
+# --- The ledger's hash chains -----------------------------------------------------------
+#
+# The formulas the database's trigger computes as it inserts a row
+# (``cleanup_ops.ledger_chain``: the protocol), written out here so an auditor
+# recomputes a proof's ledger rows offline; ``cleanup_ops.ledger_chain``
+# imports them from here, and the tests check them against the database's.
+
+LEDGER_CHAIN_METHOD = (
+    "entry_hash = sha256 hex of the UTF-8 of the row's parts, each as <length>:<text>; (a NULL as -;), "
+    "in the order ledger-entry-v1, id, prev_id, prev_hash, operation_id, job_id, portfolio_id, property_id, "
+    "record_kind, policy_version_id, cutoff, after_id, last_id, after_key, last_key, batch_limit, candidates, "
+    "rows_deleted, rows_held, applied_at (times UTC as YYYY-MM-DDTHH:MM:SS.ffffffZ); prev_id and prev_hash "
+    "are the previous row's of the same chain (portfolio:<id>), NULL and '' for its first; a chain's head is "
+    "its last row's id and entry_hash"
+)
+
+LEDGER_ENTRY_PARTS = (
+    "id",
+    "prev_id",
+    "prev_hash",
+    "operation_id",
+    "job_id",
+    "portfolio_id",
+    "property_id",
+    "record_kind",
+    "policy_version_id",
+    "cutoff",
+    "after_id",
+    "last_id",
+    "after_key",
+    "last_key",
+    "batch_limit",
+    "candidates",
+    "rows_deleted",
+    "rows_held",
+    "applied_at",
+)
+
+TABLE_PARTITION_DROP_PARTS = (
+    "id",
+    "prev_id",
+    "prev_hash",
+    "operation_id",
+    "sweep_id",
+    "record_kind",
+    "table",
+    "table_partition",
+    "lower_bound",
+    "upper_bound",
+    "rows",
+    "ids_digest",
+    "portfolios",  # the jsonb's text as PostgreSQL spells it
+    "slot",
+    "dropped_at",
+)
+
+
+def chain_part(value: Any) -> str | None:
+    """A field as the chain hashes it: a time in UTC with microseconds, an integer in decimal, text as is."""
+    if value is None:
+        return None
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            raise ValueError(f"time without a zone: {value!r}")
+        return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    if isinstance(value, bool):
+        raise ValueError(f"not a ledger field: {value!r}")
+    return str(value)
+
+
+def chain_text(parts: list[str | None]) -> str:
+    """The canonical text: each part ``<length>:<text>;``, a NULL ``-;`` (no two lists spell one text)."""
+    return "".join("-;" if part is None else f"{len(part)}:{part};" for part in parts)
+
+
+def chain_hash(tag: str, names: tuple[str, ...], row: dict[str, Any]) -> str:
+    parts = [tag, *(chain_part(row[name]) for name in names)]
+    return hashlib.sha256(chain_text(parts).encode("utf-8")).hexdigest()
+
+
+def ledger_entry_hash(row: dict[str, Any]) -> str:
+    """A ``LedgerEntry`` row's ``entry_hash`` from its fields (``LEDGER_ENTRY_PARTS``)."""
+    return chain_hash("ledger-entry-v1", LEDGER_ENTRY_PARTS, row)
+
+
+def table_partition_drop_hash(row: dict[str, Any]) -> str:
+    """A ``TablePartitionDrop`` row's ``entry_hash`` (``TABLE_PARTITION_DROP_PARTS``; ``portfolios`` as text)."""
+    return chain_hash("table-partition-drop-v1", TABLE_PARTITION_DROP_PARTS, row)
+
+
+def proof_ledger_row(partition: dict[str, Any], op: dict[str, Any]) -> dict[str, Any]:
+    """The ledger row behind one of a proof's operations, as the chain hashes it: the job's
+    fields, the operation's inputs and its ``ledger`` block. A text cursor (a non-integer
+    key) is the row's ``after_key``/``last_key``, its bigints then 0."""
+    ledger = op["ledger"]
+    text_key = isinstance(op["last_id"], str)
+    prop = partition.get("property_id")
+    return {
+        "id": int(ledger["id"]),
+        "prev_id": None if ledger.get("prev_id") is None else int(ledger["prev_id"]),
+        "prev_hash": ledger.get("prev_hash"),
+        "operation_id": str(op["operation_id"]),
+        "job_id": int(partition["job_id"]),
+        "portfolio_id": int(partition["portfolio_id"]),
+        "property_id": None if prop is None or prop == "" else int(prop),
+        "record_kind": str(partition["record_kind"]),
+        "policy_version_id": int(ledger["policy_version_id"]),
+        "cutoff": moment(str(op["cutoff"])),
+        "after_id": 0 if text_key else int(op["after_id"]),
+        "last_id": 0 if text_key else int(op["last_id"]),
+        "after_key": str(op["after_id"]) if text_key else "",
+        "last_key": str(op["last_id"]) if text_key else "",
+        "batch_limit": int(op["limit"]),
+        "candidates": int(ledger["candidates"]),
+        "rows_deleted": int(ledger["rows_deleted"]),
+        "rows_held": int(ledger["rows_held"]),
+        "applied_at": moment(str(ledger["applied_at"])),
+        "entry_hash": str(ledger["hash"]),
+    }
+
+
+def verify_ledger_chain(proof: dict[str, Any], report: Report) -> None:
+    """The proof's ledger rows against the chain heads it names (``ledger_heads``): each row's
+    hash recomputes, each row whose previous row is in the proof names that row's hash, and each
+    chain's last row in the proof is its head. A proof that carries no rows (a CSV, an older
+    export) has its heads checked by the signature alone."""
+    heads = {str(h["chain"]): h for h in proof.get("ledger_heads") or []}
+    chains: dict[str, list[dict[str, Any]]] = {}
+    for partition in proof.get("partitions") or []:
+        for op in partition.get("operation_inputs") or []:
+            if "ledger" not in op:
+                continue
+            try:
+                row = proof_ledger_row(partition, op)
+            except (KeyError, TypeError, ValueError) as exc:
+                report.problems.append(f"job {partition.get('job_id')}: a ledger row cannot be read ({exc})")
+                continue
+            chains.setdefault(f"portfolio:{row['portfolio_id']}", []).append(row)
+    if not chains:
+        return
+    for chain, rows in sorted(chains.items()):
+        rows.sort(key=lambda r: r["id"])
+        before: dict[str, Any] | None = None
+        for row in rows:
+            report.chained += 1
+            value = ledger_entry_hash(row)
+            if value != row["entry_hash"]:
+                report.problems.append(
+                    f"ledger row {row['id']} ({chain}): hash recomputes to {value}, the export says {row['entry_hash']}"
+                )
+            if before is not None and row["prev_id"] == before["id"] and row["prev_hash"] != before["entry_hash"]:
+                report.problems.append(
+                    f"ledger row {row['id']} ({chain}): its previous hash is not row {before['id']}'s"
+                )
+            if before is not None and (row["prev_id"] is None or row["prev_id"] < before["id"]):
+                report.problems.append(
+                    f"ledger row {row['id']} ({chain}): it follows row {row['prev_id']}, "
+                    f"not row {before['id']} or a later one (reordered)"
+                )
+            before = row
+        head = heads.pop(chain, None)
+        last = rows[-1]
+        if head is None:
+            report.problems.append(f"{chain}: the proof names no chain head for its ledger rows")
+        elif str(head.get("entry_id")) != str(last["id"]) or head.get("entry_hash") != last["entry_hash"]:
+            report.problems.append(
+                f"{chain}: the head named is row {head.get('entry_id')} {head.get('entry_hash')}, "
+                f"the proof's last ledger row is {last['id']} {last['entry_hash']}"
+            )
+    for chain, head in sorted(heads.items()):
+        if chain.startswith("portfolio:"):
+            report.problems.append(f"{chain}: a head is named (row {head.get('entry_id')}) but no ledger row of it")
+
+
 @dataclass
 class Report:
     jobs: int = 0
     operations: int = 0
     table_partitions: int = 0
+    chained: int = 0  # ledger rows recomputed and linked to the heads named
     key_id: str | None = None  # the key the signature verified under
     problems: list[str] = field(default_factory=list)
 
@@ -294,7 +481,11 @@ class Report:
         verdict = "verified" if self.ok else f"FAILED ({len(self.problems)} problem(s))"
         drops = f"{self.table_partitions} table partition drop(s), " if self.table_partitions else ""
         signed = f"signature valid under key {self.key_id}; " if self.key_id else ""
-        return f"{verdict}: {signed}{self.jobs} job digest(s), {drops}{self.operations} operation id(s) recomputed"
+        chained = f", {self.chained} ledger row(s) chained to their heads" if self.chained else ""
+        return (
+            f"{verdict}: {signed}{self.jobs} job digest(s), {drops}{self.operations} operation id(s) recomputed"
+            f"{chained}"
+        )
 
 
 def verify(proof: dict[str, Any], *, keys: PublicKeys) -> Report:
@@ -395,6 +586,7 @@ def verify_digests(proof: dict[str, Any], report: Report | None = None) -> Repor
             )
         digests.append(digest)
     verify_table_partitions(proof, report)
+    verify_ledger_chain(proof, report)
     verify_totals(proof, report)
     total = sweep_digest(digests)
     if total != proof.get("digest"):
@@ -435,6 +627,11 @@ def load(text: str) -> dict[str, Any]:
             if name not in drops:
                 raise ValueError(f"a table_partition_portfolio line names {name}, which no table_partition line does")
             drops[name]["portfolios"][portfolio_id] = {"rows": rows, "policy_version_id": version_id, "cutoff": cutoff}
+        elif words[:2] == ["#", "ledger_head"] and len(words) == 5:
+            chain, entry_id, entry_hash = words[2:]
+            proof.setdefault("ledger_heads", []).append(
+                {"chain": chain, "entry_id": entry_id, "entry_hash": entry_hash}
+            )
         if words[:2] == ["#", "sweep"] and "digest" in words:
             proof["digest"] = words[words.index("digest") + 1]
             if "rows_deleted" in words[:-1]:

@@ -579,11 +579,16 @@ ADVANCE_COLUMNS: Columns = (
 def ledger_insert_and_jobs_advance(*, keys: bool = False) -> Composed:
     """One ledger row per applied batch (``l``, ``ledger_columns``) and the
     jobs' advance (``g``) in one statement (a data-modifying CTE), one round
-    trip fewer per batch transaction. Parameters: ``l``, then
+    trip fewer per batch transaction. Each row inserted is linked to its
+    portfolio's hash chain by the database as it is written
+    (``cleanup_ops.ledger_chain``: the trigger locks the chain's head row);
+    the rows go in portfolio order, so two groups lock their chains' heads
+    in one order and never wait on each other in a cycle. Parameters: ``l``, then
     ``group_jobs_advance``'s."""
     return _jobs_advance(
         composed(
-            "{l}, written AS (INSERT INTO {ledger} ({columns}) SELECT {columns} FROM l), {g}",
+            "{l}, written AS (INSERT INTO {ledger} ({columns}) SELECT {columns} FROM l"
+            " ORDER BY l.portfolio_id, l.job_id), {g}",
             l=rows_cte("l", ledger_columns(keys=keys)),
             columns=_ledger_names(keys),
             g=rows_cte("g", ADVANCE_COLUMNS),

@@ -50,7 +50,7 @@ from cleanup_ops.models.outbox import (
     DocumentSpelling,
     PurgeRequest,
 )
-from cleanup_ops.models.table_partitions import TablePartitionDrop
+from cleanup_ops.models.table_partitions import LedgerChainHead, TablePartitionDrop
 from cleanup_ops.models.workers import RateBucket, WorkerHeartbeat
 
 __all__ = [
@@ -71,6 +71,7 @@ __all__ = [
     "JobKind",
     "JobOutcome",
     "JobState",
+    "LedgerChainHead",
     "LedgerEntry",
     "PipelinePause",
     "PipelinePauseQuerySet",

@@ -350,6 +350,13 @@ class LedgerEntry(models.Model):
     # deleted while the batch ran: kept by nobody, so not "held".
     rows_held = models.PositiveIntegerField(default=0)
     applied_at = models.DateTimeField()
+    # The hash chain (``cleanup_ops.ledger_chain``): written by the database
+    # as the row is inserted, never by Python. NULL only on a row written
+    # before the chain existed and not yet backfilled.
+    prev_id = models.BigIntegerField(null=True, blank=True, help_text="The previous row of this portfolio's chain.")
+    # NULL, not "": "not linked yet" differs from a first row's empty previous hash.
+    prev_hash = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    entry_hash = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         ordering = ["id"]

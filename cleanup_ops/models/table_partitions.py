@@ -46,9 +46,35 @@ class TablePartitionDrop(models.Model):
     portfolios = models.JSONField(default=dict)
     slot = models.DateTimeField()
     dropped_at = models.DateTimeField()
+    # The drops' hash chain (``cleanup_ops.ledger_chain``), written by the database.
+    prev_id = models.BigIntegerField(null=True, blank=True)
+    # NULL, not "": "not linked yet" differs from a first row's empty previous hash.
+    prev_hash = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
+    entry_hash = models.CharField(max_length=64, null=True, blank=True)  # noqa: DJ001
 
     class Meta:
         ordering = ["id"]
 
     def __str__(self) -> str:
         return f"{self.table}.{self.table_partition}"
+
+
+class LedgerChainHead(models.Model):
+    """The last row of one ledger hash chain (``cleanup_ops.ledger_chain``).
+
+    ``chain``: ``portfolio:<id>`` for a portfolio's ``LedgerEntry`` rows,
+    ``table_partitions`` for the ``TablePartitionDrop`` rows. The row is what
+    a writer locks ``FOR UPDATE`` before it links a new row to the chain, so
+    two writers of one chain take turns and never fork it. Written by the
+    database's trigger, never by Python."""
+
+    chain = models.CharField(max_length=64, primary_key=True)
+    entry_id = models.BigIntegerField(default=0, help_text="The last row's id; 0: no row yet.")
+    entry_hash = models.CharField(max_length=64, default="", blank=True)
+    entries = models.BigIntegerField(default=0, help_text="Rows linked so far.")
+
+    class Meta:
+        ordering = ["chain"]
+
+    def __str__(self) -> str:
+        return self.chain
