@@ -34,7 +34,6 @@ import schemathesis
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -44,6 +43,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from cleanup_ops.api_tokens import api_token_issue
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import DownstreamError
@@ -135,7 +135,7 @@ def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # 
 @pytest.fixture
 def api_headers(db: None) -> dict[str, str]:
     user = make_user("api-all-roles", *ROLES)
-    return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    return {"Authorization": f"Token {api_token_issue(user=user).secret}"}
 
 
 @pytest.fixture
