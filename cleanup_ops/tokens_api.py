@@ -48,8 +48,10 @@ class ApiTokenSerializer(serializers.Serializer):
 class ApiTokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.GenericViewSet):
     serializer_class = ApiTokenSerializer
     queryset = AuthToken.objects.none()  # the model, for the schema; get_queryset is the user's
-    lookup_url_kwarg = "pk"
-    # knox's token_key: hex digits (15; the first 15 of a token carried over from DRF's).
+    # The id is knox's token_key (not the digest, the table's primary key):
+    # hex digits, 15 (the first 15 of a token carried over from DRF's).
+    lookup_field = "token_key"
+    lookup_url_kwarg = "token_id"
     lookup_value_regex = "[0-9A-Za-z_-]{1,25}"
 
     def get_queryset(self) -> QuerySet[Any]:
@@ -58,7 +60,7 @@ class ApiTokenViewSet(mixins.ListModelMixin, mixins.DestroyModelMixin, viewsets.
     def destroy(self, request: Request, *args: Any, **kwargs: Any) -> Response:
         try:
             actor = request_actor(request)
-            api_token_revoke(user=actor, token_id=kwargs["pk"], revoked_by=actor)
+            api_token_revoke(user=actor, token_id=kwargs["token_id"], revoked_by=actor)
         except TokenNotFound:
             raise NotFound("No such token.") from None
         return Response(status=status.HTTP_204_NO_CONTENT)

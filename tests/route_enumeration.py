@@ -100,6 +100,7 @@ WORD_PARAMS = {
     "fmt": ["json", "csv"],
     "format": ["json", "api"],
     "url": ["no-such-page/"],
+    "token_id": ["0123456789abcde"],  # an API token's id (knox's token_key): nobody's here
 }
 
 
