@@ -159,3 +159,22 @@ def test_the_migration_carries_drf_tokens_over_hashed_and_deletes_them():
     token = AuthToken.objects.get(user=user)
     assert token.expiry is not None and token.expiry > timezone.now() + timedelta(days=89)
     assert client_with(old_key).get("/api/v1/sweeps/").status_code == 200
+
+
+def test_the_admin_lists_ids_never_secrets_and_its_delete_revokes():
+    from django.contrib.auth.models import User
+    from django.test import Client
+
+    user = make_user("scripter", "operator")
+    issued = api_token_issue(user=user)
+    staff = Client()
+    staff.force_login(User.objects.create_superuser("root", password="pw-for-tests"))
+    page = staff.get("/admin/knox/authtoken/").content.decode()
+    digest = AuthToken.objects.get().digest
+    # (The digest, the table's key, is in the row's links: a hash, not the token.)
+    assert issued.token_id in page and issued.secret not in page
+    assert staff.get("/admin/knox/authtoken/add/").status_code == 403
+    response = staff.post(f"/admin/knox/authtoken/{digest}/delete/", {"post": "yes"})
+    assert response.status_code == 302
+    assert client_with(issued.secret).get("/api/v1/sweeps/").status_code == 401
+    assert AuditEvent.objects.filter(action="api_token.revoke", object_id=issued.token_id).exists()
