@@ -1,6 +1,10 @@
 """The API docs pages (Swagger UI, Redoc) as drf-spectacular serves them, with:
 
-- a Content-Security-Policy that lets the page load only from this host.
+- the project's Content-Security-Policy (django-csp), widened for these two
+  pages only (``DOCS_CSP``), and still without any inline script that lacks
+  the request's nonce: Swagger UI's start-up script is a second request to
+  the same view (drf-spectacular's split view), Redoc's one-line start-up
+  call carries the nonce. It lets the page load only from this host.
   The pages name no external URL (``cleanup_ops/templates/cleanup_ops/redoc.html``
   drops the Google Fonts links; Swagger's validator badge is off), but
   Redoc's bundle itself always renders the Redocly logo from
@@ -14,17 +18,24 @@ from __future__ import annotations
 
 from typing import Any
 
+from csp.constants import NONCE, SELF, UNSAFE_INLINE
 from django.http import HttpResponse, HttpResponseBase
-from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerView
+from drf_spectacular.views import SpectacularRedocView, SpectacularSwaggerSplitView
 from rest_framework.request import Request
 
-# Inline scripts and styles are the pages' own (Swagger's start-up script,
-# Redoc's styled components); Redoc's search runs in a blob: worker.
-DOCS_CSP = (
-    "default-src 'self'; script-src 'self' 'unsafe-inline' blob:; worker-src 'self' blob:; "
-    "style-src 'self' 'unsafe-inline'; img-src 'self' data:; font-src 'self' data:; connect-src 'self'; "
-    "frame-ancestors 'none'; base-uri 'self'; form-action 'self'"
-)
+# What these pages add to the project's policy (django-csp's "update": the
+# other directives, frame-ancestors 'none' and object-src 'none' among them,
+# stay the project's). Inline styles are the pages' own (Swagger's <style>,
+# Redoc's styled components, which write <style> elements at run time);
+# Redoc's search runs in a blob: worker; both draw data: images and fonts.
+# Never 'unsafe-inline' for scripts.
+DOCS_CSP: dict[str, list[Any]] = {
+    "script-src": [SELF, NONCE, "blob:"],
+    "worker-src": [SELF, "blob:"],
+    "style-src": [SELF, UNSAFE_INLINE],
+    "img-src": [SELF, "data:"],
+    "font-src": [SELF, "data:"],
+}
 
 
 # A mixin before a DRF view: its OPTIONS answers a plain HttpResponse, which
@@ -37,11 +48,14 @@ class _Options:
 
     def finalize_response(self, request: Request, response: HttpResponseBase, *args: Any, **kwargs: Any) -> Any:
         response = super().finalize_response(request, response, *args, **kwargs)  # type: ignore[misc]  # a mixin: the class after it in the bases has it
-        response["Content-Security-Policy"] = DOCS_CSP
+        # What csp.decorators.csp_update sets: csp.middleware.CSPMiddleware merges it.
+        setattr(response, "_csp_update", DOCS_CSP)  # noqa: B010 - an attribute django's HttpResponse does not declare
         return response
 
 
-class SwaggerView(_Options, SpectacularSwaggerView):  # type: ignore[misc]  # DRF takes an HttpResponse too
+class SwaggerView(_Options, SpectacularSwaggerSplitView):  # type: ignore[misc]  # DRF takes an HttpResponse too
+    # The split view: the page names its start-up script as ``?script=``, the
+    # same view answering JavaScript, so the page holds no inline script.
     pass
 
 

@@ -88,7 +88,7 @@ REQUIRED_APPS = (
     ("django.contrib.messages", "the console's and the admin's notices"),
     ("django.contrib.staticfiles", "the console's script and styles"),
     ("rest_framework", "the REST API"),
-    ("rest_framework.authtoken", "the API's tokens (the scheduler's trigger)"),
+    ("knox", "the API's tokens, hashed at rest with an expiry (the scheduler's trigger; django-rest-knox)"),
     ("drf_spectacular", "the API's OpenAPI schema"),
     ("drf_spectacular_sidecar", "Swagger UI and Redoc served offline"),
     ("django_htmx", "the console's live refresh"),
@@ -97,11 +97,16 @@ REQUIRED_APPS = (
 )
 REQUIRED_MIDDLEWARE = (
     ("retention.apierrors.ApiJsonErrors", "JSON error answers under api/ (a 500, the CSRF check's 403, a 414)"),
+    ("csp.middleware.CSPMiddleware", "the Content-Security-Policy on every answer (django-csp)"),
     ("retention.middleware.RefuseControlCharacters", "a 400 naming a parameter that holds a NUL"),
     ("django.contrib.sessions.middleware.SessionMiddleware", "the console's login"),
     ("django.middleware.csrf.CsrfViewMiddleware", "the console's forms"),
     ("django.contrib.auth.middleware.AuthenticationMiddleware", "the console's login"),
     ("django.contrib.messages.middleware.MessageMiddleware", "the console's notices"),
+    (
+        "cleanup_ops.middleware.SessionIdleTimeout",
+        "idle logins end after CONSOLE_SESSION_IDLE_SECONDS (after AuthenticationMiddleware)",
+    ),
     ("axes.middleware.AxesMiddleware", "the answer to a locked-out login (last in MIDDLEWARE)"),
 )
 REQUIRED_BACKENDS = (
@@ -113,8 +118,8 @@ REQUIRED_BACKENDS = (
 REQUIRED_REST_FRAMEWORK = (
     (
         "DEFAULT_AUTHENTICATION_CLASSES",
-        "rest_framework.authentication.TokenAuthentication",
-        "the scheduler's trigger and scripts authenticate with a token",
+        "knox.auth.TokenAuthentication",
+        "the scheduler's trigger and scripts authenticate with a token (knox's, hashed at rest)",
     ),
     (
         "DEFAULT_AUTHENTICATION_CLASSES",
@@ -197,6 +202,15 @@ def pipeline_settings_check(app_configs: Any = None, **kwargs: Any) -> list[chec
         )
     if not settings.RETENTION_PROOF_SIGNING_KEY and not settings.DEBUG:
         errors.append(checks.Warning(PROOF_KEY_MISSING, hint=PROOF_KEY_HINT, id="cleanup_ops.W120"))
+    if settings.CONSOLE_SESSION_IDLE_SECONDS > settings.SESSION_COOKIE_AGE:
+        # The absolute bound would end every session before it could be idle that long.
+        errors.append(
+            checks.Error(
+                f"CONSOLE_SESSION_IDLE_SECONDS: must not exceed SESSION_COOKIE_AGE ({settings.SESSION_COOKIE_AGE}), "
+                f"got {settings.CONSOLE_SESSION_IDLE_SECONDS}",
+                id="cleanup_ops.E116",
+            )
+        )
     floor = TOKEN_SLEEP_STRETCH * settings.CLEANUP_SLICE_SECONDS + settings.CLEANUP_HEARTBEAT_SECONDS
     if settings.CLEANUP_LIVENESS_STALE_SECONDS <= floor:
         # A busy, healthy cluster reports progress at least once per turn plus

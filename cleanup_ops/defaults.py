@@ -101,6 +101,10 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CLEANUP_IDLE_IN_TRANSACTION_SECONDS", 30.0, number(minimum=1.0)),
     Setting("CLEANUP_TABLE_PARTITION_LOCK_SECONDS", 3.0, number(minimum=0.1)),
     Setting("CLEANUP_CHECKPOINTS", frozenset(), _checkpoints),
+    # --- the console's and the admin's sessions (cleanup_ops.middleware)
+    Setting("CONSOLE_SESSION_IDLE_SECONDS", 30 * 60, integer(minimum=60, maximum=24 * 3600)),
+    # --- the API's tokens (cleanup_ops.api_tokens): a new token's lifetime
+    Setting("API_TOKEN_TTL_DAYS", 90, integer(minimum=1, maximum=3650)),
     # --- /metrics
     Setting("METRICS_TOKEN", "", _any_string),
     Setting("METRICS_ALLOWED_IPS", [], ip_addresses),

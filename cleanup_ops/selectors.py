@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any, TypedDict, cast
 
 from django.db.models import Count, Max, Min, Q, QuerySet, Sum
 from django.utils import timezone
+from knox.models import AuthToken
 
 from cleanup_ops.models import (
     OPEN_STATES,
@@ -346,3 +347,14 @@ def kind_rows_per_second(record_kind: str, *, now: datetime | None = None) -> fl
     if not figures["rows"] or figures["first"] is None or figures["last"] <= figures["first"]:
         return None
     return float(figures["rows"]) / (figures["last"] - figures["first"]).total_seconds()
+
+
+def api_tokens_of(*, user: Any) -> QuerySet[Any]:
+    """``user``'s API tokens (``knox.models.AuthToken``), newest first, the expired
+    ones left out (knox deletes one when it is next presented). Never the secret:
+    the table holds none, and what shows a token shows its ``token_key`` only."""
+    return (
+        AuthToken.objects.filter(user=user)
+        .filter(Q(expiry__isnull=True) | Q(expiry__gt=timezone.now()))
+        .order_by("-created", "token_key")
+    )

@@ -18,7 +18,7 @@ from django.urls import include, path, re_path
 from drf_spectacular.views import SpectacularAPIView
 from rest_framework.routers import DefaultRouter
 
-from cleanup_ops import api, prometheus
+from cleanup_ops import api, prometheus, tokens_api
 from cleanup_ops.apidocs import RedocView, SwaggerView
 from retention import api as retention_api
 from retention.apierrors import NOT_FOUND_ROUTE, api_not_found
@@ -32,6 +32,8 @@ router.register("policies", retention_api.PolicyViewSet, basename="policy")
 router.register("policy-versions", retention_api.PolicyVersionViewSet, basename="policy-version")
 router.register("legal-holds", retention_api.LegalHoldViewSet, basename="legal-hold")
 router.register("audit-events", retention_api.AuditEventViewSet, basename="audit-event")
+# One's own API tokens: listed (ids, never secrets) and revoked (cleanup_ops.tokens_api).
+router.register("tokens", tokens_api.ApiTokenViewSet, basename="api-token")
 
 urlpatterns = [
     path("accounts/login/", auth_views.LoginView.as_view(template_name="console/login.html"), name="login"),

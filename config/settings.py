@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import environ
 from croniter import croniter
+from csp.constants import NONCE, NONE, SELF  # constants only: the settings import no app
 from django.core.exceptions import ImproperlyConfigured
 
 from config.urlcheck import docstore_url_check  # pure stdlib: the settings import no app
@@ -120,7 +121,7 @@ INSTALLED_APPS = [
     "django.contrib.messages",
     "django.contrib.staticfiles",
     "rest_framework",
-    "rest_framework.authtoken",
+    "knox",  # the API's tokens, hashed at rest, each with an expiry (django-rest-knox)
     "drf_spectacular",
     "drf_spectacular_sidecar",  # Swagger UI and Redoc as static files: /api/v1/docs/ works offline
     "django_htmx",  # htmx as a static file, for the console's live refresh
@@ -139,6 +140,8 @@ MIDDLEWARE = [
     "django.middleware.security.SecurityMiddleware",
     # Under api/, an error Django answers (500, 400, the CSRF 403, a 414) is JSON like the API's own.
     "retention.apierrors.ApiJsonErrors",
+    # Content-Security-Policy on every answer (django-csp; CONTENT_SECURITY_POLICY below).
+    "csp.middleware.CSPMiddleware",
     # Control characters (NUL…) in any query or form parameter: a 400 naming it.
     "retention.middleware.RefuseControlCharacters",
     "django.contrib.sessions.middleware.SessionMiddleware",
@@ -147,6 +150,8 @@ MIDDLEWARE = [
     "django.contrib.auth.middleware.AuthenticationMiddleware",
     # Times in the viewer's zone (the browser's, from a cookie), console and admin alike.
     "retention.middleware.ViewerTimeZone",
+    # Logs out a session idle past CONSOLE_SESSION_IDLE_SECONDS or older than SESSION_COOKIE_AGE.
+    "cleanup_ops.middleware.SessionIdleTimeout",
     "django.contrib.messages.middleware.MessageMiddleware",
     "django.middleware.clickjacking.XFrameOptionsMiddleware",
     # Last, as django-axes asks: answers a locked-out login attempt.
@@ -205,6 +210,19 @@ AUTHENTICATION_BACKENDS = [
 ]
 LOGIN_REDIRECT_URL = "console:overview"
 
+# --- Sessions: an idle bound and an absolute one (cleanup_ops.middleware) -------
+# A console or admin login idle for CONSOLE_SESSION_IDLE_SECONDS is logged out
+# on its next request; one in use is extended, but never past SESSION_COOKIE_AGE
+# from its login (12 h: a working day, not Django's two weeks). The console's
+# live refresh does not count as use. The idle bound must not exceed the cap.
+SESSION_COOKIE_AGE = env_int("SESSION_COOKIE_AGE", 12 * 3600, minimum=300, maximum=30 * 24 * 3600)
+CONSOLE_SESSION_IDLE_SECONDS = env_int("CONSOLE_SESSION_IDLE_SECONDS", 30 * 60, minimum=60, maximum=24 * 3600)
+if CONSOLE_SESSION_IDLE_SECONDS > SESSION_COOKIE_AGE:
+    raise ImproperlyConfigured(
+        f"CONSOLE_SESSION_IDLE_SECONDS: must not exceed SESSION_COOKIE_AGE ({SESSION_COOKIE_AGE}), "
+        f"got {CONSOLE_SESSION_IDLE_SECONDS}"
+    )
+
 # --- Login throttling (django-axes) ---------------------------------------------
 # Both login forms (/admin/login/ and /accounts/login/) go through Django's
 # authenticate(), which django-axes watches. After LOGIN_FAILURE_LIMIT wrong
@@ -231,7 +249,8 @@ API_BROWSABLE = env_bool("API_BROWSABLE", DEBUG)
 REST_FRAMEWORK = {
     "DEFAULT_RENDERER_CLASSES": [
         "rest_framework.renderers.JSONRenderer",
-        *(["rest_framework.renderers.BrowsableAPIRenderer"] if API_BROWSABLE else []),
+        # DRF's, with its inline styles allowed on its own pages (the CSP).
+        *(["retention.apiutils.BrowsableAPIRenderer"] if API_BROWSABLE else []),
     ],
     # JSON that is too deep or not text is a 400 (retention.apiutils.StrictJSONParser).
     "DEFAULT_PARSER_CLASSES": [
@@ -240,7 +259,8 @@ REST_FRAMEWORK = {
         "rest_framework.parsers.MultiPartParser",
     ],
     "DEFAULT_AUTHENTICATION_CLASSES": [
-        "rest_framework.authentication.TokenAuthentication",
+        # "Authorization: Token <secret>" (knox: the table holds a digest, never the secret).
+        "knox.auth.TokenAuthentication",
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["rest_framework.permissions.IsAuthenticated"],
@@ -250,6 +270,18 @@ REST_FRAMEWORK = {
     # Every error body is a JSON object (retention.apierrors).
     "EXCEPTION_HANDLER": "retention.apierrors.api_exception_handler",
     "UNAUTHENTICATED_USER": "django.contrib.auth.models.AnonymousUser",
+}
+# API tokens (django-rest-knox): `manage.py cleanup_api_token issue <user>` prints
+# one once; the table keeps its SHA-512 digest and the first 15 characters (its
+# id in lists and audit events). Each token expires API_TOKEN_TTL_DAYS after it
+# was issued unless issued with another expiry; an expired token answers 401 (and
+# is deleted). No auto-refresh: a token's expiry is the one it was issued with.
+API_TOKEN_TTL_DAYS = env_int("API_TOKEN_TTL_DAYS", 90, minimum=1, maximum=3650)
+REST_KNOX = {
+    "TOKEN_TTL": timedelta(days=API_TOKEN_TTL_DAYS),
+    "AUTH_HEADER_PREFIX": "Token",  # the header scripts already send
+    "AUTO_REFRESH": False,
+    "TOKEN_LIMIT_PER_USER": None,
 }
 SPECTACULAR_SETTINGS = {
     "TITLE": "Retention cleanup console API",
@@ -348,6 +380,35 @@ SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 # loopback (docs/deploying.md, "Operations"): not redirected to HTTPS.
 SECURE_REDIRECT_EXEMPT = [r"^metrics$"]
 X_FRAME_OPTIONS = "DENY"
+
+# --- Content-Security-Policy (django-csp, csp.middleware.CSPMiddleware) ---------
+# Every answer: console, admin, login, API, /metrics. Scripts and styles only
+# from this host's static files; no inline script runs unless it carries the
+# request's nonce (only the Redoc page has one: its start-up call), and no
+# inline style applies. The API docs pages (cleanup_ops.apidocs) widen it for
+# themselves only (Redoc's styled components and its blob: search worker).
+# Django 5.2's admin needs nothing more: its scripts are static files (its one
+# inline <style>, in change_list.html, is written only for a ModelAdmin without
+# actions, which none of the product's, django-q2's, django-axes' or knox's is).
+# CSP_REPORT_URI: where browsers POST their violation reports (empty: none sent).
+CSP_REPORT_URI = env.str("CSP_REPORT_URI", default="").strip()
+if CSP_REPORT_URI and not CSP_REPORT_URI.startswith(("https://", "http://", "/")):
+    raise ImproperlyConfigured(f"CSP_REPORT_URI: expected an http(s) URL or a path, got {CSP_REPORT_URI!r}")
+CONTENT_SECURITY_POLICY = {
+    "DIRECTIVES": {
+        "default-src": [SELF],
+        "script-src": [SELF, NONCE],
+        "style-src": [SELF],
+        "img-src": [SELF],
+        "font-src": [SELF],
+        "connect-src": [SELF],
+        "object-src": [NONE],
+        "base-uri": [SELF],
+        "form-action": [SELF],
+        "frame-ancestors": [NONE],
+        **({"report-uri": [CSP_REPORT_URI]} if CSP_REPORT_URI else {}),
+    },
+}
 
 # --- Cleanup pipeline -------------------------------------------------------
 CLEANUP_SCHEDULE = env.str("CLEANUP_SCHEDULE", default="0 2 * * *")

@@ -12,7 +12,10 @@ portfolios where the user holds its read permission; ``IdField``,
 bounded and free of control characters, a reason follows the reason rule),
 and every other field of a body is a ``StrictJSONType`` (``StrictIntegerField``,
 ``StrictBooleanField``…, and ``StrictModelSerializer``'s generated fields):
-a JSON body's value must have the field's JSON type, never coerced. It lives in ``retention`` (the lower layer)
+a JSON body's value must have the field's JSON type, never coerced.
+``BrowsableAPIRenderer`` is DRF's browsable API with the inline styles its templates write allowed by the
+Content-Security-Policy for its own pages (never inline scripts: it has none
+that run). It lives in ``retention`` (the lower layer)
 so both ``retention.api`` and ``cleanup_ops.api`` can use it.
 """
 
@@ -32,6 +35,7 @@ from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ParseError, PermissionDenied, ValidationError
 from rest_framework.parsers import JSONParser
 from rest_framework.permissions import BasePermission
+from rest_framework.renderers import BrowsableAPIRenderer as DRFBrowsableAPIRenderer
 from rest_framework.request import Request
 
 if TYPE_CHECKING:
@@ -78,6 +82,23 @@ class StrictJSONParser(JSONParser):
                 "JSON parse error - a string holds a lone surrogate (\\ud800-\\udfff), not text."
             ) from None
         return data
+
+
+class BrowsableAPIRenderer(DRFBrowsableAPIRenderer):
+    """DRF's browsable API under the Content-Security-Policy (django-csp).
+
+    Its templates (``rest_framework/base.html``) position elements with
+    ``style=`` attributes and write the code highlighting as a ``<style>``;
+    its scripts are all static files (the CSRF token is a JSON
+    ``<script type="application/json">``, which never runs). So its pages,
+    and only they, add ``'unsafe-inline'`` to ``style-src``."""
+
+    def render(self, data: Any, accepted_media_type: str | None = None, renderer_context: Any = None) -> Any:
+        response = (renderer_context or {}).get("response")
+        if response is not None:
+            # What csp.decorators.csp_update sets; csp.middleware.CSPMiddleware merges it.
+            setattr(response, "_csp_update", {"style-src": ["'unsafe-inline'"]})  # noqa: B010
+        return super().render(data, accepted_media_type, renderer_context)
 
 
 class Conflict(APIException):

@@ -102,6 +102,7 @@ WORD_PARAMS = {
     "url": ["no-such-page/"],
     # The catch-all under api/ (retention.apierrors.api_not_found).
     "rest": ["no-such-route/"],
+    "token_id": ["0123456789abcde"],  # an API token's id (knox's token_key): nobody's here
 }
 
 

@@ -15,9 +15,9 @@ import yaml
 from django.test import Client
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from cleanup_ops.api_tokens import api_token_issue
 from cleanup_ops.execution.leases import job_lease
 from cleanup_ops.models import CleanupJob, WorkerHeartbeat
 from cleanup_ops.recovery.classification import DEAD, Classification, FailureCategory
@@ -78,8 +78,7 @@ def busy_pipeline(portfolio, active_policy, operator_user):  # type: ignore[no-u
     for i in range(3):
         make_records(Property.objects.create(portfolio=portfolio, name=f"B{i}"), "lease", 2, ended=OLD)
     api = APIClient()
-    token, _ = Token.objects.get_or_create(user=operator_user)
-    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {api_token_issue(user=operator_user).secret}")
     assert api.post("/api/v1/sweeps/", {}, format="json").status_code == 201
     job = CleanupJob.objects.order_by("id").first()
     lease = job_lease(job_id=job.pk, owner="test:1")
@@ -159,8 +158,7 @@ def test_the_trigger_endpoint_is_timed_in_a_histogram_with_a_bucket_on_its_objec
         return 0.0
 
     api = APIClient()
-    token, _ = Token.objects.get_or_create(user=operator_user)
-    api.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    api.credentials(HTTP_AUTHORIZATION=f"Token {api_token_issue(user=operator_user).secret}")
     created, refused = counted("201"), counted("400")
     assert api.post("/api/v1/sweeps/", {}, format="json").status_code == 201
     assert api.post("/api/v1/sweeps/", {"slot": "0001-01-02T00:00Z"}, format="json").status_code == 400

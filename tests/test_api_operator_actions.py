@@ -7,9 +7,9 @@ from __future__ import annotations
 from datetime import timedelta
 
 import pytest
-from rest_framework.authtoken.models import Token
 from rest_framework.test import APIClient
 
+from cleanup_ops.api_tokens import api_token_issue
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, JobState
 from cleanup_ops.recovery.classification import DownstreamError, FailureCategory
@@ -30,8 +30,7 @@ MISSING = 987654321
 
 def client_for(user) -> APIClient:  # type: ignore[no-untyped-def]
     client = APIClient()
-    token, _ = Token.objects.get_or_create(user=user)
-    client.credentials(HTTP_AUTHORIZATION=f"Token {token.key}")
+    client.credentials(HTTP_AUTHORIZATION=f"Token {api_token_issue(user=user).secret}")
     return client
 
 

@@ -39,7 +39,6 @@ from django.contrib.auth.models import AbstractBaseUser
 from drf_spectacular.generators import SchemaGenerator
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
-from rest_framework.authtoken.models import Token
 from schemathesis import GenerationMode
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import (
@@ -49,6 +48,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
+from cleanup_ops.api_tokens import api_token_issue
 from cleanup_ops.execution.runner import job_run_slice
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import DownstreamError
@@ -122,7 +122,7 @@ def documented_operations() -> list[str]:
 
 
 @pytest.fixture
-def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # type: ignore[no-untyped-def]
+def seeded(portfolio, prop, manager, active_policy, api_user) -> dict[str, list[Any]]:  # type: ignore[no-untyped-def]
     """A row of every kind the API serves; returns their ids by collection."""
     version = active_policy(portfolio, "lease", 365)
     policy_version_submit(
@@ -140,22 +140,31 @@ def seeded(portfolio, prop, manager, active_policy) -> dict[str, list[int]]:  # 
     holder = make_user("hold-reviewer", "compliance_reviewer")
     legal_hold_place(portfolio=portfolio, property=prop, reason="litigation 2026-17", placed_by=holder)
     pipeline_pause(actor=None, reason="seeded portfolio pause", portfolio_id=portfolio.pk)  # so resume can succeed
-    ids = {name: list(model.objects.order_by("id").values_list("id", flat=True)) for name, model in COLLECTIONS.items()}
+    ids: dict[str, list[Any]] = {
+        name: list(model.objects.order_by("id").values_list("id", flat=True)) for name, model in COLLECTIONS.items()
+    }
     assert all(ids.values()), ids
     unpaused = Portfolio.objects.create(name="Not paused yet", slug="unpaused")  # a pause of it can succeed
     ids |= {"portfolio": [portfolio.pk], "property": [prop.pk], "unpaused": [unpaused.pk]}
+    # A second token of the API's user, which revoking can succeed on (not the one the requests carry).
+    ids["tokens"] = [api_token_issue(user=api_user).token_id]
     assert DeadLetter.objects.filter(status=DeadLetter.Status.OPEN).count() == 1
     assert PolicyVersion.objects.filter(status=PolicyVersion.Status.IN_REVIEW).count() == 1
     return ids
 
 
 def token_header(user: AbstractBaseUser) -> dict[str, str]:
-    return {"Authorization": f"Token {Token.objects.create(user=user).key}"}
+    return {"Authorization": f"Token {api_token_issue(user=user).secret}"}
 
 
 @pytest.fixture
-def api_headers(db: None) -> dict[str, str]:
-    return token_header(make_user("api-all-roles", *ROLES))
+def api_user(db: None) -> AbstractBaseUser:
+    return make_user("api-all-roles", *ROLES)
+
+
+@pytest.fixture
+def api_headers(api_user: AbstractBaseUser) -> dict[str, str]:
+    return token_header(api_user)
 
 
 @pytest.fixture
@@ -206,12 +215,14 @@ def api_schema(base_url: str, api_headers: dict[str, str]):  # type: ignore[no-u
     )
 
 
-def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[int]]) -> st.SearchStrategy[Any]:
+def case_strategy(operation: Any, mode: GenerationMode, seeded: dict[str, list[Any]]) -> st.SearchStrategy[Any]:
     """Generated cases, plus cases that name seeded rows: each seeded ``{id}``
     in the path, and the seeded portfolio and property in a body that refers
     to them (creating a legal hold)."""
     generated = operation.as_strategy(generation_mode=mode)
     strategies = [generated]
+    if any(p.name == "token_id" for p in operation.path_parameters) and mode == GenerationMode.POSITIVE:
+        strategies += [operation.as_strategy(generation_mode=mode, path_parameters={"token_id": seeded["tokens"][0]})]
     has_id = any(p.name == "id" for p in operation.path_parameters)
     # In negative mode a fixed id leaves nothing to make invalid unless there is a body.
     if has_id and (mode == GenerationMode.POSITIVE or operation.body):

@@ -96,6 +96,7 @@ def test_every_console_page_issues_a_constant_number_of_queries(active_policy, r
     small = {p: count_queries(client, p.format(**page_ids())) for p in PAGES}
     grow(active_policy, reviewer, portfolios=4, properties=5)
     time_machine.move_to("2026-08-22T02:05:00Z", tick=False)
+    client.force_login(operator_user)  # a day later: the idle session has ended (cleanup_ops.middleware)
     run_everything("2026-08-22T02:00Z")
     assert CleanupJob.objects.count() > 15 and DeadLetter.objects.count() > 5
     large = {p: count_queries(client, p.format(**page_ids())) for p in PAGES}

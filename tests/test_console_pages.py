@@ -460,7 +460,7 @@ def test_a_cluster_without_progress_while_due_work_waits_is_shown_wedged(world, 
 def test_a_live_page_answers_the_poller_with_its_fragment_only(world, op):
     full = op.get("/console/jobs/")
     assert b"<html" in full.content and b'id="live"' in full.content
-    assert b'hx-trigger="every 5s [consoleMayRefresh()]' in full.content
+    assert b'hx-trigger="every 5s, visibilitychange from:document"' in full.content
     fragment = op.get("/console/jobs/", HTTP_HX_REQUEST="true", HTTP_HX_TARGET="live")
     body = fragment.content.decode()
     assert body.lstrip().startswith('<div id="live"') and "<html" not in body

@@ -403,10 +403,7 @@ def test_a_host_project_missing_what_the_console_needs_is_told_the_line_to_add(w
     assert "Add 'rest_framework' to INSTALLED_APPS." in out
     assert "Add 'retention.middleware.RefuseControlCharacters' to MIDDLEWARE." in out
     assert "Add 'retention.backends.MembershipBackend' to AUTHENTICATION_BACKENDS." in out
-    assert (
-        "Set REST_FRAMEWORK['DEFAULT_AUTHENTICATION_CLASSES'] = "
-        "['rest_framework.authentication.TokenAuthentication', …]." in out
-    )
+    assert "Set REST_FRAMEWORK['DEFAULT_AUTHENTICATION_CLASSES'] = ['knox.auth.TokenAuthentication', …]." in out
     assert "Replace 'django.contrib.admin' with 'retention.admin_site.GuardedAdminConfig' in INSTALLED_APPS." in out
 
 

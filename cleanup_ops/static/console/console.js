@@ -114,6 +114,14 @@
     status.setAttribute("title", "The last refreshes failed; the figures shown may be out of date.");
   }
 
+  // The live fragment's refreshes ask here first (not in an hx-trigger
+  // filter, which htmx would compile with eval: the Content-Security-Policy
+  // refuses it). A refused refresh is simply skipped until the next tick.
+  document.addEventListener("htmx:confirm", function (event) {
+    var elt = event.detail ? event.detail.elt : null;
+    if (elt && elt.id === "live" && !window.consoleMayRefresh()) event.preventDefault();
+  });
+
   document.addEventListener("htmx:responseError", stale);
   document.addEventListener("htmx:sendError", stale);
   document.addEventListener("htmx:timeout", stale);
