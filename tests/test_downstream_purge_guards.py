@@ -184,6 +184,7 @@ class TestHoldsAndReferencesAtPurgeTime:
         assert again.outcome == JobOutcome.PURGED
         later.sweep.refresh_from_db()
         assert later.sweep.status == later.sweep.Status.DRAINED
+        client.force_login(operator_user)  # two days on: the first login timed out idle (SessionIdleTimeout)
         proof = client.get(f"/console/sweeps/{later.sweep.pk}/proof.json").json()
         assert proof["attachments"]["documents_purged"] == 4
         assert proof["attachments"]["documents_set_aside_under_hold"] == 0
