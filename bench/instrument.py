@@ -54,7 +54,6 @@ SECTIONS: tuple[tuple[str, str, str], ...] = (
     ("cleanup_ops.execution.leases", "jobs_release", "job release"),
     ("cleanup_ops.execution.leases", "job_release", "job release"),
     ("cleanup_ops.execution.leases", "group_tokens", "rate tokens"),
-    ("cleanup_ops.execution.leases", "wait_for_token", "rate tokens"),
     ("cleanup_ops.sweeps", "sweep_mark_drained_if_finished", "sweep status"),
     ("cleanup_ops.dispatch", "fair_due_job_ids", "dispatcher"),
     ("cleanup_ops.dispatch", "dispatch_due_jobs", "dispatcher"),

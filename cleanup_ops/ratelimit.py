@@ -36,7 +36,7 @@ with time-machine.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.conf import settings
@@ -88,17 +88,40 @@ def buckets_for(portfolio_id: int) -> list[BucketConfig]:
     return portfolio_buckets(portfolio_id) + global_buckets()
 
 
+def docstore_portfolio_buckets(portfolio_id: int) -> list[BucketConfig]:
+    if settings.DOCSTORE_RATE_PORTFOLIO <= 0:
+        return []
+    rate, burst = settings.DOCSTORE_RATE_PORTFOLIO, settings.DOCSTORE_BURST_PORTFOLIO
+    return [BucketConfig(f"docstore:portfolio:{portfolio_id}", rate, burst)]
+
+
+def docstore_global_buckets() -> list[BucketConfig]:
+    if settings.DOCSTORE_RATE_GLOBAL <= 0:
+        return []
+    return [BucketConfig("docstore:global", settings.DOCSTORE_RATE_GLOBAL, settings.DOCSTORE_BURST_GLOBAL)]
+
+
 def docstore_buckets_for(portfolio_id: int) -> list[BucketConfig]:
     """The document store's own buckets (requests per second), apart from the
     delete buckets: purges never spend the database side's tokens, nor the
     other way round."""
-    buckets = []
-    if settings.DOCSTORE_RATE_PORTFOLIO > 0:
-        rate, burst = settings.DOCSTORE_RATE_PORTFOLIO, settings.DOCSTORE_BURST_PORTFOLIO
-        buckets.append(BucketConfig(f"docstore:portfolio:{portfolio_id}", rate, burst))
-    if settings.DOCSTORE_RATE_GLOBAL > 0:
-        buckets.append(BucketConfig("docstore:global", settings.DOCSTORE_RATE_GLOBAL, settings.DOCSTORE_BURST_GLOBAL))
-    return buckets
+    return docstore_portfolio_buckets(portfolio_id) + docstore_global_buckets()
+
+
+@dataclass(frozen=True)
+class TokenFamily:
+    """Which buckets a kind of work spends: each portfolio's own and the shared
+    ones. Deletes spend the database side's (``DELETES``), purges the document
+    store's (``DOCSTORE``); a slice reserves, sleeps for and gives back either
+    the same way (``execution.leases.group_tokens``)."""
+
+    name: str
+    own: Callable[[int], list[BucketConfig]]
+    shared: Callable[[], list[BucketConfig]]
+
+
+DELETES = TokenFamily("deletes", portfolio_buckets, global_buckets)
+DOCSTORE = TokenFamily("docstore", docstore_portfolio_buckets, docstore_global_buckets)
 
 
 # Float steps: a token accrued to within this of a whole one counts as there
@@ -221,15 +244,15 @@ def tokens_acquire(*, portfolio_id: int, now: float, buckets: list[BucketConfig]
     return tokens_reserve(members=[(None, b) for b in buckets], now=now, max_wait=0.0).wait
 
 
-def tokens_give_back(*, portfolio_ids: set[int], include_global: bool = False) -> None:
+def tokens_give_back(*, portfolio_ids: set[int], include_global: bool = False, family: TokenFamily = DELETES) -> None:
     """Return the portfolio tokens a transaction took but did not use (the
     portfolios of partitions it left for the next one): a token pays for the
     batches of its own portfolio only. ``include_global``: the transaction
-    touched no portfolio at all (or raised, or never ran), so its global token
-    goes back too."""
-    members: list[Member] = [(p, bucket) for p in sorted(portfolio_ids) for bucket in portfolio_buckets(p)]
+    touched no portfolio at all (or raised, or never ran), so its shared
+    (global) token goes back too."""
+    members: list[Member] = [(p, bucket) for p in sorted(portfolio_ids) for bucket in family.own(p)]
     if include_global:
-        members += [(None, bucket) for bucket in global_buckets()]
+        members += [(None, bucket) for bucket in family.shared()]
     buckets_give_back(members=members)
 
 

@@ -162,8 +162,13 @@ def test_the_fallback_after_a_failed_shared_transaction_keeps_to_the_slice_deadl
     props = estate(active_policy, ["A", "B", "C"], rows=1)
     sweep_trigger(slot=SLOT, now=NOW)
 
-    def failing(**kwargs):  # type: ignore[no-untyped-def]
-        raise InvalidInput("which partition?")
+    real = runner.run_group_batch
+
+    def failing(*, jobs, **kwargs):  # type: ignore[no-untyped-def]
+        # The shared transaction fails; each job alone (a group of one) does not.
+        if len(jobs) > 1:
+            raise InvalidInput("which partition?")
+        return real(jobs=jobs, **kwargs)
 
     monkeypatch.setattr(runner, "run_group_batch", failing)
     result = group_run_slice(owner="w", max_seconds=0.0)

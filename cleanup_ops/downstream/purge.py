@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
@@ -26,17 +26,14 @@ from cleanup_ops.dispatch import dispatch_after_commit
 from cleanup_ops.downstream.client import InvalidDocumentId
 from cleanup_ops.downstream.decision import ALREADY, CLEAR, HELD, PURGED_BY_US, REFERENCED, SliceRequest, documents_held
 from cleanup_ops.downstream.fencing import check_and_delete, check_and_delete_many
-from cleanup_ops.downstream.stores import REFUSED, store_for
+from cleanup_ops.downstream.stores import REFUSED, AttachmentStore, store_for
+from cleanup_ops.execution.batches import PartitionStep
 from cleanup_ops.execution.leases import (
     JobLease,
     JobRef,
     job_finish,
-    job_release,
-    jobs_give_back_for_tokens,
-    lease_expiry_from,
     lease_renewal,
     lock_job,
-    wait_for_token,
 )
 from cleanup_ops.models import (
     CleanupJob,
@@ -50,7 +47,7 @@ from cleanup_ops.models import (
     Sweep,
     scope_of,
 )
-from cleanup_ops.ratelimit import docstore_buckets_for, docstore_hold_remaining, docstore_hold_until
+from cleanup_ops.ratelimit import DOCSTORE, docstore_hold_remaining, docstore_hold_until
 from cleanup_ops.recovery.classification import (
     DownstreamError,
     InvalidInput,
@@ -82,81 +79,100 @@ class UnpurgeableDocuments(InvalidDocumentId):
     request's ``unpurgeable``, for an operator (a ``policy_or_input`` letter)."""
 
 
-def purge_run(
-    *,
-    job: JobRef,
-    lease: JobLease,
-    progress: PurgeProgress,
-    max_requests: int,
-    max_seconds: float,
-    before_request: Hook | None = None,
-    after_request: Hook | None = None,
-    lease_until: datetime | None = None,
-) -> None:
-    """Run a bounded slice of a leased purge job; raises on failure (the caller classifies).
+class PurgeUnit:
+    """A purge job as the slice engine's work unit (``execution.runner``): a
+    step is one store request (one document on a fenced store, up to the
+    store's ``max_keys`` otherwise) under the job's lease, spending the
+    document store's tokens (``ratelimit.DOCSTORE``); the job finishes,
+    without a token, once every document is done. The engine reserves,
+    sleeps for, defers and gives back those tokens as for any other unit.
+    Raises on failure (the engine's caller classifies); what was done before
+    it stays counted in ``progress``."""
 
-    ``lease_until``: the earliest the lease may expire (read before it was
-    taken; by default a lease taken now), which bounds a sleep for the
-    store's tokens; each request's advance renews it."""
+    family = DOCSTORE
+
+    def __init__(
+        self,
+        *,
+        job: JobRef,
+        request: SliceRequest,
+        store: AttachmentStore,
+        before_request: Hook | None = None,
+        after_request: Hook | None = None,
+    ) -> None:
+        self.job = job
+        self.store = store
+        self.request = request
+        self.cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
+        self.progress = PurgeProgress()
+        self.before_request = before_request
+        self.after_request = after_request
+        self.cleared = False  # the last step cleared a document
+
+    def held_back(self) -> float:
+        """Seconds until the store lets purges go again (a 429's Retry-After,
+        shared by every worker), jittered; 0 when it does now. Not a token
+        wait: the job goes back until then."""
+        backoff = docstore_hold_remaining(now=clock.now().timestamp())
+        return backoff + retry_after_jitter() if backoff > 0 else 0.0
+
+    def settle(self, jobs: list[JobRef], lease: JobLease) -> dict[int, PartitionStep]:
+        """Every document done: the job finishes here, spending no token."""
+        if self.cursor < len(self.request.document_ids):
+            return {}
+        _unpurgeable_raise(self.request)
+        self.progress.outcome = _purge_finish(job=self.job, lease=lease, request_id=self.request.id)
+        return {self.job.id: PartitionStep(self.job.id, outcome=self.progress.outcome, applied=True)}
+
+    def step(self, jobs: list[JobRef], lease: JobLease) -> dict[int, PartitionStep]:
+        job, request, store = self.job, self.request, self.store
+        if self.before_request:
+            self.before_request(job.id)
+        outcomes: list[tuple[str, str, str]] = []
+        failure: BaseException | None = None
+        before = self.progress.requests
+        try:
+            if store.fenced:
+                document_id = request.document_ids[self.cursor]
+                verdict, effect = check_and_delete(store, request=request, document_id=str(document_id))
+                self.cursor = _purge_advance(
+                    job=job, lease=lease, request=request, cursor=self.cursor, verdict=verdict, effect=effect
+                )
+                outcomes = [(verdict, effect, "")]
+            else:
+                refs = [str(d) for d in request.document_ids[self.cursor : self.cursor + store.max_keys]]
+                done, failure = check_and_delete_many(store, request=request, refs=refs)
+                self.cursor = _purge_advance_many(
+                    job=job, lease=lease, request=request, cursor=self.cursor, outcomes=done
+                )
+                outcomes = done
+        except DownstreamError as exc:
+            _hold_all_purges(exc)
+            raise
+        _progress_count(self.progress, outcomes)
+        if failure is not None:
+            # The documents before it are recorded; this one is retried.
+            if isinstance(failure, DownstreamError):
+                _hold_all_purges(failure)
+            raise failure
+        self.cleared = any(verdict == CLEAR for verdict, _, _ in outcomes)
+        return {job.id: PartitionStep(job.id, deleted=self.progress.requests - before, applied=True)}
+
+    def after_step(self, jobs: list[JobRef]) -> None:
+        if self.after_request and self.cleared:
+            self.after_request(self.job.id)
+
+
+@contextmanager
+def purge_unit(
+    *, job: JobRef, before_request: Hook | None = None, after_request: Hook | None = None
+) -> Iterator[PurgeUnit]:
+    """A purge job's unit, with its store's session open for the slice."""
     request = _request_load(job)
-    cursor = CleanupJob.objects.values_list("cursor", flat=True).get(pk=job.id)
-    buckets = docstore_buckets_for(job.portfolio_id)
-    lease_until = lease_until or lease_expiry_from(clock.now())
-    started = time.monotonic()
-    steps = 0
     with store_for(request.store) as store:
-        while True:
-            if cursor >= len(request.document_ids):
-                _unpurgeable_raise(request)
-                progress.outcome = _purge_finish(job=job, lease=lease, request_id=request.id)
-                return
-            backoff = docstore_hold_remaining(now=clock.now().timestamp())
-            if backoff > 0:
-                # The store asked every purge to wait (a 429's Retry-After): not
-                # a token wait, the job goes back until then, jittered.
-                progress.deferred_seconds = backoff + retry_after_jitter()
-                job_release(lease=lease, available_at=clock.now() + timedelta(seconds=progress.deferred_seconds))
-                return
-            slice_left = max_seconds - (time.monotonic() - started)
-            wait = wait_for_token(job.portfolio_id, buckets=buckets, lease_until=lease_until, slice_left=slice_left)
-            if wait > 0:
-                progress.deferred_seconds = jobs_give_back_for_tokens(lease=lease, job_ids=[job.id], wait=wait)
-                return
-            if before_request:
-                before_request(job.id)
-            outcomes: list[tuple[str, str, str]] = []
-            failure: BaseException | None = None
-            # The advance renews the lease from its own reading of the clock, later than this one.
-            renewed_from = clock.now()
-            try:
-                if store.fenced:
-                    document_id = request.document_ids[cursor]
-                    verdict, effect = check_and_delete(store, request=request, document_id=str(document_id))
-                    cursor = _purge_advance(
-                        job=job, lease=lease, request=request, cursor=cursor, verdict=verdict, effect=effect
-                    )
-                    outcomes = [(verdict, effect, "")]
-                else:
-                    refs = [str(d) for d in request.document_ids[cursor : cursor + store.max_keys]]
-                    done, failure = check_and_delete_many(store, request=request, refs=refs)
-                    cursor = _purge_advance_many(job=job, lease=lease, request=request, cursor=cursor, outcomes=done)
-                    outcomes = done
-            except DownstreamError as exc:
-                _hold_all_purges(exc)
-                raise
-            lease_until = lease_expiry_from(renewed_from)
-            _progress_count(progress, outcomes)
-            if failure is not None:
-                # The documents before it are recorded; this one is retried.
-                if isinstance(failure, DownstreamError):
-                    _hold_all_purges(failure)
-                raise failure
-            steps += 1
-            if after_request and any(verdict == CLEAR for verdict, _, _ in outcomes):
-                after_request(job.id)
-            if steps >= max_requests or time.monotonic() - started >= max_seconds:
-                job_release(lease=lease)
-                return
+        yield PurgeUnit(
+            job=job, request=request, store=store, before_request=before_request, after_request=after_request
+        )
 
 
 def _progress_count(progress: PurgeProgress, outcomes: list[tuple[str, str, str]]) -> None:

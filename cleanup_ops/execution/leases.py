@@ -69,13 +69,10 @@ from cleanup_ops.dispatch import hint_due_at
 from cleanup_ops.lifecycle import JobEvent, leased_fields, next_state, released_fields
 from cleanup_ops.models import CleanupJob, JobState
 from cleanup_ops.ratelimit import (
-    BucketConfig,
+    DELETES,
     Member,
     Reservation,
-    buckets_for,
-    buckets_give_back,
-    global_buckets,
-    portfolio_buckets,
+    TokenFamily,
     tokens_give_back,
     tokens_reserve,
 )
@@ -475,48 +472,27 @@ def jobs_give_back_for_tokens(*, lease: JobLease, job_ids: list[int], wait: floa
     return wait
 
 
-def wait_for_token(
-    portfolio_id: int, buckets: list[BucketConfig] | None = None, *, lease_until: datetime, slice_left: float
-) -> float:
-    """0 once the job's tokens (by default its portfolio's and the global one;
-    a purge passes the store's) are taken and their instant has come; else the
-    seconds to defer the job by. One reservation, then at most one sleep
-    (``token_wait_bound``). Stopped while asleep: the tokens go back and the
-    rest of the wait is the deferral."""
-    buckets = buckets_for(portfolio_id) if buckets is None else buckets
-    if not buckets:
-        return 0.0
-    members: list[Member] = [(None, bucket) for bucket in buckets]
-    now = clock.now()
-    bound = token_wait_bound(lease_until=lease_until, slice_left=slice_left, now=now)
-    grant = tokens_reserve(members=members, now=now.timestamp(), max_wait=bound)
-    if not grant.reserved:
-        return grant.wait
-    started = time.monotonic()
-    if token_sleep(grant.wait):
-        return 0.0
-    buckets_give_back(members=members)
-    return max(0.001, grant.wait - (time.monotonic() - started))
-
-
-def group_tokens_unused(portfolio_ids: set[int], *, touched_none: bool = False) -> None:
+def group_tokens_unused(portfolio_ids: set[int], *, touched_none: bool = False, family: TokenFamily = DELETES) -> None:
     """Give back the tokens of portfolios a transaction was allowed but did not
     touch; with ``touched_none`` (it applied nothing, raised, or never ran)
-    the global token as well."""
-    tokens_give_back(portfolio_ids=portfolio_ids, include_global=touched_none)
+    the shared (global) one as well."""
+    tokens_give_back(portfolio_ids=portfolio_ids, include_global=touched_none, family=family)
 
 
-def group_tokens(portfolio_ids: set[int], *, max_wait: float = 0.0, now: datetime | None = None) -> Reservation:
-    """Tokens for one transaction over the portfolios it may touch, reserved
-    in one statement: one from each portfolio's bucket whose token is there
-    by the instant ``at`` (``allowed``), and one global, ``at`` being the
-    earliest instant the global token and some portfolio's are both there.
-    Reserved only when ``at`` is within ``max_wait``; the caller sleeps until
-    ``at`` (``token_sleep``). ``ready`` says when each portfolio left out
-    could go. Unlimited rates cost no statement. Tokens of allowed portfolios
-    the transaction then leaves untouched go back (``group_tokens_unused``)."""
-    members: list[Member] = [(p, bucket) for p in sorted(portfolio_ids) for bucket in portfolio_buckets(p)]
-    members += [(None, bucket) for bucket in global_buckets()]
+def group_tokens(
+    portfolio_ids: set[int], *, max_wait: float = 0.0, now: datetime | None = None, family: TokenFamily = DELETES
+) -> Reservation:
+    """Tokens for one step of a slice over the portfolios it may touch (a
+    single job's slice is a group of one), reserved in one statement: one
+    from each portfolio's bucket of ``family`` whose token is there by the
+    instant ``at`` (``allowed``), and one from each shared bucket, ``at``
+    being the earliest instant the shared tokens and some portfolio's are all
+    there. Reserved only when ``at`` is within ``max_wait``; the caller
+    sleeps until ``at`` (``token_sleep``). ``ready`` says when each portfolio
+    left out could go. Unlimited rates cost no statement. Tokens of allowed
+    portfolios the step then leaves untouched go back (``group_tokens_unused``)."""
+    members: list[Member] = [(p, bucket) for p in sorted(portfolio_ids) for bucket in family.own(p)]
+    members += [(None, bucket) for bucket in family.shared()]
     if not members:
         # No statement, and no clock reading either.
         return Reservation(

@@ -1,16 +1,20 @@
 """Running jobs: a slice under one lease, a worker's turn, the in-process drain.
 
-A **slice** leases one job, runs a bounded number of batches (or purge
-requests) — ``CLEANUP_SLICE_BATCHES`` or ``CLEANUP_SLICE_SECONDS``, whichever
-comes first — then releases it with its cursor saved, so one big property
-never holds a worker for long and other portfolios get a turn. Rate-limit
-tokens are reserved for the instant they are there and slept for, lease
-kept; a wait longer than the slice, ``CLEANUP_TOKEN_WAIT_SECONDS`` or the
-lease can bear gives the job back until then, without counting an attempt
-(``execution.leases``, "Tokens"). Any exception is classified
+A **slice** leases one job or a group of jobs, runs a bounded number of
+steps — ``CLEANUP_SLICE_BATCHES`` or ``CLEANUP_SLICE_SECONDS``, whichever
+comes first — then releases what is left with its cursors saved, so one big
+property never holds a worker for long and other portfolios get a turn.
+Every slice is one engine (``_SliceEngine``) over a work unit (``WorkUnit``:
+a delete batch over one or many partitions, or a purge's store request); a
+single job is a group of one. Rate-limit tokens are reserved per step for
+the instant they are there and slept for, lease kept; a wait longer than the
+slice, ``CLEANUP_TOKEN_WAIT_SECONDS`` or the lease can bear gives the job
+back until then, without counting an attempt (``execution.leases``,
+"Tokens"). A single job's exception is classified
 (``recovery.classification``) and recorded under the lease
-(``recovery.failures``); a slice never raises for a job's failure, so the
-django-q2 task always returns normally.
+(``recovery.failures``); a group's failed transaction runs each job alone. A
+slice never raises for a job's failure, so the django-q2 task always
+returns normally.
 
 A **worker's turn** is one broker task's work: the delivered job's slice, then
 more due jobs in the dispatcher's fair order (only jobs with no message waiting
@@ -25,15 +29,18 @@ import signal
 import threading
 import time
 from collections.abc import Callable
+from contextlib import ExitStack
 from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Protocol
 
 from django.conf import settings
 from django.db import connection
 
 from cleanup_ops import clock
 from cleanup_ops.dispatch import fair_due_job_ids
-from cleanup_ops.downstream.purge import PurgeProgress, purge_run
-from cleanup_ops.execution.batches import PartitionStep, job_load, run_batch, run_group_batch
+from cleanup_ops.downstream.purge import PurgeUnit, purge_unit
+from cleanup_ops.execution.batches import PartitionStep, job_load, run_group_batch
 from cleanup_ops.execution.leases import (
     JobLease,
     JobRef,
@@ -41,7 +48,6 @@ from cleanup_ops.execution.leases import (
     group_tokens,
     group_tokens_unused,
     job_lease,
-    job_release,
     jobs_give_back_for_tokens,
     jobs_lease_group,
     jobs_release,
@@ -51,11 +57,10 @@ from cleanup_ops.execution.leases import (
     token_sleep,
     token_wait_bound,
     token_wait_next_slice,
-    wait_for_token,
     worker_name,
 )
 from cleanup_ops.models import CleanupJob, JobKind, JobState
-from cleanup_ops.ratelimit import Reservation
+from cleanup_ops.ratelimit import DELETES, Reservation, TokenFamily
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 from retention.conf import MAX_BATCH_SIZE
@@ -127,113 +132,84 @@ def worker_session_bound() -> None:
         connection._cleanup_bounded_session = raw  # type: ignore[attr-defined]  # our marker on the connection
 
 
-def job_run_slice(
-    *,
-    job_id: int,
-    owner: str | None = None,
-    max_batches: int | None = None,
-    max_seconds: float | None = None,
-    batch_size: int | None = None,
-    before_batch: BatchHook | None = None,
-    after_batch: BatchHook | None = None,
-) -> SliceResult:
-    """Lease ``job_id`` and run a bounded slice of batches; never raises for job failures.
+class WorkUnit(Protocol):
+    """A kind of work a slice runs under its lease, one step at a time: a
+    delete batch over one or many partitions (``DeleteUnit``) or a purge's
+    store request (``downstream.purge.PurgeUnit``). The engine
+    (``_SliceEngine``) does the rest once for every kind: the tokens of
+    ``family`` reserved per step, slept for with the lease kept, deferred or
+    given back; the turns among the partitions; the slice's budget."""
 
-    ``before_batch``/``after_batch`` are called with the job id around each
-    batch: the place a downstream call (or a test's failing executor) sits.
-    """
-    result = SliceResult(job_id=job_id)
-    if stop_requested():
-        return result
-    worker_session_bound()
-    lease_until = lease_expiry_from(clock.now())
-    lease = job_lease(job_id=job_id, owner=owner or worker_name())
-    if lease is None:
-        return result
-    result.leased = True
-    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
-    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
-    # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
-    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
-    job = job_load(job_id)
-    started = time.monotonic()
-    try:
-        if job.job_kind == JobKind.PURGE:
-            progress = PurgeProgress()
-            try:
-                purge_run(
-                    job=job,
-                    lease=lease,
-                    progress=progress,
-                    max_requests=max_batches,
-                    max_seconds=max_seconds,
-                    lease_until=lease_until,
-                    before_request=before_batch,
-                    after_request=after_batch,
-                )
-            finally:
-                # Requests made before a failure count too.
-                result.batches = result.documents_purged = progress.requests
-                result.outcome = progress.outcome
-                result.deferred_seconds = progress.deferred_seconds
-        else:
-            while True:
-                slice_left = max_seconds - (time.monotonic() - started)
-                wait = wait_for_token(job.portfolio_id, lease_until=lease_until, slice_left=slice_left)
-                if wait > 0:
-                    # No token within what this slice and the lease can bear.
-                    result.deferred_seconds = jobs_give_back_for_tokens(lease=lease, job_ids=[job_id], wait=wait)
-                    break
-                if before_batch:
-                    before_batch(job_id)
-                # The batch renews the lease from its own reading of the clock, later than this one.
-                renewed_from = clock.now()
-                deleted, outcome = run_batch(job=job, lease=lease, limit=limit)
-                lease_until = lease_expiry_from(renewed_from)
-                result.batches += 1
-                result.rows_deleted += deleted
-                if after_batch:
-                    after_batch(job_id)
-                if outcome:
-                    result.outcome = outcome
-                    break
-                if result.batches >= max_batches or time.monotonic() - started >= max_seconds or stop_requested():
-                    job_release(lease=lease)
-                    break
-    except Exception as exc:
-        classification = classify(exc, now=clock.now())
-        result.error_category = classification.category
-        if classification.category == FailureCategory.LEASE_LOST:
-            result.lease_lost = True
-            logger.warning(
-                "cleanup job %s: lease lost, stopping without committing",
-                job_id,
-                extra={"job_id": job_id, "category": classification.category},
-            )
-        else:
-            logger.warning(
-                "cleanup job %s: %s (%s)",
-                job_id,
-                classification.category,
-                classification.error_class,
-                extra={"job_id": job_id, "category": classification.category},
-            )
-            try:
-                result.dead = job_fail(lease=lease, classification=classification)
-            except Exception:
-                logger.warning(
-                    "cleanup job %s: could not record the failure; the lease will expire",
-                    job_id,
-                    extra={"job_id": job_id, "category": classification.category},
-                )
-    if result.outcome:
-        logger.info(
-            "cleanup job %s finished: %s",
-            job_id,
-            result.outcome,
-            extra={"job_id": job_id, "status": result.outcome, "record_kind": job.record_kind},
-        )
-    return result
+    family: TokenFamily
+
+    def held_back(self) -> float:
+        """Seconds every job of this kind must wait whatever its tokens (0: none)."""
+        ...
+
+    def settle(self, jobs: list[JobRef], lease: JobLease) -> dict[int, PartitionStep]:
+        """Jobs that finish without a step (so without a token)."""
+        ...
+
+    def step(self, jobs: list[JobRef], lease: JobLease) -> dict[int, PartitionStep]:
+        """One step over ``jobs``; raises on failure (nothing of it applied)."""
+        ...
+
+    def after_step(self, jobs: list[JobRef]) -> None:
+        """After a step committed and was counted (a hook that raises fails
+        the slice with the step's work kept)."""
+        ...
+
+
+@dataclass
+class DeleteUnit:
+    """Delete jobs' unit: a step is one batch transaction over the partitions
+    it is given (``run_group_batch``; one partition alone is a group of one).
+    ``before_batch``/``after_batch`` are called with each job id around it:
+    the place a downstream call (or a test's failing executor) sits."""
+
+    limit: int | None = None
+    before_batch: BatchHook | None = None
+    after_batch: BatchHook | None = None
+    family: TokenFamily = DELETES
+
+    def held_back(self) -> float:
+        return 0.0
+
+    def settle(self, jobs: list[JobRef], lease: JobLease) -> dict[int, PartitionStep]:
+        return {}
+
+    def step(self, jobs: list[JobRef], lease: JobLease) -> dict[int, PartitionStep]:
+        if self.before_batch:
+            for job in jobs:
+                self.before_batch(job.id)
+        return run_group_batch(jobs=jobs, lease=lease, limit=self.limit)
+
+    def after_step(self, jobs: list[JobRef]) -> None:
+        if self.after_batch:
+            for job in jobs:
+                self.after_batch(job.id)
+
+
+class StepFailed(Exception):
+    """A step raised: its tokens went back and nothing of it was applied; the
+    caller decides what the failure means for the slice's jobs."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(type(cause).__name__)
+        self.cause = cause
+
+
+@dataclass
+class GroupSliceResult:
+    leased: int = 0  # jobs the lease took
+    transactions: int = 0  # steps (batch transactions, store requests)
+    rows_deleted: int = 0  # rows deleted (a purge: documents purged)
+    finished: int = 0
+    deferred_seconds: float = 0.0
+    fell_back: bool = False  # a transaction failed: its jobs ran alone
+    out_of_time: bool = False  # the next tokens come after the slice's end: its jobs went back due now
+    slept_seconds: float = 0.0  # asleep for rate tokens (not counted in the slice's seconds)
+    outcomes: dict[int, str] = field(default_factory=dict)  # each finished job's outcome
 
 
 # The smallest shared transaction after one that could not take every
@@ -242,20 +218,8 @@ MIN_WINDOW = 2
 
 
 @dataclass
-class GroupSliceResult:
-    leased: int = 0  # jobs the lease took
-    transactions: int = 0
-    rows_deleted: int = 0
-    finished: int = 0
-    deferred_seconds: float = 0.0
-    fell_back: bool = False  # a transaction failed: its jobs ran alone
-    out_of_time: bool = False  # the next tokens come after the slice's end: its jobs went back due now
-    slept_seconds: float = 0.0  # asleep for rate tokens (not counted in the slice's seconds)
-
-
-@dataclass
 class _Turns:
-    """Whose turn it is among a group slice's leased partitions (processor sharing)."""
+    """Whose turn it is among a slice's leased partitions (processor sharing)."""
 
     pending: list[int]  # leased and not finished, in turn order
     # How many partitions the next shared transaction covers: all of them at
@@ -302,6 +266,235 @@ class _Turns:
             jobs_release(lease=lease, job_ids=[job_id for job_id in self.pending if job_id in self.worked])
 
 
+@dataclass
+class _SliceEngine:
+    """The one slice loop every kind of work runs: a single job is a group of
+    one, a purge a kind of unit. Each step's tokens are reserved only for the
+    portfolios it may touch, in one statement, for the instant they are there
+    (``group_tokens``); a wait within what the slice and the leases can bear
+    is slept, lease kept (giving the jobs back and leasing them again would
+    cost more statements than the step the limit is there to slow down); a
+    job whose portfolio has no token within the next slice is deferred until
+    exactly then (``jobs_give_back_for_tokens``); tokens a step did not use go
+    back (``group_tokens_unused``). ``run`` raises ``StepFailed`` with the
+    jobs still pending when a step raised; otherwise it releases what is left
+    with its cursors."""
+
+    lease: JobLease
+    jobs: dict[int, JobRef]
+    unit: WorkUnit
+    budget: SliceBudget
+    max_steps: int
+    refill_below: int
+    leased_from: datetime
+    result: GroupSliceResult = field(default_factory=GroupSliceResult)
+
+    def __post_init__(self) -> None:
+        self.turns = _Turns(list(self.jobs), window=len(self.jobs))
+        # The earliest each job's lease may expire: from the lease, then from
+        # each step that advanced it (a job a step did not reach keeps the
+        # older expiry). A token sleep must end well before the earliest.
+        self.lease_until = dict.fromkeys(self.turns.pending, lease_expiry_from(self.leased_from))
+        self.result.leased = len(self.turns.pending)
+
+    def run(self) -> GroupSliceResult:
+        turns, jobs, lease, unit, result = self.turns, self.jobs, self.lease, self.unit, self.result
+        budget = self.budget
+        while turns.pending:
+            working = turns.next_working()
+            settled = unit.settle([jobs[job_id] for job_id in working], lease)
+            if settled:
+                self._count(settled)
+                turns.after(working, settled, set(settled))
+                continue
+            held_back = unit.held_back()
+            if held_back > 0:
+                until = clock.now() + timedelta(seconds=held_back)
+                jobs_release(lease=lease, job_ids=turns.pending, available_at=until)
+                result.deferred_seconds = held_back
+                turns.pending = []
+                break
+            now = clock.now()
+            bound = token_wait_bound(
+                lease_until=min(self.lease_until[job_id] for job_id in working), slice_left=budget.left(), now=now
+            )
+            grant = group_tokens(
+                {jobs[job_id].portfolio_id for job_id in working}, max_wait=bound, now=now, family=unit.family
+            )
+            if not grant.reserved and token_wait_next_slice(grant.wait):
+                # Only this slice's end comes before the tokens: end it here,
+                # its jobs go back due now (below) and the next slice sleeps.
+                result.out_of_time = True
+                break
+            allowed = set(grant.allowed)
+            working = self._defer_without_tokens(working, grant)
+            if not working:
+                continue
+            if grant.wait > 0 and not token_sleep(grant.wait):
+                # Stopped while asleep: these tokens will not be used.
+                group_tokens_unused(allowed, touched_none=True, family=unit.family)
+                break
+            budget.slept += grant.wait
+            renewed_from = clock.now()
+            try:
+                steps = unit.step([jobs[job_id] for job_id in working], lease)
+            except Exception as exc:
+                if allowed:
+                    # Nothing of it applied: its tokens (the shared ones too) go back.
+                    group_tokens_unused(allowed, touched_none=True, family=unit.family)
+                raise StepFailed(exc) from exc
+            result.transactions += 1
+            applied = {job_id for job_id, step in steps.items() if step.applied}
+            self.lease_until.update(dict.fromkeys(applied, lease_expiry_from(renewed_from)))
+            touched = {jobs[job_id].portfolio_id for job_id in applied}
+            if allowed - touched:
+                group_tokens_unused(allowed - touched, touched_none=not touched, family=unit.family)
+            self._count(steps)
+            turns.after(working, steps, applied)
+            try:
+                unit.after_step([jobs[job_id] for job_id in working])
+            except Exception as exc:
+                raise StepFailed(exc) from exc
+            if result.transactions >= self.max_steps or budget.left() <= 0 or stop_requested():
+                break
+            if len(turns.pending) < self.refill_below:
+                break
+        turns.release(lease)
+        result.slept_seconds = budget.slept
+        return result
+
+    def _count(self, steps: dict[int, PartitionStep]) -> None:
+        for step in steps.values():
+            self.result.rows_deleted += step.deleted
+            if step.outcome:
+                self.result.finished += 1
+                self.result.outcomes[step.job_id] = step.outcome
+
+    def _defer_without_tokens(self, working: list[int], grant: Reservation) -> list[int]:
+        """The jobs of ``working`` whose portfolio has its token. The others
+        are kept for a later step of this slice (or the next slice) when the
+        next slice could sleep through their wait, else released until
+        exactly when their tokens will be there."""
+        jobs = self.jobs
+        left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in grant.allowed]
+        deferred = [j for j in left_out if not token_wait_next_slice(grant.wait_of(jobs[j].portfolio_id))]
+        if deferred:
+            by_wait: dict[float, list[int]] = {}
+            for job_id in deferred:
+                by_wait.setdefault(grant.wait_of(jobs[job_id].portfolio_id), []).append(job_id)
+            for wait, ids in sorted(by_wait.items()):
+                jobs_give_back_for_tokens(lease=self.lease, job_ids=ids, wait=wait)
+            self.result.deferred_seconds = max(self.result.deferred_seconds, *by_wait)
+            self.turns.drop(set(deferred))
+        return [job_id for job_id in working if jobs[job_id].portfolio_id in grant.allowed]
+
+
+def job_run_slice(
+    *,
+    job_id: int,
+    owner: str | None = None,
+    max_batches: int | None = None,
+    max_seconds: float | None = None,
+    batch_size: int | None = None,
+    before_batch: BatchHook | None = None,
+    after_batch: BatchHook | None = None,
+) -> SliceResult:
+    """Lease ``job_id`` and run a bounded slice of it: the engine's group of
+    one (a delete job's batches, a purge's requests); never raises for job
+    failures: any is classified and recorded under the lease.
+
+    ``before_batch``/``after_batch`` are called with the job id around each
+    batch (or each purge request that cleared a document: ``after``): the
+    place a downstream call (or a test's failing executor) sits.
+    """
+    result = SliceResult(job_id=job_id)
+    if stop_requested():
+        return result
+    worker_session_bound()
+    leased_from = clock.now()
+    lease = job_lease(job_id=job_id, owner=owner or worker_name())
+    if lease is None:
+        return result
+    result.leased = True
+    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
+    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
+    job = job_load(job_id)
+    purge: PurgeUnit | None = None
+    try:
+        with ExitStack() as units:
+            unit: WorkUnit
+            if job.job_kind == JobKind.PURGE:
+                unit = purge = units.enter_context(
+                    purge_unit(job=job, before_request=before_batch, after_request=after_batch)
+                )
+            else:
+                unit = DeleteUnit(limit=limit, before_batch=before_batch, after_batch=after_batch)
+            engine = _SliceEngine(
+                lease=lease,
+                jobs={job_id: job},
+                unit=unit,
+                budget=SliceBudget.of(max_seconds),
+                max_steps=max_batches or settings.CLEANUP_SLICE_BATCHES,
+                refill_below=0,
+                leased_from=leased_from,
+            )
+            try:
+                engine.run()
+            finally:
+                # Steps made before a failure count too.
+                done = engine.result
+                result.batches, result.rows_deleted = done.transactions, done.rows_deleted
+                result.outcome = done.outcomes.get(job_id, "")
+                result.deferred_seconds = done.deferred_seconds
+    except Exception as exc:
+        cause = exc.cause if isinstance(exc, StepFailed) else exc
+        _record_failure(result, cause, lease=lease)
+    if purge is not None:
+        # A purge's figures are its documents, not rows.
+        result.documents_purged = result.batches = purge.progress.requests
+        result.rows_deleted = 0
+        result.outcome = result.outcome or purge.progress.outcome
+    if result.outcome:
+        logger.info(
+            "cleanup job %s finished: %s",
+            job_id,
+            result.outcome,
+            extra={"job_id": job_id, "status": result.outcome, "record_kind": job.record_kind},
+        )
+    return result
+
+
+def _record_failure(result: SliceResult, exc: Exception, *, lease: JobLease) -> None:
+    """A single job's failure, classified and recorded under its lease."""
+    job_id = lease.job_id
+    classification = classify(exc, now=clock.now())
+    result.error_category = classification.category
+    if classification.category == FailureCategory.LEASE_LOST:
+        result.lease_lost = True
+        logger.warning(
+            "cleanup job %s: lease lost, stopping without committing",
+            job_id,
+            extra={"job_id": job_id, "category": classification.category},
+        )
+        return
+    logger.warning(
+        "cleanup job %s: %s (%s)",
+        job_id,
+        classification.category,
+        classification.error_class,
+        extra={"job_id": job_id, "category": classification.category},
+    )
+    try:
+        result.dead = job_fail(lease=lease, classification=classification)
+    except Exception:
+        logger.warning(
+            "cleanup job %s: could not record the failure; the lease will expire",
+            job_id,
+            extra={"job_id": job_id, "category": classification.category},
+        )
+
+
 def group_run_slice(
     *,
     owner: str | None = None,
@@ -324,7 +517,7 @@ def group_run_slice(
     transaction takes one token per portfolio it touches and one global token
     (tokens drawn for portfolios it then leaves untouched go back); a
     portfolio without a token is left out of it and deferred until its own
-    token is due, not waited for.
+    token is due, not waited for (``_SliceEngine``).
 
     If a transaction fails, which partition caused it is unknown: the slice
     releases the jobs and runs each alone (``job_run_slice``), whose failure
@@ -332,20 +525,14 @@ def group_run_slice(
     left of the slice's seconds (``_run_alone``).
     """
     owner = owner or worker_name()
-    result = GroupSliceResult()
     if stop_requested():
-        return result
+        return GroupSliceResult()
     worker_session_bound()
     leased_from = clock.now()
     group = jobs_lease_group(owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS)
     if group is None:
-        return result
-    lease, turns = group.lease, _Turns(list(group.job_ids), window=len(group.job_ids))
-    # The earliest each job's lease may expire: from the lease, then from each
-    # transaction that advanced it (a job a transaction did not reach keeps
-    # the older expiry). A token sleep must end well before the earliest.
-    lease_until = dict.fromkeys(turns.pending, lease_expiry_from(leased_from))
-    result.leased = len(turns.pending)
+        return GroupSliceResult()
+    leased = len(group.jobs)
     # By default (the in-process drain) up to a slice's batches for each
     # partition leased, within the seconds: with processor sharing every
     # partition gets its turn inside the lease, and the drain leases and
@@ -353,112 +540,43 @@ def group_run_slice(
     # The drain's slice also ends once fewer than half of the partitions it
     # leased are left: holding on to a few large ones while other partitions
     # wait unleased would undo the processor sharing.
-    refill_below = 0 if max_batches else (len(turns.pending) + 1) // 2
-    max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(turns.pending)
     max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
-    jobs = group.jobs
-    budget = SliceBudget.of(max_seconds, max_wall_seconds)
-    started = budget.started
-    while turns.pending:
-        working = turns.next_working()
-        # Tokens only for the portfolios this transaction may touch (a large
-        # partition alone spends its own portfolio's token, nobody else's),
-        # reserved in one statement for the instant they are there. A wait
-        # within what the slice and the leases can bear is slept, lease kept:
-        # giving the partitions back and leasing them again would cost more
-        # statements than the batch the limit is there to slow down.
-        now = clock.now()
-        bound = token_wait_bound(
-            lease_until=min(lease_until[job_id] for job_id in working),
-            slice_left=budget.left(),
-            now=now,
+    engine = _SliceEngine(
+        lease=group.lease,
+        jobs=group.jobs,
+        unit=DeleteUnit(limit=limit),
+        budget=SliceBudget.of(max_seconds, max_wall_seconds),
+        max_steps=max_batches or settings.CLEANUP_SLICE_BATCHES * leased,
+        refill_below=0 if max_batches else (leased + 1) // 2,
+        leased_from=leased_from,
+    )
+    try:
+        return engine.run()
+    except StepFailed as failed:
+        result, pending = engine.result, engine.turns.pending
+        if isinstance(failed.cause, LeaseLost):
+            logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(pending))
+            return result
+        logger.warning(
+            "cleanup group of %s jobs: %s; running them one by one",
+            len(pending),
+            type(failed.cause).__name__,
+            extra={"category": classify(failed.cause, now=clock.now()).category},
         )
-        grant = group_tokens({jobs[job_id].portfolio_id for job_id in working}, max_wait=bound, now=now)
-        if not grant.reserved and token_wait_next_slice(grant.wait):
-            # Only this slice's end comes before the tokens: end it here, its
-            # partitions go back due now (below) and the next slice sleeps.
-            result.out_of_time = True
-            break
-        allowed = set(grant.allowed)
-        working = _defer_without_tokens(working, grant, jobs=jobs, lease=lease, turns=turns, result=result)
-        if not working:
-            continue
-        if grant.wait > 0 and not token_sleep(grant.wait):
-            # Stopped while asleep: these tokens will not be used.
-            group_tokens_unused(allowed, touched_none=True)
-            break
-        budget.slept += grant.wait
-        renewed_from = clock.now()
-        try:
-            steps = run_group_batch(jobs=[jobs[job_id] for job_id in working], lease=lease, limit=limit)
-        except LeaseLost:
-            logger.warning("cleanup group of %s jobs: lease lost, stopping without committing", len(turns.pending))
-            if allowed:
-                group_tokens_unused(allowed, touched_none=True)
-            turns.pending = []
-            break
-        except Exception as exc:
-            if allowed:
-                # Rolled back: it spent nothing, so its tokens (global too) go back.
-                group_tokens_unused(allowed, touched_none=True)
-            logger.warning(
-                "cleanup group of %s jobs: %s; running them one by one",
-                len(turns.pending),
-                type(exc).__name__,
-                extra={"category": classify(exc, now=clock.now()).category},
-            )
-            jobs_release(lease=lease, job_ids=turns.pending)
-            result.fell_back = True
-            _run_alone(
-                turns.pending, owner=owner, batch_size=batch_size, result=result, started=started, budget=max_seconds
-            )
-            turns.pending = []
-            break
-        result.transactions += 1
-        applied = {job_id for job_id, step in steps.items() if step.applied}
-        lease_until.update(dict.fromkeys(applied, lease_expiry_from(renewed_from)))
-        touched = {jobs[job_id].portfolio_id for job_id in applied}
-        if allowed - touched:
-            group_tokens_unused(allowed - touched, touched_none=not touched)
-        for step in steps.values():
-            result.rows_deleted += step.deleted
-            result.finished += int(bool(step.outcome))
-        turns.after(working, steps, applied)
-        if result.transactions >= max_batches or budget.left() <= 0 or stop_requested():
-            break
-        if len(turns.pending) < refill_below:
-            break
-    turns.release(lease)
-    result.slept_seconds = budget.slept
-    return result
-
-
-def _defer_without_tokens(
-    working: list[int],
-    grant: Reservation,
-    *,
-    jobs: dict[int, JobRef],
-    lease: JobLease,
-    turns: _Turns,
-    result: GroupSliceResult,
-) -> list[int]:
-    """The partitions of ``working`` whose portfolio has its token. The
-    others are kept for a later transaction of this slice (or the next slice)
-    when the next slice could sleep through their wait, else released until
-    exactly when their tokens will be there."""
-    left_out = [job_id for job_id in working if jobs[job_id].portfolio_id not in grant.allowed]
-    deferred = [job_id for job_id in left_out if not token_wait_next_slice(grant.wait_of(jobs[job_id].portfolio_id))]
-    if deferred:
-        by_wait: dict[float, list[int]] = {}
-        for job_id in deferred:
-            by_wait.setdefault(grant.wait_of(jobs[job_id].portfolio_id), []).append(job_id)
-        for wait, ids in sorted(by_wait.items()):
-            jobs_give_back_for_tokens(lease=lease, job_ids=ids, wait=wait)
-        result.deferred_seconds = max(result.deferred_seconds, *by_wait)
-        turns.drop(set(deferred))
-    return [job_id for job_id in working if jobs[job_id].portfolio_id in grant.allowed]
+        jobs_release(lease=group.lease, job_ids=pending)
+        result.fell_back = True
+        _run_alone(
+            pending,
+            owner=owner,
+            batch_size=batch_size,
+            result=result,
+            started=engine.budget.started,
+            budget=max_seconds,
+        )
+        result.slept_seconds = engine.budget.slept
+        return result
 
 
 def _run_alone(
