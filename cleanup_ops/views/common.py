@@ -15,17 +15,21 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 
 from cleanup_ops.checks import refresh_seconds as console_refresh_seconds
+from cleanup_ops.console_selectors.holds import holds_covering
+from cleanup_ops.console_selectors.names import property_names
 from cleanup_ops.console_selectors.workers import live_job_kinds, start_command
 from cleanup_ops.dispatch import queues
 from cleanup_ops.recovery.operator import MIN_REASON_LENGTH
 from retention.filters import FilterError
 from retention.inputs import InputError, visible_length
 from retention.inputs import reason_problem as reason_rule_problem
+from retention.scoping import may_act_in
 
 VIEW_PERM = "cleanup_ops.view_cleanupjob"
 LETTER_VIEW = "cleanup_ops.view_deadletter"
 SWEEP_VIEW = "cleanup_ops.view_sweep"
 PAUSE_VIEW = "cleanup_ops.view_pipelinepause"
+HOLD_VIEW = "retention.view_legalhold"
 PAGE_SIZE = 50
 
 
@@ -53,6 +57,17 @@ def bad_input_as_400(view: Callable[..., HttpResponse]) -> Callable[..., HttpRes
             return bad_request(request, exc.field, exc.message)
 
     return wrapped
+
+
+def holds_context(
+    request: HttpRequest, *, portfolio_id: int, partition: tuple[int | None, str] | None = None
+) -> dict[str, Any]:
+    """The active holds covering a scope (``console_selectors.holds``), for a
+    reader who may see the holds of that portfolio; ``holds`` is None otherwise."""
+    if not may_act_in(request.user, HOLD_VIEW, portfolio_id):
+        return {"holds": None}
+    holds = holds_covering(portfolio_id=portfolio_id, partition=partition)
+    return {"holds": holds, "hold_property_names": property_names(h.property_id for h in holds.holds)}
 
 
 # --- Live fragments and charts -------------------------------------------------

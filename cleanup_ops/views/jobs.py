@@ -45,6 +45,7 @@ from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
+    holds_context,
     live_kinds_now,
     reason_problem,
     render_live,
@@ -108,6 +109,7 @@ def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
         "can_run_now": _may(request, JobAction.RUN_NOW),
         "can_cancel": _may(request, JobAction.CANCEL),
         "min_reason": MIN_REASON_LENGTH,
+        **holds_context(request, portfolio_id=job.portfolio_id, partition=(job.property_id, job.record_kind)),
     }
 
 

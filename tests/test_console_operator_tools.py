@@ -1,0 +1,135 @@
+"""What operators of other job consoles look for (issue 39, item 7, from
+item 8): the active holds on the portfolio and job pages, page size and the
+sorts, filter tokens, CSV exports of the lists, quiet and drain of a worker
+cluster with run-time limits, charts by portfolio and state, and the
+"how to verify" panel beside a proof."""
+
+from __future__ import annotations
+
+import pytest
+from django.test import Client
+
+from cleanup_ops.execution.runner import job_run_slice
+from cleanup_ops.models import CleanupJob, Sweep
+from cleanup_ops.recovery.classification import DownstreamError
+from cleanup_ops.schedule import sweep_trigger
+from properties.models import Portfolio, Property
+from retention.services import legal_hold_place
+
+from .conftest import make_records, make_user, utc
+
+pytestmark = pytest.mark.django_db
+
+OLD = utc("2020-01-01T00:00:00Z")
+REASON = "litigation: tenancy dispute 2026-114"
+
+
+def rejected(job_id: int) -> None:
+    raise DownstreamError(400)
+
+
+@pytest.fixture
+def world(portfolio, active_policy, reviewer, time_machine):  # type: ignore[no-untyped-def]
+    """Acme: two properties (leases; A1 also maintenance records); Birch: one
+    property. The first Acme job is dead-lettered (HTTP 400)."""
+    time_machine.move_to("2026-08-21T02:05:00Z", tick=False)
+    birch = Portfolio.objects.create(name="Birch Estates", slug="birch")
+    active_policy(portfolio, "lease", 365)
+    active_policy(portfolio, "maintenance_record", 365)
+    active_policy(birch, "lease", 365)
+    a0 = Property.objects.create(portfolio=portfolio, name="Quay Court")
+    a1 = Property.objects.create(portfolio=portfolio, name="Mill Lane")
+    b0 = Property.objects.create(portfolio=birch, name="Birch Row")
+    make_records(a0, "lease", 2, ended=OLD)
+    make_records(a1, "lease", 2, ended=OLD)
+    make_records(a1, "maintenance_record", 2, ended=OLD)
+    make_records(b0, "lease", 2, ended=OLD)
+    sweep_trigger()
+    jobs = {(j.property_id, j.record_kind): j for j in CleanupJob.objects.order_by("id")}
+    job_run_slice(job_id=jobs[(a0.pk, "lease")].pk, before_batch=rejected)
+    return {
+        "acme": portfolio,
+        "birch": birch,
+        "a0": a0,
+        "a1": a1,
+        "b0": b0,
+        "jobs": jobs,
+        "sweep": Sweep.objects.get(),
+        "reviewer": reviewer,
+    }
+
+
+@pytest.fixture
+def op(operator_user) -> Client:  # type: ignore[no-untyped-def]
+    client = Client()
+    client.force_login(operator_user)
+    return client
+
+
+def hold(world, **scope):  # type: ignore[no-untyped-def]
+    portfolio = scope.pop("portfolio", world["acme"])
+    return legal_hold_place(portfolio=portfolio, placed_by=world["reviewer"], reason=REASON, **scope)
+
+
+# --- 1. Holds on the portfolio and job pages -------------------------------------
+
+
+def test_the_portfolio_page_lists_every_active_hold_in_the_portfolio_and_no_released_or_other_one(world, op):
+    whole = hold(world)
+    narrow = hold(world, property=world["a1"], record_kind="maintenance_record")
+    released = hold(world, property=world["a0"])
+    from retention.services import legal_hold_release
+
+    legal_hold_release(hold_id=released.pk, released_by=world["reviewer"], reason="dispute settled out of court")
+    elsewhere = hold(world, portfolio=world["birch"])
+    html = op.get(f"/console/portfolios/{world['acme'].pk}/").content.decode()
+    assert 'data-testid="holds"' in html
+    assert f'data-testid="hold-{whole.pk}"' in html and f'data-testid="hold-{narrow.pk}"' in html
+    assert f'data-testid="hold-{released.pk}"' not in html and f'data-testid="hold-{elsewhere.pk}"' not in html
+    assert "2 active holds" in html and "Mill Lane" in html and REASON in html
+
+
+def test_the_job_page_lists_the_holds_covering_its_partition_only(world, op):
+    job = world["jobs"][(world["a1"].pk, "lease")]
+    whole = hold(world)
+    its_property = hold(world, property=world["a1"])
+    its_kind = hold(world, record_kind="lease")
+    other_property = hold(world, property=world["a0"])
+    other_kind = hold(world, property=world["a1"], record_kind="maintenance_record")
+    html = op.get(f"/console/jobs/{job.pk}/").content.decode()
+    for shown in (whole, its_property, its_kind):
+        assert f'data-testid="hold-{shown.pk}"' in html
+    for hidden in (other_property, other_kind):
+        assert f'data-testid="hold-{hidden.pk}"' not in html
+    assert "3 active holds" in html
+
+
+def test_a_job_that_no_hold_covers_says_so(world, op):
+    job = world["jobs"][(world["b0"].pk, "lease")]
+    hold(world)  # Acme's, not Birch's
+    html = op.get(f"/console/jobs/{job.pk}/").content.decode()
+    assert 'data-testid="no-holds"' in html
+
+
+def test_the_holds_cost_a_bounded_number_of_queries_however_many_there_are(world, op, django_assert_max_num_queries):
+    for n in range(30):
+        hold(world, property=world["a0"] if n % 2 else world["a1"])
+    with django_assert_max_num_queries(40):
+        response = op.get(f"/console/portfolios/{world['acme'].pk}/")
+    html = response.content.decode()
+    assert "30 active holds" in html and "and 10 older holds" in html
+    assert html.count('data-testid="hold-') == 20
+
+
+def test_a_customer_sees_the_holds_of_their_own_portfolio_only(world):
+    from retention.services import membership_grant
+
+    customer = make_user("birch-auditor")
+    membership_grant(user=customer, portfolio=world["birch"], role="auditor", granted_by=None)
+    theirs = hold(world, portfolio=world["birch"])
+    hold(world)
+    client = Client()
+    client.force_login(customer)
+    job = world["jobs"][(world["b0"].pk, "lease")]
+    html = client.get(f"/console/jobs/{job.pk}/").content.decode()
+    assert f'data-testid="hold-{theirs.pk}"' in html and "1 active hold:" in html
