@@ -10,7 +10,7 @@ import pytest
 from django.test import Client
 
 from cleanup_ops.execution.runner import job_run_slice
-from cleanup_ops.models import CleanupJob, Sweep
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
@@ -133,3 +133,93 @@ def test_a_customer_sees_the_holds_of_their_own_portfolio_only(world):
     job = world["jobs"][(world["b0"].pk, "lease")]
     html = client.get(f"/console/jobs/{job.pk}/").content.decode()
     assert f'data-testid="hold-{theirs.pk}"' in html and "1 active hold:" in html
+
+
+# --- 2. Page size and the sorts --------------------------------------------------
+
+
+def ids_in(html: str, prefix: str) -> list[int]:
+    import re
+
+    return [int(n) for n in re.findall(rf'data-testid="{prefix}-(\d+)"', html)]
+
+
+@pytest.fixture
+def letters(world):  # type: ignore[no-untyped-def]
+    """Every job dead-lettered; their HTTP statuses none, 503, 400 and 404."""
+    for job in world["jobs"].values():
+        if job.state == "pending":
+            job_run_slice(job_id=job.pk, before_batch=rejected)
+    ordered = list(DeadLetter.objects.order_by("id"))
+    for letter, status in zip(ordered, [None, 503, 400, 404], strict=True):
+        DeadLetter.objects.filter(pk=letter.pk).update(http_status=status)
+    return ordered
+
+
+def test_per_page_sets_how_many_jobs_a_page_shows_and_the_next_page_keeps_it(world, op):
+    html = op.get("/console/jobs/", {"per_page": 2}).content.decode()
+    assert len(ids_in(html, "job")) == 2
+    assert "Jobs 1 to 2 of 4" in html and "per_page=2" in html
+    after = ids_in(html, "job")[-1]
+    html = op.get("/console/jobs/", {"per_page": 2, "after": after}).content.decode()
+    assert len(ids_in(html, "job")) == 2 and "Jobs 3 to 4 of 4" in html
+
+
+@pytest.mark.parametrize("path", ["/console/jobs/", "/console/dead-letters/", "/console/sweeps/"])
+@pytest.mark.parametrize("value", ["0", "201", "ten", "-5", "٣"])
+def test_a_page_size_out_of_bounds_is_a_400_naming_per_page(world, op, path, value):
+    response = op.get(path, {"per_page": value})
+    assert response.status_code == 400
+    html = response.content.decode()
+    assert 'data-field="per_page"' in html and "from 1 to 200" in html
+
+
+def test_jobs_sort_by_portfolio_property_and_sweep(world, op):
+    jobs = list(CleanupJob.objects.all())
+    by_portfolio = sorted(jobs, key=lambda j: (j.portfolio_id, j.pk))
+    html = op.get("/console/jobs/", {"sort": "portfolio"}).content.decode()
+    assert ids_in(html, "job") == [j.pk for j in by_portfolio]
+    by_property = sorted(jobs, key=lambda j: (-(j.property_id or 0), -j.pk))
+    html = op.get("/console/jobs/", {"sort": "-property"}).content.decode()
+    assert ids_in(html, "job") == [j.pk for j in by_property]
+    assert op.get("/console/jobs/", {"sort": "sweep"}).status_code == 200
+    assert 'data-sort="portfolio"' in html and 'data-sort="property"' in html and 'data-sort="sweep"' in html
+
+
+def test_dead_letters_sort_by_http_status_with_none_first_and_page_on_from_a_row(world, letters, op):
+    statuses = dict(DeadLetter.objects.values_list("pk", "http_status"))
+    by_status = sorted(letters, key=lambda d: (statuses[d.pk] or 0, d.pk))
+    expected = [d.pk for d in by_status]
+    html = op.get("/console/dead-letters/", {"sort": "http_status", "per_page": 2}).content.decode()
+    first = ids_in(html, "letter")
+    assert first == expected[:2]
+    html = op.get("/console/dead-letters/", {"sort": "http_status", "per_page": 2, "after": first[-1]}).content.decode()
+    assert ids_in(html, "letter") == expected[2:]
+    assert 'data-sort="http_status"' in html
+
+
+def test_an_unknown_sort_names_the_columns_it_could_have_been(world, op):
+    response = op.get("/console/sweeps/", {"sort": "colour"})
+    assert response.status_code == 400
+    assert 'data-field="sort"' in response.content.decode() and "slot" in response.content.decode()
+
+
+def test_sweeps_page_by_per_page_and_sort_by_jobs(world, op, operator_user, time_machine):
+    time_machine.move_to("2026-08-22T02:05:00Z", tick=False)
+    op.force_login(operator_user)  # a day later: the idle timeout logged the session out
+    sweep_trigger()
+    newest = Sweep.objects.order_by("-slot").first()
+    html = op.get("/console/sweeps/", {"per_page": 1}).content.decode()
+    assert ids_in(html, "sweep") == [newest.pk] and "Sweeps 1 to 1 of 2" in html
+    html = op.get("/console/sweeps/", {"per_page": 1, "after": newest.pk}).content.decode()
+    assert ids_in(html, "sweep") == [world["sweep"].pk]
+    by_jobs = sorted(Sweep.objects.all(), key=lambda s: (s.jobs_admitted, s.pk))
+    html = op.get("/console/sweeps/", {"sort": "jobs"}).content.decode()
+    assert ids_in(html, "sweep") == [s.pk for s in by_jobs] and 'data-sort="jobs"' in html
+
+
+def test_a_long_page_of_jobs_costs_the_same_queries_as_a_short_one(world, op, django_assert_max_num_queries):
+    with django_assert_max_num_queries(30) as short:
+        op.get("/console/jobs/", {"per_page": 1})
+    with django_assert_max_num_queries(len(short.captured_queries)):
+        op.get("/console/jobs/", {"per_page": 200})

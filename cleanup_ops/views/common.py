@@ -38,6 +38,19 @@ def counted(n: int, noun: str, plural: str = "") -> str:
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
 
 
+PER_PAGE_CHOICES = (20, 50, 100, 200)  # the chooser's; any size from 1 to PER_PAGE_MAX is accepted
+
+
+def per_page_param(size: int, *, default: int = PAGE_SIZE) -> dict[str, str]:
+    """The ``per_page`` a list's links carry: none at the default size."""
+    return {} if size == default else {"per_page": str(size)}
+
+
+def per_page_context(size: int) -> dict[str, Any]:
+    """The rows-per-page chooser's context (``_per_page.html``)."""
+    return {"per_page": size, "per_page_choices": sorted({*PER_PAGE_CHOICES, size})}
+
+
 def bad_request(request: HttpRequest, field: str, message: str) -> HttpResponse:
     """400 naming the parameter; nothing was changed."""
     back = request.path if request.method == "GET" else reverse("console:overview")

@@ -19,7 +19,8 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Expression, QuerySet, Value
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
@@ -30,7 +31,7 @@ from django.views.decorators.http import require_http_methods, require_POST
 from cleanup_ops.console_selectors import portfolio_choices, portfolio_names, property_names
 from cleanup_ops.console_selectors.letters import letter_facts
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
-from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
+from cleanup_ops.console_selectors.paging import keyset_page, page_size_parse, sort_parse
 from cleanup_ops.console_selectors.search import letter_search_q
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, DeadLetter
@@ -43,6 +44,8 @@ from cleanup_ops.views.common import (
     bad_input_as_400,
     bad_request,
     live_kinds_now,
+    per_page_context,
+    per_page_param,
     reason_problem,
     redirect_back,
     render_live,
@@ -56,7 +59,7 @@ from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
 
 # The inbox's sortable columns (``paging.sort_parse``): word → field.
-LETTER_SORTS = {
+LETTER_SORTS: dict[str, str | Expression] = {
     "id": "id",
     "last_seen": "last_seen_at",
     "first_seen": "first_seen_at",
@@ -64,6 +67,10 @@ LETTER_SORTS = {
     "kind": "record_kind",
     "attempts": "attempts",
     "status": "status",
+    "http_status": Coalesce("http_status", Value(0)),
+    "portfolio": "portfolio_id",
+    "property": Coalesce("property_id", Value(0)),
+    "sweep": "sweep_id",
 }
 
 
@@ -100,8 +107,9 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
     letter_filter = dead_letter_filter_parse(request.GET, strict=True, default_status=DeadLetter.Status.OPEN)
     letters, text = _matching(request, request.GET, letter_filter, perm=LETTER_VIEW)
     sort = sort_parse(request.GET, LETTER_SORTS, default="-last_seen")
-    page = keyset_page(letters.select_related("sweep"), request.GET, sort=sort, size=PAGE_SIZE)
-    filters = letter_filter.as_params() | ({"q": text} if text else {}) | {"sort": sort.param}
+    size = page_size_parse(request.GET, default=PAGE_SIZE)
+    page = keyset_page(letters.select_related("sweep"), request.GET, sort=sort, size=size)
+    filters = letter_filter.as_params() | ({"q": text} if text else {}) | {"sort": sort.param} | per_page_param(size)
     return render_live(
         request,
         "console/dead_letters.html",
@@ -114,6 +122,7 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
             "categories": FailureCategory.choices,
             "statuses": DeadLetter.Status.choices,
             "min_reason": MIN_REASON_LENGTH,
+            **per_page_context(size),
             **_can(request),
         },
     )

@@ -28,7 +28,7 @@ from cleanup_ops.console_selectors import (
     property_names,
 )
 from cleanup_ops.console_selectors.jobs import JOB_SORTS, jobs_listed
-from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
+from cleanup_ops.console_selectors.paging import keyset_page, page_size_parse, sort_parse
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
@@ -47,6 +47,8 @@ from cleanup_ops.views.common import (
     bad_request,
     holds_context,
     live_kinds_now,
+    per_page_context,
+    per_page_param,
     reason_problem,
     render_live,
     start_commands,
@@ -72,14 +74,15 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
     scope = portfolio_ids_where(request.user, VIEW_PERM)
     job_filter = job_filter_parse(request.GET, strict=True)
     sort = sort_parse(request.GET, JOB_SORTS, default="-id")
-    result = keyset_page(jobs_listed(job_filter, portfolio_ids=scope), request.GET, sort=sort, size=PAGE_SIZE)
+    size = page_size_parse(request.GET, default=PAGE_SIZE)
+    result = keyset_page(jobs_listed(job_filter, portfolio_ids=scope), request.GET, sort=sort, size=size)
     jobs_mark_paused(result.rows)
     return render_live(
         request,
         "console/jobs.html",
         {
             "result": result,
-            "filters": job_filter.as_params() | {"sort": sort.param},
+            "filters": job_filter.as_params() | {"sort": sort.param} | per_page_param(size),
             "names": portfolio_names(job.portfolio_id for job in result.rows),
             "property_names": property_names(job.property_id for job in result.rows),
             "portfolios": portfolio_choices(portfolio_ids=scope),
@@ -91,6 +94,7 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
             "can_run_now": _may(request, JobAction.RUN_NOW),
             "can_cancel": _may(request, JobAction.CANCEL),
             "min_reason": MIN_REASON_LENGTH,
+            **per_page_context(size),
         },
     )
 
