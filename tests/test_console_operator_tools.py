@@ -223,3 +223,48 @@ def test_a_long_page_of_jobs_costs_the_same_queries_as_a_short_one(world, op, dj
         op.get("/console/jobs/", {"per_page": 1})
     with django_assert_max_num_queries(len(short.captured_queries)):
         op.get("/console/jobs/", {"per_page": 200})
+
+
+# --- 3. Filter tokens ----------------------------------------------------------------
+
+
+def tokens_in(html: str) -> dict[str, tuple[str, str]]:
+    """name → (text, href) of each filter token."""
+    import re
+    from html import unescape
+
+    found = re.findall(r'<a href="([^"]*)" data-token="([^"]+)"[^>]*>([^<]*)<', html)
+    return {name: (unescape(text).strip(), unescape(href)) for href, name, text in found}
+
+
+def test_each_active_filter_of_the_jobs_list_is_a_token_that_drops_only_itself(world, op):
+    from urllib.parse import parse_qs
+
+    acme = world["acme"]
+    params = {"portfolio": acme.pk, "kind": "lease", "state": "pending", "sort": "portfolio", "per_page": 5}
+    html = op.get("/console/jobs/", params).content.decode()
+    tokens = tokens_in(html)
+    assert set(tokens) == {"portfolio", "kind", "state"}
+    assert tokens["portfolio"][0] == "portfolio: Acme Lettings"
+    assert tokens["kind"][0] == "kind: Lease" and tokens["state"][0] == "state: Pending"
+    left = parse_qs(tokens["portfolio"][1].removeprefix("?"))
+    assert left == {"kind": ["lease"], "state": ["pending"], "sort": ["portfolio"], "per_page": ["5"]}
+    # Following a token drops that filter: Birch's job is listed again.
+    html = op.get("/console/jobs/" + tokens["portfolio"][1]).content.decode()
+    birch_job = world["jobs"][(world["b0"].pk, "lease")]
+    assert f'data-testid="job-{birch_job.pk}"' in html and "portfolio" not in tokens_in(html)
+
+
+def test_the_inbox_status_token_removes_to_every_status_not_back_to_open(world, letters, op):
+    DeadLetter.objects.filter(pk=letters[1].pk).update(status=DeadLetter.Status.DISMISSED)  # its status: 503
+    html = op.get("/console/dead-letters/", {"http_status": 503}).content.decode()
+    assert f'data-testid="letter-{letters[1].pk}"' not in html
+    tokens = tokens_in(html)
+    assert tokens["status"][0] == "status: Open" and tokens["http_status"][0] == "HTTP status: 503"
+    html = op.get("/console/dead-letters/" + tokens["status"][1]).content.decode()
+    assert "status" not in tokens_in(html)
+    assert f'data-testid="letter-{letters[1].pk}"' in html  # dismissed, shown: every status
+
+
+def test_a_list_without_filters_shows_no_tokens(world, op):
+    assert 'data-testid="filter-tokens"' not in op.get("/console/jobs/", {"sort": "state"}).content.decode()
