@@ -63,6 +63,8 @@ BLOCKING = {"serious", "critical"}
 # answer with a redirect (their error answers are the pages checked here).
 NOT_PAGES = {
     "console:sweep_proof",
+    "console:jobs_export",
+    "console:dead_letters_export",
     "console:job_action",
     "console:pause",
 }

@@ -268,3 +268,79 @@ def test_the_inbox_status_token_removes_to_every_status_not_back_to_open(world, 
 
 def test_a_list_without_filters_shows_no_tokens(world, op):
     assert 'data-testid="filter-tokens"' not in op.get("/console/jobs/", {"sort": "state"}).content.decode()
+
+
+# --- 4. CSV exports of the lists -------------------------------------------------
+
+
+def csv_of(response) -> list[dict[str, str]]:  # type: ignore[no-untyped-def]
+    import csv
+    import io
+
+    assert response.status_code == 200 and response["Content-Type"].startswith("text/csv")
+    assert response.streaming
+    return list(csv.DictReader(io.StringIO(b"".join(response.streaming_content).decode())))
+
+
+def test_the_jobs_export_has_every_row_the_filter_matches_in_the_lists_sort_not_one_page(world, op):
+    acme = world["acme"]
+    rows = csv_of(op.get("/console/jobs/export.csv", {"portfolio": acme.pk, "sort": "property", "per_page": 1}))
+    expected = sorted(CleanupJob.objects.filter(portfolio_id=acme.pk), key=lambda j: (j.property_id or 0, j.pk))
+    assert [int(r["job_id"]) for r in rows] == [j.pk for j in expected]
+    dead = next(r for r in rows if r["state"] == "dead")
+    assert dead["last_failure_category"] == "downstream_rejected" and dead["created_at"].endswith("Z")
+    assert set(rows[0]) >= {"job_id", "portfolio_id", "property_id", "record_kind", "state", "rows_deleted"}
+
+
+def test_the_exports_carry_no_record_contents_error_text_or_reason(world, letters, op):
+    from cleanup_ops.console_selectors.exports import JOB_EXPORT_COLUMNS, LETTER_EXPORT_COLUMNS
+
+    for column in [*JOB_EXPORT_COLUMNS.values(), *LETTER_EXPORT_COLUMNS.values()]:
+        assert not any(word in column for word in ("reason", "message", "error_class", "key", "cursor", "lease")) or (
+            column == "sweep__key"
+        ), column
+    DeadLetter.objects.update(resolution_reason="tenant Jane Doe's lease, flat 4")
+    body = b"".join(op.get("/console/dead-letters/export.csv", {"status": ""}).streaming_content).decode()
+    assert "Jane Doe" not in body and body.count("\n") == 1 + len(letters)
+
+
+def test_the_dead_letters_export_keeps_the_inbox_filter_and_search(world, letters, op):
+    rows = csv_of(op.get("/console/dead-letters/export.csv", {"http_status": 404}))
+    assert [int(r["letter_id"]) for r in rows] == [letters[3].pk] and rows[0]["http_status"] == "404"
+    assert csv_of(op.get("/console/dead-letters/export.csv", {"q": "Birch Estates"})) == [
+        r for r in csv_of(op.get("/console/dead-letters/export.csv", {"portfolio": world["birch"].pk}))
+    ]
+
+
+def test_a_customer_exports_only_their_own_portfolios_rows(world, letters):
+    from retention.services import membership_grant
+
+    customer = make_user("birch-auditor")
+    membership_grant(user=customer, portfolio=world["birch"], role="auditor", granted_by=None)
+    client = Client()
+    client.force_login(customer)
+    jobs = csv_of(client.get("/console/jobs/export.csv"))
+    assert {r["portfolio_id"] for r in jobs} == {str(world["birch"].pk)} and len(jobs) == 1
+    found = csv_of(client.get("/console/dead-letters/export.csv", {"portfolio": world["acme"].pk}))
+    assert found == []
+
+
+def test_an_export_is_refused_to_a_role_the_page_refuses_and_a_bad_filter_is_a_400(world, op, manager):
+    client = Client()
+    client.force_login(manager)
+    assert client.get("/console/jobs/export.csv").status_code == 403
+    assert client.get("/console/dead-letters/export.csv").status_code == 403
+    bad = op.get("/console/jobs/export.csv", {"sort": "colour"})
+    assert bad.status_code == 400 and 'data-field="sort"' in bad.content.decode()
+
+
+def test_the_list_pages_link_to_their_export_with_the_same_filter(world, op):
+    html = op.get("/console/jobs/", {"state": "dead", "sort": "portfolio"}).content.decode()
+    assert 'href="/console/jobs/export.csv?state=dead&amp;sort=portfolio"' in html
+
+
+def test_an_export_reads_in_a_fixed_number_of_queries(world, letters, op, django_assert_max_num_queries):
+    with django_assert_max_num_queries(12):
+        csv_of(op.get("/console/jobs/export.csv"))
+    with django_assert_max_num_queries(12):
+        csv_of(op.get("/console/dead-letters/export.csv", {"status": ""}))

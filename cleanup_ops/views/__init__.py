@@ -28,9 +28,10 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_inbox,
     dead_letter_page,
     dead_letters_bulk,
+    dead_letters_export,
 )
 from cleanup_ops.views.job_selection import jobs_selected
-from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
+from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_export, jobs_list
 from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
@@ -45,9 +46,11 @@ __all__ = [
     "dead_letter_inbox",
     "dead_letter_page",
     "dead_letters_bulk",
+    "dead_letters_export",
     "job_action",
     "job_page",
     "jobs_bulk",
+    "jobs_export",
     "jobs_list",
     "jobs_selected",
     "overview_page",

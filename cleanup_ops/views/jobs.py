@@ -13,6 +13,7 @@ from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -27,6 +28,7 @@ from cleanup_ops.console_selectors import (
     portfolio_names,
     property_names,
 )
+from cleanup_ops.console_selectors.exports import JOB_EXPORT_COLUMNS, export_rows
 from cleanup_ops.console_selectors.jobs import JOB_SORTS, jobs_listed
 from cleanup_ops.console_selectors.paging import keyset_page, page_size_parse, sort_parse
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
@@ -45,6 +47,7 @@ from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
+    csv_stream,
     holds_context,
     live_kinds_now,
     per_page_context,
@@ -57,7 +60,7 @@ from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
 from retention.inputs import MAX_TEXT_LENGTH, text_check
 from retention.registry import record_kind_choices
-from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
+from retention.scoping import portfolio_ids_q, portfolio_ids_where, scope_audit_events, scope_queryset
 
 
 def _may(request: HttpRequest, action: JobAction) -> bool:
@@ -97,6 +100,19 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
             **per_page_context(size),
         },
     )
+
+
+@login_required
+@permission_required(VIEW_PERM, raise_exception=True)
+@bad_input_as_400
+def jobs_export(request: HttpRequest) -> HttpResponseBase:
+    """The jobs list as CSV: the page's filter, scope and sort, every row
+    (not one page), identifiers, states, counts and times only."""
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
+    job_filter = job_filter_parse(request.GET, strict=True)
+    sort = sort_parse(request.GET, JOB_SORTS, default="-id")
+    listed = CleanupJob.objects.filter(job_filter.q(), portfolio_ids_q(scope))
+    return csv_stream(export_rows(listed, sort=sort, columns=JOB_EXPORT_COLUMNS), filename="jobs.csv")
 
 
 def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
