@@ -344,3 +344,33 @@ def test_an_export_reads_in_a_fixed_number_of_queries(world, letters, op, django
         csv_of(op.get("/console/jobs/export.csv"))
     with django_assert_max_num_queries(12):
         csv_of(op.get("/console/dead-letters/export.csv", {"status": ""}))
+
+
+# --- Plurals: "2 jobs", never "2 job(s)" -------------------------------------------
+
+
+def test_no_template_or_message_of_the_product_writes_a_parenthesised_plural():
+    """Every "(s)" and "(es)" in the apps' templates and Python sources (the
+    console's messages, the verifiers' summaries, the system checks): a
+    number's noun agrees with it (``pluralize``, ``ngettext``, ``counted``)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    pattern = re.compile(r"[A-Za-z]\((?:e?s)\)")
+    found = [
+        f"{path.relative_to(root)}:{n}: {line.strip()[:100]}"
+        for app in ("cleanup_ops", "retention")
+        for path in sorted((root / app).rglob("*"))
+        if path.suffix in {".py", ".html", ".txt"}
+        for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+        if pattern.search(line.replace("http(s)", "https"))
+    ]
+    assert not found, "\n".join(found)
+
+
+@pytest.mark.parametrize(("count", "expected"), [(1, "1 job matches"), (2, "2 jobs match"), (0, "0 jobs match")])
+def test_the_jobs_count_agrees_with_its_number(world, op, count, expected):
+    job_ids = [j.pk for j in CleanupJob.objects.order_by("id")][:count] or [10**9]
+    html = op.get("/console/jobs/", {"id_min": min(job_ids), "id_max": max(job_ids)}).content.decode()
+    assert f">{expected}" in html.replace('data-testid="jobs-count">', ">")

@@ -279,7 +279,7 @@ def audit_details(details: Any, names: Any, reach: Any = None) -> str:
         elif key == "job_ids" and isinstance(value, list):
             shown = format_html(", ".join(["{}"] * min(len(value), 10)), *[job_link(v, reach) for v in value[:10]])
             more = f" and {len(value) - 10} more" if len(value) > 10 else ""
-            parts.append(format_html("{} job(s): {}{}", len(value), shown, more))
+            parts.append(format_html("{} job{}: {}{}", len(value), "" if len(value) == 1 else "s", shown, more))
         else:
             parts.append(format_html("{} {}", _DETAIL_LABELS.get(key, key.replace("_", " ")), value))
     return format_html(", ".join(["{}"] * len(parts)), *parts) if parts else DASH

@@ -37,8 +37,13 @@ _View = TypeVar("_View", bound=Callable[..., HttpResponseBase])
 
 
 def counted(n: int, noun: str, plural: str = "") -> str:
-    """``counted(1, "job")`` → "1 job", ``counted(2, "job")`` → "2 jobs": never "2 job(s)"."""
+    """``counted(1, "job")`` → "1 job", ``counted(2, "job")`` → "2 jobs": never a "(s)"."""
     return f"{n} {noun if n == 1 else plural or noun + 's'}"
+
+
+def were(n: int, one: str = "was", many: str = "were") -> str:
+    """The word that agrees with ``n``: ``were(1)`` → "was", ``were(2, "is", "are")`` → "are"."""
+    return one if n == 1 else many
 
 
 PER_PAGE_CHOICES = (20, 50, 100, 200)  # the chooser's; any size from 1 to PER_PAGE_MAX is accepted

@@ -45,6 +45,7 @@ from cleanup_ops.views.common import (
     PAGE_SIZE,
     bad_input_as_400,
     bad_request,
+    counted,
     csv_stream,
     live_kinds_now,
     per_page_context,
@@ -53,6 +54,7 @@ from cleanup_ops.views.common import (
     redirect_back,
     render_live,
     start_commands,
+    were,
 )
 from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
@@ -274,21 +276,27 @@ def _decide(request: HttpRequest, decision: Decision, letter_filter: DeadLetterF
     if decision == Decision.REDRIVE:
         _report_new_jobs(request, jobs)
     else:
-        messages.success(request, f"Dismissed {len(decided)} dead letter(s).")
+        messages.success(request, f"Dismissed {counted(len(decided), 'dead letter')}.")
     if failed:
         listed = ", ".join(failure.describe() for failure in failed)
         verb = "redriven" if decision == Decision.REDRIVE else "dismissed"
-        messages.error(request, f"{len(failed)} letter(s) could not be {verb} and are still open: {listed}.")
+        messages.error(
+            request,
+            f"{counted(len(failed), 'letter')} could not be {verb} and {were(len(failed), 'is', 'are')}"
+            f" still open: {listed}.",
+        )
     skipped = seen - len(failed) - len(decided)
     if skipped > 0:
-        messages.warning(request, f"{skipped} letter(s) were no longer open and were left as they are.")
+        one = skipped == 1
+        left = "was no longer open and was left as it is" if one else "were no longer open and were left as they are"
+        messages.warning(request, f"{counted(skipped, 'letter')} {left}.")
 
 
 def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     """The new jobs, linked (one, or the jobs list narrowed to them), and a
     warning when nothing will run them (a pause, no worker for their queue)."""
     if not jobs:
-        messages.success(request, "Redrove 0 dead letter(s): no new job.")
+        messages.success(request, "Redrove no dead letter: no new job.")
         return
     ids = sorted(job.pk for job in jobs)
     if len(ids) == 1:
@@ -296,7 +304,7 @@ def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     else:
         query = urlencode({"id_min": ids[0], "id_max": ids[-1], "redrives": "yes"})
         link = format_html('<a href="{}?{}">the {} new jobs</a>', reverse("console:jobs"), query, len(ids))
-    messages.success(request, format_html("Redrove {} dead letter(s): see {}.", len(ids), link))
+    messages.success(request, format_html("Redrove {}: see {}.", counted(len(ids), "dead letter"), link))
     now = timezone.now()
     work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=ids)
     for warning in why_they_will_not_run(

@@ -47,6 +47,7 @@ from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
+    counted,
     csv_stream,
     holds_context,
     live_kinds_now,
@@ -55,6 +56,7 @@ from cleanup_ops.views.common import (
     reason_problem,
     render_live,
     start_commands,
+    were,
 )
 from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
@@ -199,10 +201,19 @@ def _report(request: HttpRequest, action: JobAction, done: JobsActed) -> None:
     else:
         messages.success(
             request,
-            f"Cancelled {len(done)} job(s): each is a dead letter of category cancelled, which can be redriven.",
+            f"Cancelled {counted(len(done), 'job')}: {'it is' if len(done) == 1 else 'each is'} a dead letter"
+            " of category cancelled, which can be redriven.",
         )
     if done.skipped:
-        messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
+        messages.warning(
+            request,
+            f"{counted(done.skipped, 'job')} "
+            + (
+                "was no longer pending and was left as it is."
+                if done.skipped == 1
+                else "were no longer pending and were left as they are."
+            ),
+        )
 
 
 def _report_run_now(request: HttpRequest, done: JobsActed) -> None:
@@ -216,10 +227,18 @@ def _report_run_now(request: HttpRequest, done: JobsActed) -> None:
         work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
     )
     if not warnings:
-        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+        messages.success(
+            request,
+            f"{counted(len(done), 'job')} {were(len(done), 'is', 'are')} due now;"
+            f" {were(len(done), 'it runs', 'they run')} as soon as a worker takes {were(len(done), 'it', 'them')}.",
+        )
         return
-    tail = f" {work.runnable} of them run as soon as a worker takes them." if work.runnable > 0 else ""
-    messages.success(request, f"{len(done)} job(s) are due now.{tail}")
+    tail = (
+        f" {work.runnable} of them {were(work.runnable, 'runs', 'run')} as soon as a worker takes them."
+        if work.runnable > 0
+        else ""
+    )
+    messages.success(request, f"{counted(len(done), 'job')} {were(len(done), 'is', 'are')} due now.{tail}")
     for warning in warnings:
         messages.warning(request, warning)
 
