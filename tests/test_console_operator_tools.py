@@ -374,3 +374,60 @@ def test_the_jobs_count_agrees_with_its_number(world, op, count, expected):
     job_ids = [j.pk for j in CleanupJob.objects.order_by("id")][:count] or [10**9]
     html = op.get("/console/jobs/", {"id_min": min(job_ids), "id_max": max(job_ids)}).content.decode()
     assert f">{expected}" in html.replace('data-testid="jobs-count">', ">")
+
+
+# --- 6. Charts by portfolio and state, and the verify panel -----------------------
+
+
+def test_the_overview_charts_the_current_sweeps_jobs_by_state_and_by_portfolio(world, op):
+    html = op.get("/console/").content.decode()
+    assert 'aria-label="jobs of the current sweep by state"' in html
+    assert 'aria-label="jobs of the current sweep by portfolio"' in html
+    # Acme: 3 jobs (1 dead, 2 pending); Birch: 1 pending; the bars say so.
+    assert "<title>Acme Lettings: 3</title>" in html and "<title>Birch Estates: 1</title>" in html
+    assert "<title>Dead: 1</title>" in html and "<title>Pending: 3</title>" in html
+    acme_row = html.split(f'data-testid="by-portfolio-{world["acme"].pk}"')[1].split("</tr>")[0]
+    assert f"portfolio={world['acme'].pk}&amp;state=dead" in acme_row
+
+
+def test_a_customer_charts_only_their_own_portfolios(world):
+    from retention.services import membership_grant
+
+    customer = make_user("birch-auditor")
+    membership_grant(user=customer, portfolio=world["birch"], role="auditor", granted_by=None)
+    client = Client()
+    client.force_login(customer)
+    html = client.get("/console/").content.decode()
+    assert "<title>Birch Estates: 1</title>" in html and "Acme Lettings" not in html
+    assert "<title>Pending: 1</title>" in html and "<title>Dead: 0</title>" in html
+
+
+def test_the_breakdown_is_one_query_whatever_the_number_of_portfolios(world, django_assert_num_queries):
+    from cleanup_ops.console_selectors.breakdown import PORTFOLIOS_CHARTED, jobs_by_portfolio_and_state
+
+    for n in range(PORTFOLIOS_CHARTED + 3):
+        CleanupJob.objects.create(
+            sweep=world["sweep"],
+            key=f"extra-{n}",
+            portfolio_id=10_000 + n,
+            record_kind="lease",
+            policy_version=CleanupJob.objects.first().policy_version,
+            cutoff=OLD,
+            available_at=OLD,
+        )
+    with django_assert_num_queries(1):
+        found = jobs_by_portfolio_and_state(sweep_id=world["sweep"].pk, portfolio_ids=None)
+    assert len(found.portfolios) == PORTFOLIOS_CHARTED and found.portfolios_left_out == 5
+    assert found.portfolios[0].portfolio_id == world["acme"].pk  # the most jobs first
+
+
+def test_the_sweep_page_says_how_to_verify_its_proof_with_the_file_and_the_public_key(world, op):
+    html = op.get(f"/console/sweeps/{world['sweep'].pk}/").content.decode()
+    panel = html.split('data-testid="verify-panel"')[1].split("</section>")[0]
+    name = "proof-" + world["sweep"].key.replace(":", "_")
+    assert f"python proof_verify.py --public-key proof-keys.json {name}.json" in panel
+    assert 'href="/api/v1/proof-keys/"' in panel and "cleanup_ledger_verify" in panel
+    download = op.get(f"/console/sweeps/{world['sweep'].pk}/proof.json")
+    assert download.status_code in {200, 503}
+    if download.status_code == 200:
+        assert f'filename="{name}.json"' in download["Content-Disposition"]

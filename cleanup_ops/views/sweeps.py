@@ -38,6 +38,13 @@ from retention.scoping import (
 )
 
 SWEEPS_PAGE_SIZE = 20
+
+
+def proof_name(sweep_key: str) -> str:
+    """The proof export's file name, without its extension (the verify panel names it)."""
+    return f"proof-{sweep_key.replace(':', '_')}"
+
+
 # The sweeps list's sortable columns (``paging.sort_parse``): word → field.
 SWEEP_SORTS = {"slot": "slot", "id": "id", "status": "status", "jobs": "jobs_admitted"}
 
@@ -99,6 +106,7 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
             "forecast": forecast,
             "names": portfolio_names(letter.portfolio_id for letter in letters),
             "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=scope),
+            "proof_name": proof_name(sweep.key),
         },
     )
 
@@ -119,5 +127,5 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
     except ProofKeyMissing as exc:
         # Never an unsigned proof: an auditor could not tell it from a forged one.
         return HttpResponse(f"{exc}\n", status=503, content_type="text/plain")
-    response["Content-Disposition"] = f'attachment; filename="proof-{proof["key"].replace(":", "_")}.{fmt}"'
+    response["Content-Disposition"] = f'attachment; filename="{proof_name(proof["key"])}.{fmt}"'
     return response
