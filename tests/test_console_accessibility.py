@@ -67,6 +67,7 @@ NOT_PAGES = {
     "console:dead_letters_export",
     "console:job_action",
     "console:pause",
+    "console:cluster_control",
 }
 # Reached by submitting a form (``confirmation_pages``), not by a GET.
 POSTED = {"console:dead_letter_action", "console:jobs_selected"}

@@ -6,6 +6,8 @@ cluster with run-time limits, charts by portfolio and state, and the
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 import pytest
 from django.test import Client
 
@@ -431,3 +433,115 @@ def test_the_sweep_page_says_how_to_verify_its_proof_with_the_file_and_the_publi
     assert download.status_code in {200, 503}
     if download.status_code == 200:
         assert f'filename="{name}.json"' in download["Content-Disposition"]
+
+
+# --- 5. Quiet and drain of a worker cluster ------------------------------------------
+
+
+@pytest.fixture
+def this_cluster(settings):  # type: ignore[no-untyped-def]
+    """The heartbeat of the cluster this test process is a worker of (its
+    host, its cluster name, its parent as the sentinel)."""
+    import os
+    import socket
+
+    from django.utils import timezone
+
+    from cleanup_ops.models import WorkerHeartbeat
+
+    now = timezone.now()
+    return WorkerHeartbeat.objects.create(
+        host=socket.gethostname(),
+        cluster=settings.CLEANUP_CLUSTER_NAME,
+        pid=os.getppid(),
+        started_at=now,
+        updated_at=now,
+    )
+
+
+CLUSTER_REASON = "store maintenance window, 22:00 to 23:00"
+
+
+def control(client, hb, operation, reason=CLUSTER_REASON):  # type: ignore[no-untyped-def]
+    return client.post(
+        "/console/workers/control/",
+        {"cluster": f"{hb.cluster}@{hb.host}", "operation": operation, "reason": reason},
+        follow=True,
+    )
+
+
+def test_an_operator_quiets_a_cluster_with_a_reason_and_its_workers_lease_nothing_new(world, op, this_cluster):
+    from cleanup_ops.models import ClusterControl
+    from cleanup_ops.tasks import run_job
+    from retention.models import AuditEvent
+
+    page = control(op, this_cluster, "quiet").content.decode()
+    assert "is quiet: it takes no new work" in page
+    assert 'data-mode="quiet"' in op.get("/console/workers/").content.decode()
+    event = AuditEvent.objects.get(action="cluster.quieted")
+    assert event.object_id == f"{this_cluster.cluster}@{this_cluster.host}" and "store maintenance" in event.reason
+    assert event.details == {"pid": this_cluster.pid, "from": "running", "to": "quiet"}
+    job = world["jobs"][(world["a1"].pk, "lease")]
+    assert run_job(job.pk)["quiet"] is True
+    job.refresh_from_db()
+    assert job.state == "pending" and job.leases == 0 and job.rows_deleted == 0
+    control(op, this_cluster, "resume")
+    assert ClusterControl.objects.get().mode == "running"
+    assert run_job(job.pk).get("quiet") is None
+    job.refresh_from_db()
+    assert job.state == "done" and job.rows_deleted == 2
+
+
+def test_a_draining_cluster_stops_only_once_its_leases_are_done_and_is_told_once(world, op, this_cluster, monkeypatch):
+    from django.utils import timezone
+
+    from cleanup_ops import fleet
+    from retention.models import AuditEvent
+
+    stopped: list[int] = []
+    monkeypatch.setattr(fleet, "_sigterm", stopped.append)
+    control(op, this_cluster, "drain")
+    job = world["jobs"][(world["a1"].pk, "lease")]
+    CleanupJob.objects.filter(pk=job.pk).update(
+        state="leased", lease_owner=f"{this_cluster.host}:4242", lease_expires_at=timezone.now() + timedelta(minutes=5)
+    )
+    assert fleet.cluster_takes_work() is False and stopped == []  # its slice is still running
+    CleanupJob.objects.filter(pk=job.pk).update(state="pending", lease_owner="", lease_expires_at=None)
+    assert fleet.cluster_takes_work() is False and stopped == [this_cluster.pid]
+    assert fleet.cluster_takes_work() is False and stopped == [this_cluster.pid]  # once
+    assert AuditEvent.objects.filter(action="cluster.drained").count() == 1
+    assert "told to stop" in op.get("/console/workers/").content.decode()
+
+
+def test_a_restarted_cluster_takes_work_whatever_its_last_run_was_told(world, op, this_cluster):
+    from cleanup_ops import fleet
+    from cleanup_ops.models import WorkerHeartbeat
+
+    control(op, this_cluster, "quiet")
+    assert fleet.cluster_takes_work() is False
+    WorkerHeartbeat.objects.filter(pk=this_cluster.pk).update(pid=this_cluster.pid + 1)
+    assert fleet.cluster_mode(host=this_cluster.host, cluster=this_cluster.cluster, pid=this_cluster.pid + 1) == (
+        "running"
+    )
+    assert 'data-mode="running"' in op.get("/console/workers/").content.decode()
+
+
+def test_a_cluster_decision_needs_a_reason_a_known_cluster_and_the_operators_role(world, op, this_cluster, auditor):
+    from cleanup_ops.models import ClusterControl
+    from retention.models import AuditEvent
+
+    short = control(op, this_cluster, "quiet", reason="because").content.decode()
+    assert "10" in short and not ClusterControl.objects.exists()
+    ten_invisible = "\U0001d159" * 10
+    control(op, this_cluster, "quiet", reason=ten_invisible)
+    assert not ClusterControl.objects.exists()
+    missing = op.post("/console/workers/control/", {"cluster": "ghost@nowhere", "operation": "quiet", "reason": REASON})
+    assert missing.status_code == 302 and not ClusterControl.objects.exists()
+    assert "nothing to resume" in control(op, this_cluster, "resume").content.decode()
+    bad = op.post("/console/workers/control/", {"cluster": "x@y", "operation": "stop", "reason": REASON})
+    assert bad.status_code == 400 and 'data-field="operation"' in bad.content.decode()
+    client = Client()
+    client.force_login(auditor)
+    assert control(client, this_cluster, "quiet").status_code == 403
+    assert 'data-testid="cluster-control"' not in client.get("/console/workers/").content.decode()
+    assert not AuditEvent.objects.filter(action__startswith="cluster.").exists()

@@ -10,6 +10,8 @@ from django.db.models import Count, Max, Min
 
 from cleanup_ops.models import (
     CleanupJob,
+    ClusterControl,
+    ClusterMode,
     JobState,
     WorkerHeartbeat,
     expired_lease_q,
@@ -92,3 +94,17 @@ def live_job_kinds(*, now: datetime, queues: dict[str, list[str]]) -> set[str]:
     fresh = WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True)
     reported = {queue or main for queue in fresh}
     return {kind for queue, kinds in queues.items() if queue in reported for kind in kinds}
+
+
+def cluster_controls(heartbeats: list[WorkerHeartbeat]) -> dict[tuple[str, str], ClusterControl]:
+    """The operator's decisions (quiet, draining) that bind the clusters'
+    current runs (the heartbeat's pid), by (host, cluster); one query."""
+    if not heartbeats:
+        return {}
+    pids = {(hb.host, hb.cluster): hb.pid for hb in heartbeats}
+    controls = ClusterControl.objects.filter(host__in={h for h, _ in pids}).select_related("set_by")
+    return {
+        (c.host, c.cluster): c
+        for c in controls
+        if pids.get((c.host, c.cluster)) == c.pid and c.mode != ClusterMode.RUNNING
+    }

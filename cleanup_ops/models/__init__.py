@@ -51,7 +51,7 @@ from cleanup_ops.models.outbox import (
     PurgeRequest,
 )
 from cleanup_ops.models.table_partitions import LedgerChainHead, TablePartitionDrop
-from cleanup_ops.models.workers import RateBucket, WorkerHeartbeat
+from cleanup_ops.models.workers import ClusterControl, ClusterMode, RateBucket, WorkerHeartbeat
 
 __all__ = [
     "DOCUMENT_REF_MAX_LENGTH",
@@ -61,6 +61,8 @@ __all__ = [
     "STORE_ALIAS_MAX_LENGTH",
     "CleanupJob",
     "CleanupJobQuerySet",
+    "ClusterControl",
+    "ClusterMode",
     "DeadLetter",
     "DeadLetterQuerySet",
     "DeadLetterStatus",

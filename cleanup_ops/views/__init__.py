@@ -37,10 +37,11 @@ from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
 from cleanup_ops.views.search import search_page
 from cleanup_ops.views.sweeps import sweep_page, sweep_proof_export, sweeps_list
-from cleanup_ops.views.workers import workers_page
+from cleanup_ops.views.workers import cluster_control, workers_page
 
 __all__ = [
     "audit_log",
+    "cluster_control",
     "dead_letter_action",
     "dead_letter_groups",
     "dead_letter_inbox",
