@@ -25,6 +25,7 @@ urlpatterns = [
     path("dead-letters/by-cause/", views.dead_letter_groups, name="dead_letter_groups"),
     path("workers/", views.workers_page, name="workers"),
     path("workers/control/", views.cluster_control, name="cluster_control"),
+    path("workers/limits/", views.limit_change, name="limit_change"),
     path("pauses/", views.pauses_page, name="pauses"),
     path("portfolios/<int:portfolio_id>/", views.portfolio_page, name="portfolio"),
     path("audit/", views.audit_log, name="audit"),

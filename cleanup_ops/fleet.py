@@ -43,7 +43,8 @@ from django.utils import timezone
 from cleanup_ops import clock
 from cleanup_ops.execution.runner import cleanup_drain, stop_on_sigterm, stop_requested
 from cleanup_ops.health import cluster_identity, heartbeat_record_turn
-from cleanup_ops.models import CleanupJob, ClusterControl, ClusterMode, WorkerHeartbeat
+from cleanup_ops.models import CleanupJob, ClusterControl, ClusterMode, LimitName, RuntimeLimit, WorkerHeartbeat
+from cleanup_ops.ratelimit import limit_setting, runtime_limits_forget
 from cleanup_ops.recovery.operator import operator_reason
 from retention.actors import Actor
 from retention.services import audit_event_record
@@ -256,3 +257,54 @@ def cluster_drain_finish(*, host: str, cluster: str, pid: int, stop: Callable[[i
 
 def _sigterm(pid: int) -> None:
     os.kill(pid, signal.SIGTERM)
+
+
+# --- Run-time limits ---------------------------------------------------------------
+
+# What an operator may set at run time: (lowest, highest, whole numbers only).
+LIMIT_BOUNDS: dict[str, tuple[float, float, bool]] = {
+    LimitName.RATE_GLOBAL: (0, 100_000, False),  # 0: unlimited
+    LimitName.RATE_PORTFOLIO: (0, 100_000, False),
+    LimitName.PORTFOLIO_MAX_LEASES: (1, 1_000, True),
+}
+
+
+def runtime_limit_set(*, actor: Actor | None, name: str, value: float | None, reason: str) -> float:
+    """Change one of the pipeline's limits at run time (``value``), or put it
+    back to its setting (``None``); with a typed reason and an audit event
+    (``limits.changed``: the limit, its value before and after). Every
+    worker uses the new value within ``ratelimit.RUNTIME_LIMITS_CACHE_SECONDS``.
+    Returns the limit's value now."""
+    if actor is not None and not actor.has_perm(CLUSTER_CONTROL_PERMISSION):
+        raise PermissionDenied(f"You do not have the {CLUSTER_CONTROL_PERMISSION} permission.")
+    if name not in LimitName.values:
+        raise ValidationError({"limit": f"limit must be one of {', '.join(LimitName.values)}"})
+    reason = operator_reason(reason)
+    if value is not None:
+        low, high, whole = LIMIT_BOUNDS[name]
+        if not (low <= value <= high) or (whole and value != int(value)) or value != value:
+            kind = "a whole number" if whole else "a number"
+            raise ValidationError({"value": f"{name} must be {kind} from {low:g} to {high:g}"})
+    with transaction.atomic():
+        current = RuntimeLimit.objects.select_for_update().filter(name=name).first()
+        before = current.value if current is not None else limit_setting(name)
+        now = clock.now()
+        if value is None:
+            if current is None:
+                raise ValidationError({"value": f"{name} already has its setting's value"})
+            current.delete()
+        elif current is None:
+            RuntimeLimit.objects.create(name=name, value=value, set_by=actor, set_at=now, reason=reason)
+        else:
+            current.mark_changed(value=value, by=actor, at=now, reason=reason)
+        after = limit_setting(name) if value is None else value
+        audit_event_record(
+            actor=actor,
+            action="limits.changed",
+            object_type="limit",
+            object_id=name,
+            reason=reason,
+            details={"from": before, "to": after, "setting": value is None},
+        )
+    runtime_limits_forget()
+    return after

@@ -68,6 +68,7 @@ NOT_PAGES = {
     "console:job_action",
     "console:pause",
     "console:cluster_control",
+    "console:limit_change",
 }
 # Reached by submitting a form (``confirmation_pages``), not by a GET.
 POSTED = {"console:dead_letter_action", "console:jobs_selected"}

@@ -545,3 +545,65 @@ def test_a_cluster_decision_needs_a_reason_a_known_cluster_and_the_operators_rol
     assert control(client, this_cluster, "quiet").status_code == 403
     assert 'data-testid="cluster-control"' not in client.get("/console/workers/").content.decode()
     assert not AuditEvent.objects.filter(action__startswith="cluster.").exists()
+
+
+# --- 5. Run-time limits: the rate limits and the lease cap ---------------------------
+
+
+def change_limit(client, name, value, reason=CLUSTER_REASON):  # type: ignore[no-untyped-def]
+    return client.post("/console/workers/limits/", {"limit": name, "value": value, "reason": reason}, follow=True)
+
+
+def test_an_operator_raises_the_lease_cap_at_run_time_and_the_next_lease_uses_it(world, op, settings):
+    from cleanup_ops.execution.leases import job_lease
+    from retention.models import AuditEvent
+
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
+    a0, a1 = (world["jobs"][(world[p].pk, "lease")] for p in ("a0", "a1"))
+    CleanupJob.objects.filter(pk=a0.pk).update(state="pending", available_at=OLD)  # the dead one, due again
+    assert job_lease(job_id=a0.pk, owner="host:1") is not None
+    assert job_lease(job_id=a1.pk, owner="host:2") is None  # Acme is at its cap of 1
+    page = change_limit(op, "portfolio_max_leases", "2").content.decode()
+    assert "now 2" in page
+    assert job_lease(job_id=a1.pk, owner="host:2") is not None
+    event = AuditEvent.objects.get(action="limits.changed")
+    assert event.object_id == "portfolio_max_leases" and event.reason == CLUSTER_REASON
+    assert event.details == {"from": 1.0, "to": 2.0, "setting": False}
+    html = op.get("/console/workers/").content.decode()
+    row = html.split('data-testid="limit-portfolio_max_leases"')[1].split("</tr>")[0]
+    assert ">2<" in row and CLUSTER_REASON in row
+
+
+def test_a_rate_limit_changed_at_run_time_is_the_buckets_rate_and_empty_puts_the_setting_back(world, op, settings):
+    from cleanup_ops.ratelimit import buckets_for, effective_limits
+
+    settings.CLEANUP_RATE_GLOBAL = 0.0
+    assert buckets_for(world["acme"].pk) == []
+    change_limit(op, "rate_global", "0.5")
+    assert [b.rate for b in buckets_for(world["acme"].pk)] == [0.5]
+    assert effective_limits()["global_rate_per_s"] == 0.5
+    change_limit(op, "rate_global", "")
+    assert buckets_for(world["acme"].pk) == [] and effective_limits()["global_rate_per_s"] == 0.0
+
+
+@pytest.mark.parametrize(
+    ("name", "value", "field"),
+    [("lease_cap", "2", "limit"), ("portfolio_max_leases", "two", "value"), ("rate_global", "-1", "value")],
+)
+def test_a_malformed_limit_change_is_a_400_naming_the_field(world, op, name, value, field):
+    response = op.post("/console/workers/limits/", {"limit": name, "value": value, "reason": CLUSTER_REASON})
+    assert response.status_code == 400 and f'data-field="{field}"' in response.content.decode()
+
+
+def test_a_limit_change_needs_a_reason_a_bound_and_the_operators_role(world, op, auditor):
+    from cleanup_ops.models import RuntimeLimit
+
+    assert "10" in change_limit(op, "portfolio_max_leases", "3", reason="faster").content.decode()
+    assert "from 1 to 1000" in change_limit(op, "portfolio_max_leases", "0").content.decode()
+    assert "whole number" in change_limit(op, "portfolio_max_leases", "2.5").content.decode()
+    assert not RuntimeLimit.objects.exists()
+    client = Client()
+    client.force_login(auditor)
+    assert change_limit(client, "portfolio_max_leases", "3").status_code == 403
+    assert "Change it" not in client.get("/console/workers/").content.decode()
+    assert not RuntimeLimit.objects.exists()

@@ -13,10 +13,13 @@ from cleanup_ops.models import (
     ClusterControl,
     ClusterMode,
     JobState,
+    LimitName,
+    RuntimeLimit,
     WorkerHeartbeat,
     expired_lease_q,
     live_lease_q,
 )
+from cleanup_ops.ratelimit import limit_setting
 
 # --- Workers ------------------------------------------------------------------
 
@@ -108,3 +111,19 @@ def cluster_controls(heartbeats: list[WorkerHeartbeat]) -> dict[tuple[str, str],
         for c in controls
         if pids.get((c.host, c.cluster)) == c.pid and c.mode != ClusterMode.RUNNING
     }
+
+
+def limits_now() -> list[dict[str, Any]]:
+    """Each run-time limit: its value now, its setting's, and the operator's
+    change in force (who, when, why), if any. One query."""
+    changed = {row.name: row for row in RuntimeLimit.objects.select_related("set_by")}
+    return [
+        {
+            "name": name,
+            "label": label,
+            "setting": limit_setting(name),
+            "value": changed[name].value if name in changed else limit_setting(name),
+            "change": changed.get(name),
+        }
+        for name, label in LimitName.choices
+    ]

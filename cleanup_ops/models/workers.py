@@ -117,3 +117,33 @@ class ClusterControl(models.Model):
     def mark_stop_sent(self, *, at: datetime) -> None:
         self.stop_sent_at = at
         self.save(update_fields=["stop_sent_at"])
+
+
+class LimitName(models.TextChoices):
+    RATE_GLOBAL = "rate_global", "Batches per second, every worker (CLEANUP_RATE_GLOBAL)"
+    RATE_PORTFOLIO = "rate_portfolio", "Batches per second per portfolio (CLEANUP_RATE_PORTFOLIO)"
+    PORTFOLIO_MAX_LEASES = "portfolio_max_leases", "Leases per portfolio (CLEANUP_PORTFOLIO_MAX_LEASES)"
+
+
+class RuntimeLimit(models.Model):
+    """An operator's run-time value for one of the pipeline's limits, in
+    place of its setting until removed (``cleanup_ops.fleet.runtime_limit_set``;
+    read by ``cleanup_ops.ratelimit.limit_value``). Each change has a reason
+    and an audit event."""
+
+    Name = LimitName
+
+    name = models.CharField(max_length=30, choices=LimitName.choices, primary_key=True)
+    value = models.FloatField()
+    reason = models.TextField()
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    set_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value:g}"
+
+    def mark_changed(self, *, value: float, by: Any, at: datetime, reason: str) -> None:
+        self.value, self.set_by, self.set_at, self.reason = value, by, at, reason
+        self.save(update_fields=["value", "set_by", "set_at", "reason"])

@@ -37,7 +37,7 @@ from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
 from cleanup_ops.views.search import search_page
 from cleanup_ops.views.sweeps import sweep_page, sweep_proof_export, sweeps_list
-from cleanup_ops.views.workers import cluster_control, workers_page
+from cleanup_ops.views.workers import cluster_control, limit_change, workers_page
 
 __all__ = [
     "audit_log",
@@ -54,6 +54,7 @@ __all__ = [
     "jobs_export",
     "jobs_list",
     "jobs_selected",
+    "limit_change",
     "overview_page",
     "pause_toggle",
     "pauses_page",
