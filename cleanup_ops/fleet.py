@@ -266,6 +266,8 @@ LIMIT_BOUNDS: dict[str, tuple[float, float, bool]] = {
     LimitName.RATE_GLOBAL: (0, 100_000, False),  # 0: unlimited
     LimitName.RATE_PORTFOLIO: (0, 100_000, False),
     LimitName.PORTFOLIO_MAX_LEASES: (1, 1_000, True),
+    # A cap only: up to the setting's value (``ratelimit.slice_seconds``), checked below.
+    LimitName.SLICE_SECONDS: (0.1, 3_600, False),
 }
 
 
@@ -285,6 +287,10 @@ def runtime_limit_set(*, actor: Actor | None, name: str, value: float | None, re
         if not (low <= value <= high) or (whole and value != int(value)) or value != value:
             kind = "a whole number" if whole else "a number"
             raise ValidationError({"value": f"{name} must be {kind} from {low:g} to {high:g}"})
+        if name == LimitName.SLICE_SECONDS and value > limit_setting(name):
+            raise ValidationError(
+                {"value": f"slice_seconds caps the setting's {limit_setting(name):g} s: it may be lower, not higher"}
+            )
     with transaction.atomic():
         current = RuntimeLimit.objects.select_for_update().filter(name=name).first()
         before = current.value if current is not None else limit_setting(name)

@@ -54,6 +54,7 @@ _LIMIT_SETTINGS = {
     LimitName.RATE_GLOBAL: "CLEANUP_RATE_GLOBAL",
     LimitName.RATE_PORTFOLIO: "CLEANUP_RATE_PORTFOLIO",
     LimitName.PORTFOLIO_MAX_LEASES: "CLEANUP_PORTFOLIO_MAX_LEASES",
+    LimitName.SLICE_SECONDS: "CLEANUP_SLICE_SECONDS",
 }
 
 
@@ -82,6 +83,13 @@ def limit_value(name: str) -> float:
 
 def portfolio_max_leases() -> int:
     return int(limit_value(LimitName.PORTFOLIO_MAX_LEASES))
+
+
+def slice_seconds() -> float:
+    """How long a job's turn may run: the operator's cap, never above the
+    setting's (which the start-up checks weighed against the lease and the
+    liveness thresholds)."""
+    return min(limit_value(LimitName.SLICE_SECONDS), limit_setting(LimitName.SLICE_SECONDS))
 
 
 @dataclass(frozen=True)

@@ -607,3 +607,32 @@ def test_a_limit_change_needs_a_reason_a_bound_and_the_operators_role(world, op,
     assert change_limit(client, "portfolio_max_leases", "3").status_code == 403
     assert "Change it" not in client.get("/console/workers/").content.decode()
     assert not RuntimeLimit.objects.exists()
+
+
+def test_an_operator_caps_a_jobs_run_time_per_turn_and_the_next_slice_stops_at_it(world, op, settings):
+    import time
+
+    from cleanup_ops.ratelimit import slice_seconds
+
+    settings.CLEANUP_SLICE_SECONDS = 5.0
+    settings.CLEANUP_SLICE_BATCHES = 100
+    page = change_limit(op, "slice_seconds", "0.1").content.decode()
+    assert "now 0.1" in page and slice_seconds() == 0.1
+
+    def slow(job_id: int) -> None:
+        time.sleep(0.15)
+
+    job = world["jobs"][(world["a1"].pk, "lease")]
+    capped = job_run_slice(job_id=job.pk, batch_size=1, before_batch=slow)
+    assert capped.batches == 1 and capped.rows_deleted == 1  # the cap ended the turn after one batch
+    change_limit(op, "slice_seconds", "")
+    uncapped = job_run_slice(job_id=job.pk, batch_size=1, before_batch=slow)
+    assert uncapped.rows_deleted == 1 and uncapped.batches >= 1  # the rest, in one turn
+
+
+def test_the_run_time_cap_may_lower_the_slice_but_never_raise_it_past_the_setting(world, op, settings):
+    from cleanup_ops.models import RuntimeLimit
+
+    settings.CLEANUP_SLICE_SECONDS = 5.0
+    assert "it may be lower, not higher" in change_limit(op, "slice_seconds", "30").content.decode()
+    assert not RuntimeLimit.objects.exists()

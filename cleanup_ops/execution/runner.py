@@ -55,7 +55,7 @@ from cleanup_ops.execution.leases import (
     worker_name,
 )
 from cleanup_ops.models import CleanupJob, JobKind, JobState
-from cleanup_ops.ratelimit import Reservation
+from cleanup_ops.ratelimit import Reservation, slice_seconds
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 from retention.conf import MAX_BATCH_SIZE
@@ -152,7 +152,7 @@ def job_run_slice(
         return result
     result.leased = True
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES
-    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    max_seconds = max_seconds if max_seconds is not None else slice_seconds()
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     job = job_load(job_id)
@@ -355,7 +355,7 @@ def group_run_slice(
     # wait unleased would undo the processor sharing.
     refill_below = 0 if max_batches else (len(turns.pending) + 1) // 2
     max_batches = max_batches or settings.CLEANUP_SLICE_BATCHES * len(turns.pending)
-    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    max_seconds = max_seconds if max_seconds is not None else slice_seconds()
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     jobs = group.jobs
@@ -498,7 +498,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     but let one cluster's first turns take all of a small sweep.)
     """
     owner = owner or worker_name()
-    budget = SliceBudget.of(settings.CLEANUP_SLICE_SECONDS)
+    budget = SliceBudget.of(slice_seconds())
     batches_left = settings.CLEANUP_SLICE_BATCHES
     turn = TurnResult()
     kind = CleanupJob.objects.filter(pk=job_id).values_list("job_kind", flat=True).first()

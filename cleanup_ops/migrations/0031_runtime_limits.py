@@ -22,6 +22,10 @@ class Migration(migrations.Migration):
                             ("rate_global", "Batches per second, every worker (CLEANUP_RATE_GLOBAL)"),
                             ("rate_portfolio", "Batches per second per portfolio (CLEANUP_RATE_PORTFOLIO)"),
                             ("portfolio_max_leases", "Leases per portfolio (CLEANUP_PORTFOLIO_MAX_LEASES)"),
+                            (
+                                "slice_seconds",
+                                "Seconds of work per job turn, at most the setting's (CLEANUP_SLICE_SECONDS)",
+                            ),
                         ],
                         max_length=30,
                         primary_key=True,

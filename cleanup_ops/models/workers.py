@@ -123,6 +123,7 @@ class LimitName(models.TextChoices):
     RATE_GLOBAL = "rate_global", "Batches per second, every worker (CLEANUP_RATE_GLOBAL)"
     RATE_PORTFOLIO = "rate_portfolio", "Batches per second per portfolio (CLEANUP_RATE_PORTFOLIO)"
     PORTFOLIO_MAX_LEASES = "portfolio_max_leases", "Leases per portfolio (CLEANUP_PORTFOLIO_MAX_LEASES)"
+    SLICE_SECONDS = "slice_seconds", "Seconds of work per job turn, at most the setting's (CLEANUP_SLICE_SECONDS)"
 
 
 class RuntimeLimit(models.Model):
