@@ -481,6 +481,8 @@ def test_an_operator_quiets_a_cluster_with_a_reason_and_its_workers_lease_nothin
     event = AuditEvent.objects.get(action="cluster.quieted")
     assert event.object_id == f"{this_cluster.cluster}@{this_cluster.host}" and "store maintenance" in event.reason
     assert event.details == {"pid": this_cluster.pid, "from": "running", "to": "quiet"}
+    audit = op.get("/console/audit/", {"action": "cluster"})
+    assert audit.status_code == 200 and "cluster.quieted" in audit.content.decode()
     job = world["jobs"][(world["a1"].pk, "lease")]
     assert run_job(job.pk)["quiet"] is True
     job.refresh_from_db()
@@ -569,6 +571,7 @@ def test_an_operator_raises_the_lease_cap_at_run_time_and_the_next_lease_uses_it
     event = AuditEvent.objects.get(action="limits.changed")
     assert event.object_id == "portfolio_max_leases" and event.reason == CLUSTER_REASON
     assert event.details == {"from": 1.0, "to": 2.0, "setting": False}
+    assert "limits.changed" in op.get("/console/audit/", {"action": "limits"}).content.decode()
     html = op.get("/console/workers/").content.decode()
     row = html.split('data-testid="limit-portfolio_max_leases"')[1].split("</tr>")[0]
     assert ">2<" in row and CLUSTER_REASON in row
