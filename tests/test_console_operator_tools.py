@@ -135,6 +135,9 @@ def test_a_customer_sees_the_holds_of_their_own_portfolio_only(world):
     job = world["jobs"][(world["b0"].pk, "lease")]
     html = client.get(f"/console/jobs/{job.pk}/").content.decode()
     assert f'data-testid="hold-{theirs.pk}"' in html and "1 active hold:" in html
+    # The hold's link opens its page for this reader (never a link to a 403).
+    assert f'href="/admin/retention/legalhold/{theirs.pk}/change/"' in html
+    assert client.get(f"/admin/retention/legalhold/{theirs.pk}/change/").status_code == 200
 
 
 # --- 2. Page size and the sorts --------------------------------------------------
