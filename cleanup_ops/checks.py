@@ -402,8 +402,9 @@ def check_document_spellings(
     ]
     return outdated + [
         checks.Warning(
-            f"RETENTION_RECORD_KINDS[{kind!r}]: {count} key spelling(s) in its rows name a file of the storage "
-            "another way and are not recorded; the purge could delete a file such a row still names",
+            f"RETENTION_RECORD_KINDS[{kind!r}]: {count} key spelling{'' if count == 1 else 's'} in its rows"
+            f" {'names' if count == 1 else 'name'} a file of the storage another way"
+            f" and {'is' if count == 1 else 'are'} not recorded; the purge could delete a file such a row still names",
             hint="run manage.py cleanup_reference_guard --install (it guards the table and records them)",
             id="cleanup_ops.W010",
         )

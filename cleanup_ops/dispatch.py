@@ -50,6 +50,7 @@ from django_q.tasks import async_task
 from cleanup_ops import clock
 from cleanup_ops.brokers import not_before
 from cleanup_ops.models import CleanupJob, JobKind, JobState, not_waiting_in_broker_q
+from cleanup_ops.ratelimit import portfolio_max_leases
 
 logger = logging.getLogger(__name__)
 
@@ -116,7 +117,7 @@ def _fair_pick(
     paused, busy = slots if slots is not None else _portfolio_slots(now=now, exclude_enqueued=exclude_enqueued)
     if None in paused:
         return []
-    cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
+    cap = portfolio_max_leases()
     full = {portfolio for portfolio, n in busy.items() if n >= cap}
     qs = CleanupJob.objects.due(now=now).exclude(portfolio_id__in=(paused - {None}) | full)
     if kinds is not None:

@@ -66,6 +66,11 @@ BACKFILL_FUNCTION = "cleanup_ops_ledger_chain_backfill"
 CHUNK = 5000
 
 
+def _n(count: int, noun: str) -> str:
+    """``_n(1, "row")`` → "1 row", ``_n(2, "row")`` → "2 rows": never a "(s)"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def portfolio_chain(portfolio_id: int) -> str:
     """The chain a portfolio's ledger rows are linked in (``LedgerChainHead.chain``)."""
     return f"portfolio:{portfolio_id}"
@@ -90,8 +95,8 @@ class ChainReport:
         self.problems.append(text)
 
     def summary(self) -> str:
-        verdict = "verified" if self.ok else f"FAILED ({len(self.problems)} problem(s))"
-        return f"{verdict}: {self.chains} chain(s), {self.rows} row(s) recomputed"
+        verdict = "verified" if self.ok else f"FAILED ({_n(len(self.problems), 'problem')})"
+        return f"{verdict}: {_n(self.chains, 'chain')}, {_n(self.rows, 'row')} recomputed"
 
 
 def verify_chains(*, portfolio_id: int | None = None) -> ChainReport:
@@ -230,7 +235,7 @@ def _end(
             last["id"], f"{chain}: row {last['id']} was altered (the chain's head holds another hash for it)"
         )
     elif head.entries != count:
-        report.problem(last["id"], f"{chain}: {count} row(s), its head linked {head.entries}: a row was removed")
+        report.problem(last["id"], f"{chain}: {_n(count, 'row')}, its head linked {head.entries}: a row was removed")
 
 
 def backfill() -> int:

@@ -101,6 +101,11 @@ KEY_ID = re.compile(r"^[A-Za-z0-9._:-]{1,64}$")
 PublicKeys = dict[str, Ed25519PublicKey]
 
 
+def _n(count: int, noun: str) -> str:
+    """``_n(1, "row")`` → "1 row", ``_n(2, "row")`` → "2 rows": never a "(s)"."""
+    return f"{count} {noun}{'' if count == 1 else 's'}"
+
+
 def canonical_json(document: Any) -> bytes:
     """The one serialisation that is signed (and re-made by the verifier)."""
     return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode(
@@ -478,12 +483,12 @@ class Report:
         return not self.problems
 
     def summary(self) -> str:
-        verdict = "verified" if self.ok else f"FAILED ({len(self.problems)} problem(s))"
-        drops = f"{self.table_partitions} table partition drop(s), " if self.table_partitions else ""
+        verdict = "verified" if self.ok else f"FAILED ({_n(len(self.problems), 'problem')})"
+        drops = f"{_n(self.table_partitions, 'table partition drop')}, " if self.table_partitions else ""
         signed = f"signature valid under key {self.key_id}; " if self.key_id else ""
-        chained = f", {self.chained} ledger row(s) chained to their heads" if self.chained else ""
+        chained = f", {_n(self.chained, 'ledger row')} chained to their heads" if self.chained else ""
         return (
-            f"{verdict}: {signed}{self.jobs} job digest(s), {drops}{self.operations} operation id(s) recomputed"
+            f"{verdict}: {signed}{_n(self.jobs, 'job digest')}, {drops}{_n(self.operations, 'operation id')} recomputed"
             f"{chained}"
         )
 
@@ -577,7 +582,7 @@ def verify_digests(proof: dict[str, Any], report: Report | None = None) -> Repor
             recomputed.append(value)
         if int(partition.get("operations", len(inputs))) != len(inputs):
             report.problems.append(
-                f"job {job}: {partition.get('operations')} operation(s) stated, {len(inputs)} with inputs"
+                f"job {job}: {_n(int(partition.get('operations') or 0), 'operation')} stated, {len(inputs)} with inputs"
             )
         digest = job_digest(recomputed)
         if digest != partition.get("digest"):

@@ -40,10 +40,56 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
 from django.conf import settings
+from django.core.cache import cache
 from django.db import transaction
 
 from cleanup_ops import sql
-from cleanup_ops.models import RateBucket
+from cleanup_ops.models import LimitName, RateBucket, RuntimeLimit
+
+# How long a process keeps the operators' run-time limits before reading them
+# again (one query): a change reaches every worker within this time.
+RUNTIME_LIMITS_CACHE_SECONDS = 5
+_RUNTIME_LIMITS_KEY = "cleanup_ops:runtime_limits"
+_LIMIT_SETTINGS = {
+    LimitName.RATE_GLOBAL: "CLEANUP_RATE_GLOBAL",
+    LimitName.RATE_PORTFOLIO: "CLEANUP_RATE_PORTFOLIO",
+    LimitName.PORTFOLIO_MAX_LEASES: "CLEANUP_PORTFOLIO_MAX_LEASES",
+    LimitName.SLICE_SECONDS: "CLEANUP_SLICE_SECONDS",
+}
+
+
+def runtime_limits() -> dict[str, float]:
+    """The operators' run-time values (``RuntimeLimit``), by name; cached."""
+    found = cache.get(_RUNTIME_LIMITS_KEY)
+    if found is None:
+        found = dict(RuntimeLimit.objects.values_list("name", "value"))
+        cache.set(_RUNTIME_LIMITS_KEY, found, RUNTIME_LIMITS_CACHE_SECONDS)
+    return found
+
+
+def runtime_limits_forget() -> None:
+    """After a change: this process reads them again at once."""
+    cache.delete(_RUNTIME_LIMITS_KEY)
+
+
+def limit_setting(name: str) -> float:
+    return float(getattr(settings, _LIMIT_SETTINGS[LimitName(name)]))
+
+
+def limit_value(name: str) -> float:
+    """A limit's value now: the operator's run-time value, else its setting."""
+    return runtime_limits().get(name, limit_setting(name))
+
+
+def portfolio_max_leases() -> int:
+    return int(limit_value(LimitName.PORTFOLIO_MAX_LEASES))
+
+
+def slice_seconds() -> float:
+    """How long a job's turn may run: the operator's cap, never above the
+    setting's (which the start-up checks weighed against the lease and the
+    liveness thresholds)."""
+    return min(limit_value(LimitName.SLICE_SECONDS), limit_setting(LimitName.SLICE_SECONDS))
 
 
 @dataclass(frozen=True)
@@ -55,11 +101,11 @@ class BucketConfig:
 
 def effective_limits() -> dict[str, float | int]:
     return {
-        "global_rate_per_s": settings.CLEANUP_RATE_GLOBAL,
+        "global_rate_per_s": limit_value(LimitName.RATE_GLOBAL),
         "global_burst": settings.CLEANUP_BURST_GLOBAL,
-        "portfolio_rate_per_s": settings.CLEANUP_RATE_PORTFOLIO,
+        "portfolio_rate_per_s": limit_value(LimitName.RATE_PORTFOLIO),
         "portfolio_burst": settings.CLEANUP_BURST_PORTFOLIO,
-        "portfolio_max_leases": settings.CLEANUP_PORTFOLIO_MAX_LEASES,
+        "portfolio_max_leases": portfolio_max_leases(),
         "batch_size": settings.CLEANUP_BATCH_SIZE,
         "max_attempts": settings.CLEANUP_MAX_ATTEMPTS,
         "max_age_seconds": settings.CLEANUP_MAX_AGE_SECONDS,
@@ -71,17 +117,17 @@ def effective_limits() -> dict[str, float | int]:
 
 
 def portfolio_buckets(portfolio_id: int) -> list[BucketConfig]:
-    if settings.CLEANUP_RATE_PORTFOLIO <= 0:
+    rate = limit_value(LimitName.RATE_PORTFOLIO)
+    if rate <= 0:
         return []
-    return [
-        BucketConfig(f"portfolio:{portfolio_id}", settings.CLEANUP_RATE_PORTFOLIO, settings.CLEANUP_BURST_PORTFOLIO)
-    ]
+    return [BucketConfig(f"portfolio:{portfolio_id}", rate, settings.CLEANUP_BURST_PORTFOLIO)]
 
 
 def global_buckets() -> list[BucketConfig]:
-    if settings.CLEANUP_RATE_GLOBAL <= 0:
+    rate = limit_value(LimitName.RATE_GLOBAL)
+    if rate <= 0:
         return []
-    return [BucketConfig("global", settings.CLEANUP_RATE_GLOBAL, settings.CLEANUP_BURST_GLOBAL)]
+    return [BucketConfig("global", rate, settings.CLEANUP_BURST_GLOBAL)]
 
 
 def buckets_for(portfolio_id: int) -> list[BucketConfig]:

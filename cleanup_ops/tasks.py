@@ -6,6 +6,7 @@ import logging
 
 from cleanup_ops.dispatch import dispatch_due_jobs
 from cleanup_ops.execution.runner import stop_on_sigterm, worker_turn
+from cleanup_ops.fleet import cluster_takes_work
 from cleanup_ops.health import heartbeat_record_turn
 from cleanup_ops.schedule import sweeps_reconcile
 
@@ -14,6 +15,10 @@ logger = logging.getLogger(__name__)
 
 def run_job(job_id: int) -> dict[str, object]:
     stop_on_sigterm()
+    if not cluster_takes_work():
+        # Quiet or draining (an operator's decision, cleanup_ops.fleet): lease
+        # nothing; the dispatcher re-sends the job after CLEANUP_LEASE_SECONDS.
+        return {"job_id": job_id, "slices": 0, "rows_deleted": 0, "quiet": True}
     turn = worker_turn(job_id=job_id)
     # Wake the dispatcher so a busy pipeline refills the window now rather
     # than at the scheduler's next tick.

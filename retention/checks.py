@@ -370,7 +370,8 @@ def unreachable_records_check(app_configs: Any = None, databases: Any = None, **
         if count:
             problems.append(
                 Warning(
-                    f"{SETTING}[{kind!r}]['property']: {count} row(s) of {spec.model_label} reach no property "
+                    f"{SETTING}[{kind!r}]['property']: {count} row{'' if count == 1 else 's'} of {spec.model_label}"
+                    f" {'reaches' if count == 1 else 'reach'} no property "
                     f"through {spec.property_field!r} (a NULL on the path); no job will ever delete them",
                     hint="give them a unit in a property, or delete them yourself; "
                     "cleanup_sweep --dry-run counts them per portfolio",

@@ -133,7 +133,7 @@ def test_the_inbox_redrives_selected_letters_after_a_confirmation(letters, opera
     new_ids = sorted(CleanupJob.objects.filter(redrive_of__isnull=False).values_list("id", flat=True))
     assert len(new_ids) == 2
     body = done.content.decode()
-    assert "Redrove 2 dead letter(s): see" in body
+    assert "Redrove 2 dead letters: see" in body
     assert (
         f'href="/console/jobs/?id_min={new_ids[0]}&amp;id_max={new_ids[1]}&amp;redrives=yes">the 2 new jobs</a>' in body
     )

@@ -34,13 +34,15 @@ from zoneinfo import ZoneInfo
 
 import pytest
 from django.urls import URLPattern, URLResolver, get_resolver, reverse
+from django.utils import timezone
 
 from cleanup_ops.execution.runner import job_run_slice
-from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
+from cleanup_ops.models import CleanupJob, DeadLetter, Sweep, WorkerHeartbeat
 from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Property
+from retention.services import legal_hold_place
 
 from .conftest import make_records, make_user, utc
 
@@ -63,8 +65,12 @@ BLOCKING = {"serious", "critical"}
 # answer with a redirect (their error answers are the pages checked here).
 NOT_PAGES = {
     "console:sweep_proof",
+    "console:jobs_export",
+    "console:dead_letters_export",
     "console:job_action",
     "console:pause",
+    "console:cluster_control",
+    "console:limit_change",
 }
 # Reached by submitting a form (``confirmation_pages``), not by a GET.
 POSTED = {"console:dead_letter_action", "console:jobs_selected"}
@@ -160,6 +166,11 @@ def world(portfolio, prop, active_policy, settings) -> dict[str, Any]:  # type: 
     operator = make_user("op", "operator")
     make_user("pm", "property_manager")
     pipeline_pause(actor=operator, portfolio_id=portfolio.pk, reason="quarterly audit of the estate")
+    # Issue 39, item 7: a hold for the portfolio and job pages' holds table,
+    # a cluster for the workers page's quiet/drain form and its mode column.
+    legal_hold_place(portfolio=portfolio, placed_by=operator, reason="litigation: tenancy dispute 2026-114")
+    now = timezone.now()
+    WorkerHeartbeat.objects.create(host="worker-1", cluster="default", pid=4242, started_at=now, updated_at=now)
     return {
         "sweep": Sweep.objects.get(),
         "job": jobs[0],
@@ -203,6 +214,13 @@ def get_pages(world: dict[str, Any]) -> dict[str, str]:
             continue
         pages[name] = reverse(name, kwargs={p: ids[p] for p in params}) + extra.get(name, "")
     pages["console:jobs (sorted, a later page)"] = reverse("console:jobs") + f"?sort=attempts&after={world['job'].pk}"
+    pages["console:jobs (filter tokens, 20 a page)"] = (
+        reverse("console:jobs") + f"?portfolio={world['portfolio'].pk}&state=pending&sort=portfolio&per_page=20"
+    )
+    pages["console:dead_letters (filter tokens, by HTTP status)"] = (
+        reverse("console:dead_letters") + "?http_status=403&sort=-http_status"
+    )
+    pages["console:sweeps (sorted by jobs)"] = reverse("console:sweeps") + "?sort=jobs&per_page=5"
     pages["bad request (400)"] = reverse("console:jobs") + "?state=bogus"
     return pages
 

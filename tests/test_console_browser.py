@@ -147,7 +147,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
     page.get_by_label("operation").select_option("redrive")
     page.get_by_label("reason").fill(REASON)
     page.get_by_role("button", name="Review…").click()
-    expect(page.get_by_role("heading", name="Redrive 1 dead letter(s)?")).to_be_visible()
+    expect(page.get_by_role("heading", name="Redrive 1 dead letter?")).to_be_visible()
     assert REASON in page.locator("main").inner_text()
     dead_letter.refresh_from_db()
     assert dead_letter.status == DeadLetter.Status.OPEN  # nothing applied before the confirmation
@@ -156,7 +156,7 @@ def test_an_operator_redrives_a_dead_letter_with_a_reason_and_finds_it_in_the_au
 
     new_job = CleanupJob.objects.get(redrive_of=old_job)
     message = page.get_by_test_id("message").first.inner_text()
-    assert message == f"Redrove 1 dead letter(s): see job {new_job.pk}."
+    assert message == f"Redrove 1 dead letter: see job {new_job.pk}."
     dead_letter.refresh_from_db()
     assert (dead_letter.status, dead_letter.redrive_job_id) == (DeadLetter.Status.REDRIVEN, new_job.pk)
     assert dead_letter.resolved_by.username == "op"
@@ -186,7 +186,7 @@ def test_an_auditor_sees_the_overview_and_charts_but_no_redrive_controls(page, d
 
     # An open dead letter waits for a decision: not a green "Pipeline running" (issue 30, item 11).
     banner = page.get_by_test_id("pipeline-state").inner_text()
-    assert banner.startswith("Pipeline not paused") and "1 dead letter(s) wait for a decision" in banner
+    assert banner.startswith("Pipeline not paused") and "1 dead letter waits for a decision" in banner
     expect(page.locator('svg[aria-label="rows deleted per hour"]')).to_be_visible()
     expect(page.locator('svg[aria-label="failed attempts by category"]')).to_be_visible()
     expect(page.get_by_role("heading", name="Retention debt")).to_be_visible()
@@ -243,7 +243,7 @@ def test_an_operator_redrives_all_letters_matching_a_filter_after_seeing_their_n
     page.wait_for_url(f"**portfolio={portfolio.pk}**")
     page.get_by_test_id("bulk-redrive").click()
 
-    heading = "Redrive all 2 open dead letter(s) matching this filter?"
+    heading = "Redrive all 2 open dead letters matching this filter?"
     expect(page.get_by_role("heading", name=heading)).to_be_visible()
     assert "portfolio Acme Lettings" in page.get_by_test_id("bulk-filter").inner_text()
     # Too short a reason: refused on the confirmation page, nothing changes.
@@ -255,7 +255,7 @@ def test_an_operator_redrives_all_letters_matching_a_filter_after_seeing_their_n
     page.get_by_label("reason").fill(REASON)
     page.get_by_role("button", name="Redrive all 2").click()
     page.wait_for_url("**/console/dead-letters/?**")
-    assert page.get_by_test_id("message").first.inner_text() == "Redrove 2 dead letter(s): see the 2 new jobs."
+    assert page.get_by_test_id("message").first.inner_text() == "Redrove 2 dead letters: see the 2 new jobs."
     assert set(DeadLetter.objects.filter(status="redriven").values_list("id", flat=True)) == acme_letters
     assert DeadLetter.objects.get(portfolio_id=birch.pk).status == "open"  # outside the filter
     events = AuditEvent.objects.filter(action="dead_letter.redriven")
@@ -355,7 +355,7 @@ def test_the_forecast_warns_when_the_sweep_will_not_finish_and_the_page_refreshe
     warning = page.get_by_test_id("forecast")
     assert warning.get_attribute("data-status") == "late"
     assert "Will not finish before the next slot" in warning.inner_text()
-    assert "2 open job(s) that can run" in warning.inner_text()
+    assert "2 open jobs that can run" in warning.inner_text()
     nav(page, "Sweeps")
     page.wait_for_url("**/console/sweeps/")
     assert page.get_by_test_id("forecast").get_attribute("data-status") == "late"

@@ -122,7 +122,7 @@ def test_a_sweep_whose_open_jobs_are_all_paused_is_forecast_blocked_naming_the_p
     pipeline_pause(actor=None, reason="birch asked us to wait", portfolio_id=world["birch"].pk)
     body = op.get("/console/").content.decode()
     assert 'data-testid="forecast" data-status="blocked"' in body
-    assert "none of the 4 open job(s) can run" in body
+    assert "none of the 4 open jobs can run" in body
     assert "month-end freeze for Acme" in body and "Acme Lettings" in body
     assert "On track" not in body
     # The oldest due job is not "waiting for a worker": nothing that can run is due.
@@ -144,7 +144,7 @@ def test_the_oldest_due_job_counts_only_jobs_that_can_run(world, op, time_machin
     response = op.get("/console/")
     assert response.context["work"].due == 3
     assert response.context["oldest_due_age_seconds"] == 600.0
-    assert "3 job(s) that can run wait for a worker" in response.content.decode()
+    assert "3 jobs that can run wait for a worker" in response.content.decode()
 
 
 # --- Run now and cancel ----------------------------------------------------------------
@@ -154,7 +154,7 @@ def test_run_now_makes_a_backing_off_job_due_and_leaves_an_audit_event(world, op
     job = backing_off(world["jobs"][0])
     CleanupJob.objects.filter(pk=job.pk).update(enqueued_at=NOW + timedelta(minutes=5))  # a hint for later
     response = op.post(f"/console/jobs/{job.pk}/action/", {"operation": "run_now", "reason": REASON}, follow=True)
-    assert "1 job(s) are due now" in response.content.decode()
+    assert "1 job is due now" in response.content.decode()
     job.refresh_from_db()
     assert (job.available_at, job.enqueued_at, job.attempt, job.state) == (NOW, None, 1, "pending")
     event = AuditEvent.objects.get(action="job.run_now")
@@ -274,7 +274,7 @@ def test_a_bulk_redrive_links_to_its_new_jobs_and_warns_when_no_worker_will_run_
     body = op.post("/console/dead-letters/all-matching/", form, follow=True).content.decode()
     new = sorted(CleanupJob.objects.filter(redrive_of__isnull=False).values_list("id", flat=True))
     assert f"/console/jobs/?id_min={new[0]}&amp;id_max={new[1]}&amp;redrives=yes" in body
-    assert "No worker will run 2 of these job(s)" in body
+    assert "No worker will run 2 of these jobs" in body
     listed = op.get(f"/console/jobs/?id_min={new[0]}&id_max={new[1]}&redrives=yes")
     assert [j.pk for j in listed.context["result"].rows] == new[::-1]
 
@@ -398,9 +398,7 @@ def test_a_purge_job_shows_its_attachments_not_a_cursor(world, op):
         outcome="purge_held",
     )
     body = op.get(f"/console/jobs/{purge.pk}/").content.decode()
-    assert (
-        "4 document(s) to purge: 2 purged, 0 already gone, 1 set aside under a legal hold, 1 still referenced" in body
-    )
+    assert "4 documents to purge: 2 purged, 0 already gone, 1 set aside under a legal hold, 1 still referenced" in body
     assert "Cursor" not in body and "No batch applied" not in body
     listing = op.get("/console/jobs/?job_kind=purge").content.decode()
     assert "2 purged, 1 set aside, 1 referenced" in listing

@@ -66,7 +66,7 @@ def test_a_purge_refused_with_403_shows_its_status_message_class_documents_and_w
     page = op.get(reverse("console:dead_letter", args=[letter.pk])).content.decode()
     assert "403 Forbidden" in page
     assert "application/problem+json" in page
-    assert "3 document(s) in its purge request: 3 waiting for this decision" in page
+    assert "3 documents in its purge request: 3 waiting for this decision" in page
     assert all(f"doc-{i}" in page for i in ids)
     assert "refused this service&#x27;s credentials" in page
     # The body the store sent is nowhere: not in the row, not on the page, not in the API.
@@ -121,7 +121,7 @@ def test_the_inbox_grouped_by_cause_counts_each_cause_with_one_query_and_says_wh
     # Session, user, permissions, scope, the groups, the portfolio choices: a
     # fixed number whatever the letters (no query per group or per letter).
     assert len(queries) == 7, "\n".join(q["sql"][:120] for q in queries)
-    assert "8 open letter(s) in 3 group(s)." in page
+    assert "8 open letters in 3 groups." in page
     groups = response.context["groups"]
     assert [(g["category"], g["http_status"], g["record_kind"], g["n"]) for g in groups] == [
         ("downstream_rejected", 400, "lease", 5),

@@ -343,7 +343,7 @@ def test_redrive_all_matching_shows_the_count_asks_a_reason_and_decides_every_le
     query = f"operation=redrive&category=downstream_rejected&portfolio={world['acme'].pk}"
     page = op.get(f"/console/dead-letters/all-matching/?{query}")
     assert page.status_code == 200 and page.context["count"] == 2
-    assert "Redrive all 2 open dead letter(s) matching this filter?" in page.content.decode()
+    assert "Redrive all 2 open dead letters matching this filter?" in page.content.decode()
     form = {
         "operation": "redrive",
         "category": "downstream_rejected",
@@ -358,7 +358,7 @@ def test_redrive_all_matching_shows_the_count_asks_a_reason_and_decides_every_le
     assert stale.status_code == 400 and "changed from 3 to 2" in stale.content.decode()
     assert DeadLetter.objects.filter(status="open").count() == 2  # nothing happened yet
     done = op.post("/console/dead-letters/all-matching/", {**form, "reason": REASON}, follow=True)
-    assert "Redrove 2 dead letter(s): see" in done.content.decode()
+    assert "Redrove 2 dead letters: see" in done.content.decode()
     assert "the 2 new jobs</a>" in done.content.decode()
     assert DeadLetter.objects.filter(status="redriven").count() == 2
     assert AuditEvent.objects.filter(action="dead_letter.redriven", reason=REASON).count() == 2

@@ -136,7 +136,7 @@ def test_a_decision_within_one_portfolio_keeps_its_reason_on_the_letter(world, o
 def test_the_job_page_counts_the_failed_attempt_its_dead_letter_counts(world, op):
     job = world["jobs"][0]
     body = op.get(f"/console/jobs/{job.pk}/").content.decode()
-    assert "after 1 failed attempt(s)" in body
+    assert "after 1 failed attempt" in body
     assert "0 failed" not in body
     assert 'data-testid="job-attempts">1 failed' in body
 
@@ -220,8 +220,8 @@ def test_run_now_on_a_paused_portfolios_jobs_says_they_wait_for_the_resume_and_r
     form = bulk_confirm(op, "/console/jobs/all-matching/", {"operation": "run_now"})
     done = op.post("/console/jobs/all-matching/", {**form, "reason": REASON}, follow=True)
     said = [str(m) for m in done.context["messages"]]
-    assert "3 job(s) are due now. 2 of them run as soon as a worker takes them." in said
-    assert any("1 of these job(s) will not run while portfolio Birch Estates is paused" in m for m in said)
+    assert "3 jobs are due now. 2 of them run as soon as a worker takes them." in said
+    assert any("1 of these jobs will not run while portfolio Birch Estates is paused" in m for m in said)
 
 
 # --- Item 8 ---------------------------------------------------------------------------
@@ -318,7 +318,7 @@ def test_the_overview_during_the_incident_is_not_a_green_running_banner_and_show
     page = op.get("/console/").content.decode()
     assert "Pipeline running" not in page
     assert "Pipeline not paused, but it needs an operator" in page
-    assert "2 open job(s) (delete) have no worker" in page and "1 dead letter(s) wait for a decision" in page
+    assert "2 open jobs (delete) have no worker" in page and "1 dead letter waits for a decision" in page
     # "none" beside "oldest due job" read as "no worker": it says the jobs cannot run.
     assert 'data-testid="oldest-due">none can run<' in page
     assert 'data-testid="workers-card"' in page

@@ -246,8 +246,8 @@ def test_the_overview_during_an_incident_says_what_needs_an_operator_and_shows_t
     log_in(page, "op")
     banner = page.get_by_test_id("pipeline-state").inner_text()
     assert "Pipeline running" not in banner
-    assert "1 open job(s) wait for a paused portfolio to be resumed" in banner
-    assert "1 dead letter(s) wait for a decision" in banner
+    assert "1 open job waits for a paused portfolio to be resumed" in banner
+    assert "1 dead letter waits for a decision" in banner
     assert page.get_by_test_id("oldest-due").inner_text() == "none can run"
     card = page.get_by_test_id("workers-card").inner_text()
     assert "none reporting — start one: python manage.py qcluster" in card

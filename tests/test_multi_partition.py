@@ -18,10 +18,12 @@ import pytest
 from django.db import connection, connections, transaction
 from django.test.utils import CaptureQueriesContext
 
+from cleanup_ops.clock import offset as clock_offset
 from cleanup_ops.execution.batches import jobs_load, operation_id, run_group_batch
 from cleanup_ops.execution.leases import jobs_lease_group, jobs_release
 from cleanup_ops.execution.runner import cleanup_drain, group_run_slice
 from cleanup_ops.models import CleanupJob, JobState, LedgerEntry
+from cleanup_ops.ratelimit import runtime_limits
 from cleanup_ops.recovery.operator import pipeline_pause
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Lease, Property
@@ -260,6 +262,12 @@ class TestGroupSlices:
         for n in range(10):
             make_records(Property.objects.create(portfolio=props["A"].portfolio, name=f"H{n}"), "lease", 1, ended=OLD)
         sweep_trigger(slot=SLOT, now=NOW)
+        # The operators' run-time limits (the lease cap) and the database's
+        # clock: reads a process makes at most every RUNTIME_LIMITS_CACHE_SECONDS
+        # and CLEANUP_CLOCK_SYNC_SECONDS, not per lease (on a loaded machine the
+        # clock's 30 s could otherwise run out between the two leases).
+        runtime_limits()
+        clock_offset()
         with CaptureQueriesContext(connection) as two:
             small = jobs_lease_group(owner="w1", limit=2)
         assert small is not None and len(small.jobs) == 2

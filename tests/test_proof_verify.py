@@ -92,7 +92,7 @@ def test_the_export_states_each_operation_ids_inputs_and_they_recompute_to_the_l
 def test_the_verifier_recomputes_every_digest_of_an_untouched_export(exported, fmt: str, capsys) -> None:
     call_command("cleanup_proof_verify", str(exported[fmt]), "--public-key", str(exported["keys"]))
     out = capsys.readouterr().out
-    assert "verified: signature valid under key test-2026; 2 job digest(s), 5 operation id(s) recomputed" in out
+    assert "verified: signature valid under key test-2026; 2 job digests, 5 operation ids recomputed" in out
 
 
 def test_the_verifier_runs_without_django_or_a_database(exported) -> None:
@@ -113,7 +113,7 @@ def test_the_verifier_runs_without_django_or_a_database(exported) -> None:
         timeout=60,
     )
     assert done.returncode == 0, done.stdout + done.stderr
-    assert done.stdout.strip().endswith("5 operation id(s) recomputed")
+    assert done.stdout.strip().endswith("5 operation ids recomputed")
 
 
 def test_a_changed_input_a_dropped_operation_or_a_changed_digest_fails_naming_the_job(exported, capsys) -> None:
@@ -128,7 +128,7 @@ def test_a_changed_input_a_dropped_operation_or_a_changed_digest_fails_naming_th
     assert raised.value.returncode == 1
     out = capsys.readouterr().out
     assert f"job {first['job_id']}: the operation after id {first['operation_inputs'][1]['after_id']}" in out
-    assert f"job {second['job_id']}: 2 operation(s) stated, 1 with inputs" in out
+    assert f"job {second['job_id']}: 2 operations stated, 1 with inputs" in out
     assert "sweep: digest recomputes to" in out
 
     text = exported["csv"].read_text().replace(proof["digest"], "0" * 64)

@@ -178,7 +178,7 @@ def test_a_kind_reached_through_its_unit_is_partitioned_held_and_deleted_through
     assert sum(job.rows_deleted for job in jobs.values()) == 30 - 7
     # The visits that reach no property are reported, not kept in silence.
     (warning,) = unreachable_records_check(databases=["default"])
-    assert warning.id == "retention.W009" and "3 row(s) of schema_b.Visit" in warning.msg
+    assert warning.id == "retention.W009" and "3 rows of schema_b.Visit" in warning.msg
 
 
 @pytest.mark.django_db

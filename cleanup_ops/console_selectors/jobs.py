@@ -6,7 +6,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Count, Max, Min, Q, Sum
+from django.db.models import Count, Expression, Max, Min, Q, Sum, Value
+from django.db.models.functions import Coalesce
 
 from cleanup_ops.console_selectors.letters import documents_affected
 from cleanup_ops.console_selectors.names import PAGE_SIZE, SEARCH_MAX_LENGTH
@@ -135,7 +136,7 @@ def jobs_page(
 
 
 # The jobs list's sortable columns (``paging.sort_parse``): word → field.
-JOB_SORTS = {
+JOB_SORTS: dict[str, str | Expression] = {
     "id": "id",
     "created": "created_at",
     "due": "available_at",
@@ -143,6 +144,9 @@ JOB_SORTS = {
     "kind": "record_kind",
     "attempts": "attempt",
     "rows": "rows_deleted",
+    "portfolio": "portfolio_id",
+    "property": Coalesce("property_id", Value(0)),
+    "sweep": "sweep_id",
 }
 
 

@@ -12,6 +12,13 @@ not the reader's to see gives the first page, never an error.
 
 Every page costs three queries whatever its depth: the count, the page, and
 its position (the rows before its first one), which reads as "51 to 100 of 734".
+
+A nullable column (a property, a store's HTTP status) is sorted through an
+expression that never is NULL (``Coalesce(..., 0)``: "none" first going up),
+annotated on the list under ``sort_<name>``, so the keyset comparisons hold.
+
+``per_page`` chooses the page's size, from 1 to ``PER_PAGE_MAX``; anything
+else is a ``FilterError`` naming the parameter (the console's 400 page).
 """
 
 from __future__ import annotations
@@ -20,16 +27,30 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from django.db.models import Q, QuerySet, Subquery
+from django.db.models import Expression, Q, QuerySet, Subquery
 
 from retention.filters import FilterError, choice_param, id_param
+
+PER_PAGE_MAX = 200
+
+
+def page_size_parse(params: Mapping[str, Any], *, default: int) -> int:
+    """``per_page``: a whole number from 1 to ``PER_PAGE_MAX``; ``default`` when absent."""
+    raw = params.get("per_page")
+    if raw in (None, ""):
+        return default
+    text = str(raw)
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= PER_PAGE_MAX:
+        raise FilterError("per_page", f"per_page must be a whole number from 1 to {PER_PAGE_MAX}.")
+    return int(text)
 
 
 @dataclass(frozen=True)
 class Sort:
     name: str  # the parameter's word
-    field: str  # the model field
+    field: str  # the model field, or the annotation of ``expression``
     descending: bool
+    expression: Expression | None = None  # a nullable column's non-null stand-in
 
     @property
     def param(self) -> str:
@@ -47,13 +68,23 @@ class Sort:
         return f"-{name}"
 
 
-def sort_parse(params: Mapping[str, Any], columns: Mapping[str, str], *, default: str) -> Sort:
-    """``sort`` among ``columns`` (word → field), optionally with a leading ``-``."""
+def sort_parse(params: Mapping[str, Any], columns: Mapping[str, str | Expression], *, default: str) -> Sort:
+    """``sort`` among ``columns`` (word → field, or an expression that is
+    never NULL), optionally with a leading ``-``."""
     raw = params.get("sort") or default
     name = str(raw).removeprefix("-")
     if choice_param({"sort": name}, "sort", list(columns), strict=True) is None:
-        raise FilterError("sort", "sort must name a column.")
-    return Sort(name=name, field=columns[name], descending=str(raw).startswith("-"))
+        raise FilterError("sort", f"sort must name a column: {', '.join(columns)} (a leading - for descending).")
+    column = columns[name]
+    descending = str(raw).startswith("-")
+    if isinstance(column, str):
+        return Sort(name=name, field=column, descending=descending)
+    return Sort(name=name, field=f"sort_{name}", descending=descending, expression=column)
+
+
+def sorted_rows(queryset: QuerySet[Any], sort: Sort) -> QuerySet[Any]:
+    """``queryset`` with ``sort``'s annotation (if it has one), unordered."""
+    return queryset.annotate(**{sort.field: sort.expression}) if sort.expression is not None else queryset
 
 
 @dataclass
@@ -93,6 +124,7 @@ def _beyond(listed: QuerySet[Any], sort: Sort, boundary: int, *, forward: bool) 
 def keyset_page(queryset: QuerySet[Any], params: Mapping[str, Any], *, sort: Sort, size: int) -> KeysetPage:
     """The page of ``queryset`` (already filtered and scoped) that ``after``,
     ``before`` or ``last`` in ``params`` ask for."""
+    queryset = sorted_rows(queryset, sort)
     after = id_param(params, "after", strict=True)
     before = id_param(params, "before", strict=True)
     last = choice_param(params, "last", ["yes"], strict=True) == "yes"

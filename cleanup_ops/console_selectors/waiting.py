@@ -26,6 +26,7 @@ from datetime import datetime
 from typing import Any
 
 from django.db.models import Count, Min, Q
+from django.utils.translation import ngettext
 
 from cleanup_ops.console_selectors.names import portfolio_names
 from cleanup_ops.models import CleanupJob, JobState, PipelinePause, due_q, live_lease_q, open_q
@@ -150,12 +151,19 @@ def pipeline_attention(work: OpenWork, *, letters_open: int) -> list[str]:
     open dead letters. Empty: nothing needs an operator."""
     notes = []
     if work.paused:
-        notes.append(f"{work.paused} open job(s) wait for a paused portfolio to be resumed")
+        notes.append(
+            ngettext("%(n)d open job waits", "%(n)d open jobs wait", work.paused) % {"n": work.paused}
+            + " for a paused portfolio to be resumed"
+        )
     if work.no_worker:
         kinds = ", ".join(work.kinds_without_worker)
-        notes.append(f"{work.no_worker} open job(s) ({kinds}) have no worker: no cluster serving their queue reported")
+        jobs = ngettext("%(n)d open job (%(k)s) has", "%(n)d open jobs (%(k)s) have", work.no_worker)
+        notes.append(jobs % {"n": work.no_worker, "k": kinds} + " no worker: no cluster serving their queue reported")
     if letters_open:
-        notes.append(f"{letters_open} dead letter(s) wait for a decision")
+        notes.append(
+            ngettext("%(n)d dead letter waits", "%(n)d dead letters wait", letters_open) % {"n": letters_open}
+            + " for a decision"
+        )
     return notes
 
 
@@ -167,7 +175,7 @@ def why_they_will_not_run(
     warnings = []
     for p in work.pauses:
         where = f"portfolio {p['name'] or p['portfolio_id']} is" if p["portfolio_id"] else "the whole pipeline is"
-        warnings.append(f"{p['jobs']} of these job(s) will not run while {where} paused ({p['reason']}).")
+        warnings.append(f"{p['jobs']} of these jobs will not run while {where} paused ({p['reason']}).")
     if work.no_worker:
         kinds = ", ".join(work.kinds_without_worker)
         # The command for each queue that lacks a cluster: a purge job needs a
@@ -176,7 +184,7 @@ def why_they_will_not_run(
         known = start_commands or {}
         commands = sorted({known.get(kind, "manage.py qcluster") for kind in work.kinds_without_worker})
         warnings.append(
-            f"No worker will run {work.no_worker} of these job(s) ({kinds}): no cluster serving their queue"
+            f"No worker will run {work.no_worker} of these jobs ({kinds}): no cluster serving their queue"
             f" has reported in the last {stale_seconds:g} s. Start one ({'; '.join(commands)}) or run cleanup_drain."
         )
     return warnings

@@ -10,11 +10,16 @@ from django.db.models import Count, Max, Min
 
 from cleanup_ops.models import (
     CleanupJob,
+    ClusterControl,
+    ClusterMode,
     JobState,
+    LimitName,
+    RuntimeLimit,
     WorkerHeartbeat,
     expired_lease_q,
     live_lease_q,
 )
+from cleanup_ops.ratelimit import limit_setting
 
 # --- Workers ------------------------------------------------------------------
 
@@ -92,3 +97,33 @@ def live_job_kinds(*, now: datetime, queues: dict[str, list[str]]) -> set[str]:
     fresh = WorkerHeartbeat.objects.filter(updated_at__gte=since).values_list("queue", flat=True)
     reported = {queue or main for queue in fresh}
     return {kind for queue, kinds in queues.items() if queue in reported for kind in kinds}
+
+
+def cluster_controls(heartbeats: list[WorkerHeartbeat]) -> dict[tuple[str, str], ClusterControl]:
+    """The operator's decisions (quiet, draining) that bind the clusters'
+    current runs (the heartbeat's pid), by (host, cluster); one query."""
+    if not heartbeats:
+        return {}
+    pids = {(hb.host, hb.cluster): hb.pid for hb in heartbeats}
+    controls = ClusterControl.objects.filter(host__in={h for h, _ in pids}).select_related("set_by")
+    return {
+        (c.host, c.cluster): c
+        for c in controls
+        if pids.get((c.host, c.cluster)) == c.pid and c.mode != ClusterMode.RUNNING
+    }
+
+
+def limits_now() -> list[dict[str, Any]]:
+    """Each run-time limit: its value now, its setting's, and the operator's
+    change in force (who, when, why), if any. One query."""
+    changed = {row.name: row for row in RuntimeLimit.objects.select_related("set_by")}
+    return [
+        {
+            "name": name,
+            "label": label,
+            "setting": limit_setting(name),
+            "value": changed[name].value if name in changed else limit_setting(name),
+            "change": changed.get(name),
+        }
+        for name, label in LimitName.choices
+    ]

@@ -193,8 +193,8 @@ def _unpurgeable_raise(request: SliceRequest) -> None:
         return
     record_ids = [entry.get("record_id") for entry in unpurgeable or [] if isinstance(entry, dict)]
     logger.warning(
-        "purge: %s record(s) of kind %s name files that cannot be purged: %s",
-        invalid,
+        "purge: %s of kind %s name files that cannot be purged: %s",
+        f"{invalid} record{'' if invalid == 1 else 's'}",
         request.record_kind,
         record_ids,
         extra={"purge_request_id": request.id, "record_kind": request.record_kind, "record_ids": record_ids},

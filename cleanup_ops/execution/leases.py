@@ -73,6 +73,7 @@ from cleanup_ops.ratelimit import (
     Member,
     Reservation,
     TokenFamily,
+    portfolio_max_leases,
     tokens_give_back,
     tokens_reserve,
 )
@@ -213,7 +214,7 @@ def job_lease(*, job_id: int, owner: str, now: datetime | None = None) -> JobLea
         paused, holders = CleanupJob.objects.exclude(pk=job_id).filter(portfolio_id=portfolio_id).lease_slots(now=now)
         if paused & {None, portfolio_id}:
             return None
-        if holders.get(portfolio_id, 0) >= settings.CLEANUP_PORTFOLIO_MAX_LEASES:
+        if holders.get(portfolio_id, 0) >= portfolio_max_leases():
             # Let the dispatcher send it again once a slot frees up.
             CleanupJob.objects.filter(pk=job_id).update(enqueued_at=None)
             return None
@@ -256,7 +257,7 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
     """
     now = now or clock.now()
     token = uuid.uuid4()
-    cap = settings.CLEANUP_PORTFOLIO_MAX_LEASES
+    cap = portfolio_max_leases()
     with transaction.atomic():
         paused, holders = CleanupJob.objects.lease_slots(now=now)
         if None in paused:

@@ -60,7 +60,7 @@ from cleanup_ops.execution.leases import (
     worker_name,
 )
 from cleanup_ops.models import CleanupJob, JobKind, JobState
-from cleanup_ops.ratelimit import DELETES, Reservation, TokenFamily
+from cleanup_ops.ratelimit import DELETES, Reservation, TokenFamily, slice_seconds
 from cleanup_ops.recovery.classification import FailureCategory, LeaseLost, classify
 from cleanup_ops.recovery.failures import job_fail
 from retention.conf import MAX_BATCH_SIZE
@@ -416,7 +416,7 @@ def job_run_slice(
     if lease is None:
         return result
     result.leased = True
-    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    max_seconds = max_seconds if max_seconds is not None else slice_seconds()
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     job = job_load(job_id)
@@ -540,7 +540,7 @@ def group_run_slice(
     # The drain's slice also ends once fewer than half of the partitions it
     # leased are left: holding on to a few large ones while other partitions
     # wait unleased would undo the processor sharing.
-    max_seconds = max_seconds if max_seconds is not None else settings.CLEANUP_SLICE_SECONDS
+    max_seconds = max_seconds if max_seconds is not None else slice_seconds()
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     engine = _SliceEngine(
@@ -616,7 +616,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     but let one cluster's first turns take all of a small sweep.)
     """
     owner = owner or worker_name()
-    budget = SliceBudget.of(settings.CLEANUP_SLICE_SECONDS)
+    budget = SliceBudget.of(slice_seconds())
     batches_left = settings.CLEANUP_SLICE_BATCHES
     turn = TurnResult()
     kind = CleanupJob.objects.filter(pk=job_id).values_list("job_kind", flat=True).first()

@@ -51,7 +51,14 @@ from cleanup_ops.models.outbox import (
     PurgeRequest,
 )
 from cleanup_ops.models.table_partitions import LedgerChainHead, TablePartitionDrop
-from cleanup_ops.models.workers import RateBucket, WorkerHeartbeat
+from cleanup_ops.models.workers import (
+    ClusterControl,
+    ClusterMode,
+    LimitName,
+    RateBucket,
+    RuntimeLimit,
+    WorkerHeartbeat,
+)
 
 __all__ = [
     "DOCUMENT_REF_MAX_LENGTH",
@@ -61,6 +68,8 @@ __all__ = [
     "STORE_ALIAS_MAX_LENGTH",
     "CleanupJob",
     "CleanupJobQuerySet",
+    "ClusterControl",
+    "ClusterMode",
     "DeadLetter",
     "DeadLetterQuerySet",
     "DeadLetterStatus",
@@ -73,10 +82,12 @@ __all__ = [
     "JobState",
     "LedgerChainHead",
     "LedgerEntry",
+    "LimitName",
     "PipelinePause",
     "PipelinePauseQuerySet",
     "PurgeRequest",
     "RateBucket",
+    "RuntimeLimit",
     "Sweep",
     "SweepQuerySet",
     "SweepStatus",

@@ -5,6 +5,10 @@ rate limiter (``cleanup_ops.ratelimit``) and each cluster's heartbeat
 
 from __future__ import annotations
 
+from datetime import datetime
+from typing import Any
+
+from django.conf import settings
 from django.db import models
 
 
@@ -53,3 +57,94 @@ class WorkerHeartbeat(models.Model):
 
     def __str__(self) -> str:
         return f"{self.cluster}@{self.host}"
+
+
+class ClusterMode(models.TextChoices):
+    RUNNING = "running", "Running"
+    QUIET = "quiet", "Quiet (takes no new work)"
+    DRAINING = "draining", "Draining (finishes its work, then stops)"
+
+
+class ClusterControl(models.Model):
+    """An operator's decision about one worker cluster (a heartbeat's host and
+    cluster), for the run of it that was up then (its sentinel's ``pid``): a
+    restarted cluster (a new pid) is running again, whatever this row says.
+
+    *Quiet*: its workers lease nothing new (a message they fetch is dropped;
+    the dispatcher re-sends the job after ``CLEANUP_LEASE_SECONDS``, to
+    whichever cluster takes it); slices already running finish. *Draining*:
+    quiet, and once the cluster holds no live lease a worker of it sends its
+    sentinel SIGTERM (django-q2's graceful stop). Each change has a reason and
+    an audit event (``cleanup_ops.fleet``)."""
+
+    Mode = ClusterMode
+
+    host = models.CharField(max_length=255)
+    cluster = models.CharField(max_length=100)
+    pid = models.PositiveIntegerField(help_text="The run of the cluster the decision is about (its sentinel).")
+    mode = models.CharField(max_length=10, choices=ClusterMode.choices, default=ClusterMode.RUNNING)
+    reason = models.TextField()
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    set_at = models.DateTimeField()
+    stop_sent_at = models.DateTimeField(null=True, blank=True, help_text="When a draining cluster was told to stop.")
+
+    class Meta:
+        ordering = ["host", "cluster"]
+        constraints = [models.UniqueConstraint(fields=["host", "cluster"], name="cluster_control_one_per_cluster")]
+
+    def __str__(self) -> str:
+        return f"{self.cluster}@{self.host}: {self.mode}"
+
+    def _decide(self, mode: str, *, pid: int, by: Any, at: datetime, reason: str) -> None:
+        self.mode, self.pid, self.set_by, self.set_at, self.reason = mode, pid, by, at, reason
+        self.stop_sent_at = None
+        if self.pk is None:
+            self.save()
+        else:
+            self.save(update_fields=["mode", "pid", "set_by", "set_at", "reason", "stop_sent_at"])
+
+    def mark_quiet(self, *, pid: int, by: Any, at: datetime, reason: str) -> None:
+        self._decide(ClusterMode.QUIET, pid=pid, by=by, at=at, reason=reason)
+
+    def mark_draining(self, *, pid: int, by: Any, at: datetime, reason: str) -> None:
+        self._decide(ClusterMode.DRAINING, pid=pid, by=by, at=at, reason=reason)
+
+    def mark_running(self, *, pid: int, by: Any, at: datetime, reason: str) -> None:
+        self._decide(ClusterMode.RUNNING, pid=pid, by=by, at=at, reason=reason)
+
+    def mark_stop_sent(self, *, at: datetime) -> None:
+        self.stop_sent_at = at
+        self.save(update_fields=["stop_sent_at"])
+
+
+class LimitName(models.TextChoices):
+    RATE_GLOBAL = "rate_global", "Batches per second, every worker (CLEANUP_RATE_GLOBAL)"
+    RATE_PORTFOLIO = "rate_portfolio", "Batches per second per portfolio (CLEANUP_RATE_PORTFOLIO)"
+    PORTFOLIO_MAX_LEASES = "portfolio_max_leases", "Leases per portfolio (CLEANUP_PORTFOLIO_MAX_LEASES)"
+    SLICE_SECONDS = "slice_seconds", "Seconds of work per job turn, at most the setting's (CLEANUP_SLICE_SECONDS)"
+
+
+class RuntimeLimit(models.Model):
+    """An operator's run-time value for one of the pipeline's limits, in
+    place of its setting until removed (``cleanup_ops.fleet.runtime_limit_set``;
+    read by ``cleanup_ops.ratelimit.limit_value``). Each change has a reason
+    and an audit event."""
+
+    Name = LimitName
+
+    name = models.CharField(max_length=30, choices=LimitName.choices, primary_key=True)
+    value = models.FloatField()
+    reason = models.TextField()
+    set_by = models.ForeignKey(
+        settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"
+    )
+    set_at = models.DateTimeField()
+
+    def __str__(self) -> str:
+        return f"{self.name} = {self.value:g}"
+
+    def mark_changed(self, *, value: float, by: Any, at: datetime, reason: str) -> None:
+        self.value, self.set_by, self.set_at, self.reason = value, by, at, reason
+        self.save(update_fields=["value", "set_by", "set_at", "reason"])

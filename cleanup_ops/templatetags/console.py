@@ -279,7 +279,7 @@ def audit_details(details: Any, names: Any, reach: Any = None) -> str:
         elif key == "job_ids" and isinstance(value, list):
             shown = format_html(", ".join(["{}"] * min(len(value), 10)), *[job_link(v, reach) for v in value[:10]])
             more = f" and {len(value) - 10} more" if len(value) > 10 else ""
-            parts.append(format_html("{} job(s): {}{}", len(value), shown, more))
+            parts.append(format_html("{} job{}: {}{}", len(value), "" if len(value) == 1 else "s", shown, more))
         else:
             parts.append(format_html("{} {}", _DETAIL_LABELS.get(key, key.replace("_", " ")), value))
     return format_html(", ".join(["{}"] * len(parts)), *parts) if parts else DASH
@@ -392,3 +392,60 @@ def sort_header(context: Any, text: str, name: str, css: str = "") -> str:
         text,
         arrow,
     )
+
+
+# The list pages' filter tokens: how each parameter reads, and the
+# vocabulary of its values (``_LABELS``).
+_TOKEN_WORDS = {
+    "q": ("search", None),
+    "sweep": ("sweep", None),
+    "state": ("state", "state"),
+    "status": ("status", "letter_status"),
+    "portfolio": ("portfolio", None),
+    "kind": ("kind", "kind"),
+    "category": ("category", "category"),
+    "job_kind": ("job kind", "job_kind"),
+    "http_status": ("HTTP status", None),
+    "older_than_hours": ("older than (hours)", None),
+    "id_min": ("from job", None),
+    "id_max": ("to job", None),
+    "redrives": ("redrives only", None),
+}
+# Not filters: how the list is shown, not which rows.
+_NOT_FILTERS = frozenset({"sort", "per_page", "after", "before", "last"})
+
+
+def _token_value(context: Any, name: str, value: str) -> str:
+    vocabulary = _TOKEN_WORDS.get(name, (name, None))[1]
+    if vocabulary is not None:
+        return _LABELS.get(vocabulary, {}).get(value, value)
+    if name == "portfolio":
+        found = {str(p["id"]): p["name"] for p in context.get("portfolios") or []}
+        return found.get(value, value)
+    if name == "sweep":
+        found = {str(s["id"]): s["key"] for s in context.get("sweeps") or []}
+        return found.get(value, value)
+    if name == "http_status" and value == "0":
+        return "none"
+    return value
+
+
+@register.inclusion_tag("console/_filter_tokens.html", takes_context=True)
+def filter_tokens(context: Any, blank: str = "") -> dict[str, Any]:
+    """The active filters (``filters`` in the context) as removable tokens,
+    "portfolio: Acme Lettings" and a cross: each a link to the same list without that
+    one filter (from the first page; the sort and page size kept). ``blank``
+    names filters that a missing parameter would put back to their default
+    (the inbox's ``status=open``): removing one sends it empty ("any")."""
+    params = dict(context.get("filters") or {})
+    blanks = set(blank.split(",")) if blank else set()
+    kept = {k: v for k, v in params.items() if k not in {"after", "before", "last"}}
+    tokens = []
+    for name, value in params.items():
+        if name in _NOT_FILTERS or value in (None, ""):
+            continue
+        rest = {k: v for k, v in kept.items() if k != name} | ({name: ""} if name in blanks else {})
+        word = _TOKEN_WORDS.get(name, (name.replace("_", " "), None))[0]
+        shown = "" if name == "redrives" else _token_value(context, name, str(value))
+        tokens.append({"name": name, "word": word, "value": shown, "href": "?" + urlencode(rest)})
+    return {"tokens": tokens}

@@ -28,28 +28,33 @@ from cleanup_ops.views.dead_letters import (
     dead_letter_inbox,
     dead_letter_page,
     dead_letters_bulk,
+    dead_letters_export,
 )
 from cleanup_ops.views.job_selection import jobs_selected
-from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_list
+from cleanup_ops.views.jobs import job_action, job_page, jobs_bulk, jobs_export, jobs_list
 from cleanup_ops.views.letter_groups import dead_letter_groups
 from cleanup_ops.views.overview import overview_page
 from cleanup_ops.views.pauses import pause_toggle, pauses_page, portfolio_page
 from cleanup_ops.views.search import search_page
 from cleanup_ops.views.sweeps import sweep_page, sweep_proof_export, sweeps_list
-from cleanup_ops.views.workers import workers_page
+from cleanup_ops.views.workers import cluster_control, limit_change, workers_page
 
 __all__ = [
     "audit_log",
+    "cluster_control",
     "dead_letter_action",
     "dead_letter_groups",
     "dead_letter_inbox",
     "dead_letter_page",
     "dead_letters_bulk",
+    "dead_letters_export",
     "job_action",
     "job_page",
     "jobs_bulk",
+    "jobs_export",
     "jobs_list",
     "jobs_selected",
+    "limit_change",
     "overview_page",
     "pause_toggle",
     "pauses_page",

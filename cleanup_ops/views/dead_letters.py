@@ -19,8 +19,10 @@ from django.conf import settings
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
-from django.db.models import Count, QuerySet
+from django.db.models import Count, Expression, QuerySet, Value
+from django.db.models.functions import Coalesce
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect, QueryDict
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -28,9 +30,10 @@ from django.utils.html import format_html
 from django.views.decorators.http import require_http_methods, require_POST
 
 from cleanup_ops.console_selectors import portfolio_choices, portfolio_names, property_names
+from cleanup_ops.console_selectors.exports import LETTER_EXPORT_COLUMNS, export_rows
 from cleanup_ops.console_selectors.letters import letter_facts
 from cleanup_ops.console_selectors.names import SEARCH_MAX_LENGTH
-from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
+from cleanup_ops.console_selectors.paging import keyset_page, page_size_parse, sort_parse
 from cleanup_ops.console_selectors.search import letter_search_q
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, DeadLetter
@@ -42,11 +45,16 @@ from cleanup_ops.views.common import (
     PAGE_SIZE,
     bad_input_as_400,
     bad_request,
+    counted,
+    csv_stream,
     live_kinds_now,
+    per_page_context,
+    per_page_param,
     reason_problem,
     redirect_back,
     render_live,
     start_commands,
+    were,
 )
 from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
@@ -56,7 +64,7 @@ from retention.models import AuditEvent
 from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
 
 # The inbox's sortable columns (``paging.sort_parse``): word → field.
-LETTER_SORTS = {
+LETTER_SORTS: dict[str, str | Expression] = {
     "id": "id",
     "last_seen": "last_seen_at",
     "first_seen": "first_seen_at",
@@ -64,6 +72,10 @@ LETTER_SORTS = {
     "kind": "record_kind",
     "attempts": "attempts",
     "status": "status",
+    "http_status": Coalesce("http_status", Value(0)),
+    "portfolio": "portfolio_id",
+    "property": Coalesce("property_id", Value(0)),
+    "sweep": "sweep_id",
 }
 
 
@@ -96,12 +108,26 @@ def _matching(
 @login_required
 @permission_required(LETTER_VIEW, raise_exception=True)
 @bad_input_as_400
+def dead_letters_export(request: HttpRequest) -> HttpResponseBase:
+    """The inbox as CSV: its filter, search, scope and sort, every letter
+    (not one page), identifiers, categories, statuses, counts and times only."""
+    letter_filter = dead_letter_filter_parse(request.GET, strict=True, default_status=DeadLetter.Status.OPEN)
+    letters, _ = _matching(request, request.GET, letter_filter, perm=LETTER_VIEW)
+    sort = sort_parse(request.GET, LETTER_SORTS, default="-last_seen")
+    rows = export_rows(letters.select_related(None), sort=sort, columns=LETTER_EXPORT_COLUMNS)
+    return csv_stream(rows, filename="dead-letters.csv")
+
+
+@login_required
+@permission_required(LETTER_VIEW, raise_exception=True)
+@bad_input_as_400
 def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
     letter_filter = dead_letter_filter_parse(request.GET, strict=True, default_status=DeadLetter.Status.OPEN)
     letters, text = _matching(request, request.GET, letter_filter, perm=LETTER_VIEW)
     sort = sort_parse(request.GET, LETTER_SORTS, default="-last_seen")
-    page = keyset_page(letters.select_related("sweep"), request.GET, sort=sort, size=PAGE_SIZE)
-    filters = letter_filter.as_params() | ({"q": text} if text else {}) | {"sort": sort.param}
+    size = page_size_parse(request.GET, default=PAGE_SIZE)
+    page = keyset_page(letters.select_related("sweep"), request.GET, sort=sort, size=size)
+    filters = letter_filter.as_params() | ({"q": text} if text else {}) | {"sort": sort.param} | per_page_param(size)
     return render_live(
         request,
         "console/dead_letters.html",
@@ -114,6 +140,7 @@ def dead_letter_inbox(request: HttpRequest) -> HttpResponse:
             "categories": FailureCategory.choices,
             "statuses": DeadLetter.Status.choices,
             "min_reason": MIN_REASON_LENGTH,
+            **per_page_context(size),
             **_can(request),
         },
     )
@@ -249,21 +276,27 @@ def _decide(request: HttpRequest, decision: Decision, letter_filter: DeadLetterF
     if decision == Decision.REDRIVE:
         _report_new_jobs(request, jobs)
     else:
-        messages.success(request, f"Dismissed {len(decided)} dead letter(s).")
+        messages.success(request, f"Dismissed {counted(len(decided), 'dead letter')}.")
     if failed:
         listed = ", ".join(failure.describe() for failure in failed)
         verb = "redriven" if decision == Decision.REDRIVE else "dismissed"
-        messages.error(request, f"{len(failed)} letter(s) could not be {verb} and are still open: {listed}.")
+        messages.error(
+            request,
+            f"{counted(len(failed), 'letter')} could not be {verb} and {were(len(failed), 'is', 'are')}"
+            f" still open: {listed}.",
+        )
     skipped = seen - len(failed) - len(decided)
     if skipped > 0:
-        messages.warning(request, f"{skipped} letter(s) were no longer open and were left as they are.")
+        one = skipped == 1
+        left = "was no longer open and was left as it is" if one else "were no longer open and were left as they are"
+        messages.warning(request, f"{counted(skipped, 'letter')} {left}.")
 
 
 def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     """The new jobs, linked (one, or the jobs list narrowed to them), and a
     warning when nothing will run them (a pause, no worker for their queue)."""
     if not jobs:
-        messages.success(request, "Redrove 0 dead letter(s): no new job.")
+        messages.success(request, "Redrove no dead letter: no new job.")
         return
     ids = sorted(job.pk for job in jobs)
     if len(ids) == 1:
@@ -271,7 +304,7 @@ def _report_new_jobs(request: HttpRequest, jobs: list[CleanupJob]) -> None:
     else:
         query = urlencode({"id_min": ids[0], "id_max": ids[-1], "redrives": "yes"})
         link = format_html('<a href="{}?{}">the {} new jobs</a>', reverse("console:jobs"), query, len(ids))
-    messages.success(request, format_html("Redrove {} dead letter(s): see {}.", len(ids), link))
+    messages.success(request, format_html("Redrove {}: see {}.", counted(len(ids), "dead letter"), link))
     now = timezone.now()
     work = open_work(now=now, portfolio_ids=None, live_kinds=live_kinds_now(now), job_ids=ids)
     for warning in why_they_will_not_run(

@@ -13,6 +13,7 @@ from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db.models import Count, QuerySet
 from django.http import HttpRequest, HttpResponse, HttpResponseRedirect
+from django.http.response import HttpResponseBase
 from django.shortcuts import get_object_or_404, render
 from django.urls import reverse
 from django.utils import timezone
@@ -27,8 +28,9 @@ from cleanup_ops.console_selectors import (
     portfolio_names,
     property_names,
 )
+from cleanup_ops.console_selectors.exports import JOB_EXPORT_COLUMNS, export_rows
 from cleanup_ops.console_selectors.jobs import JOB_SORTS, jobs_listed
-from cleanup_ops.console_selectors.paging import keyset_page, sort_parse
+from cleanup_ops.console_selectors.paging import keyset_page, page_size_parse, sort_parse
 from cleanup_ops.console_selectors.waiting import open_work, why_they_will_not_run
 from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
@@ -45,16 +47,22 @@ from cleanup_ops.views.common import (
     VIEW_PERM,
     bad_input_as_400,
     bad_request,
+    counted,
+    csv_stream,
+    holds_context,
     live_kinds_now,
+    per_page_context,
+    per_page_param,
     reason_problem,
     render_live,
     start_commands,
+    were,
 )
 from cleanup_ops.views.confirm import BULK_BREAKDOWN_ROWS, bulk_confirmation
 from retention.actors import request_actor
 from retention.inputs import MAX_TEXT_LENGTH, text_check
 from retention.registry import record_kind_choices
-from retention.scoping import portfolio_ids_where, scope_audit_events, scope_queryset
+from retention.scoping import portfolio_ids_q, portfolio_ids_where, scope_audit_events, scope_queryset
 
 
 def _may(request: HttpRequest, action: JobAction) -> bool:
@@ -71,14 +79,15 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
     scope = portfolio_ids_where(request.user, VIEW_PERM)
     job_filter = job_filter_parse(request.GET, strict=True)
     sort = sort_parse(request.GET, JOB_SORTS, default="-id")
-    result = keyset_page(jobs_listed(job_filter, portfolio_ids=scope), request.GET, sort=sort, size=PAGE_SIZE)
+    size = page_size_parse(request.GET, default=PAGE_SIZE)
+    result = keyset_page(jobs_listed(job_filter, portfolio_ids=scope), request.GET, sort=sort, size=size)
     jobs_mark_paused(result.rows)
     return render_live(
         request,
         "console/jobs.html",
         {
             "result": result,
-            "filters": job_filter.as_params() | {"sort": sort.param},
+            "filters": job_filter.as_params() | {"sort": sort.param} | per_page_param(size),
             "names": portfolio_names(job.portfolio_id for job in result.rows),
             "property_names": property_names(job.property_id for job in result.rows),
             "portfolios": portfolio_choices(portfolio_ids=scope),
@@ -90,8 +99,22 @@ def jobs_list(request: HttpRequest) -> HttpResponse:
             "can_run_now": _may(request, JobAction.RUN_NOW),
             "can_cancel": _may(request, JobAction.CANCEL),
             "min_reason": MIN_REASON_LENGTH,
+            **per_page_context(size),
         },
     )
+
+
+@login_required
+@permission_required(VIEW_PERM, raise_exception=True)
+@bad_input_as_400
+def jobs_export(request: HttpRequest) -> HttpResponseBase:
+    """The jobs list as CSV: the page's filter, scope and sort, every row
+    (not one page), identifiers, states, counts and times only."""
+    scope = portfolio_ids_where(request.user, VIEW_PERM)
+    job_filter = job_filter_parse(request.GET, strict=True)
+    sort = sort_parse(request.GET, JOB_SORTS, default="-id")
+    listed = CleanupJob.objects.filter(job_filter.q(), portfolio_ids_q(scope))
+    return csv_stream(export_rows(listed, sort=sort, columns=JOB_EXPORT_COLUMNS), filename="jobs.csv")
 
 
 def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
@@ -108,6 +131,7 @@ def _job_context(request: HttpRequest, job: CleanupJob) -> dict[str, object]:
         "can_run_now": _may(request, JobAction.RUN_NOW),
         "can_cancel": _may(request, JobAction.CANCEL),
         "min_reason": MIN_REASON_LENGTH,
+        **holds_context(request, portfolio_id=job.portfolio_id, partition=(job.property_id, job.record_kind)),
     }
 
 
@@ -177,10 +201,19 @@ def _report(request: HttpRequest, action: JobAction, done: JobsActed) -> None:
     else:
         messages.success(
             request,
-            f"Cancelled {len(done)} job(s): each is a dead letter of category cancelled, which can be redriven.",
+            f"Cancelled {counted(len(done), 'job')}: {'it is' if len(done) == 1 else 'each is'} a dead letter"
+            " of category cancelled, which can be redriven.",
         )
     if done.skipped:
-        messages.warning(request, f"{done.skipped} job(s) were no longer pending and were left as they are.")
+        messages.warning(
+            request,
+            f"{counted(done.skipped, 'job')} "
+            + (
+                "was no longer pending and was left as it is."
+                if done.skipped == 1
+                else "were no longer pending and were left as they are."
+            ),
+        )
 
 
 def _report_run_now(request: HttpRequest, done: JobsActed) -> None:
@@ -194,10 +227,18 @@ def _report_run_now(request: HttpRequest, done: JobsActed) -> None:
         work, stale_seconds=settings.CLEANUP_LIVENESS_STALE_SECONDS, start_commands=start_commands()
     )
     if not warnings:
-        messages.success(request, f"{len(done)} job(s) are due now; they run as soon as a worker takes them.")
+        messages.success(
+            request,
+            f"{counted(len(done), 'job')} {were(len(done), 'is', 'are')} due now;"
+            f" {were(len(done), 'it runs', 'they run')} as soon as a worker takes {were(len(done), 'it', 'them')}.",
+        )
         return
-    tail = f" {work.runnable} of them run as soon as a worker takes them." if work.runnable > 0 else ""
-    messages.success(request, f"{len(done)} job(s) are due now.{tail}")
+    tail = (
+        f" {work.runnable} of them {were(work.runnable, 'runs', 'run')} as soon as a worker takes them."
+        if work.runnable > 0
+        else ""
+    )
+    messages.success(request, f"{counted(len(done), 'job')} {were(len(done), 'is', 'are')} due now.{tail}")
     for warning in warnings:
         messages.warning(request, warning)
 

@@ -16,11 +16,12 @@ from cleanup_ops.console_selectors import (
     portfolio_names,
     sweep_forecast,
 )
+from cleanup_ops.console_selectors.breakdown import jobs_by_portfolio_and_state
 from cleanup_ops.console_selectors.overview import THROUGHPUT_HOURS, overview, throughput
 from cleanup_ops.console_selectors.waiting import open_work, pipeline_attention
 from cleanup_ops.console_selectors.workers import queue_clusters
 from cleanup_ops.dispatch import queues
-from cleanup_ops.models import Sweep
+from cleanup_ops.models import JobState, Sweep
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.views.common import (
     VIEW_PERM,
@@ -112,8 +113,11 @@ def overview_page(request: HttpRequest) -> HttpResponse:
     if sweep is not None and sweep["status"] in {Sweep.Status.RUNNING, Sweep.Status.ADMITTING}:
         current = Sweep.objects.filter(pk=sweep["id"]).first()
         forecast = sweep_forecast(current, now=now, portfolio_ids=scope, live_kinds=live) if current else None
+    breakdown = jobs_by_portfolio_and_state(sweep_id=sweep["id"] if sweep else None, portfolio_ids=scope)
     names = portfolio_names(
-        [p["portfolio_id"] for p in figures["fairness"]] + [p["portfolio_id"] for p in figures["pauses"]]
+        [p["portfolio_id"] for p in figures["fairness"]]
+        + [p["portfolio_id"] for p in figures["pauses"]]
+        + [row.portfolio_id for row in breakdown.portfolios]
     )
     return render_live(
         request,
@@ -134,6 +138,19 @@ def overview_page(request: HttpRequest) -> HttpResponse:
                 ],
                 x_label="failure category (current sweep and open jobs)",
                 y_label="failed attempts",
+            ),
+            "breakdown": breakdown,
+            "now": now,
+            "job_states": JobState.choices,
+            "state_chart": bar_chart(
+                [(JobState(state).label, n) for state, n in breakdown.by_state.items()],
+                x_label="job state (current sweep)",
+                y_label="jobs",
+            ),
+            "portfolio_chart": bar_chart(
+                [(names.get(row.portfolio_id, str(row.portfolio_id)), row.total) for row in breakdown.portfolios],
+                x_label="portfolio (current sweep, most jobs first)",
+                y_label="jobs",
             ),
             "can_pause": request.user.has_perm("cleanup_ops.add_pipelinepause"),
             # Issue 30, item 11: "running" only when nothing waits for an operator.

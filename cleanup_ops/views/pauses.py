@@ -25,6 +25,7 @@ from cleanup_ops.views.common import (
     PAUSE_VIEW,
     VIEW_PERM,
     bad_input_as_400,
+    holds_context,
     redirect_back,
     render_live,
 )
@@ -109,6 +110,7 @@ def portfolio_page(request: HttpRequest, portfolio_id: int) -> HttpResponse:
             "can_pause": request.user.has_perm("cleanup_ops.add_pipelinepause"),
             "can_resume": request.user.has_perm("cleanup_ops.change_pipelinepause"),
             "min_reason": MIN_REASON_LENGTH,
+            **holds_context(request, portfolio_id=portfolio.pk),
         },
     )
 

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from django.contrib.auth.decorators import login_required, permission_required
-from django.core.paginator import Paginator
 from django.db.models import Count
 from django.http import HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404
@@ -14,6 +13,7 @@ from cleanup_ops.console_selectors import (
     sweep_forecast,
     sweeps_history,
 )
+from cleanup_ops.console_selectors.paging import keyset_page, page_size_parse, sort_parse
 from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from cleanup_ops.proof import PROOF_FORMATS, proof_csv_sign, proof_sign, sweep_proof
 from cleanup_ops.proof_keys import ProofKeyMissing
@@ -26,7 +26,10 @@ from cleanup_ops.views.common import (
     PAGE_SIZE,
     SWEEP_VIEW,
     VIEW_PERM,
+    bad_input_as_400,
     live_kinds_now,
+    per_page_context,
+    per_page_param,
     render_live,
 )
 from retention.scoping import (
@@ -37,14 +40,27 @@ from retention.scoping import (
 SWEEPS_PAGE_SIZE = 20
 
 
+def proof_name(sweep_key: str) -> str:
+    """The proof export's file name, without its extension (the verify panel names it)."""
+    return f"proof-{sweep_key.replace(':', '_')}"
+
+
+# The sweeps list's sortable columns (``paging.sort_parse``): word → field.
+SWEEP_SORTS = {"slot": "slot", "id": "id", "status": "status", "jobs": "jobs_admitted"}
+
+
 @login_required
 @permission_required("cleanup_ops.view_sweep", raise_exception=True)
+@bad_input_as_400
 def sweeps_list(request: HttpRequest) -> HttpResponse:
     """History of sweeps (slot, status, duration, jobs, rows, outcomes, dead
-    letters) and the drain forecast of the ones still running."""
+    letters) and the drain forecast of the ones still running; newest first
+    unless sorted (``sort``), ``per_page`` at a time, paged both ways."""
     scope = portfolio_ids_where(request.user, SWEEP_VIEW)
     now = timezone.now()
-    page = Paginator(Sweep.objects.order_by("-slot"), SWEEPS_PAGE_SIZE).get_page(request.GET.get("page"))
+    sort = sort_parse(request.GET, SWEEP_SORTS, default="-slot")
+    size = page_size_parse(request.GET, default=SWEEPS_PAGE_SIZE)
+    page = keyset_page(Sweep.objects.all(), request.GET, sort=sort, size=size)
     rows = sweeps_history(list(page), now=now, portfolio_ids=scope)
     live = live_kinds_now(now)
     for row in rows:
@@ -52,7 +68,9 @@ def sweeps_list(request: HttpRequest) -> HttpResponse:
         row["forecast"] = (
             sweep_forecast(row["sweep"], now=now, portfolio_ids=scope, live_kinds=live) if row["running"] else None
         )
-    return render_live(request, "console/sweeps.html", {"page": page, "rows": rows})
+    filters = {"sort": sort.param} | per_page_param(size, default=SWEEPS_PAGE_SIZE)
+    context = {"page": page, "result": page, "rows": rows, "filters": filters, **per_page_context(size)}
+    return render_live(request, "console/sweeps.html", context)
 
 
 @login_required
@@ -88,6 +106,7 @@ def sweep_page(request: HttpRequest, sweep_id: int) -> HttpResponse:
             "forecast": forecast,
             "names": portfolio_names(letter.portfolio_id for letter in letters),
             "attachments": sweep_attachments(sweep_id=sweep.pk, portfolio_ids=scope),
+            "proof_name": proof_name(sweep.key),
         },
     )
 
@@ -108,5 +127,5 @@ def sweep_proof_export(request: HttpRequest, sweep_id: int, fmt: str) -> HttpRes
     except ProofKeyMissing as exc:
         # Never an unsigned proof: an auditor could not tell it from a forged one.
         return HttpResponse(f"{exc}\n", status=503, content_type="text/plain")
-    response["Content-Disposition"] = f'attachment; filename="proof-{proof["key"].replace(":", "_")}.{fmt}"'
+    response["Content-Disposition"] = f'attachment; filename="{proof_name(proof["key"])}.{fmt}"'
     return response
