@@ -1,0 +1,76 @@
+"""What the batch transaction sends (``execution.batches.batch_cursor``):
+its statements prepared once per session, then only bound. Read from
+libpq's own trace of the messages the worker sent."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from django.db import connection
+from psycopg import pq
+
+from cleanup_ops.execution.batches import PREPARE_THRESHOLD, job_load, run_batch
+from cleanup_ops.execution.leases import job_lease
+from cleanup_ops.models import CleanupJob, LedgerEntry
+from cleanup_ops.schedule import sweep_trigger
+
+from .conftest import make_records, utc
+
+SLOT = utc("2026-08-21T02:00:00Z")
+NOW = utc("2026-08-21T02:05:00Z")
+OLD = utc("2020-01-01T00:00:00Z")
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@contextmanager
+def traced() -> Iterator[list[str]]:
+    """The messages this session's libpq sends (``F``) and receives (``B``)
+    inside the block, one per line of its trace."""
+    connection.ensure_connection()
+    pgconn = connection.connection.pgconn
+    with tempfile.TemporaryDirectory() as folder:
+        path = Path(folder) / "trace"
+        lines: list[str] = []
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT)
+        try:
+            pgconn.trace(fd)
+            pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+            yield lines
+        finally:
+            pgconn.untrace()
+            os.close(fd)
+            lines.extend(path.read_text().splitlines())
+
+
+def test_the_batch_statements_are_prepared_once_per_session_and_then_only_bound(portfolio, prop, active_policy):
+    """Once psycopg has prepared them (the run after 5 executions), a batch sends no statement
+    text: Bind of a prepared statement and Execute, no Parse — the parse,
+    analysis and rewrite paid once per session, and the plan cache free to
+    reuse a plan."""
+    active_policy(portfolio, "lease", 365)
+    make_records(prop, "lease", 30, ended=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    job = CleanupJob.objects.get()
+    lease = job_lease(job_id=job.pk, owner="prepared", now=NOW)
+    assert lease is not None
+    for _ in range(PREPARE_THRESHOLD + 1):  # the run after the threshold prepares
+        assert run_batch(job=job_load(job.pk), lease=lease, limit=2, now=NOW) == (2, "")
+    with traced() as lines:
+        assert run_batch(job=job_load(job.pk), lease=lease, limit=2, now=NOW) == (2, "")
+    sent = [line.split("\t") for line in lines if line.startswith("F\t")]
+    parsed = [parts[3] for parts in sent if parts[2] == "Parse"]
+    bound = [parts[3].split(" ")[2] for parts in sent if parts[2] == "Bind"]
+    # The fence, the policy read, the candidates-and-DELETE and the ledger
+    # write: four prepared statements bound by name, none parsed again.
+    assert parsed == [], parsed
+    assert len([name for name in bound if name.startswith('"_pg3_')]) == 4, bound
+    with connection.cursor() as cur:
+        cur.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%FOR UPDATE%%'")
+        assert len(cur.fetchall()) >= 1
+    assert LedgerEntry.objects.count() == PREPARE_THRESHOLD + 2
