@@ -16,8 +16,9 @@ from psycopg import pq
 
 from cleanup_ops.execution.batches import PREPARE_THRESHOLD, job_load, run_batch
 from cleanup_ops.execution.leases import job_lease
-from cleanup_ops.models import CleanupJob, LedgerEntry
+from cleanup_ops.models import CleanupJob, LedgerEntry, Sweep
 from cleanup_ops.schedule import sweep_trigger
+from properties.models import Property
 
 from .conftest import make_records, utc
 
@@ -74,3 +75,30 @@ def test_the_batch_statements_are_prepared_once_per_session_and_then_only_bound(
         cur.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%FOR UPDATE%%'")
         assert len(cur.fetchall()) >= 1
     assert LedgerEntry.objects.count() == PREPARE_THRESHOLD + 2
+
+
+def test_a_finishing_batch_binds_its_sweeps_statements_prepared_too(portfolio, active_policy):
+    """The last batch of a job locks its sweep and finishes it if drained, on
+    the batch's cursor: those statements are prepared like the batch's."""
+    active_policy(portfolio, "lease", 365)
+    for n in range(PREPARE_THRESHOLD + 2):
+        make_records(Property.objects.create(portfolio=portfolio, name=f"B{n}"), "lease", 3, ended=OLD)
+    sweep_trigger(slot=SLOT, now=NOW)
+    jobs = list(CleanupJob.objects.order_by("id"))
+    assert len(jobs) == PREPARE_THRESHOLD + 2
+    for job in jobs[:-1]:
+        lease = job_lease(job_id=job.pk, owner="finishing", now=NOW)
+        assert lease is not None
+        assert run_batch(job=job_load(job.pk), lease=lease, limit=10, now=NOW) == (3, "deleted")
+    lease = job_lease(job_id=jobs[-1].pk, owner="finishing", now=NOW)
+    assert lease is not None
+    with traced() as lines:
+        assert run_batch(job=job_load(jobs[-1].pk), lease=lease, limit=10, now=NOW) == (3, "deleted")
+    sent = [line.split("\t") for line in lines if line.startswith("F\t")]
+    parsed = [parts[3] for parts in sent if parts[2] == "Parse"]
+    bound = [parts[3].split(" ")[2] for parts in sent if parts[2] == "Bind"]
+    # The batch's four and the sweep's lock and finish, all bound by name.
+    assert parsed == [], parsed
+    assert len([name for name in bound if name.startswith('"_pg3_')]) == 6, bound
+    assert CleanupJob.objects.get(pk=jobs[-1].pk).state == "done"
+    assert Sweep.objects.get(pk=jobs[-1].sweep_id).status == "drained"

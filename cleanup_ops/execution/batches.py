@@ -272,7 +272,7 @@ def run_group_batch(
         # A sweep whose last job finished here is finished in this same
         # transaction (under its row lock), so no crash leaves it running.
         for sweep_id in sorted({job.sweep_id for job in jobs if steps[job.id].outcome}):
-            sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now)
+            sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now, cur=cur)
         checkpoint("batch.before_commit")
     return steps
 
