@@ -50,10 +50,11 @@ def traced() -> Iterator[list[str]]:
 
 
 def test_the_batch_statements_are_prepared_once_per_session_and_then_only_bound(portfolio, prop, active_policy):
-    """Once psycopg has prepared them (the run after 5 executions), a batch sends no statement
-    text: Bind of a prepared statement and Execute, no Parse — the parse,
-    analysis and rewrite paid once per session, and the plan cache free to
-    reuse a plan."""
+    """Once psycopg has prepared them (the run after 5 executions), a batch
+    sends its protocol's statements as Bind of a prepared statement and
+    Execute, no Parse — the parse, analysis and rewrite paid once per
+    session, the plan cache free to reuse a plan; the data statement keeps
+    its text and its plan for its values."""
     active_policy(portfolio, "lease", 365)
     make_records(prop, "lease", 30, ended=OLD)
     sweep_trigger(slot=SLOT, now=NOW)
@@ -67,10 +68,15 @@ def test_the_batch_statements_are_prepared_once_per_session_and_then_only_bound(
     sent = [line.split("\t") for line in lines if line.startswith("F\t")]
     parsed = [parts[3] for parts in sent if parts[2] == "Parse"]
     bound = [parts[3].split(" ")[2] for parts in sent if parts[2] == "Bind"]
-    # The fence, the policy read, the candidates-and-DELETE and the ledger
-    # write: four prepared statements bound by name, none parsed again.
+    # The fence, the policy read and the ledger write: three prepared
+    # statements bound by name, none parsed; the data statement (candidates
+    # and DELETE) sent as text with its values, planned for them.
     assert parsed == [], parsed
-    assert len([name for name in bound if name.startswith('"_pg3_')]) == 4, bound
+    # As text: the job's load (the ORM), BEGIN, the data statement, COMMIT
+    # (a statement's text spans several lines of the trace).
+    assert len([parts for parts in sent if parts[2] == "Query"]) == 4, sent
+    assert "DELETE FROM" in "\n".join(lines)
+    assert len([name for name in bound if name.startswith('"_pg3_')]) == 3, bound
     with connection.cursor() as cur:
         cur.execute("SELECT statement FROM pg_prepared_statements WHERE statement LIKE '%%FOR UPDATE%%'")
         assert len(cur.fetchall()) >= 1
@@ -97,8 +103,13 @@ def test_a_finishing_batch_binds_its_sweeps_statements_prepared_too(portfolio, a
     sent = [line.split("\t") for line in lines if line.startswith("F\t")]
     parsed = [parts[3] for parts in sent if parts[2] == "Parse"]
     bound = [parts[3].split(" ")[2] for parts in sent if parts[2] == "Bind"]
-    # The batch's four and the sweep's lock and finish, all bound by name.
+    # The protocol's three and the sweep's lock and finish bound by name; the
+    # data statement sent as text.
     assert parsed == [], parsed
-    assert len([name for name in bound if name.startswith('"_pg3_')]) == 6, bound
+    # As text: the job's load (the ORM), BEGIN, the data statement, COMMIT
+    # (a statement's text spans several lines of the trace).
+    assert len([parts for parts in sent if parts[2] == "Query"]) == 4, sent
+    assert "DELETE FROM" in "\n".join(lines)
+    assert len([name for name in bound if name.startswith('"_pg3_')]) == 5, bound
     assert CleanupJob.objects.get(pk=jobs[-1].pk).state == "done"
     assert Sweep.objects.get(pk=jobs[-1].sweep_id).status == "drained"

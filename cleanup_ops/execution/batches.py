@@ -47,9 +47,12 @@ when no job of it is left open (``sweeps.sweep_mark_drained_if_finished``).
 Checkpoints (``cleanup_ops.checkpoints``) mark the steps for the
 interleaving tests.
 
-The steps' statements run on ``batch_cursor``: prepared on the worker's
-session once they have run ``PREPARE_THRESHOLD`` times, then only bound
-(``CLEANUP_PREPARED_STATEMENTS``). They are not pipelined: each step's
+The protocol's statements (fence, policy, ledger write, the sweep's) run on
+``batch_cursor``: prepared on the worker's session once they have run
+``PREPARE_THRESHOLD`` times, then only bound (``CLEANUP_PREPARED_STATEMENTS``).
+The data statements (candidates and ``DELETE``) run on Django's cursor, parsed
+and planned for their values every time: their best plan depends on the
+partition's size and the cutoff, which a generic plan does not know. They are not pipelined: each step's
 parameters are the previous one's answers, and every wait must end with a
 Sync so that a stalled worker's session is *idle in transaction* and bounded
 (docs/architecture.md, "Round trips and plans").
@@ -108,7 +111,9 @@ PREPARE_THRESHOLD = 5
 def batch_cursor() -> Iterator[Any]:
     """The batch transaction's cursor. With ``CLEANUP_PREPARED_STATEMENTS``
     (the default): Django's wrapper (its error mapping and query log) around
-    a *server-side binding* psycopg cursor — Django's own bind client-side
+    a *server-side binding* psycopg cursor, for the protocol's statements
+    (the data statements stay on Django's cursor: the module docstring says
+    why) — Django's own bind client-side
     (psycopg splices the values into the text, which can never be
     prepared), and Django turns psycopg's preparing off for every cursor
     (``prepare_threshold`` None, for connection poolers). The batch's
@@ -237,7 +242,7 @@ def run_group_batch(
     budget = limit or settings.CLEANUP_BATCH_SIZE
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
-    with transaction.atomic(), batch_cursor() as cur:
+    with transaction.atomic(), batch_cursor() as cur, connection.cursor() as data:
         # a. Fence and scope locks, with a first reading of the policies.
         fenced, guess = _fence_scopes_and_policies(cur, jobs=jobs, lease=lease, now=now)
         keyed = {job.id for job in jobs if job.id in fenced and _text_key(job.record_kind)}
@@ -258,7 +263,9 @@ def run_group_batch(
         fresh = _skip_replayed(work, replayed, advances)
         checkpoint("batch.before_delete")
         # d. Delete.
-        chosen, deleted, documents = count_and_delete(cur, fresh, budget=budget)
+        # Not prepared: a generic plan of the data statement, blind to which
+        # partition and cutoff it serves, read 20% more pages at 1M rows.
+        chosen, deleted, documents = count_and_delete(data, fresh, budget=budget)
         # e. Ledger and cursors.
         ledger = _ledger_rows_and_advances(chosen, deleted, steps=steps, advances=advances, now=now)
         _write_ledger_and_advances(cur, ledger, advances, steps=steps, now=now, renew=renew)
