@@ -26,6 +26,10 @@ def _checkpoints(value: Any) -> str | None:
     return None if isinstance(value, frozenset | set) else f"expected a set of checkpoint names, got {value!r}"
 
 
+def _boolean(value: Any) -> str | None:
+    return None if isinstance(value, bool) else f"expected true or false, got {value!r}"
+
+
 def _optional_url(value: Any) -> str | None:
     if not isinstance(value, str):
         return f"expected a URL or an empty string, got {value!r}"
@@ -101,6 +105,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CLEANUP_IDLE_IN_TRANSACTION_SECONDS", 30.0, number(minimum=1.0)),
     Setting("CLEANUP_TABLE_PARTITION_LOCK_SECONDS", 3.0, number(minimum=0.1)),
     Setting("CLEANUP_CHECKPOINTS", frozenset(), _checkpoints),
+    # --- the batch transaction's statements (execution.batches.batch_cursor)
+    Setting("CLEANUP_PREPARED_STATEMENTS", True, _boolean),
     # --- the console's and the admin's sessions (cleanup_ops.middleware)
     Setting("CONSOLE_SESSION_IDLE_SECONDS", 30 * 60, integer(minimum=60, maximum=24 * 3600)),
     # --- the API's tokens (cleanup_ops.api_tokens): a new token's lifetime

@@ -20,7 +20,9 @@ history read it from here, one rule below all of them.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import datetime
+from typing import Any
 
 from django.db import connection, transaction
 
@@ -29,14 +31,17 @@ from cleanup_ops.models import SweepStatus
 from retention.eligibility import db_datetime
 
 
-def sweep_mark_drained_if_finished(*, sweep_id: int, now: datetime) -> bool:
-    """Mark a running sweep drained once none of its jobs is open; True if it was."""
+def sweep_mark_drained_if_finished(*, sweep_id: int, now: datetime, cur: Any = None) -> bool:
+    """Mark a running sweep drained once none of its jobs is open; True if it
+    was. ``cur``: the caller's cursor (the batch transaction's, whose
+    statements are prepared), else a fresh one."""
     # No savepoint: inside a batch transaction a failure here fails the batch anyway.
-    with transaction.atomic(savepoint=False), connection.cursor() as cur:
-        if sql.execute(sql.sweep_lock_running(), {"sweep": sweep_id}, cur=cur).fetchone() is None:
+    given = nullcontext(cur) if cur is not None else connection.cursor()
+    with transaction.atomic(savepoint=False), given as used:
+        if sql.execute(sql.sweep_lock_running(), {"sweep": sweep_id}, cur=used).fetchone() is None:
             return False
-        finished = sql.execute(sql.sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=cur)
-        return finished.rowcount == 1
+        finished = sql.execute(sql.sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=used)
+        return bool(finished.rowcount == 1)
 
 
 def sweep_status_seen(status: str, *, open_jobs: int, dead_jobs: int) -> str:

@@ -681,6 +681,9 @@ CLEANUP_SCOPE_LOCK_WAIT_SECONDS = env_float("CLEANUP_SCOPE_LOCK_WAIT_SECONDS", 1
 # worker stalled mid-transaction (a GC pause, a frozen VM) gives its locks
 # back instead of blocking holds and approvals for as long as it stalls.
 CLEANUP_IDLE_IN_TRANSACTION_SECONDS = env_float("CLEANUP_IDLE_IN_TRANSACTION_SECONDS", 30.0, minimum=1.0)
+# The batch transaction prepares its statements on the worker's session (off
+# behind a transaction-mode pooler that cannot carry prepared statements).
+CLEANUP_PREPARED_STATEMENTS = env_bool("CLEANUP_PREPARED_STATEMENTS", True)
 # How long dropping a whole table partition (cleanup_ops.table_partitions) waits
 # for any one lock before it leaves that table partition for the next night.
 CLEANUP_TABLE_PARTITION_LOCK_SECONDS = env_float("CLEANUP_TABLE_PARTITION_LOCK_SECONDS", 3.0, minimum=0.1)

@@ -47,6 +47,16 @@ when no job of it is left open (``sweeps.sweep_mark_drained_if_finished``).
 Checkpoints (``cleanup_ops.checkpoints``) mark the steps for the
 interleaving tests.
 
+The protocol's statements (fence, policy, ledger write, the sweep's) run on
+``batch_cursor``: prepared on the worker's session once they have run
+``PREPARE_THRESHOLD`` times, then only bound (``CLEANUP_PREPARED_STATEMENTS``).
+The data statements (candidates and ``DELETE``) run on Django's cursor, parsed
+and planned for their values every time: their best plan depends on the
+partition's size and the cutoff, which a generic plan does not know. They are not pipelined: each step's
+parameters are the previous one's answers, and every wait must end with a
+Sync so that a stalled worker's session is *idle in transaction* and bounded
+(docs/architecture.md, "Round trips and plans").
+
 A kind whose key is not an integer (``retention.registry``, "Keys") carries
 its cursor as text: after the fence, one statement reads the text cursors of
 such jobs (their rows are already locked by it), and before the commit one
@@ -59,12 +69,16 @@ portfolio, not the property.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import psycopg
 from django.conf import settings
 from django.db import connection, transaction
+from django.db.backends.utils import CursorDebugWrapper, CursorWrapper
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
@@ -84,6 +98,44 @@ from retention.conf import MAX_BATCH_SIZE
 from retention.eligibility import db_datetime
 from retention.models import PolicyVersion
 from retention.registry import REGISTRY, get_spec
+
+# Executions of one statement text in a session after which psycopg prepares
+# it (psycopg's own default). A statement run once (a group's DELETE with its
+# span as literals) is never prepared, so the session's prepared statements
+# are the few texts every batch repeats, well within psycopg's
+# ``prepared_max``.
+PREPARE_THRESHOLD = 5
+
+
+@contextmanager
+def batch_cursor() -> Iterator[Any]:
+    """The batch transaction's cursor. With ``CLEANUP_PREPARED_STATEMENTS``
+    (the default): Django's wrapper (its error mapping and query log) around
+    a *server-side binding* psycopg cursor, for the protocol's statements
+    (the data statements stay on Django's cursor: the module docstring says
+    why) — Django's own bind client-side
+    (psycopg splices the values into the text, which can never be
+    prepared), and Django turns psycopg's preparing off for every cursor
+    (``prepare_threshold`` None, for connection poolers). The batch's
+    statements keep one text whatever their values (``sql.rows_cte``:
+    arrays, typed casts), so each is prepared after ``PREPARE_THRESHOLD``
+    executions in the session, and later batches send only Bind/Execute: no
+    parse, analysis or rewrite, and PostgreSQL's plan cache may choose a
+    generic plan instead of planning again (docs/architecture.md, "Round
+    trips and plans"). Off: Django's cursor, every statement parsed and
+    planned each time."""
+    if not settings.CLEANUP_PREPARED_STATEMENTS:
+        with connection.cursor() as plain:
+            yield plain
+        return
+    connection.ensure_connection()
+    raw = connection.connection
+    # Only server-side binding cursors prepare: Django's (client-side) keep
+    # ignoring the threshold.
+    raw.prepare_threshold = PREPARE_THRESHOLD
+    wrapper = CursorDebugWrapper if connection.queries_logged else CursorWrapper
+    with wrapper(psycopg.Cursor(raw), connection) as cur:
+        yield cur
 
 
 def job_load(job_id: int) -> JobRef:
@@ -190,7 +242,7 @@ def run_group_batch(
     budget = limit or settings.CLEANUP_BATCH_SIZE
     steps = {job.id: PartitionStep(job.id) for job in jobs}
     renew = lease_renewal(now)
-    with transaction.atomic(), connection.cursor() as cur:
+    with transaction.atomic(), batch_cursor() as cur, connection.cursor() as data:
         # a. Fence and scope locks, with a first reading of the policies.
         fenced, guess = _fence_scopes_and_policies(cur, jobs=jobs, lease=lease, now=now)
         keyed = {job.id for job in jobs if job.id in fenced and _text_key(job.record_kind)}
@@ -211,7 +263,9 @@ def run_group_batch(
         fresh = _skip_replayed(work, replayed, advances)
         checkpoint("batch.before_delete")
         # d. Delete.
-        chosen, deleted, documents = count_and_delete(cur, fresh, budget=budget)
+        # Not prepared: a generic plan of the data statement, blind to which
+        # partition and cutoff it serves, read 20% more pages at 1M rows.
+        chosen, deleted, documents = count_and_delete(data, fresh, budget=budget)
         # e. Ledger and cursors.
         ledger = _ledger_rows_and_advances(chosen, deleted, steps=steps, advances=advances, now=now)
         _write_ledger_and_advances(cur, ledger, advances, steps=steps, now=now, renew=renew)
@@ -225,7 +279,7 @@ def run_group_batch(
         # A sweep whose last job finished here is finished in this same
         # transaction (under its row lock), so no crash leaves it running.
         for sweep_id in sorted({job.sweep_id for job in jobs if steps[job.id].outcome}):
-            sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now)
+            sweep_mark_drained_if_finished(sweep_id=sweep_id, now=now, cur=cur)
         checkpoint("batch.before_commit")
     return steps
 
