@@ -379,7 +379,8 @@ class TestRedrive:
             {"operation": "redrive", "letter": [broken.pk], "reason": REASON, "confirm": "yes"},
             follow=True,
         )
-        assert f"1 letter could not be redriven and is still open: {broken.pk} (IntegrityError)" in page.content.decode()
+        message = f"1 letter could not be redriven and is still open: {broken.pk} (IntegrityError)"
+        assert message in page.content.decode()
         out, err = StringIO(), StringIO()
         call_command(
             "cleanup_redrive", "--category", "downstream_rejected", "--reason", REASON, "--json", stdout=out, stderr=err
