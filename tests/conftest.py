@@ -228,6 +228,50 @@ def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
     settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
 
 
+# The migration-made role groups and their permissions, (name, [(app_label, codename)]),
+# read once from the migrated test database (django_db_setup).
+_ROLE_GROUPS: list[tuple[str, list[tuple[str, str]]]] | None = None
+
+
+def role_groups_listed() -> list[tuple[str, list[tuple[str, str]]]]:
+    return [
+        (group.name, sorted(group.permissions.values_list("content_type__app_label", "codename")))
+        for group in Group.objects.order_by("name")
+    ]
+
+
+def role_groups_restore() -> None:
+    """Make the role groups again as the migration made them (``_ROLE_GROUPS``): the
+    groups, then their permissions, in three statements. The permissions are the ones
+    the flush's ``post_migrate`` made again; if one is missing, ``sync_role_groups``
+    (which creates them) does the whole work instead."""
+    from django.contrib.auth.models import Permission
+
+    listed = _ROLE_GROUPS or []
+    wanted = {perm for _, perms in listed for perm in perms}
+    ids = {
+        (app_label, codename): pk
+        for pk, app_label, codename in Permission.objects.values_list("pk", "content_type__app_label", "codename")
+        if (app_label, codename) in wanted
+    }
+    if not listed or len(ids) < len(wanted):
+        from django.apps import apps
+
+        from retention.roles import sync_role_groups
+
+        sync_role_groups(apps)
+        return
+    groups = Group.objects.bulk_create([Group(name=name) for name, _ in listed])
+    through = Group.permissions.through
+    through.objects.bulk_create(
+        [
+            through(group_id=group.pk, permission_id=ids[perm])
+            for group, (_, perms) in zip(groups, listed, strict=True)
+            for perm in perms
+        ]
+    )
+
+
 @pytest.fixture(autouse=True)
 def _role_groups(request: pytest.FixtureRequest) -> None:
     """Transactional tests flush the tables, taking the migration-made groups
@@ -237,11 +281,59 @@ def _role_groups(request: pytest.FixtureRequest) -> None:
         return
     request.getfixturevalue("transactional_db")
     if not Group.objects.exists():
-        from django.apps import apps
+        role_groups_restore()
 
-        from retention.roles import sync_role_groups
 
-        sync_role_groups(apps)
+# --- The flush between committing tests ------------------------------------------------
+# Django's flush (TransactionTestCase's teardown) empties every table of every model in
+# one TRUNCATE: here about 80 tables, tenant activity's 180 table partitions and their
+# 950 indexes, each given a new file whether it held a row or not — about a second, most
+# of a short committing test's cost. The flush below empties the same tables: it finds
+# the leaves (a partitioned table's partitions, an ordinary table itself) that hold a
+# row and deletes their rows, with triggers off (``session_replication_role = replica``:
+# the append-only triggers of the audit trail and the ledger, which refuse a DELETE, and
+# the foreign-key checks, moot when every referencing row goes too — no table outside
+# the list references one in it, or Django's TRUNCATE would fail). Every table is empty
+# afterwards, as before, and sequences are not reset, as before; ``post_migrate`` is
+# sent as before. A flush that resets sequences (reset_sequences, the ``flush``
+# command's default), or a database role that may not turn triggers off, keeps
+# Django's own TRUNCATE.
+
+
+def flush_sql_of_rows(ops, style, tables, *, reset_sequences=False, allow_cascade=False):  # type: ignore[no-untyped-def]
+    """``DatabaseOperations.sql_flush``: the statements that empty ``tables``, for their leaves that hold rows."""
+    with ops.connection.cursor() as cur:
+        cur.execute("SELECT current_setting('is_superuser') = 'on'")
+        (superuser,) = cur.fetchone()
+        if reset_sequences or not tables or not superuser:
+            return _DJANGO_SQL_FLUSH(ops, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+        cur.execute(
+            # A partitioned table's leaves; an ordinary table is in no partition tree.
+            "SELECT coalesce(p.relid, t.oid)::regclass::text FROM"
+            " (SELECT quote_ident(name)::regclass AS oid FROM unnest(%s::text[]) name) t"
+            " LEFT JOIN LATERAL pg_partition_tree(t.oid) p ON true WHERE p.relid IS NULL OR p.isleaf",
+            [list(tables)],
+        )
+        leaves = [name for (name,) in cur.fetchall()]
+        probes = (f"SELECT {i} WHERE EXISTS (SELECT FROM {name})" for i, name in enumerate(leaves))
+        cur.execute(" UNION ALL ".join(probes))
+        full = [leaves[i] for (i,) in cur.fetchall()]
+    # Run in one transaction (DatabaseOperations.execute_sql_flush): SET LOCAL ends with it.
+    return ["SET LOCAL session_replication_role = replica;", *(f"DELETE FROM {name};" for name in full)]
+
+
+_DJANGO_SQL_FLUSH = None
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_only_rows():  # type: ignore[no-untyped-def]
+    global _DJANGO_SQL_FLUSH
+    from django.db.backends.postgresql.operations import DatabaseOperations
+
+    _DJANGO_SQL_FLUSH = DatabaseOperations.sql_flush
+    DatabaseOperations.sql_flush = flush_sql_of_rows  # type: ignore[method-assign]
+    yield
+    DatabaseOperations.sql_flush = _DJANGO_SQL_FLUSH  # type: ignore[method-assign]
 
 
 # Table partitions of the demo's tenant activity (properties 0006), as the
@@ -288,11 +380,12 @@ def table_partitions_restore() -> list[str]:
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
-    """The test database, migrated; tenant activity's table partitions read as the
-    migration made them, before any test runs."""
-    global _TABLE_PARTITIONS
+    """The test database, migrated; tenant activity's table partitions and the role
+    groups read as the migration made them, before any test runs."""
+    global _TABLE_PARTITIONS, _ROLE_GROUPS
     with django_db_blocker.unblock():
         _TABLE_PARTITIONS = table_partitions_listed()
+        _ROLE_GROUPS = role_groups_listed()
 
 
 @pytest.fixture(autouse=True)

@@ -88,13 +88,35 @@ def holds(user: User, perm: str, portfolio_id: int) -> bool:
     return any(perm in MEMBERSHIP_ROLE_PERMISSIONS[role] for role in roles)
 
 
-def forbidden_pattern(user: User, world: World) -> re.Pattern[str] | None:
-    texts = []
+_DIGIT_RUNS = re.compile(r"[0-9]+")
+
+
+@dataclass(frozen=True)
+class Forbidden:
+    """The canaries a user must never receive: ids (a whole run of digits: no digit on
+    either side) and texts (anywhere). One pass over a body for the ids (its runs of
+    digits, looked up in a set) and a substring test per text — what one alternation of
+    them all with lookarounds found, at a fraction of its cost over thousands of bodies."""
+
+    ids: frozenset[str]
+    texts: tuple[str, ...]
+
+    def search(self, text: str) -> str | None:
+        """A canary in ``text``, or None."""
+        for run in _DIGIT_RUNS.findall(text):
+            if run in self.ids:
+                return run
+        return next((canary for canary in self.texts if canary in text), None)
+
+
+def forbidden_pattern(user: User, world: World) -> Forbidden | None:
+    ids: set[str] = set()
+    texts: set[str] = set()
     for canary in world.canaries:
         allowed = canary.perm != "platform-only" and holds(user, canary.perm, canary.portfolio_id)
         if not allowed:
-            texts.append(rf"(?<![0-9]){canary.text}(?![0-9])" if canary.is_id else re.escape(canary.text))
-    return re.compile("|".join(sorted(set(texts), key=len, reverse=True))) if texts else None
+            (ids if canary.is_id else texts).add(canary.text)
+    return Forbidden(frozenset(ids), tuple(sorted(texts, key=len, reverse=True))) if ids or texts else None
 
 
 def may_read(user: User, variant: Variant, world: World) -> bool:
@@ -151,7 +173,7 @@ def crawl(user_key: str, world: World) -> Crawl:
                     text = body.decode("utf-8", "replace") + " " + response.get("Location", "")
                     text = without_echo(text, url)
                     if forbidden is not None and (hit := forbidden.search(text)):
-                        result.problems.append(f"{where}: contains {hit.group(0)!r}")
+                        result.problems.append(f"{where}: contains {hit!r}")
                     answers[(variant.words, variant.label, method)] = (
                         response.status_code,
                         normalised(text, variant.ids),
@@ -259,7 +281,7 @@ def test_the_new_actions_answer_another_customers_id_like_a_missing_one_and_chan
             if response.status_code >= 500:
                 problems.append(f"{template} {label}: {response.status_code}")
             if forbidden is not None and (hit := forbidden.search(text)):
-                problems.append(f"{template} {label}: contains {hit.group(0)!r}")
+                problems.append(f"{template} {label}: contains {hit!r}")
             answers[label] = (response.status_code, normalised(text, (str(pk),)))
         theirs = world.portfolios["B"].pk
         if not holds(user, VIEW[model], theirs) and answers["B"] != answers["missing"]:
