@@ -42,6 +42,13 @@ class Statement:
         return [(name, self.ready[name], self.at, taken) for name in params["names"] if name in self.ready]
 
 
+@pytest.fixture(autouse=True)
+def no_runtime_limits(monkeypatch):  # type: ignore[no-untyped-def]
+    """No operator has changed a limit at run time: the settings decide (and
+    this unit tier reads no database for the overrides)."""
+    monkeypatch.setattr(ratelimit, "runtime_limits", dict)
+
+
 @pytest.fixture
 def statement(monkeypatch):  # type: ignore[no-untyped-def]
     def answer(ready: dict[str, float], *, at: float, taken: bool = True) -> Statement:
