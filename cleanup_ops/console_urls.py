@@ -23,7 +23,8 @@ urlpatterns = [
     path("dead-letters/by-cause/", views.dead_letter_groups, name="dead_letter_groups"),
     path("workers/", views.workers_page, name="workers"),
     path("pauses/", views.pauses_page, name="pauses"),
-    path("portfolios/<int:portfolio_id>/", views.portfolio_page, name="portfolio"),
+    # The customer model's key, of its own type (an integer, a UUID…): read by the view.
+    path("portfolios/<str:portfolio_id>/", views.portfolio_page, name="portfolio"),
     path("audit/", views.audit_log, name="audit"),
     path("search/", views.search_page, name="search"),
     path("pause/", views.pause_toggle, name="pause"),

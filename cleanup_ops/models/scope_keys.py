@@ -24,7 +24,7 @@ served by the composite indexes their models declare.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.db import models
 from django.db.migrations.operations.base import Operation
@@ -33,7 +33,14 @@ from psycopg import sql as pg
 INTEGER_KEYS = (models.AutoField, models.IntegerField)  # IntegerField covers Big/Small/Positive…
 
 
-class ScopeKey(models.ForeignKey):
+if TYPE_CHECKING:
+    # A key of any type, possibly NULL (django-stubs' generic parameters: set, get).
+    _ForeignKey = models.ForeignKey[Any, Any]
+else:
+    _ForeignKey = models.ForeignKey
+
+
+class ScopeKey(_ForeignKey):
     """A host customer's or site's key, of the key's own type (module docstring)."""
 
     def __init__(self, to: Any, **kwargs: Any) -> None:
