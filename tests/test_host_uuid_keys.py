@@ -12,10 +12,12 @@ product writes no migration; one user proposes a policy version and another
 approves it; a hold is placed on one building; the sweep and the drain delete
 the other building's expired work orders and their reports and keep the
 young and the held ones with theirs. The product's own rows name the host's
-keys in columns of the host's type (``uuid``), the batch locked the host's
-real building rows (a hold placed while it ran would have waited), the signed
-proof names the UUIDs as text and verifies, and the console's and the API's
-pages of a UUID-keyed portfolio answer.
+keys in columns of the host's type (``uuid``); the batch's scope locks are
+taken on the host's own customer and building tables (``cleanup_ops.sql``
+names them, no other); the signed proof names the UUIDs as text and
+verifies, and the ledger chain verifies; the console's, the API's and the
+admin's pages of a UUID-keyed portfolio answer, a pause and a hold take its
+UUID, and a key of the wrong type is a 400 or a 404.
 """
 
 from __future__ import annotations
@@ -103,7 +105,7 @@ from django.test import Client
 from django.utils import timezone
 
 from accounts.models import Customer, User
-from cleanup_ops.models import CleanupJob, DeletedAttachment, LedgerEntry, Sweep
+from cleanup_ops.models import CleanupJob, DeletedAttachment, LedgerEntry, PipelinePause, Sweep
 from cleanup_ops.proof import proof_csv_sign, proof_sign, sweep_proof
 from cleanup_ops.proof_keys import proof_public_keys
 from cleanup_ops.proof_verify import verify, verify_text
@@ -136,6 +138,11 @@ call_command("cleanup_drain", "--max-seconds", "60")
 out["rows"] = {b.street: WorkOrder.objects.filter(building=b).count() for b in (kept, held)}
 out["files"] = {b.street: len(reports.listdir(f"reports/{b.pk}")[1]) for b in (kept, held)}
 
+# The batch's scope locks (FOR SHARE) are on the host's own tables, as the hold's (FOR UPDATE).
+from cleanup_ops import sql
+out["scope_tables"] = [sql.PORTFOLIO == Customer._meta.db_table, sql.PROPERTY == Building._meta.db_table,
+                       sql.PORTFOLIO_KEY, sql.PROPERTY_KEY]
+
 # The product's rows name the host's keys, in columns of the host's type.
 with connection.cursor() as cur:
     cur.execute(
@@ -165,6 +172,24 @@ out["portfolio_page"] = client.get(f"/ops/console/portfolios/{customer.pk}/").st
 out["sweep_page"] = client.get(f"/ops/console/sweeps/{sweep.pk}/").status_code
 out["proof_csv"] = client.get(f"/ops/console/sweeps/{sweep.pk}/proof.csv").status_code
 out["jobs_api"] = sorted({j["portfolio_id"] for j in client.get("/ops/api/v1/jobs/").json()["results"]})
+by_portfolio = client.get(f"/ops/api/v1/jobs/?portfolio={customer.pk}").json()
+out["jobs_api_filtered"] = by_portfolio["count"]
+out["jobs_api_bad_key"] = client.get("/ops/api/v1/jobs/?portfolio=7").status_code
+out["jobs_page"] = client.get(f"/ops/console/jobs/?portfolio={customer.pk}").status_code
+out["not_a_portfolio"] = client.get("/ops/console/portfolios/not-a-uuid/").status_code
+# A pause of the UUID-keyed portfolio from the console's form, then its page and the audit log.
+client.post("/ops/console/pause/", {"portfolio": str(customer.pk), "reason": "pausing globex for a store check"})
+out["paused"] = PipelinePause.objects.active().filter(portfolio_id=customer.pk).count()
+out["pauses_page"] = [client.get("/ops/console/pauses/").status_code]
+out["audit_page"] = client.get("/ops/console/audit/").status_code
+# A hold placed through the API names the portfolio and the building by their UUIDs (JSON strings).
+api_hold = client.post(
+    "/ops/api/v1/legal-holds/",
+    {"portfolio": str(customer.pk), "property": str(kept.pk), "reason": "a second dispute, about 2 Elm St"},
+    content_type="application/json",
+)
+out["api_hold"] = [api_hold.status_code, api_hold.json().get("portfolio") == str(customer.pk)]
+out["admin_holds"] = client.get(f"/admin/retention/legalhold/?portfolio__id__exact={customer.pk}").status_code
 print("SWEEP", json.dumps(out))
 """
 
@@ -219,6 +244,7 @@ def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_set
     assert out["rows"] == {"2 Elm St": 3, "3 Oak St": 8}
     assert out["files"] == {"2 Elm St": 3, "3 Oak St": 8}
     assert out["column_types"] == ["uuid"]
+    assert out["scope_tables"] == [True, True, "uuid", "uuid"]
     assert out["jobs"] == [[False, "deleted", 5], [True, "held", 0]]
     assert out["ledger"] == [[True, True, 0], [True, True, 5]]
     assert out["attachments"] == 5
@@ -228,3 +254,12 @@ def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_set
     assert out["sweep_page"] == 200
     assert out["proof_csv"] == 200
     assert len(out["jobs_api"]) == 1
+    assert out["jobs_api_filtered"] == 3  # two deletes and the purge
+    assert out["jobs_api_bad_key"] == 400
+    assert out["jobs_page"] == 200
+    assert out["not_a_portfolio"] == 404
+    assert out["paused"] == 1
+    assert out["pauses_page"] == [200]
+    assert out["audit_page"] == 200
+    assert out["api_hold"] == [201, True]
+    assert out["admin_holds"] == 200
