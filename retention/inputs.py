@@ -38,6 +38,7 @@ into a 400 or a form error. Nothing here touches the database.
 
 from __future__ import annotations
 
+import argparse
 import re
 import unicodedata
 from typing import Any
@@ -45,7 +46,7 @@ from typing import Any
 from django.core.exceptions import ValidationError
 from django.db.models import Model
 
-from retention.domain import integer_key, key_of, string_key
+from retention.domain import integer_key, key_of, portfolio_model, string_key
 
 MAX_ID = 2**63 - 1
 # The longest text taken as a customer's or a site's key that is not an integer
@@ -286,3 +287,11 @@ def key_or_none(value: Any, *, model: type[Model]) -> Any:
     if key_problem(value, model=model, field="key", from_form=True) is not None:
         return None
     return key_check(value, model=model, field="key", from_form=True)
+
+
+def portfolio_key_argument(text: str) -> Any:
+    """A command's ``--portfolio``: the customer model's key (an integer, a UUID…), an argparse type."""
+    problem = key_problem(text, model=portfolio_model(), field="--portfolio", from_form=True)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return key_check(text, model=portfolio_model(), field="--portfolio", from_form=True)
