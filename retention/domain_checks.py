@@ -47,7 +47,7 @@ def _installed_model(name: str, number: int) -> tuple[type[models.Model] | None,
 MAX_STRING_KEY_LENGTH = 40
 
 
-def _supported_key(name: str, model: type[models.Model], number: int) -> list[checks.CheckMessage]:
+def key_type_errors(name: str, model: type[models.Model], number: int) -> list[checks.CheckMessage]:
     # The product's columns naming a customer or a site take its key's type
     # (cleanup_ops.models.scope_keys): an integer, a UUID or a short string.
     field = key_field(model)
@@ -70,9 +70,9 @@ def _domain_errors() -> list[checks.CheckMessage]:
     site, site_errors = _installed_model("RETENTION_PROPERTY_MODEL", 2)
     errors += site_errors
     if portfolio is not None:
-        errors += _supported_key("RETENTION_PORTFOLIO_MODEL", portfolio, 3)
+        errors += key_type_errors("RETENTION_PORTFOLIO_MODEL", portfolio, 3)
     if site is not None:
-        errors += _supported_key("RETENTION_PROPERTY_MODEL", site, 4)
+        errors += key_type_errors("RETENTION_PROPERTY_MODEL", site, 4)
     if portfolio is None or site is None:
         return errors
     name = settings.RETENTION_PROPERTY_PORTFOLIO_FIELD
