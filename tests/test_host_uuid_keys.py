@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 import textwrap
 from pathlib import Path
 
@@ -37,6 +38,8 @@ from tests.test_installable import (
     venv_python,
     wheel,  # noqa: F401 - the fixture, used by name
 )
+
+ROOT = Path(__file__).resolve().parent.parent
 
 UUID_MODELS = {
     "accounts": """
@@ -122,7 +125,7 @@ reviewer = users.create_superuser("reviewer", "r@example.com", "pw-123456789")
 customer = Customer.objects.create(title="globex")
 kept = Building.objects.create(customer=customer, street="2 Elm St")
 held = Building.objects.create(customer=customer, street="3 Oak St")
-out["uuid_keys"] = all(isinstance(o.pk, uuid.UUID) for o in (author, reviewer, customer, kept, held))
+out["key_types"] = sorted({type(o.pk).__name__ for o in (customer, kept, held)})
 now = timezone.now()
 reports = storages["reports"]
 for building in (kept, held):
@@ -194,10 +197,29 @@ print("SWEEP", json.dumps(out))
 """
 
 
-def host_project(python: str, project: Path, *, database: dict[str, object], reports: dict[str, object]) -> None:
+# The same host with string keys for its customers and sites (a CharField primary key).
+UUID_KEY = "    id = models.UUIDField(primary_key=True, default=uuid.uuid4, editable=False)"
+STRING_KEY = "    id = models.CharField(primary_key=True, max_length=20, default=new_key, editable=False)"
+NEW_KEY = 'def new_key():\n    return "k-" + uuid.uuid4().hex[:12]\n\n\n'
+STRING_MODELS = {
+    app: source.replace(
+        f"class Keyed(models.Model):\n{UUID_KEY}", f"{NEW_KEY}class Keyed(models.Model):\n{STRING_KEY}"
+    ).replace(f"class Building(models.Model):\n{UUID_KEY}", f"{NEW_KEY}class Building(models.Model):\n{STRING_KEY}")
+    for app, source in UUID_MODELS.items()
+}
+
+
+def host_project(
+    python: str,
+    project: Path,
+    *,
+    database: dict[str, object],
+    reports: dict[str, object],
+    models: dict[str, str] = UUID_MODELS,
+) -> None:
     """The UUID-keyed host: ``startproject``, its two apps, docs/adopting.md's settings and URLs."""
     run([python, "-m", "django", "startproject", "host", str(project)])
-    for app, models_py in UUID_MODELS.items():
+    for app, models_py in models.items():
         run([python, "-m", "django", "startapp", app], cwd=project)
         (project / app / "models.py").write_text(models_py.lstrip())
     settings_py = project / "host" / "settings.py"
@@ -238,7 +260,7 @@ def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_set
 
     printed = run([*manage, "shell", "-c", HOST_SWEEP], cwd=project, env=env)
     out = json.loads(printed.split("SWEEP ", 1)[1])
-    assert out["uuid_keys"] is True
+    assert out["key_types"] == ["UUID"]
     # The old work orders of the building under no hold go, and their reports
     # with them; the young ones and everything under the hold stay.
     assert out["rows"] == {"2 Elm St": 3, "3 Oak St": 8}
@@ -263,3 +285,36 @@ def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_set
     assert out["audit_page"] == 200
     assert out["api_hold"] == [201, True]
     assert out["admin_holds"] == 200
+
+
+def test_a_host_whose_customers_and_sites_have_string_keys_sweeps_and_purges_the_same(host_database, bucket, tmp_path):  # noqa: F811
+    """The same host, its customers and buildings keyed by a ``CharField``
+    (``k-…``), on the checkout in the suite's virtualenv (the wheel is the
+    test above's): the columns are ``varchar``, the casts ``text``, and the
+    review, the hold, the sweep, the drain, the proof and the pages behave
+    as with UUIDs."""
+    project = tmp_path / "host"
+    project.mkdir()
+    host_project(sys.executable, project, database=host_database, reports=bucket, models=STRING_MODELS)
+    env = {
+        "PATH": os.environ.get("PATH", ""),
+        "HOME": str(tmp_path),
+        "DJANGO_SETTINGS_MODULE": "host.settings",
+        "PYTHONPATH": f"{project}{os.pathsep}{ROOT}",
+    }
+    manage = [sys.executable, "manage.py"]
+    run([*manage, "makemigrations", "accounts", "sites"], cwd=project, env=env)
+    assert "System check identified no issues" in run(
+        [*manage, "check", "--fail-level", "WARNING"], cwd=project, env=env
+    )
+    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
+    run([*manage, "makemigrations", "--check", "--dry-run", "retention", "cleanup_ops"], cwd=project, env=env)
+    out = json.loads(run([*manage, "shell", "-c", HOST_SWEEP], cwd=project, env=env).split("SWEEP ", 1)[1])
+    assert out["key_types"] == ["str"]
+    assert out["rows"] == {"2 Elm St": 3, "3 Oak St": 8}
+    assert out["files"] == {"2 Elm St": 3, "3 Oak St": 8}
+    assert out["column_types"] == ["character varying"]
+    assert out["scope_tables"] == [True, True, "text", "text"]
+    assert out["jobs"] == [[False, "deleted", 5], [True, "held", 0]]
+    assert out["proof_verified"] == [[], []]
+    assert [out["portfolio_page"], out["jobs_api_filtered"], out["paused"], out["api_hold"]] == [200, 3, 1, [201, True]]
