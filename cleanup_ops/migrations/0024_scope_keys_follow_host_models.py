@@ -4,9 +4,10 @@ becomes a ``ScopeKey`` — a foreign key to ``RETENTION_PORTFOLIO_MODEL`` /
 ``RETENTION_PROPERTY_MODEL`` with no constraint, no index and no reverse
 relation — under the same column name.
 
-In the state, a ``RemoveField`` of the ``BigIntegerField`` and an
-``AddField`` of the ``ScopeKey`` (the field's name loses its ``_id``; its
-column keeps it). In the database, ``FollowScopeKeyTypes``: nothing at all
+In the state (a ``SeparateDatabaseAndState`` with no database operation), a
+``RemoveField`` of the ``BigIntegerField`` and an ``AddField`` of the
+``ScopeKey`` (the field's name loses its ``_id``; its column keeps it). In
+the database, after it, ``FollowScopeKeyTypes``: nothing at all
 for integer keys (the columns stay ``bigint``; an existing integer-keyed
 installation upgrades without a statement, ``sqlmigrate`` shows none), an
 ``ALTER COLUMN … TYPE`` to the key's type otherwise (a fresh installation:
