@@ -42,7 +42,7 @@ from cleanup_ops.models import (
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.sweeps import sweep_status_seen
-from retention.domain import portfolio_model
+from retention.domain import key_json, portfolio_model
 from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param, key_param
 from retention.registry import REGISTRY
 from retention.scoping import PortfolioScope, portfolio_ids_q
@@ -170,7 +170,7 @@ def pipeline_status(*, now: datetime | None = None) -> dict[str, Any]:
         "rows_deleted_total": LedgerEntry.objects.aggregate(n=Sum("rows_deleted"))["n"] or 0,
         "dead_letters_open": DeadLetter.objects.open().count(),
         "paused": [
-            {"portfolio_id": p["portfolio_id"], "reason": p["reason"]}
+            {"portfolio_id": key_json(p["portfolio_id"]), "reason": p["reason"]}
             for p in PipelinePause.objects.active().values("portfolio_id", "reason")
         ],
         "limits": effective_limits(),

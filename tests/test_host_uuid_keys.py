@@ -95,6 +95,7 @@ class WorkOrder(models.Model):
 
 # Run inside the host project: the review, the hold, the sweep and the drain.
 HOST_SWEEP = """
+import io
 import json
 import uuid
 from datetime import timedelta
@@ -183,6 +184,9 @@ out["not_a_portfolio"] = client.get("/ops/console/portfolios/not-a-uuid/").statu
 # A pause of the UUID-keyed portfolio from the console's form, then its page and the audit log.
 client.post("/ops/console/pause/", {"portfolio": str(customer.pk), "reason": "pausing globex for a store check"})
 out["paused"] = PipelinePause.objects.active().filter(portfolio_id=customer.pk).count()
+status = io.StringIO()
+call_command("cleanup_status", "--json", stdout=status)
+out["status_paused"] = [p["portfolio_id"] == str(customer.pk) for p in json.loads(status.getvalue())["paused"]]
 out["pauses_page"] = [client.get("/ops/console/pauses/").status_code]
 out["audit_page"] = client.get("/ops/console/audit/").status_code
 # A hold placed through the API names the portfolio and the building by their UUIDs (JSON strings).
@@ -281,6 +285,7 @@ def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_set
     assert out["jobs_page"] == 200
     assert out["not_a_portfolio"] == 404
     assert out["paused"] == 1
+    assert out["status_paused"] == [True]
     assert out["pauses_page"] == [200]
     assert out["audit_page"] == 200
     assert out["api_hold"] == [201, True]
@@ -318,3 +323,4 @@ def test_a_host_whose_customers_and_sites_have_string_keys_sweeps_and_purges_the
     assert out["jobs"] == [[False, "deleted", 5], [True, "held", 0]]
     assert out["proof_verified"] == [[], []]
     assert [out["portfolio_page"], out["jobs_api_filtered"], out["paused"], out["api_hold"]] == [200, 3, 1, [201, True]]
+    assert out["status_paused"] == [True]
