@@ -88,11 +88,16 @@ from retention.apiutils import (
     choice_param,
     filter_errors_as_400,
     int_param,
+    key_schema,
+    portfolio_param,
 )
+from retention.domain import portfolio_model
 from retention.filters import MAX_AGE_HOURS
 from retention.scoping import may_act_in, portfolio_ids_q, portfolio_ids_where, scope_queryset
 
 SWEEP_VIEW = "cleanup_ops.view_sweep"
+# A portfolio's key in a query string: the customer model's own key type.
+PORTFOLIO_KEY_SCHEMA = key_schema(portfolio_model())
 JOB_VIEW = "cleanup_ops.view_cleanupjob"
 
 
@@ -292,7 +297,7 @@ class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
         parameters=[
             OpenApiParameter("sweep", ID_SCHEMA),
             OpenApiParameter("state", str, enum=JobState.values),
-            OpenApiParameter("portfolio", ID_SCHEMA),
+            OpenApiParameter("portfolio", PORTFOLIO_KEY_SCHEMA),
         ]
     )
     def list(self, request: Request, *args: Any, **kwargs: Any) -> Response:
@@ -306,7 +311,7 @@ class JobViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
             qs = qs.filter(sweep_id=sweep)
         if (state := choice_param(self.request, "state", JobState.values)) is not None:
             qs = qs.filter(state=state)
-        if (portfolio := int_param(self.request, "portfolio")) is not None:
+        if (portfolio := portfolio_param(self.request)) is not None:
             qs = qs.filter(portfolio_id=portfolio)
         return qs
 
@@ -415,7 +420,7 @@ class DeadLetterViewSet(TenantScoped, viewsets.ReadOnlyModelViewSet):
                 {"type": "integer", "minimum": 0, "maximum": 599},
                 description="0 (no HTTP answer) or a status from 100 to 599",
             ),
-            OpenApiParameter("portfolio", ID_SCHEMA),
+            OpenApiParameter("portfolio", PORTFOLIO_KEY_SCHEMA),
             OpenApiParameter("sweep", ID_SCHEMA),
         ]
     )

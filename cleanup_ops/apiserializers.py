@@ -19,6 +19,8 @@ from cleanup_ops.selectors import sweep_figures_seen
 from retention.apiutils import (
     FreeTextField,
     IdField,
+    PortfolioKeyField,
+    PropertyKeyField,
     ReasonSerializer,
     StrictChoiceField,
     StrictIntegerField,
@@ -86,6 +88,10 @@ class TriggerResultSerializer(serializers.Serializer):
 
 
 class JobSerializer(serializers.ModelSerializer):
+    # The host's keys as JSON carries them: a number, or a UUID's text.
+    portfolio_id = PortfolioKeyField(read_only=True)
+    property_id = PropertyKeyField(read_only=True, allow_null=True)
+
     class Meta:
         model = CleanupJob
         fields = [
@@ -117,6 +123,9 @@ class JobSerializer(serializers.ModelSerializer):
 
 
 class DeadLetterSerializer(serializers.ModelSerializer):
+    portfolio_id = PortfolioKeyField(read_only=True)
+    property_id = PropertyKeyField(read_only=True, allow_null=True)
+
     class Meta:
         model = DeadLetter
         fields = [
@@ -198,9 +207,9 @@ class BulkLetterResultSerializer(serializers.Serializer):
 
 
 class PauseSerializer(ReasonSerializer):
-    portfolio_id = IdField(required=False, allow_null=True, default=None)
+    portfolio_id = PortfolioKeyField(required=False, allow_null=True, default=None)
 
 
 class PauseResultSerializer(serializers.Serializer):
     id = serializers.IntegerField(help_text="the pause")
-    portfolio_id = serializers.IntegerField(allow_null=True, help_text="null: the whole pipeline")
+    portfolio_id = PortfolioKeyField(allow_null=True, help_text="null: the whole pipeline")

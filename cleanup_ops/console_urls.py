@@ -27,7 +27,8 @@ urlpatterns = [
     path("workers/control/", views.cluster_control, name="cluster_control"),
     path("workers/limits/", views.limit_change, name="limit_change"),
     path("pauses/", views.pauses_page, name="pauses"),
-    path("portfolios/<int:portfolio_id>/", views.portfolio_page, name="portfolio"),
+    # The customer model's key, of its own type (an integer, a UUID…): read by the view.
+    path("portfolios/<str:portfolio_id>/", views.portfolio_page, name="portfolio"),
     path("audit/", views.audit_log, name="audit"),
     path("search/", views.search_page, name="search"),
     path("pause/", views.pause_toggle, name="pause"),

@@ -78,6 +78,7 @@ from cleanup_ops.proof_verify import (
     json_signed_bytes,
 )
 from cleanup_ops.selectors import sweep_attachments, sweep_figures_seen, sweeps_seen
+from retention.domain import key_json
 
 # The export formats, checked before a format reaches a file name or a header.
 PROOF_FORMATS = ("json", "csv")
@@ -175,8 +176,9 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
             {
                 "job_id": job["id"],
                 "job_key": job["key"],
-                "portfolio_id": job["portfolio_id"],
-                "property_id": job["property_id"],
+                # A key as JSON carries it: a number, or a UUID's (a string key's) text.
+                "portfolio_id": key_json(job["portfolio_id"]),
+                "property_id": key_json(job["property_id"]),
                 "record_kind": job["record_kind"],
                 "policy_version_id": job["policy_version_id"],
                 "cutoff": job["cutoff"].isoformat(),
@@ -196,7 +198,9 @@ def sweep_proof(*, sweep: Sweep, portfolio_ids: frozenset[int] | None = None) ->
     # a dead job later redriven would call a recovered sweep "with dead letters".
     seen = sweep_figures_seen(sweeps_seen(portfolio_ids=portfolio_ids).get(pk=sweep.pk))
     status = seen.get("status", sweep.status)
-    scope: dict[str, Any] = {} if portfolio_ids is None else {"portfolio_ids": sorted(portfolio_ids)}
+    scope: dict[str, Any] = (
+        {} if portfolio_ids is None else {"portfolio_ids": [key_json(p) for p in sorted(portfolio_ids)]}
+    )
     return {
         "sweep_id": sweep.pk,
         "key": sweep.key,
@@ -276,7 +280,9 @@ def table_partition_drops_and_head(
     head: tuple[int, str | None] | None = None
     for drop in TablePartitionDrop.objects.filter(sweep=sweep).order_by("id"):
         portfolios = {
-            key: value for key, value in drop.portfolios.items() if portfolio_ids is None or int(key) in portfolio_ids
+            key: value
+            for key, value in drop.portfolios.items()
+            if portfolio_ids is None or key in {str(p) for p in portfolio_ids}
         }
         if portfolio_ids is not None and not portfolios:
             continue

@@ -226,8 +226,9 @@ def partition_of(partition: dict[str, Any]) -> str:
     ``portfolio-<id>`` for a kind without a property (no property id)."""
     prop = partition.get("property_id")
     if prop is None or prop == "":
-        return f"portfolio-{int(partition['portfolio_id'])}"
-    return str(int(prop))
+        return f"portfolio-{partition['portfolio_id']}"
+    # An integer key (a number in JSON, digits in a CSV) in decimal; a UUID's (a string key's) text as it is.
+    return str(int(prop)) if isinstance(prop, int) or str(prop).isdigit() else str(prop)
 
 
 def after_of(value: Any) -> str:
@@ -398,8 +399,9 @@ def proof_ledger_row(partition: dict[str, Any], op: dict[str, Any]) -> dict[str,
         "prev_hash": ledger.get("prev_hash"),
         "operation_id": str(op["operation_id"]),
         "job_id": int(partition["job_id"]),
-        "portfolio_id": int(partition["portfolio_id"]),
-        "property_id": None if prop is None or prop == "" else int(prop),
+        # A number, or a UUID's (a string key's) text: the chain hashes either's text.
+        "portfolio_id": partition["portfolio_id"],
+        "property_id": None if prop is None or prop == "" else prop,
         "record_kind": str(partition["record_kind"]),
         "policy_version_id": int(ledger["policy_version_id"]),
         "cutoff": moment(str(op["cutoff"])),

@@ -42,7 +42,8 @@ from cleanup_ops.models import (
 from cleanup_ops.ratelimit import effective_limits
 from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.sweeps import sweep_status_seen
-from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param
+from retention.domain import key_json, portfolio_model
+from retention.filters import MAX_AGE_HOURS, FilterError, choice_param, id_param, int_param, key_param
 from retention.registry import REGISTRY
 from retention.scoping import PortfolioScope, portfolio_ids_q
 
@@ -59,7 +60,7 @@ class DeadLetterFilter:
 
     status: str | None = None
     category: str | None = None
-    portfolio_id: int | None = None
+    portfolio_id: Any = None  # the customer model's key (an int, a UUID…)
     sweep_id: int | None = None
     older_than_hours: int | None = None
     letter_ids: tuple[int, ...] | None = None
@@ -123,7 +124,7 @@ def dead_letter_filter_parse(
     return DeadLetterFilter(
         status=choice_param({"status": raw_status}, "status", DeadLetter.Status.values, strict=strict),
         category=choice_param(params, "category", FailureCategory.values, strict=strict),
-        portfolio_id=id_param(params, "portfolio", strict=strict),
+        portfolio_id=key_param(params, "portfolio", model=portfolio_model(), strict=strict),
         sweep_id=id_param(params, "sweep", strict=strict),
         older_than_hours=int_param(params, "older_than_hours", strict=strict, minimum=0, maximum=MAX_AGE_HOURS),
         http_status=_http_status_param(params, strict=strict),
@@ -169,7 +170,7 @@ def pipeline_status(*, now: datetime | None = None) -> dict[str, Any]:
         "rows_deleted_total": LedgerEntry.objects.aggregate(n=Sum("rows_deleted"))["n"] or 0,
         "dead_letters_open": DeadLetter.objects.open().count(),
         "paused": [
-            {"portfolio_id": p["portfolio_id"], "reason": p["reason"]}
+            {"portfolio_id": key_json(p["portfolio_id"]), "reason": p["reason"]}
             for p in PipelinePause.objects.active().values("portfolio_id", "reason")
         ],
         "limits": effective_limits(),

@@ -48,7 +48,13 @@ from cleanup_ops.models import (
     Sweep,
     SweepStatus,
 )
-from retention.domain import portfolio_model, property_model, property_portfolio_column
+from retention.domain import (
+    portfolio_key_sql_type,
+    portfolio_model,
+    property_key_sql_type,
+    property_model,
+    property_portfolio_column,
+)
 from retention.models import PolicyVersion, RetentionPolicy
 from retention.registry import RecordKindSpec
 
@@ -64,6 +70,10 @@ PORTFOLIO = portfolio_model()._meta.db_table
 PROPERTY_PK = property_model()._meta.pk.column
 PORTFOLIO_PK = portfolio_model()._meta.pk.column
 PROPERTY_PORTFOLIO = property_portfolio_column()
+# Their keys' type in every cast of a portfolio or property id: ``bigint``
+# (any integer key), ``uuid`` or ``text`` (``retention.domain.key_sql_type``).
+PORTFOLIO_KEY = portfolio_key_sql_type()
+PROPERTY_KEY = property_key_sql_type()
 POLICY = RetentionPolicy._meta.db_table
 VERSION = PolicyVersion._meta.db_table
 
@@ -383,7 +393,7 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[pg.Composed, pg.Composed]:
         # A kind without a property: the partition is the portfolio.
         template = """
             WITH due AS (
-                SELECT po.{portfolio_pk} AS portfolio_id, CAST(NULL AS bigint) AS property_id,
+                SELECT po.{portfolio_pk} AS portfolio_id, CAST(NULL AS {property_key}) AS property_id,
                     v.id AS version_id, {cutoff} AS cutoff
                 FROM {portfolio} po
                 JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = %s
@@ -400,7 +410,12 @@ def _partitions_due(spec: RecordKindSpec) -> tuple[pg.Composed, pg.Composed]:
                 JOIN {version} v ON v.policy_id = rp.id AND v.status = {approved} AND v.enabled
             )
         """
-    cte = composed(template, cutoff=_slot_minus_retention(), approved=pg.Literal(PolicyVersion.Status.APPROVED.value))
+    cte = composed(
+        template,
+        cutoff=_slot_minus_retention(),
+        approved=pg.Literal(PolicyVersion.Status.APPROVED.value),
+        property_key=pg.SQL(PROPERTY_KEY),
+    )
     where = composed(
         "EXISTS (SELECT 1 FROM {table} r WHERE {partition} AND r.{ts} < {cutoff})",
         table=ident(spec.table),
@@ -623,7 +638,9 @@ def retention_debt(spec: RecordKindSpec, *, hold_sql: pg.Composable, cutoffs: in
             **names,
             property_column=ident(spec.property_column),
         )
-    row = pg.SQL("(CAST(%s AS bigint), CAST(%s AS timestamptz), CAST(%s AS timestamptz))")
+    row = pg.SQL("(CAST(%s AS {key}), CAST(%s AS timestamptz), CAST(%s AS timestamptz))").format(
+        key=pg.SQL(PORTFOLIO_KEY)
+    )
     return composed(
         """
         WITH c(portfolio_id, cutoff, late) AS (VALUES {rows})

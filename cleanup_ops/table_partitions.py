@@ -333,8 +333,9 @@ def _decide_and_drop(
             ).format(pk=pgsql.Identifier(spec.pk_column), table=table)
         )
         rows, digest = cur.fetchone()
-        portfolios = sorted({int(p) for p, _, _ in present})
-        properties = sorted({int(q) for _, q, _ in present if q is not None})
+        # The keys as the database gives them: an int, a UUID, a str (the host's key types).
+        portfolios = sorted({p for p, _, _ in present})
+        properties = sorted({q for _, q, _ in present if q is not None})
         # d: the scope rows, as a batch takes them.
         if properties:
             cur.execute(
@@ -362,7 +363,7 @@ def _decide_and_drop(
             ).format(policy=pgsql.Identifier(POLICY), version=pgsql.Identifier(VERSION)),
             [PolicyVersion.Status.APPROVED, spec.kind, portfolios, not portfolios],
         )
-        versions = {int(p): (int(v), int(days), bool(enabled)) for p, v, days, enabled in cur.fetchall()}
+        versions = {p: (int(v), int(days), bool(enabled)) for p, v, days, enabled in cur.fetchall()}
         # Pauses stop new work: a drop is work of the portfolios present (of the
         # kind's, when empty), as a lease is its job's portfolio's (jobs.unpaused_q).
         if _paused(portfolios or list(versions)):
@@ -371,9 +372,9 @@ def _decide_and_drop(
         verdict = _verdict(table_partition, portfolios=portfolios, versions=versions, held=held, slot=slot)
         if verdict != "dropped":
             return verdict, 0
-        counts = {int(p): 0 for p in portfolios}
+        counts = dict.fromkeys(portfolios, 0)
         for p, _, n in present:
-            counts[int(p)] += int(n)
+            counts[p] += int(n)
         TablePartitionDrop.objects.create(
             operation_id=drop_operation_id(
                 kind=spec.kind, table=spec.table, table_partition=table_partition, slot=slot
@@ -419,7 +420,7 @@ def _decide_and_drop(
     return "dropped", int(rows)
 
 
-def portfolios_held(cur: Any, *, spec: RecordKindSpec, portfolios: list[int]) -> bool:
+def portfolios_held(cur: Any, *, spec: RecordKindSpec, portfolios: list[Any]) -> bool:
     """Does an active hold in ``portfolios`` reach ``spec``'s records, at any
     scope — portfolio, property or record (conservative: a month of every
     property and record goes at once)? The hold rule's one text
@@ -430,7 +431,7 @@ def portfolios_held(cur: Any, *, spec: RecordKindSpec, portfolios: list[int]) ->
     return bool(cur.fetchone()[0])
 
 
-def _paused(portfolios: list[int]) -> bool:
+def _paused(portfolios: list[Any]) -> bool:
     """An active pause of the pipeline or of one of ``portfolios`` (read after the locks)."""
     return PipelinePause.objects.active().filter(Q(portfolio_id__isnull=True) | Q(portfolio_id__in=portfolios)).exists()
 
@@ -465,8 +466,8 @@ def _lock_parent_nowait(cur: Any, table: str, table_partition: TablePartition) -
 def _verdict(
     table_partition: TablePartition,
     *,
-    portfolios: list[int],
-    versions: dict[int, tuple[int, int, bool]],
+    portfolios: list[Any],
+    versions: dict[Any, tuple[int, int, bool]],
     held: bool,
     slot: datetime,
 ) -> str:

@@ -21,7 +21,8 @@ from django.db.models import QuerySet
 from django.http import HttpRequest
 
 from retention.admin_scoping import PortfolioListFilter, PortfolioScopedAdmin
-from retention.inputs import id_problem
+from retention.domain import portfolio_model, property_portfolio_attname
+from retention.inputs import key_or_none
 
 
 class PortfolioAdmin(PortfolioScopedAdmin):
@@ -47,8 +48,9 @@ class PropertyAdmin(PortfolioScopedAdmin):
         if not request.path.endswith("/autocomplete/"):
             return queryset, may_have_duplicates
         portfolio = request.GET.get("portfolio", "")
-        if portfolio and id_problem(portfolio, field="portfolio", from_form=True) is None:
-            queryset = queryset.filter(portfolio_id=int(portfolio))
+        key = key_or_none(portfolio, model=portfolio_model()) if portfolio else None
+        if key is not None:
+            queryset = queryset.filter(**{property_portfolio_attname(): key})
         elif request.GET.get("model_name") == "legalhold" and request.GET.get("field_name") == "property":
             queryset = queryset.none()
         return queryset, may_have_duplicates

@@ -24,7 +24,7 @@ from django.db.models import Model, QuerySet
 from django.http import Http404, HttpRequest, HttpResponse
 
 from retention.domain import portfolio_model, property_model, property_portfolio_attname
-from retention.inputs import id_problem
+from retention.inputs import key_problem
 from retention.scoping import portfolios_where, scope_queryset
 
 
@@ -39,7 +39,11 @@ class IdAutocompleteSelect(AutocompleteSelect):
     ids are shown as nothing selected; the form field reports them."""
 
     def optgroups(self, name: str, value: Any, attr: Any = None) -> Any:
-        ids = [v for v in value if v in (None, "") or id_problem(str(v), field=name, from_form=True) is None]
+        # Keys of the related model's type (an integer, a UUID: a host's customer, site or user).
+        model = self.field.remote_field.model
+        ids = [
+            v for v in value if v in (None, "") or key_problem(str(v), model=model, field=name, from_form=True) is None
+        ]
         return super().optgroups(name, ids, attr)
 
 

@@ -46,7 +46,8 @@ from django.core.exceptions import FieldDoesNotExist, PermissionDenied
 from django.db import models
 from django.http import HttpRequest, HttpResponse, HttpResponseBadRequest, HttpResponseBase
 
-from retention.inputs import MAX_FILTER_LENGTH, id_problem, text_problem
+from retention.domain import portfolio_model
+from retention.inputs import MAX_FILTER_LENGTH, id_problem, key_problem, text_problem
 
 # Views of one object (and Django's redirect to change): permission before lookup.
 OBJECT_VIEWS = frozenset({"change_view", "history_view", "delete_view"})
@@ -88,8 +89,12 @@ def changelist_lookups(model_admin: admin.ModelAdmin, request: HttpRequest) -> d
         if filter_class is admin.EmptyFieldListFilter:
             lookups[f"{path}__isempty"] = TEXT
         elif field.is_relation:
-            target = field.target_field.name if hasattr(field, "target_field") else "pk"
-            lookups[f"{path}__{target}__exact"] = ID
+            target_field = getattr(field, "target_field", None)
+            target = target_field.name if target_field is not None else "pk"
+            # An id where the related key is an integer; a UUID or a string key
+            # (a host's customer, site or user) is text, which its field parses.
+            integer = target_field is None or isinstance(target_field, models.IntegerField)
+            lookups[f"{path}__{target}__exact"] = ID if integer else TEXT
             lookups[f"{path}__{target}__in"] = TEXT
         else:
             for suffix in ("exact", "gte", "lt"):
@@ -161,7 +166,7 @@ def autocomplete_problem(request: HttpRequest) -> tuple[str, str] | None:
             return name, problem
     # The legal hold form's property picker narrows by the chosen portfolio (an id, or nothing chosen yet).
     portfolio = request.GET.get("portfolio", "")
-    if portfolio and (problem := id_problem(portfolio, field="portfolio", from_form=True)) is not None:
+    if portfolio and (problem := key_problem(portfolio, model=portfolio_model(), field="portfolio", from_form=True)):
         return "portfolio", problem
     return None
 

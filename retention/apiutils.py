@@ -30,6 +30,7 @@ from django.core.exceptions import ValidationError as DjangoValidationError
 from django.core.validators import RegexValidator
 from django.db import models
 from django.http import QueryDict
+from drf_spectacular.extensions import OpenApiSerializerFieldExtension
 from drf_spectacular.utils import extend_schema_field
 from rest_framework import serializers, status
 from rest_framework.exceptions import APIException, ParseError, PermissionDenied, ValidationError
@@ -41,7 +42,8 @@ from rest_framework.request import Request
 if TYPE_CHECKING:
     from rest_framework.generics import GenericAPIView
 
-from retention.filters import FilterError, id_param
+from retention.domain import integer_key, key_field, key_json, portfolio_model, property_model, string_key
+from retention.filters import FilterError, id_param, key_param
 from retention.filters import choice_param as filters_choice_param
 from retention.inputs import (
     CONTROL_FREE_PATTERN,
@@ -51,6 +53,8 @@ from retention.inputs import (
     REASON_RULE,
     id_problem,
     json_type_problem,
+    key_check,
+    key_problem,
     reason_problem,
 )
 from retention.scoping import scope_queryset
@@ -172,6 +176,12 @@ def int_param(request: Request, name: str) -> int | None:
         return id_param(request.query_params, name, strict=True)
 
 
+def portfolio_param(request: Request, name: str = "portfolio") -> Any:
+    """A portfolio's key in the query string, of the customer model's own key type (a 400 naming it otherwise)."""
+    with filter_errors_as_400():
+        return key_param(request.query_params, name, model=portfolio_model(), strict=True)
+
+
 def choice_param(request: Request, name: str, choices: list[str]) -> str | None:
     with filter_errors_as_400():
         return filters_choice_param(request.query_params, name, choices, strict=True)
@@ -234,13 +244,71 @@ class RecordIdField(serializers.Field):
         return value
 
 
-class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
-    """A related object by id, the id checked like ``IdField`` before the
-    lookup (DRF would otherwise find portfolio 1 for ``1.5`` and fail with a
-    500 for ``1e400``)."""
+def key_schema(model: type[models.Model]) -> dict[str, Any]:
+    """The JSON Schema of ``model``'s key (a customer's, a site's): ``ID_SCHEMA``
+    for an integer key, a UUID's or a string's otherwise."""
+    if integer_key(model):
+        return ID_SCHEMA
+    if string_key(model):
+        return {"type": "string", "minLength": 1, "maxLength": getattr(key_field(model), "max_length", None) or 40}
+    return {"type": "string", "format": "uuid"}
+
+
+def _key_value(field: serializers.Field, model: type[models.Model], data: Any) -> Any:
+    name = field.field_name or "id"
+    problem = key_problem(data, model=model, field=name, from_form=_from_form(field))
+    if problem is not None:
+        raise ValidationError(problem)
+    return key_check(data, model=model, field=name, from_form=_from_form(field))
+
+
+class PortfolioKeyField(serializers.Field):
+    """A portfolio's key, of the customer model's own type (``inputs.key_problem``):
+    a JSON integer for an integer key, a string for a UUID or a string key. Its
+    schema: ``PortfolioKeySchema``, below."""
 
     def to_internal_value(self, data: Any) -> Any:
-        return super().to_internal_value(_id_value(self, data))
+        return _key_value(self, portfolio_model(), data)
+
+    def to_representation(self, value: Any) -> Any:
+        return key_json(value)
+
+
+class PropertyKeyField(PortfolioKeyField):
+    """A property's key, of the site model's own type (``PortfolioKeyField``'s rules)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        return _key_value(self, property_model(), data)
+
+
+class PortfolioKeySchema(OpenApiSerializerFieldExtension):
+    """``PortfolioKeyField``'s schema, the host's key type's (``key_schema``), read when the schema is built."""
+
+    target_class = PortfolioKeyField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return key_schema(portfolio_model())
+
+
+class PropertyKeySchema(OpenApiSerializerFieldExtension):
+    target_class = PropertyKeyField
+
+    def map_serializer_field(self, auto_schema: Any, direction: Any) -> dict[str, Any]:
+        return key_schema(property_model())
+
+
+class StrictPrimaryKeyRelatedField(serializers.PrimaryKeyRelatedField):
+    """A related object by id, the id checked before the lookup (DRF would
+    otherwise find portfolio 1 for ``1.5`` and fail with a 500 for
+    ``1e400``): like ``IdField`` for an integer key, as the model's own key
+    (a UUID in a string) otherwise (``inputs.key_problem``)."""
+
+    def to_internal_value(self, data: Any) -> Any:
+        queryset = self.get_queryset()
+        return super().to_internal_value(_key_value(self, queryset.model, data))
+
+    def to_representation(self, value: Any) -> Any:
+        return key_json(super().to_representation(value))
 
 
 # --- Strict JSON types ----------------------------------------------------------

@@ -15,6 +15,7 @@ registry (``apps.get_model``).
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Iterable
 from typing import Any
 
@@ -73,6 +74,81 @@ def property_portfolio_attname() -> str:
 def property_portfolio_id(site: models.Model) -> Any:
     """The customer key of one site, whatever the foreign key is called."""
     return getattr(site, property_portfolio_attname())
+
+
+# --- Their keys -----------------------------------------------------------------
+# A customer's or a site's key is whatever the host's model has: an integer, a
+# UUID, a string. The product's own columns naming them take that type
+# (``cleanup_ops.models.scope_keys``; any integer as a bigint), and so do its
+# statements' casts and its parsing of a key from a URL, a form or JSON.
+
+
+def key_field(model: type[models.Model]) -> models.Field[Any, Any]:
+    """The field holding ``model``'s key's value: its primary key, or the
+    field that one-to-one key points at (a child of multi-table inheritance)."""
+    field: Any = model._meta.pk
+    while field.is_relation:
+        field = field.target_field
+    return field
+
+
+def integer_key(model: type[models.Model]) -> bool:
+    return isinstance(key_field(model), models.IntegerField)  # AutoField and BigAutoField are IntegerFields
+
+
+def string_key(model: type[models.Model]) -> bool:
+    return isinstance(key_field(model), models.CharField | models.TextField)
+
+
+def supported_key(model: type[models.Model]) -> bool:
+    """An integer, a UUID or a string key (``retention.domain_checks`` refuses others)."""
+    return integer_key(model) or string_key(model) or isinstance(key_field(model), models.UUIDField)
+
+
+def key_sql_type(model: type[models.Model]) -> str:
+    """The type the product's statements cast ``model``'s keys to: ``bigint``
+    for any integer key (its columns are bigints), ``uuid``, or ``text`` for a
+    string key (never ``varchar(n)``, whose cast would cut a longer value
+    short)."""
+    if integer_key(model):
+        return "bigint"
+    if string_key(model):
+        return "text"
+    return "uuid"
+
+
+def portfolio_key_sql_type() -> str:
+    return key_sql_type(portfolio_model())
+
+
+def property_key_sql_type() -> str:
+    return key_sql_type(property_model())
+
+
+def key_of(model: type[models.Model], value: Any) -> Any:
+    """``value`` (text from a URL, a form or JSON, or a key) as ``model``'s
+    key; raises ``ValidationError`` when it is none (``retention.inputs``
+    names the field)."""
+    return key_field(model).to_python(value)
+
+
+def key_json(value: Any) -> Any:
+    """A key as JSON carries it: an integer as a number, any other (a UUID) as
+    its text; None stays None. What the proofs, the API and the audit details
+    write, and what ``proof_verify`` reads back."""
+    if value is None or isinstance(value, int):
+        return value
+    return str(value)
+
+
+def key_number(value: Any) -> int:
+    """A key as a non-negative integer, for what only takes numbers (the
+    lease's advisory stripe locks): an integer key itself, any other the
+    first 63 bits of the SHA-256 of its text — stable across processes and
+    releases, unlike Python's ``hash``."""
+    if isinstance(value, int):
+        return value
+    return int.from_bytes(hashlib.sha256(str(value).encode()).digest()[:8], "big") >> 1
 
 
 def view_permission(label: str) -> str:

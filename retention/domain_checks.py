@@ -15,6 +15,7 @@ from django.core.exceptions import FieldDoesNotExist
 from django.db import models
 
 from retention.conf import RETENTION_SETTINGS, setting_errors
+from retention.domain import key_field, string_key, supported_key
 
 
 @checks.register(checks.Tags.models)
@@ -40,15 +41,25 @@ def _installed_model(name: str, number: int) -> tuple[type[models.Model] | None,
         ]
 
 
-def _integer_key(name: str, model: type[models.Model], number: int) -> list[checks.CheckMessage]:
-    # Jobs, ledger rows and dead letters keep the customer's and the site's
-    # key as a bigint (they outlive the rows they name).
-    if isinstance(model._meta.pk, models.IntegerField | models.AutoField):
+# A string key's longest text: the product's names built from a key (the rate
+# buckets' ``docstore:portfolio:<key>``, the ledger chains' ``portfolio:<key>``)
+# must fit their columns.
+MAX_STRING_KEY_LENGTH = 40
+
+
+def key_type_errors(name: str, model: type[models.Model], number: int) -> list[checks.CheckMessage]:
+    # The product's columns naming a customer or a site take its key's type
+    # (cleanup_ops.models.scope_keys): an integer, a UUID or a short string.
+    field = key_field(model)
+    if supported_key(model) and not (
+        string_key(model) and (field.max_length is None or field.max_length > MAX_STRING_KEY_LENGTH)
+    ):
         return []
     return [
         checks.Error(
-            f"{name}: {model._meta.label}'s primary key {model._meta.pk.name!r} is not an integer",
-            hint="The customer and site models need an integer (or bigint) primary key.",
+            f"{name}: {model._meta.label}'s primary key {model._meta.pk.name!r} is not an integer, a UUID "
+            f"or a string of at most {MAX_STRING_KEY_LENGTH} characters",
+            hint="The customer and site models need an integer, UUIDField or CharField(max_length<=40) primary key.",
             id=f"retention.E1{number:02d}",
         )
     ]
@@ -59,9 +70,9 @@ def _domain_errors() -> list[checks.CheckMessage]:
     site, site_errors = _installed_model("RETENTION_PROPERTY_MODEL", 2)
     errors += site_errors
     if portfolio is not None:
-        errors += _integer_key("RETENTION_PORTFOLIO_MODEL", portfolio, 3)
+        errors += key_type_errors("RETENTION_PORTFOLIO_MODEL", portfolio, 3)
     if site is not None:
-        errors += _integer_key("RETENTION_PROPERTY_MODEL", site, 4)
+        errors += key_type_errors("RETENTION_PROPERTY_MODEL", site, 4)
     if portfolio is None or site is None:
         return errors
     name = settings.RETENTION_PROPERTY_PORTFOLIO_FIELD

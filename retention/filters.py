@@ -16,9 +16,9 @@ from typing import Any, cast
 
 from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
-from django.db.models import CharField, Field, IntegerField, Q, QuerySet
+from django.db.models import CharField, Field, IntegerField, Model, Q, QuerySet
 
-from retention.inputs import id_problem, text_problem
+from retention.inputs import id_problem, key_check, key_problem, text_problem
 from retention.models import AuditEvent
 
 # The longest age filter (hours): a century. Larger values would move the
@@ -46,6 +46,20 @@ def id_param(params: Mapping[str, Any], name: str, *, strict: bool) -> int | Non
             raise FilterError(name, problem)
         return None
     return int(raw)
+
+
+def key_param(params: Mapping[str, Any], name: str, *, model: type[Model], strict: bool) -> Any:
+    """A customer's or a site's key (``inputs.key_problem``: the model's own
+    key type): None when absent; invalid → ``FilterError`` (strict) or None."""
+    raw = params.get(name)
+    if raw is None or raw == "":
+        return None
+    problem = key_problem(str(raw), model=model, field=name, from_form=True)
+    if problem is not None:
+        if strict:
+            raise FilterError(name, problem)
+        return None
+    return key_check(str(raw), model=model, field=name, from_form=True)
 
 
 def int_param(params: Mapping[str, Any], name: str, *, strict: bool, minimum: int, maximum: int) -> int | None:

@@ -27,6 +27,10 @@ request can never write what a form would have refused:
   In JSON an id is a JSON integer — ``"755"``, ``755.0``, ``1.5``, ``true``
   and ``1e400`` are refused, never rounded or coerced. In a query string or
   a form (where everything is a string) an id is 1 to 19 ASCII digits.
+- **A customer's or a site's key** (``key_problem``) is its model's own: an
+  integer key by the rules of ids; a UUID key a string its ``UUIDField``
+  accepts (in JSON a string, never a number); a string key a string of at
+  most its ``max_length``, with no control characters.
 
 A problem is reported as a message that names the field; callers turn it
 into a 400 or a form error. Nothing here touches the database.
@@ -34,11 +38,20 @@ into a 400 or a form error. Nothing here touches the database.
 
 from __future__ import annotations
 
+import argparse
 import re
 import unicodedata
 from typing import Any
 
+from django.core.exceptions import ValidationError
+from django.db.models import Model
+
+from retention.domain import integer_key, key_of, portfolio_model, string_key
+
 MAX_ID = 2**63 - 1
+# The longest text taken as a customer's or a site's key that is not an integer
+# (a UUID is 36 characters; retention.domain_checks caps a string key at 40).
+MAX_KEY_TEXT = 64
 #: The longest reason or note the product stores (audit trail included).
 MAX_TEXT_LENGTH = 2000
 #: The fewest visible characters a reason or a review note may have (``reason_problem``).
@@ -240,3 +253,45 @@ def id_check(value: Any, *, field: str, from_form: bool) -> int:
     if problem is not None:
         raise InputError(field, problem)
     return int(value)
+
+
+def key_problem(value: Any, *, model: type[Model], field: str, from_form: bool) -> str | None:
+    """Why ``value`` is not a key of ``model`` (the host's customer or site
+    model, ``retention.domain``), or ``None``: an integer key by
+    ``id_problem``'s rules; a UUID or a string key as a string (a JSON
+    string in a body), which the key's own field must accept."""
+    if integer_key(model):
+        return id_problem(value, field=field, from_form=from_form)
+    what = "a key (a string)" if string_key(model) else "a UUID"
+    if not isinstance(value, str):
+        return f"{field} must be {what}, not {_json_type_of(value)}."
+    if not value or len(value) > MAX_KEY_TEXT or text_problem(value, field=field, max_length=MAX_KEY_TEXT):
+        return f"{field} must be {what}."
+    try:
+        key_of(model, value)
+    except ValidationError:
+        return f"{field} must be {what}."
+    return None
+
+
+def key_check(value: Any, *, model: type[Model], field: str, from_form: bool) -> Any:
+    """``value`` as ``model``'s key, else ``InputError`` naming ``field`` (``key_problem``)."""
+    problem = key_problem(value, model=model, field=field, from_form=from_form)
+    if problem is not None:
+        raise InputError(field, problem)
+    return int(value) if integer_key(model) else key_of(model, value)
+
+
+def key_or_none(value: Any, *, model: type[Model]) -> Any:
+    """``value`` (text: a form's, a query string's, an audit event's object id) as ``model``'s key, or None."""
+    if key_problem(value, model=model, field="key", from_form=True) is not None:
+        return None
+    return key_check(value, model=model, field="key", from_form=True)
+
+
+def portfolio_key_argument(text: str) -> Any:
+    """A command's ``--portfolio``: the customer model's key (an integer, a UUID…), an argparse type."""
+    problem = key_problem(text, model=portfolio_model(), field="--portfolio", from_form=True)
+    if problem is not None:
+        raise argparse.ArgumentTypeError(problem)
+    return key_check(text, model=portfolio_model(), field="--portfolio", from_form=True)

@@ -22,6 +22,7 @@ PostgreSQL once it sits idle in its transaction past
 
 from __future__ import annotations
 
+import uuid
 from typing import Any
 
 from django.conf import settings
@@ -131,8 +132,19 @@ def audit_event_record(
         object_type=object_type,
         object_id=str(object_id),
         reason=reason,
-        details=details or {},
+        details=_details_json(details or {}),
     )
+
+
+def _details_json(details: dict[str, Any]) -> dict[str, Any]:
+    """The details with each key of a customer, a site or a user as JSON
+    carries it: a UUID as its text (``retention.domain.key_json``), an
+    integer as a number, as before."""
+
+    def one(value: Any) -> Any:
+        return str(value) if isinstance(value, uuid.UUID) else value
+
+    return {name: [one(v) for v in value] if isinstance(value, list) else one(value) for name, value in details.items()}
 
 
 def retention_policy_get_or_create(*, portfolio: Model, record_kind: str) -> RetentionPolicy:

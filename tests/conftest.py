@@ -44,6 +44,7 @@ SYSTEM_MODULES = frozenset(
         "test_downstream_store_and_settings",
         "test_embedded_postgres",
         "test_host_user_model",
+        "test_host_uuid_keys",
         "test_installable",
         "test_interleavings",
         "test_interleavings_compound",
@@ -52,6 +53,7 @@ SYSTEM_MODULES = frozenset(
         "test_proof_verify",
         "test_scale_to_zero",
         "test_settings",
+        "test_single_company_host",
         "test_two_clusters",
         "test_workers",
     }
@@ -764,7 +766,8 @@ def silent_listener():  # type: ignore[no-untyped-def]
 
 
 # --- Host projects ---------------------------------------------------------------------
-# A host project's own database (tests/test_installable.py, tests/test_host_user_model.py).
+# A host project's own database (tests/test_installable.py, tests/test_host_user_model.py, tests/test_host_uuid_keys.py,
+# tests/test_single_company_host.py).
 
 
 def database_setting(url: str, name: str) -> dict[str, object]:

@@ -251,6 +251,7 @@ def test_every_writable_field_of_the_apis_request_bodies_is_strict() -> None:
         apiutils.IdField,
         apiutils.RecordIdField,
         apiutils.StrictPrimaryKeyRelatedField,
+        apiutils.PortfolioKeyField,  # the customer model's key: a JSON integer, or a string for a UUID
     )
 
     def check(name: str, field: Any) -> None:

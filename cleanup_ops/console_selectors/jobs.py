@@ -20,7 +20,8 @@ from cleanup_ops.models import (
     LedgerEntry,
 )
 from cleanup_ops.recovery.classification import FailureCategory
-from retention.filters import choice_param, id_param, text_param
+from retention.domain import portfolio_model
+from retention.filters import choice_param, id_param, key_param, text_param
 from retention.models import AuditEvent
 from retention.registry import REGISTRY
 from retention.scoping import PortfolioScope, portfolio_ids_q
@@ -34,7 +35,7 @@ class JobFilter:
 
     sweep_id: int | None = None
     state: str | None = None
-    portfolio_id: int | None = None
+    portfolio_id: Any = None  # the customer model's key (an int, a UUID…)
     record_kind: str | None = None
     category: str | None = None
     job_kind: str | None = None
@@ -97,7 +98,7 @@ def job_filter_parse(params: Mapping[str, Any], *, strict: bool) -> JobFilter:
     return JobFilter(
         sweep_id=id_param(params, "sweep", strict=strict),
         state=choice_param(params, "state", JobState.values, strict=strict),
-        portfolio_id=id_param(params, "portfolio", strict=strict),
+        portfolio_id=key_param(params, "portfolio", model=portfolio_model(), strict=strict),
         record_kind=choice_param(params, "kind", list(REGISTRY), strict=strict),
         category=choice_param(params, "category", FailureCategory.values, strict=strict),
         job_kind=choice_param(params, "job_kind", JobKind.values, strict=strict),
@@ -169,11 +170,11 @@ def job_chain(job: CleanupJob) -> list[CleanupJob]:
 
     A partition has one job per sweep (a unique key) and its redrives share
     the sweep and the scope, so they are found by that, in one query."""
+    scope: dict[str, Any] = {"portfolio_id": job.portfolio_id, "property_id": job.property_id}  # keys of any type
     chain = list(
         CleanupJob.objects.filter(
             sweep_id=job.sweep_id,
-            portfolio_id=job.portfolio_id,
-            property_id=job.property_id,
+            **scope,
             record_kind=job.record_kind,
             job_kind=job.job_kind,
             purge_request_id=job.purge_request_id,

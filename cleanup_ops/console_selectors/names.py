@@ -10,7 +10,8 @@ from django.contrib.auth import get_user_model
 from django.core.exceptions import ValidationError
 
 from cleanup_ops.models import Sweep
-from retention.domain import SEARCHED_FIELDS, names_by_pk, portfolio_model, property_model
+from retention.domain import SEARCHED_FIELDS, integer_key, names_by_pk, portfolio_model, property_model
+from retention.inputs import key_or_none
 from retention.scoping import PortfolioScope, portfolio_ids_q, portfolio_ids_where
 
 PAGE_SIZE = 50
@@ -21,12 +22,31 @@ SEARCH_MAX_LENGTH = 100
 # --- Names -------------------------------------------------------------------
 
 
-def portfolio_names(ids: Iterable[int | None]) -> dict[int, str]:
+def portfolio_names(ids: Iterable[Any]) -> dict[Any, str]:
     """Portfolio id → name for the ids a page shows: one query (none if empty)."""
-    wanted = sorted({i for i in ids if i is not None})
+    return _names(portfolio_model(), ids)
+
+
+def _names(model: type[Any], ids: Iterable[Any]) -> dict[Any, str]:
+    """Key → name of the customers or sites ``ids`` name, whatever their key
+    type: an id as a page has it (a key, or the text of an audit event's
+    details or object id) is read as the model's key, and a key that is not
+    an integer is found by its text too (a UUID's in the details)."""
+    wanted = {key for key in (_key(model, i) for i in ids) if key is not None}
     if not wanted:
         return {}
-    return names_by_pk(portfolio_model(), wanted)
+    names = names_by_pk(model, sorted(wanted))
+    if integer_key(model):
+        return names
+    return {**names, **{str(key): name for key, name in names.items()}}
+
+
+def _key(model: type[Any], value: Any) -> Any:
+    if value is None or isinstance(value, bool):
+        return None
+    if integer_key(model) and isinstance(value, int):
+        return value
+    return key_or_none(str(value), model=model)
 
 
 def portfolio_choices(*, portfolio_ids: PortfolioScope) -> list[dict[str, Any]]:
@@ -45,10 +65,9 @@ def _wanted(ids: Iterable[Any]) -> list[int]:
     return sorted({int(i) for i in ids if isinstance(i, int) or (isinstance(i, str) and i.isdigit())})
 
 
-def property_names(ids: Iterable[int | None]) -> dict[int, str]:
+def property_names(ids: Iterable[Any]) -> dict[Any, str]:
     """Property id → name for the ids a page shows: one query (none if empty)."""
-    wanted = _wanted(ids)
-    return names_by_pk(property_model(), wanted) if wanted else {}
+    return _names(property_model(), ids)
 
 
 def sweep_keys(ids: Iterable[int | None]) -> dict[int, str]:
@@ -86,7 +105,7 @@ def audit_names(events: Iterable[Any]) -> dict[str, dict[Any, str]]:
     portfolios = [d.get("portfolio_id") for d in details]
     portfolios += [e.object_id for e in events if e.object_type == "portfolio"]
     return {
-        "portfolios": portfolio_names(_wanted(portfolios)),
+        "portfolios": portfolio_names(portfolios),
         "properties": property_names(d.get("property_id") for d in details),
         "sweeps": sweep_keys(d.get("sweep_id") for d in details),
         "users": usernames(d.get("user_id") for d in details),
@@ -112,10 +131,9 @@ class LinkReach:
         """Whether the portfolio page of ``portfolio_id`` opens for the viewer."""
         if self.portfolios is None:
             return True
-        try:
-            return int(str(portfolio_id)) in self.portfolios
-        except ValueError:
-            return False
+        # An audit event names it as text (its object_id): read as the customer model's key.
+        key = key_or_none(str(portfolio_id), model=portfolio_model())
+        return key is not None and key in self.portfolios
 
 
 def link_reach(user: Any, *, page_perm: str, letter_perm: str) -> LinkReach:

@@ -283,7 +283,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
             item.in_range = item.candidates
         statement = statements.group_delete(spec, pruning=pruning(spec))
         for property_id, document_id, record_id, n_held in sql.execute(statement, params, cur=cur).fetchall():
-            item = by_property[int(property_id)]
+            item = by_property[property_id]  # a key as the database gives it: an int, a UUID, a str
             if n_held is not None:
                 item.held = int(n_held)
                 continue

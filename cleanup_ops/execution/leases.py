@@ -8,7 +8,8 @@ Protocol:
   early: the caller returns quietly. The portfolio's lease cap
   (``CLEANUP_PORTFOLIO_MAX_LEASES``) and any active pause are checked in the
   same transaction, under an advisory lock on the portfolio's *stripe*
-  (``lease_stripe``: its id modulo ``CLEANUP_LEASE_LOCK_STRIPES``), so two
+  (``lease_stripe``: its id — a stable hash of a non-integer key — modulo
+  ``CLEANUP_LEASE_LOCK_STRIPES``), so two
   workers cannot both see "one slot left" and both take it. Stripes bound the locks one lease
   transaction takes — at most ``CLEANUP_LEASE_LOCK_STRIPES``, however many
   portfolios a group pick spans — so thousands of due portfolios cannot
@@ -78,6 +79,7 @@ from cleanup_ops.ratelimit import (
     tokens_reserve,
 )
 from cleanup_ops.recovery.classification import LeaseLost
+from retention.domain import key_number
 from retention.eligibility import db_datetime
 
 
@@ -167,9 +169,11 @@ def worker_name() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def lease_stripe(portfolio_id: int) -> int:
-    """The advisory lock a portfolio's cap check takes (see the module docstring)."""
-    return portfolio_id % settings.CLEANUP_LEASE_LOCK_STRIPES
+def lease_stripe(portfolio_id: Any) -> int:
+    """The advisory lock a portfolio's cap check takes (see the module docstring):
+    an integer key modulo the stripes, any other key (a UUID, a string) by a
+    stable 63-bit hash of its text first (``retention.domain.key_number``)."""
+    return key_number(portfolio_id) % settings.CLEANUP_LEASE_LOCK_STRIPES
 
 
 def pause_locks(portfolio_id: int | None) -> None:

@@ -21,14 +21,24 @@ from __future__ import annotations
 from psycopg.sql import SQL, Composable, Composed, Identifier, Literal, Placeholder
 
 from cleanup_ops.lifecycle import JobEvent, state_after
-from cleanup_ops.sql import Columns, any_of, composed, ident, lease_cleared, rows_cte, statement
+from cleanup_ops.sql import (
+    PORTFOLIO_KEY,
+    PROPERTY_KEY,
+    Columns,
+    any_of,
+    composed,
+    ident,
+    lease_cleared,
+    rows_cte,
+    statement,
+)
 from retention.eligibility import HOLDS, eligible_predicate, hold_names_no_record, hold_record_key, hold_scope
 from retention.registry import RecordKindSpec
 
 SCOPE_COLUMNS: Columns = (
     ("job_id", "bigint"),
-    ("property_id", "bigint"),
-    ("portfolio_id", "bigint"),
+    ("property_id", PROPERTY_KEY),
+    ("portfolio_id", PORTFOLIO_KEY),
     ("record_kind", "varchar"),
 )
 
@@ -146,7 +156,7 @@ def ledger_lookup() -> Composed:
     )
 
 
-POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", "bigint"), ("record_kind", "varchar"))
+POLICY_COLUMNS: Columns = (("job_id", "bigint"), ("portfolio_id", PORTFOLIO_KEY), ("record_kind", "varchar"))
 
 
 @statement
@@ -308,7 +318,7 @@ def partition_count_and_delete(spec: RecordKindSpec, *, pruning: bool = False) -
 CANDIDATE_COLUMNS: Columns = (
     ("ord", "integer"),
     ("job_id", "bigint"),
-    ("property_id", "bigint"),
+    ("property_id", PROPERTY_KEY),
     ("after_id", "bigint"),
     ("cutoff", "timestamptz"),
     ("lim", "integer"),
@@ -364,7 +374,7 @@ def candidate_columns(spec: RecordKindSpec) -> Columns:
         return CANDIDATE_COLUMNS
     after = ("after_id", spec.key_sql_type())
     columns = [after if name == "after_id" else (name, kind) for name, kind in CANDIDATE_COLUMNS]
-    return (*columns, ("portfolio_id", "bigint"))
+    return (*columns, ("portfolio_id", PORTFOLIO_KEY))
 
 
 def delete_columns(spec: RecordKindSpec) -> Columns:
@@ -376,8 +386,8 @@ def delete_columns(spec: RecordKindSpec) -> Columns:
 
 
 DELETE_COLUMNS: Columns = (
-    ("property_id", "bigint"),
-    ("portfolio_id", "bigint"),
+    ("property_id", PROPERTY_KEY),
+    ("portfolio_id", PORTFOLIO_KEY),
     ("after_id", "bigint"),
     ("last_id", "bigint"),
     ("cutoff", "timestamptz"),
@@ -536,8 +546,8 @@ def group_delete(spec: RecordKindSpec, *, pruning: bool = False) -> Composed:
 LEDGER_COLUMNS: Columns = (
     ("operation_id", "varchar"),
     ("job_id", "bigint"),
-    ("portfolio_id", "bigint"),
-    ("property_id", "bigint"),
+    ("portfolio_id", PORTFOLIO_KEY),
+    ("property_id", PROPERTY_KEY),
     ("record_kind", "varchar"),
     ("policy_version_id", "bigint"),
     ("cutoff", "timestamptz"),

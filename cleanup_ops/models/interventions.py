@@ -9,12 +9,15 @@ sweeps name the models as text, so this module imports none of them.
 
 from __future__ import annotations
 
+import builtins
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from django.conf import settings
 from django.db import models
 from django.db.models import Q
+
+from cleanup_ops.models.scope_keys import ScopeKey
 
 if TYPE_CHECKING:
     from cleanup_ops.models.jobs import CleanupJob
@@ -55,8 +58,8 @@ class DeadLetter(models.Model):
     attempts = models.PositiveIntegerField()
     first_seen_at = models.DateTimeField()
     last_seen_at = models.DateTimeField()
-    portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
+    portfolio = ScopeKey(settings.RETENTION_PORTFOLIO_MODEL)
+    property = ScopeKey(settings.RETENTION_PROPERTY_MODEL, null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     policy_version_id = models.BigIntegerField()
     sweep = models.ForeignKey("Sweep", on_delete=models.PROTECT, related_name="dead_letters")
@@ -88,7 +91,7 @@ class DeadLetter(models.Model):
     # operator cancelled it (no failure at all).
     _ATTEMPTS_COUNTED = frozenset({"retry_budget_exhausted", "age_budget_exhausted", "cancelled"})
 
-    @property
+    @builtins.property  # `property` is a field name in this class body
     def failed_attempts(self) -> int:
         """Failed attempts including the one that stopped the job. ``attempts``
         is the job's retry budget spent, which a failure that is not retried
@@ -124,7 +127,7 @@ class PipelinePause(models.Model):
 
     objects = PipelinePauseQuerySet.as_manager()
 
-    portfolio_id = models.BigIntegerField(null=True, blank=True)
+    portfolio = ScopeKey(settings.RETENTION_PORTFOLIO_MODEL, null=True, blank=True)
     reason = models.TextField()
     paused_by = models.ForeignKey(
         settings.AUTH_USER_MODEL, null=True, blank=True, on_delete=models.PROTECT, related_name="+"

@@ -20,6 +20,7 @@ selectors, the chaos checks), so the rules cannot drift apart.
 
 from __future__ import annotations
 
+import builtins
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -29,6 +30,7 @@ from django.db.models import Exists, IntegerField, Q, Value
 
 from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES, JobEvent, JobOutcome, JobState, next_state
 from cleanup_ops.models.interventions import DeadLetter, DeadLetterStatus, PipelinePause
+from cleanup_ops.models.scope_keys import ScopeKey
 from retention.registry import record_kind_choices
 
 
@@ -228,10 +230,11 @@ class CleanupJob(models.Model):
     purge_request = models.ForeignKey(
         "PurgeRequest", null=True, blank=True, on_delete=models.PROTECT, related_name="jobs"
     )
-    # Plain ids, not foreign keys: the scope may disappear while the job waits,
-    # and the job must still be able to say so (outcome scope_missing).
-    portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
+    # Keys of the host's customer and site, of their own type, with no
+    # database constraint: the scope may disappear while the job waits, and
+    # the job must still be able to say so (outcome scope_missing).
+    portfolio = ScopeKey(settings.RETENTION_PORTFOLIO_MODEL)
+    property = ScopeKey(settings.RETENTION_PROPERTY_MODEL, null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40, choices=record_kind_choices)
     policy_version = models.ForeignKey("retention.PolicyVersion", on_delete=models.PROTECT, related_name="+")
     cutoff = models.DateTimeField(help_text="Cutoff of the version admitted with the job.")
@@ -297,7 +300,7 @@ class CleanupJob(models.Model):
     def __str__(self) -> str:
         return self.key
 
-    @property
+    @builtins.property  # `property` is a field name in this class body
     def is_open(self) -> bool:
         return self.state in OPEN_STATES
 
@@ -331,8 +334,8 @@ class LedgerEntry(models.Model):
 
     operation_id = models.CharField(max_length=64, unique=True)
     job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="ledger_entries")
-    portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
+    portfolio = ScopeKey(settings.RETENTION_PORTFOLIO_MODEL)
+    property = ScopeKey(settings.RETENTION_PROPERTY_MODEL, null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     policy_version_id = models.BigIntegerField()
     cutoff = models.DateTimeField()

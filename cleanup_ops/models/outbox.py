@@ -9,10 +9,12 @@ rows are read and locked by the purge's protocol, stated in
 
 from __future__ import annotations
 
+from django.conf import settings
 from django.db import models
 from django.db.models import Q
 
 from cleanup_ops.models.jobs import CleanupJob
+from cleanup_ops.models.scope_keys import ScopeKey
 
 # S3's limit on an object key (bytes of UTF-8) and a storage alias's length:
 # a purge's document reference is an HTTP document id, or ``<alias>:<key>``
@@ -42,8 +44,8 @@ class PurgeRequest(models.Model):
 
     key = models.CharField(max_length=64, unique=True)
     delete_job = models.ForeignKey(CleanupJob, on_delete=models.PROTECT, related_name="purge_requests")
-    portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
+    portfolio = ScopeKey(settings.RETENTION_PORTFOLIO_MODEL)
+    property = ScopeKey(settings.RETENTION_PROPERTY_MODEL, null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     store = models.CharField(max_length=STORE_ALIAS_MAX_LENGTH, blank=True, default="")
     document_ids = models.JSONField(default=list)
@@ -89,8 +91,8 @@ class DeletedAttachment(models.Model):
     """
 
     document_id = models.CharField(max_length=DOCUMENT_REF_MAX_LENGTH)
-    portfolio_id = models.BigIntegerField()
-    property_id = models.BigIntegerField(null=True, blank=True)  # NULL: a kind without a property
+    portfolio = ScopeKey(settings.RETENTION_PORTFOLIO_MODEL)
+    property = ScopeKey(settings.RETENTION_PROPERTY_MODEL, null=True, blank=True)  # NULL: a kind without a property
     record_kind = models.CharField(max_length=40)
     record_id = models.BigIntegerField(null=True, blank=True)
     # A non-integer key, as text (record_id is then NULL).

@@ -50,6 +50,7 @@ import re
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 from django.core.exceptions import PermissionDenied, ValidationError
 from django.db import DatabaseError, IntegrityError, models, transaction
@@ -162,13 +163,13 @@ class BulkRedrive:
 
 
 def _open_job_of_partition(job: CleanupJob) -> int | None:
-    return (
-        CleanupJob.objects.open()
-        .deletes()
-        .filter(portfolio_id=job.portfolio_id, property_id=job.property_id, record_kind=job.record_kind)
-        .values_list("id", flat=True)
-        .first()
-    )
+    # The keys of any type (property None: a kind without a property).
+    partition: dict[str, Any] = {
+        "portfolio_id": job.portfolio_id,
+        "property_id": job.property_id,
+        "record_kind": job.record_kind,
+    }
+    return CleanupJob.objects.open().deletes().filter(**partition).values_list("id", flat=True).first()
 
 
 def _redrive_job(letter: DeadLetter, *, now: datetime) -> CleanupJob:
@@ -378,7 +379,7 @@ def _pause_scope(portfolio_id: int | None) -> tuple[str, object]:
     return ("portfolio", portfolio_id) if portfolio_id else ("pipeline", "all")
 
 
-def pipeline_pause(*, actor: Actor | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+def pipeline_pause(*, actor: Actor | None, reason: str, portfolio_id: Any = None) -> PipelinePause:
     """Stop new leases (everywhere, or for one portfolio); in-flight slices finish."""
     _require_perm(actor, "cleanup_ops.add_pipelinepause")
     reason = operator_reason(reason)
@@ -409,7 +410,7 @@ def pipeline_pause(*, actor: Actor | None, reason: str, portfolio_id: int | None
     return pause
 
 
-def pipeline_resume(*, actor: Actor | None, reason: str, portfolio_id: int | None = None) -> PipelinePause:
+def pipeline_resume(*, actor: Actor | None, reason: str, portfolio_id: Any = None) -> PipelinePause:
     _require_perm(actor, "cleanup_ops.change_pipelinepause")
     reason = operator_reason(reason)
     object_type, object_id = _pause_scope(portfolio_id)

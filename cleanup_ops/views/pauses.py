@@ -5,7 +5,7 @@ from __future__ import annotations
 from django.contrib import messages
 from django.contrib.auth.decorators import login_required, permission_required
 from django.core.exceptions import ValidationError
-from django.http import HttpRequest, HttpResponse
+from django.http import Http404, HttpRequest, HttpResponse
 from django.shortcuts import get_object_or_404, render
 from django.utils import timezone
 from django.views.decorators.http import require_http_methods
@@ -30,7 +30,8 @@ from cleanup_ops.views.common import (
     render_live,
 )
 from retention.actors import request_actor
-from retention.inputs import MAX_TEXT_LENGTH, id_check, text_check
+from retention.domain import portfolio_model
+from retention.inputs import MAX_TEXT_LENGTH, key_check, key_or_none, text_check
 from retention.scoping import (
     may_act_in,
     portfolio_ids_where,
@@ -50,7 +51,9 @@ def pause_toggle(request: HttpRequest) -> HttpResponse:
     back as a message on the page."""
     resume = request.POST.get("operation") == "resume"
     portfolio = request.POST.get("portfolio") or None
-    portfolio_id = id_check(portfolio, field="portfolio", from_form=True) if portfolio else None
+    portfolio_id = (
+        key_check(portfolio, model=portfolio_model(), field="portfolio", from_form=True) if portfolio else None
+    )
     reason = text_check(request.POST.get("reason", ""), field="reason", max_length=MAX_TEXT_LENGTH)
     perm = "cleanup_ops.change_pipelinepause" if resume else "cleanup_ops.add_pipelinepause"
     try:
@@ -96,10 +99,15 @@ def pauses_page(request: HttpRequest) -> HttpResponse:
 
 @login_required
 @permission_required(VIEW_PERM, raise_exception=True)
-def portfolio_page(request: HttpRequest, portfolio_id: int) -> HttpResponse:
+def portfolio_page(request: HttpRequest, portfolio_id: str) -> HttpResponse:
     """One portfolio's pipeline: open jobs, current sweep, dead letters, rows
-    deleted, its pause (with pause or resume), and its audit events."""
-    portfolio = get_object_or_404(portfolios_where(request.user, VIEW_PERM), pk=portfolio_id)
+    deleted, its pause (with pause or resume), and its audit events. The
+    path's key is the customer model's (an integer, a UUID…); any other text
+    is a 404, as a portfolio that does not exist."""
+    key = key_or_none(portfolio_id, model=portfolio_model())
+    if key is None:
+        raise Http404("no such portfolio")
+    portfolio = get_object_or_404(portfolios_where(request.user, VIEW_PERM), pk=key)
     summary = portfolio_summary(portfolio.pk, now=timezone.now())
     return render_live(
         request,

@@ -6,6 +6,7 @@ from typing import Any
 from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from cleanup_ops.ledger_chain import verify_chains
+from retention.inputs import portfolio_key_argument
 
 
 class Command(BaseCommand):
@@ -16,7 +17,9 @@ class Command(BaseCommand):
     )
 
     def add_arguments(self, parser: CommandParser) -> None:
-        parser.add_argument("--portfolio", type=int, metavar="ID", help="that portfolio's chain only")
+        parser.add_argument(
+            "--portfolio", type=portfolio_key_argument, metavar="ID", help="that portfolio's chain only"
+        )
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
     def handle(self, *args: Any, **options: Any) -> None:

@@ -12,6 +12,7 @@ from cleanup_ops.recovery.classification import FailureCategory
 from cleanup_ops.recovery.operator import dead_letters_dismiss_bulk, dead_letters_redrive_bulk
 from cleanup_ops.selectors import DeadLetterFilter
 from retention.domain import portfolio_model
+from retention.inputs import portfolio_key_argument
 
 
 class Command(BaseCommand):
@@ -19,7 +20,7 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--category", required=True, help=f"one of: {', '.join(FailureCategory.values)}")
-        parser.add_argument("--portfolio", type=int, help="only this portfolio id")
+        parser.add_argument("--portfolio", type=portfolio_key_argument, help="only this portfolio id")
         parser.add_argument("--sweep", help="only this sweep (id or key)")
         parser.add_argument("--reason", required=True, help="why (at least 10 characters); lands in the audit trail")
         parser.add_argument("--user", help="record the decision as this user (who needs the permission)")

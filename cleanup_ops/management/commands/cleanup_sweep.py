@@ -9,12 +9,14 @@ from django.utils import timezone
 
 from cleanup_ops.admission import sweep_preview
 from cleanup_ops.schedule import SlotError, slot_current, slot_format, slot_parse, sweep_trigger
+from retention.domain import key_json
+from retention.inputs import portfolio_key_argument
 
 
 class PreviewRow(TypedDict):
     """One partition of a dry run, as --json prints it."""
 
-    portfolio_id: int
+    portfolio_id: int | str  # a key as JSON carries it: a UUID's text
     record_kind: str
     retention_days: int
     cutoff: str
@@ -29,7 +31,7 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         parser.add_argument("--slot", help="UTC minute, e.g. 2026-08-21T02:00Z (default: the current slot)")
         parser.add_argument("--dry-run", action="store_true", help="print eligible and held counts; write nothing")
-        parser.add_argument("--portfolio", type=int, help="with --dry-run: only this portfolio id")
+        parser.add_argument("--portfolio", type=portfolio_key_argument, help="with --dry-run: only this portfolio id")
         parser.add_argument("--json", action="store_true", help="print one JSON object last")
 
     def handle(self, *args: Any, **options: Any) -> None:
@@ -63,7 +65,7 @@ class Command(BaseCommand):
             raise CommandError(f"--{exc}") from None
         rows: list[PreviewRow] = [
             {
-                "portfolio_id": r.portfolio_id,
+                "portfolio_id": key_json(r.portfolio_id),
                 "record_kind": r.record_kind,
                 "retention_days": r.retention_days,
                 "cutoff": r.cutoff.isoformat(),
@@ -79,7 +81,7 @@ class Command(BaseCommand):
         self.stdout.write(f"Dry run for slot {slot_format(slot)} (nothing written):")
         self.stdout.write(f"{'portfolio':>9}  {'record kind':<20} {'days':>6} {'eligible':>9} {'held':>6}")
         for r in rows:
-            line = f"{r['portfolio_id']:>9}  {r['record_kind']:<20} {r['retention_days']:>6}"
+            line = f"{r['portfolio_id']!s:>9}  {r['record_kind']:<20} {r['retention_days']:>6}"
             self.stdout.write(f"{line} {r['eligible']:>9} {r['held']:>6}")
         self.stdout.write(
             f"Total: {sum(r['eligible'] for r in rows)} eligible, {sum(r['held'] for r in rows)} held by legal holds."
