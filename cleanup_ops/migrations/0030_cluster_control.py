@@ -7,7 +7,7 @@ from django.db import migrations, models
 
 class Migration(migrations.Migration):
     dependencies = [
-        ("cleanup_ops", "0023_api_tokens_to_knox"),
+        ("cleanup_ops", "0024_scope_keys_follow_host_models"),
         migrations.swappable_dependency(settings.AUTH_USER_MODEL),
     ]
 
