@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 import re
 import shutil
 import subprocess
@@ -29,7 +28,6 @@ from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -44,20 +42,12 @@ from cleanup_ops.schedule import sweep_trigger
 from properties.models import Property
 from retention.services import legal_hold_place
 
+from . import chromium
+from .chromium import browser_page, log_in, needs_chromium
 from .conftest import make_records, make_user, utc
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
 A11Y = Path(__file__).resolve().parent / "a11y"
 AXE = A11Y / "node_modules" / "axe-core" / "axe.min.js"
-PASSWORD = "pw-for-tests"
 OLD = utc("2020-01-01T00:00:00Z")
 REASON = "the store refused the credentials, rotating"
 BLOCKING = {"serious", "critical"}
@@ -88,11 +78,11 @@ def _axe_available() -> bool:
     return AXE.exists()
 
 
+browser = chromium.browser
+
+
 pytestmark = [
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
-    ),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -102,40 +92,6 @@ def axe_source() -> str:
     if not _axe_available():
         pytest.skip("needs axe-core: npm ci in tests/a11y (npm is not installed here); CI installs it")
     return AXE.read_text()
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as p:
-            chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-def new_page(browser: Any, live_server: Any, **options: Any) -> Any:
-    origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
-    context = browser.new_context(base_url=origin, **options)
-    context.route(re.compile(rf"^(?!{re.escape(origin)}/).*"), lambda route: route.abort())
-    context.set_default_timeout(15_000)
-    return context, context.new_page()
-
-
-def log_in(page: Any, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url("**/console/")
 
 
 @pytest.fixture
@@ -304,7 +260,7 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_console_page_in_light
 ) -> None:
     pages = get_pages(world)
     # The harness sees what it must: the old "updated" stamp's colours (2.02:1) are a serious violation.
-    context, page = new_page(browser, live_server)
+    context, page = browser_page(browser, live_server)
     page.goto("/accounts/login/")
     page.evaluate(
         "() => { const p = document.createElement('p'); p.textContent = 'updated 02:00:00 UTC';"
@@ -316,7 +272,7 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_console_page_in_light
     blocking: list[str] = []
     checked: list[str] = []
     for scheme in ("light", "dark"):
-        context, page = new_page(browser, live_server, color_scheme=scheme)
+        context, page = browser_page(browser, live_server, color_scheme=scheme)
         try:
             for name, url in [("login", "/accounts/login/")]:
                 page.goto(url)
@@ -356,7 +312,7 @@ def test_axe_finds_no_serious_or_critical_violation_on_any_console_page_in_light
 
 
 def test_every_console_page_fits_a_390_px_screen(browser, live_server, world) -> None:
-    context, page = new_page(browser, live_server, viewport={"width": 390, "height": 844})
+    context, page = browser_page(browser, live_server, viewport={"width": 390, "height": 844})
     try:
         log_in(page, "op")
         wide = []
@@ -374,7 +330,7 @@ def test_every_console_page_fits_a_390_px_screen(browser, live_server, world) ->
 
 
 def test_a_skip_link_is_first_and_focus_is_always_visible(browser, live_server, world) -> None:
-    context, page = new_page(browser, live_server)
+    context, page = browser_page(browser, live_server)
     try:
         log_in(page, "op")
         page.goto(reverse("console:dead_letters"))
@@ -399,7 +355,7 @@ def test_a_skip_link_is_first_and_focus_is_always_visible(browser, live_server, 
 def test_the_dark_scheme_follows_the_system(browser, live_server, world) -> None:
     colours = {}
     for scheme in ("light", "dark"):
-        context, page = new_page(browser, live_server, color_scheme=scheme)
+        context, page = browser_page(browser, live_server, color_scheme=scheme)
         try:
             log_in(page, "op")
             colours[scheme] = page.evaluate("() => getComputedStyle(document.body).backgroundColor")
@@ -409,7 +365,7 @@ def test_the_dark_scheme_follows_the_system(browser, live_server, world) -> None
 
 
 def test_times_show_in_the_viewers_zone_with_the_zone_named(browser, live_server, world) -> None:
-    context, page = new_page(browser, live_server, timezone_id="America/New_York", locale="en-US")
+    context, page = browser_page(browser, live_server, timezone_id="America/New_York", locale="en-US")
     try:
         log_in(page, "op")
         assert page.get_by_test_id("viewer-zone").text_content() == "times in America/New_York"
@@ -429,7 +385,7 @@ def test_times_show_in_the_viewers_zone_with_the_zone_named(browser, live_server
 
 
 def test_select_all_ticks_every_open_letter_on_the_page_and_pauses_the_refresh(browser, live_server, world) -> None:
-    context, page = new_page(browser, live_server)
+    context, page = browser_page(browser, live_server)
     try:
         log_in(page, "op")
         page.goto(reverse("console:dead_letters"))

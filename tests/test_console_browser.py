@@ -11,11 +11,7 @@ on any skip.
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterator
 from pathlib import Path
-from urllib.parse import urlsplit
 
 import pytest
 from django.contrib.auth.models import User
@@ -27,62 +23,21 @@ from cleanup_ops.recovery.classification import DownstreamError, FailureCategory
 from cleanup_ops.schedule import sweep_trigger
 from retention.models import AuditEvent
 
+from . import chromium
+from .chromium import log_in, needs_chromium
 from .conftest import make_records, make_user, utc
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--no-first-run",
-]
-PASSWORD = "pw-for-tests"  # what conftest.make_user sets
+browser = chromium.browser
+page = chromium.page
+
+
 REASON = "downstream store fixed the 400, retrying"
 OLD = utc("2020-01-01T00:00:00Z")
 
 pytestmark = [
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
-    ),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),  # live_server serves from another thread
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[object]:
-    from playwright.sync_api import sync_playwright
-
-    # Playwright's sync API keeps an asyncio loop registered in this thread, so
-    # Django would refuse ORM calls made here while the browser is open. The
-    # ORM calls in these tests are plain synchronous code between page actions.
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as p:
-            chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def page(browser, live_server):  # type: ignore[no-untyped-def]
-    # pytest-django names the server ``localhost``; talk to it as 127.0.0.1 and
-    # refuse every request that would go anywhere else.
-    origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
-    context = browser.new_context(base_url=origin)
-    context.route(re.compile(rf"^(?!{re.escape(origin)}/).*"), lambda route: route.abort())
-    context.set_default_timeout(15_000)
-    tab = context.new_page()
-    yield tab
-    context.close()
 
 
 @pytest.fixture
@@ -99,15 +54,6 @@ def dead_letter(portfolio, prop, active_policy) -> DeadLetter:  # type: ignore[n
     letter = DeadLetter.objects.get()
     assert (letter.status, letter.category) == (DeadLetter.Status.OPEN, FailureCategory.DOWNSTREAM_REJECTED)
     return letter
-
-
-def log_in(page, username: str) -> None:  # type: ignore[no-untyped-def]
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url("**/console/")
-    expect(page.locator("header").get_by_text(username)).to_be_visible()
 
 
 def nav(page, name: str) -> None:  # type: ignore[no-untyped-def]

@@ -5,11 +5,7 @@ check. Headless Chromium against ``live_server``, as in
 
 from __future__ import annotations
 
-import os
-import re
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 from zoneinfo import ZoneInfo
 
 import pytest
@@ -21,50 +17,21 @@ from cleanup_ops.recovery.classification import DownstreamError
 from cleanup_ops.schedule import sweep_trigger
 from properties.models import Property
 
+from . import chromium
+from .chromium import PASSWORD, browser_page, log_in, log_in_admin, needs_chromium
 from .conftest import make_records, make_user, utc
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
-PASSWORD = "pw-for-tests"
+browser = chromium.browser
+page = chromium.page
+
+
 OLD = utc("2020-01-01T00:00:00Z")
 REASON = "the store's credentials were rotated, retrying"
 
 pytestmark = [
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
-    ),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as p:
-            chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def page(browser, live_server) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
-    context = browser.new_context(base_url=origin)
-    context.route(re.compile(rf"^(?!{re.escape(origin)}/).*"), lambda route: route.abort())
-    context.set_default_timeout(15_000)
-    tab = context.new_page()
-    yield tab
-    context.close()
 
 
 @pytest.fixture
@@ -81,14 +48,6 @@ def letters(portfolio, active_policy) -> list[DeadLetter]:  # type: ignore[no-un
     for job in CleanupJob.objects.order_by("id"):
         job_run_slice(job_id=job.pk, before_batch=rejected)
     return list(DeadLetter.objects.order_by("id"))
-
-
-def log_in(page: Any, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url("**/console/")
 
 
 def count_swaps(page: Any) -> None:
@@ -188,11 +147,7 @@ def test_the_hold_forms_property_picker_offers_only_the_chosen_portfolios_proper
     birch = Portfolio.objects.create(name="Birch Estates", slug="birch")
     Property.objects.create(portfolio=birch, name="Birch Row")
     make_user("rev", "compliance_reviewer")
-    page.goto("/admin/login/")
-    page.locator("#id_username").fill("rev")
-    page.locator("#id_password").fill(PASSWORD)
-    page.locator("input[type=submit]").click()
-    page.wait_for_url("**/admin/")
+    log_in_admin(page, "rev")
     for _ in range(3):  # the first visit, and the later ones with every file cached
         assert picker_offers(page, str(portfolio)) == ["Harbour House"]
         assert picker_offers(page, str(birch)) == ["Birch Row"]
@@ -211,10 +166,8 @@ def test_the_browser_names_its_zone_and_the_admin_then_shows_times_in_it(browser
     hold = legal_hold_place(
         portfolio=portfolio, record_kind="lease", record_id=ids[0], placed_by=reviewer, reason="litigation hold, x"
     )
-    origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
-    context = browser.new_context(base_url=origin, timezone_id="America/New_York", locale="en-US")
+    context, tab = browser_page(browser, live_server, timezone_id="America/New_York", locale="en-US")
     try:
-        tab = context.new_page()
         tab.goto("/admin/login/")
         assert [c["value"] for c in context.cookies() if c["name"] == "viewer_zone"] == ["America/New_York"]
         tab.locator("#id_username").fill("rev")

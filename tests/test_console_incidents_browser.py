@@ -11,7 +11,6 @@ Times are real (no time machine): the browser's cookies live in real time.
 from __future__ import annotations
 
 import json
-import os
 import socket
 from datetime import timedelta
 from io import StringIO
@@ -29,22 +28,19 @@ from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 from retention.models import AuditEvent, Membership
 
-from . import test_console_browser as browser_tests
+from . import chromium
+from .chromium import log_in, needs_chromium
 from .conftest import make_records, make_user, utc
-from .test_console_browser import CHROMIUM, log_in
 
-# The browser and its page (a context per test) are test_console_browser's fixtures.
-browser = browser_tests.browser
-page = browser_tests.page
+# The browser and its page (a context per test): tests/chromium.py's fixtures.
+browser = chromium.browser
+page = chromium.page
 
 OLD = utc("2020-01-01T00:00:00Z")
 REASON = "the document store answers again"
 
 pytestmark = [
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
-    ),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
 

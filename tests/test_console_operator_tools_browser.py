@@ -6,12 +6,9 @@ Headless Chromium against ``live_server``, as in ``test_console_browser.py``
 
 from __future__ import annotations
 
-import os
 import re
 import socket
-from collections.abc import Iterator
 from typing import Any
-from urllib.parse import urlsplit
 
 import pytest
 from django.utils import timezone
@@ -24,51 +21,21 @@ from cleanup_ops.schedule import sweep_trigger
 from properties.models import Portfolio, Property
 from retention.services import legal_hold_place
 
+from . import chromium
+from .chromium import log_in, needs_chromium
 from .conftest import make_records, make_user, utc
 
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--no-first-run"]
-PASSWORD = "pw-for-tests"
+browser = chromium.browser
+page = chromium.still_page  # the live refresh waits ten minutes: the page stays still while the test reads it
+
+
 OLD = utc("2020-01-01T00:00:00Z")
 REASON = "store maintenance window, 22:00 to 23:00"
 
 pytestmark = [
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
-    ),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
-
-
-@pytest.fixture(scope="module")
-def browser() -> Iterator[Any]:
-    from playwright.sync_api import sync_playwright
-
-    previous = os.environ.get("DJANGO_ALLOW_ASYNC_UNSAFE")
-    os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = "true"
-    try:
-        with sync_playwright() as p:
-            chromium = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
-            yield chromium
-            chromium.close()
-    finally:
-        if previous is None:
-            os.environ.pop("DJANGO_ALLOW_ASYNC_UNSAFE", None)
-        else:
-            os.environ["DJANGO_ALLOW_ASYNC_UNSAFE"] = previous
-
-
-@pytest.fixture
-def page(browser, live_server, settings) -> Iterator[Any]:  # type: ignore[no-untyped-def]
-    settings.CONSOLE_REFRESH_SECONDS = 600  # the page stays still while the test reads it
-    origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
-    context = browser.new_context(base_url=origin, accept_downloads=True)
-    context.route(re.compile(rf"^(?!{re.escape(origin)}/).*"), lambda route: route.abort())
-    context.set_default_timeout(15_000)
-    tab = context.new_page()
-    yield tab
-    context.close()
 
 
 @pytest.fixture
@@ -90,14 +57,6 @@ def world(portfolio, active_policy, reviewer) -> dict[str, Any]:  # type: ignore
     make_user("op", "operator")
     hold = legal_hold_place(portfolio=portfolio, placed_by=reviewer, reason="litigation: tenancy dispute 2026-114")
     return {"acme": portfolio, "birch": birch, "jobs": jobs, "hold": hold, "letter": DeadLetter.objects.get()}
-
-
-def log_in(page: Any, username: str) -> None:
-    page.goto("/accounts/login/")
-    page.get_by_label("Username").fill(username)
-    page.get_by_label("Password").fill(PASSWORD)
-    page.get_by_role("button", name="Log in").click()
-    page.wait_for_url("**/console/")
 
 
 def test_a_click_on_a_filter_token_drops_that_filter_and_keeps_the_others(page, world) -> None:

@@ -42,12 +42,12 @@ from harness.qcluster import QCluster
 from properties.models import Portfolio, Property
 from retention.models import Membership
 
-from . import test_console_browser as browser_tests
+from . import chromium
+from .chromium import log_in, log_in_admin, needs_chromium
 from .conftest import make_records, make_user, utc
-from .test_console_browser import CHROMIUM, PASSWORD, log_in
 
-browser = browser_tests.browser
-page = browser_tests.page
+browser = chromium.browser
+page = chromium.page
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_ARGS = ["--portfolios", "3", "--properties-per-portfolio", "2", "--records-per-property", "30", "--seed", "3"]
@@ -56,10 +56,7 @@ BROWSER_REASON = "Birch's store is back, try it now"
 OLD = utc("2020-01-01T00:00:00Z")
 
 pytestmark = [
-    pytest.mark.skipif(
-        not os.path.exists(CHROMIUM),
-        reason=f"needs Debian's chromium at {CHROMIUM} (apt-get install chromium); CI installs it",
-    ),
+    needs_chromium,
     pytest.mark.django_db(transaction=True),
 ]
 
@@ -280,14 +277,6 @@ def test_a_customers_manager_sees_no_release_and_a_reviewer_no_submit_in_the_adm
     assert page.get_by_role("link", name="Submit a new version").count() == 0
     page.goto("/admin/retention/legalhold/")
     assert page.get_by_role("link", name="Release…").count() == 1
-
-
-def log_in_admin(tab, username: str) -> None:  # type: ignore[no-untyped-def]
-    tab.goto("/admin/login/")
-    tab.get_by_label("Username").fill(username)
-    tab.get_by_label("Password").fill(PASSWORD)
-    tab.get_by_role("button", name="Log in").click()
-    tab.wait_for_url("**/admin/")
 
 
 def test_the_hold_forms_property_picker_offers_the_chosen_portfolios_properties_only(page, incident) -> None:

@@ -18,7 +18,6 @@ browser reports.
 
 from __future__ import annotations
 
-import os
 import re
 from html.parser import HTMLParser
 from urllib.parse import urlsplit
@@ -27,11 +26,11 @@ import pytest
 from django.contrib.auth.models import User
 from django.test import Client
 
-from . import crawler_world
+from . import chromium, crawler_world
+from .chromium import PASSWORD, needs_chromium
 from .conftest import make_user
 from .crawler_world import World
 from .route_enumeration import formats, routes, variants
-from .test_console_browser import CHROMIUM, PASSWORD, browser  # noqa: F401 - the browser fixture
 
 world = crawler_world.world  # the fixture: customers a and b (tests/crawler_world.py)
 
@@ -44,6 +43,8 @@ REQUIRED = {
     "frame-ancestors": "'none'",
 }
 NONEXECUTABLE_SCRIPT_TYPES = {"application/json", "application/ld+json", "text/template", "text/html"}
+
+browser = chromium.browser
 
 
 def directives(header: str) -> dict[str, list[str]]:
@@ -192,9 +193,9 @@ document.addEventListener("securitypolicyviolation", (e) => {
 BROWSER_PAGES = ["/console/", "/console/jobs/", "/admin/", "/admin/retention/retentionpolicy/", "/api/v1/redoc/"]
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Debian's chromium at {CHROMIUM}; CI installs it")
+@needs_chromium
 @pytest.mark.django_db(transaction=True)
-def test_a_browser_reports_no_violation_on_the_console_the_admin_and_the_docs(browser, live_server, settings) -> None:  # noqa: F811
+def test_a_browser_reports_no_violation_on_the_console_the_admin_and_the_docs(browser, live_server, settings) -> None:
     settings.CONSOLE_REFRESH_SECONDS = 1  # let the live refresh run while the page is watched
     origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
     user = make_user("csp-operator", "operator")

@@ -10,18 +10,20 @@ Playwright reports as a request that failed with "csp".)
 
 from __future__ import annotations
 
-import os
 import re
 from urllib.parse import urlsplit
 
 import pytest
 from django.test import Client
 
+from . import chromium
+from .chromium import log_in, needs_chromium
 from .conftest import make_user
-from .test_console_browser import CHROMIUM, PASSWORD, browser, log_in  # noqa: F401 - the browser fixture
 
 DOCS = ["/api/v1/docs/", "/api/v1/redoc/"]
 EXTERNAL = re.compile(r"(?:https?:)?//(?!testserver)[a-z0-9.-]+\.[a-z]{2,}", re.IGNORECASE)
+
+browser = chromium.browser
 
 
 @pytest.mark.django_db
@@ -43,10 +45,10 @@ def test_the_docs_page_names_no_external_url(path):
         assert '"validatorUrl": null' in script  # no badge fetched from validator.swagger.io
 
 
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"needs Debian's chromium at {CHROMIUM}; CI installs it")
+@needs_chromium
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("path", DOCS)
-def test_a_browser_opening_the_docs_asks_only_the_application(browser, live_server, path):  # noqa: F811
+def test_a_browser_opening_the_docs_asks_only_the_application(browser, live_server, path):
     origin = f"http://127.0.0.1:{urlsplit(live_server.url).port}"
     make_user("reader", "auditor")
     context = browser.new_context(base_url=origin)
