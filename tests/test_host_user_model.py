@@ -20,14 +20,9 @@ packaging.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import textwrap
-from pathlib import Path
 
-from tests.test_installable import HOST_MODELS, HOST_SETTINGS, HOST_URLS, run
-
-ROOT = Path(__file__).resolve().parent.parent
+from .host_project import HOST_MODELS, Host, host_make, host_settings
 
 UUID_USER = """
 
@@ -107,43 +102,24 @@ print("OUT", json.dumps(out))
 def test_a_host_with_a_uuid_keyed_user_model_migrates_reviews_pauses_and_audits_memberships(host_database, tmp_path):
     project = tmp_path / "host"
     project.mkdir()
-    run([sys.executable, "-m", "django", "startproject", "host", str(project)])
-    for app, models_py in HOST_MODELS.items():
-        run([sys.executable, "-m", "django", "startapp", app], cwd=project)
-        (project / app / "models.py").write_text(models_py.lstrip() + (UUID_USER if app == "accounts" else ""))
-    settings_py = project / "host" / "settings.py"
-    reports = {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "r")}}
-    settings_py.write_text(
-        settings_py.read_text()
-        + f"\nDATABASE = {host_database!r}\n"
-        + textwrap.dedent(HOST_SETTINGS)
-        + '\nAUTH_USER_MODEL = "accounts.User"\n'
-        + "\nfrom django.conf import global_settings\n"
-        + f"STORAGES = {{**global_settings.STORAGES, 'reports': {reports!r}}}\n"
-    )
-    (project / "host" / "urls.py").write_text(HOST_URLS.lstrip())
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "DJANGO_SETTINGS_MODULE": "host.settings",
-        # The product's apps from this checkout; the host's own from its directory.
-        "PYTHONPATH": f"{project}{os.pathsep}{ROOT}",
+    apps = {
+        app: models_py.lstrip() + (UUID_USER if app == "accounts" else "") for app, models_py in HOST_MODELS.items()
     }
-    manage = [sys.executable, "manage.py"]
+    reports = {"BACKEND": "django.core.files.storage.FileSystemStorage", "OPTIONS": {"location": str(tmp_path / "r")}}
+    extra = '\nAUTH_USER_MODEL = "accounts.User"\n'
+    host_make(
+        sys.executable, project, apps=apps, settings=host_settings(database=host_database, reports=reports, extra=extra)
+    )
     # The host's user admin, as a host with its own user model has (the membership admin looks users up with it).
     (project / "accounts" / "admin.py").write_text(
         "from django.contrib import admin\nfrom django.contrib.auth.admin import UserAdmin\n\n"
         "from accounts.models import User\n\nadmin.site.register(User, UserAdmin)\n"
     )
-    run([*manage, "makemigrations", "accounts", "sites"], cwd=project, env=env)
-    checked = run([*manage, "check", "--fail-level", "WARNING"], cwd=project, env=env)
-    assert "System check identified no issues" in checked
-    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
+    host = Host.checkout(sys.executable, project, tmp_path)
     # The product's migrations name the user model by the setting: nothing to write for this host.
-    run([*manage, "makemigrations", "--check", "--dry-run", "retention", "cleanup_ops"], cwd=project, env=env)
+    host.adopt("accounts", "sites")
 
-    printed = run([*manage, "shell", "-c", HOST_USERS], cwd=project, env=env)
-    out = json.loads(printed.split("OUT ", 1)[1])
+    out = json.loads(host.shell(HOST_USERS, "OUT"))
     assert out["uuid_keys"] is True
     assert out["version"] == ["approved", True, True]
     assert out["pause"] == [True, True]

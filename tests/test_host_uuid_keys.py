@@ -23,23 +23,14 @@ UUID, and a key of the wrong type is a 400 or a 404.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import textwrap
 from pathlib import Path
 
-from tests.test_installable import (
-    HOST_SETTINGS,
-    HOST_URLS,
-    WHEEL_GROUP,
-    bucket,  # noqa: F401 - the fixture, used by name
-    requirements_venv,
-    run,
-    venv_python,
-    wheel,  # noqa: F401 - the fixture, used by name
-)
+from . import host_project
+from .host_project import HOST_WORK_ORDERS, WHEEL_GROUP, Host, host_make, host_settings, wheel_python
 
-ROOT = Path(__file__).resolve().parent.parent
+wheel = host_project.wheel
+bucket = host_project.bucket
 
 UUID_MODELS = {
     "accounts": """
@@ -94,51 +85,24 @@ class WorkOrder(models.Model):
 }
 
 # Run inside the host project: the review, the hold, the sweep and the drain.
-HOST_SWEEP = """
+HOST_SWEEP = (
+    HOST_WORK_ORDERS
+    + """
 import io
 import json
-import uuid
-from datetime import timedelta
 
-from django.contrib.auth import get_user_model
-from django.core.files.base import ContentFile
-from django.core.files.storage import storages
-from django.core.management import call_command
 from django.db import connection
 from django.test import Client
-from django.utils import timezone
 
 from accounts.models import Customer, User
 from cleanup_ops.models import CleanupJob, DeletedAttachment, LedgerEntry, PipelinePause, Sweep
 from cleanup_ops.proof import proof_csv_sign, proof_sign, sweep_proof
 from cleanup_ops.proof_keys import proof_public_keys
 from cleanup_ops.proof_verify import verify, verify_text
-from retention.services import (
-    legal_hold_place, policy_version_approve, policy_version_submit, retention_policy_get_or_create,
-)
 from sites.models import Building, WorkOrder
 
-out = {}
 assert get_user_model() is User
-users = User.objects
-author = users.create_superuser("author", "a@example.com", "pw-123456789")
-reviewer = users.create_superuser("reviewer", "r@example.com", "pw-123456789")
-customer = Customer.objects.create(title="globex")
-kept = Building.objects.create(customer=customer, street="2 Elm St")
-held = Building.objects.create(customer=customer, street="3 Oak St")
-out["key_types"] = sorted({type(o.pk).__name__ for o in (customer, kept, held)})
-now = timezone.now()
-reports = storages["reports"]
-for building in (kept, held):
-    for i, age in enumerate([400, 401, 402, 403, 404, 1, 1, 1]):
-        name = reports.save(f"reports/{building.pk}/{i}.pdf", ContentFile(b"%PDF-1.4 work order"))
-        WorkOrder.objects.create(customer=customer, building=building, closed=now - timedelta(days=age), report=name)
-policy = retention_policy_get_or_create(portfolio=customer, record_kind="work_order")
-version = policy_version_submit(policy=policy, retention_days=30, author=author, reason="keep work orders a month")
-policy_version_approve(version_id=version.pk, reviewer=reviewer, note="agreed: a month is enough")
-legal_hold_place(portfolio=customer, property=held, placed_by=reviewer, reason="a dispute about 3 Oak St")
-call_command("cleanup_sweep")
-call_command("cleanup_drain", "--max-seconds", "60")
+out = {"key_types": sorted({type(o.pk).__name__ for o in (customer, kept, held)})}
 out["rows"] = {b.street: WorkOrder.objects.filter(building=b).count() for b in (kept, held)}
 out["files"] = {b.street: len(reports.listdir(f"reports/{b.pk}")[1]) for b in (kept, held)}
 
@@ -199,6 +163,7 @@ out["api_hold"] = [api_hold.status_code, api_hold.json().get("portfolio") == str
 out["admin_holds"] = client.get(f"/admin/retention/legalhold/?portfolio__id__exact={customer.pk}").status_code
 print("SWEEP", json.dumps(out))
 """
+)
 
 
 # The same host with string keys for its customers and sites (a CharField primary key).
@@ -213,57 +178,27 @@ STRING_MODELS = {
 }
 
 
-def host_project(
-    python: str,
-    project: Path,
-    *,
-    database: dict[str, object],
-    reports: dict[str, object],
-    models: dict[str, str] = UUID_MODELS,
+def uuid_host(
+    python: str, project: Path, *, database: dict[str, object], reports: dict[str, object], models: dict[str, str]
 ) -> None:
-    """The UUID-keyed host: ``startproject``, its two apps, docs/adopting.md's settings and URLs."""
-    run([python, "-m", "django", "startproject", "host", str(project)])
-    for app, models_py in models.items():
-        run([python, "-m", "django", "startapp", app], cwd=project)
-        (project / app / "models.py").write_text(models_py.lstrip())
-    settings_py = project / "host" / "settings.py"
-    settings_py.write_text(
-        settings_py.read_text()
-        + f"\nDATABASE = {database!r}\n"
-        + textwrap.dedent(HOST_SETTINGS)
-        + '\nAUTH_USER_MODEL = "accounts.User"\n'
-        + "\nfrom django.conf import global_settings\n"
-        + f"STORAGES = {{**global_settings.STORAGES, 'reports': {reports!r}}}\n"
-    )
-    (project / "host" / "urls.py").write_text(HOST_URLS.lstrip())
+    """The host of ``models`` (UUID or string keys): docs/adopting.md's settings and URLs, its own user model."""
+    settings = host_settings(database=database, reports=reports, extra='\nAUTH_USER_MODEL = "accounts.User"\n')
+    host_make(python, project, apps=models, settings=settings)
 
 
 @WHEEL_GROUP
 def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_settings_alone(
-    wheel,  # noqa: F811 - the fixture
-    host_database,
-    bucket,  # noqa: F811 - the fixture
-    tmp_path,
+    wheel, host_database, bucket, tmp_path
 ):
-    venv = requirements_venv()
-    python = venv_python(venv)
-    run([python, "-m", "pip", "install", "--quiet", "--no-deps", "--force-reinstall", str(wheel)])
+    python = wheel_python(wheel)
     project = tmp_path / "host"
     project.mkdir()
-    host_project(python, project, database=host_database, reports=bucket)
-    # Nothing of the repository on the path: only the installed wheel.
-    env = {"PATH": os.environ.get("PATH", ""), "HOME": str(tmp_path), "DJANGO_SETTINGS_MODULE": "host.settings"}
-    manage = [python, "manage.py"]
-    run([*manage, "makemigrations", "accounts", "sites"], cwd=project, env=env)
-    checked = run([*manage, "check", "--fail-level", "WARNING"], cwd=project, env=env)
-    assert "System check identified no issues" in checked
-    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
-    # The product's migrations follow the host's models and their key types: nothing to write.
-    run([*manage, "makemigrations", "--check", "--dry-run", "retention", "cleanup_ops"], cwd=project, env=env)
-    run([*manage, "createcachetable"], cwd=project, env=env)
+    uuid_host(python, project, database=host_database, reports=bucket, models=UUID_MODELS)
+    host = Host.installed(python, project, tmp_path)
+    host.adopt("accounts", "sites")
+    host.manage("createcachetable")
 
-    printed = run([*manage, "shell", "-c", HOST_SWEEP], cwd=project, env=env)
-    out = json.loads(printed.split("SWEEP ", 1)[1])
+    out = json.loads(host.shell(HOST_SWEEP, "SWEEP"))
     assert out["key_types"] == ["UUID"]
     # The old work orders of the building under no hold go, and their reports
     # with them; the young ones and everything under the hold stay.
@@ -292,7 +227,7 @@ def test_a_host_keyed_by_uuids_throughout_reviews_holds_sweeps_and_purges_by_set
     assert out["admin_holds"] == 200
 
 
-def test_a_host_whose_customers_and_sites_have_string_keys_sweeps_and_purges_the_same(host_database, bucket, tmp_path):  # noqa: F811
+def test_a_host_whose_customers_and_sites_have_string_keys_sweeps_and_purges_the_same(host_database, bucket, tmp_path):
     """The same host, its customers and buildings keyed by a ``CharField``
     (``k-…``), on the checkout in the suite's virtualenv (the wheel is the
     test above's): the columns are ``varchar``, the casts ``text``, and the
@@ -300,21 +235,10 @@ def test_a_host_whose_customers_and_sites_have_string_keys_sweeps_and_purges_the
     as with UUIDs."""
     project = tmp_path / "host"
     project.mkdir()
-    host_project(sys.executable, project, database=host_database, reports=bucket, models=STRING_MODELS)
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "DJANGO_SETTINGS_MODULE": "host.settings",
-        "PYTHONPATH": f"{project}{os.pathsep}{ROOT}",
-    }
-    manage = [sys.executable, "manage.py"]
-    run([*manage, "makemigrations", "accounts", "sites"], cwd=project, env=env)
-    assert "System check identified no issues" in run(
-        [*manage, "check", "--fail-level", "WARNING"], cwd=project, env=env
-    )
-    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
-    run([*manage, "makemigrations", "--check", "--dry-run", "retention", "cleanup_ops"], cwd=project, env=env)
-    out = json.loads(run([*manage, "shell", "-c", HOST_SWEEP], cwd=project, env=env).split("SWEEP ", 1)[1])
+    uuid_host(sys.executable, project, database=host_database, reports=bucket, models=STRING_MODELS)
+    host = Host.checkout(sys.executable, project, tmp_path)
+    host.adopt("accounts", "sites")
+    out = json.loads(host.shell(HOST_SWEEP, "SWEEP"))
     assert out["key_types"] == ["str"]
     assert out["rows"] == {"2 Elm St": 3, "3 Oak St": 8}
     assert out["files"] == {"2 Elm St": 3, "3 Oak St": 8}

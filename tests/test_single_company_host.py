@@ -18,14 +18,10 @@ virtualenv: what is under test is the product's reading of the settings.
 from __future__ import annotations
 
 import json
-import os
 import sys
-import textwrap
-from pathlib import Path
 
-from tests.test_installable import HOST_SETTINGS, HOST_URLS, adopting_block, run
+from .host_project import Host, adopting_block, host_make, host_settings
 
-ROOT = Path(__file__).resolve().parent.parent
 SECTION = "3. Your customers and sites are your models"
 
 # The page's Company and Building (its second python block of section 3), and a record kind of the host's.
@@ -103,33 +99,14 @@ print("OUT", json.dumps(out))
 def test_a_host_with_one_company_and_no_customer_model_is_one_portfolio_with_every_guarantee(host_database, tmp_path):
     project = tmp_path / "host"
     project.mkdir()
-    run([sys.executable, "-m", "django", "startproject", "host", str(project)])
-    for app in ("accounts", "sites"):
-        run([sys.executable, "-m", "django", "startapp", app], cwd=project)
-    (project / "sites" / "models.py").write_text(SITES)
-    settings_py = project / "host" / "settings.py"
-    settings_py.write_text(
-        settings_py.read_text()
-        + f"\nDATABASE = {host_database!r}\n"
-        + textwrap.dedent(HOST_SETTINGS)
-        + COMPANY_SETTINGS
+    apps = {"accounts": "from django.db import models\n", "sites": SITES}
+    host_make(
+        sys.executable, project, apps=apps, settings=host_settings(database=host_database, extra=COMPANY_SETTINGS)
     )
-    (project / "host" / "urls.py").write_text(HOST_URLS.lstrip())
-    env = {
-        "PATH": os.environ.get("PATH", ""),
-        "HOME": str(tmp_path),
-        "DJANGO_SETTINGS_MODULE": "host.settings",
-        "PYTHONPATH": f"{project}{os.pathsep}{ROOT}",
-    }
-    manage = [sys.executable, "manage.py"]
-    run([*manage, "makemigrations", "sites"], cwd=project, env=env)
-    checked = run([*manage, "check", "--fail-level", "WARNING"], cwd=project, env=env)
-    assert "System check identified no issues" in checked
-    run([*manage, "migrate", "--noinput"], cwd=project, env=env)
-    run([*manage, "makemigrations", "--check", "--dry-run", "retention", "cleanup_ops"], cwd=project, env=env)
+    host = Host.checkout(sys.executable, project, tmp_path)
+    host.adopt("sites")
 
-    printed = run([*manage, "shell", "-c", HOST_SWEEP], cwd=project, env=env)
-    out = json.loads(printed.split("OUT ", 1)[1])
+    out = json.loads(host.shell(HOST_SWEEP, "OUT"))
     # The old work orders of the building under no hold go; the young and the held ones stay.
     assert out["first"] == {"2 Elm St": 3, "3 Oak St": 8}
     # Every site and record is the one company's, by default; every job is of that one portfolio.
