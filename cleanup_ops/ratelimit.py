@@ -36,6 +36,7 @@ with time-machine.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
@@ -49,7 +50,7 @@ from cleanup_ops.models import LimitName, RateBucket, RuntimeLimit
 # How long a process keeps the operators' run-time limits before reading them
 # again (one query): a change reaches every worker within this time.
 RUNTIME_LIMITS_CACHE_SECONDS = 5
-_RUNTIME_LIMITS_KEY = "cleanup_ops:runtime_limits"
+_RUNTIME_LIMITS_KEY = "cleanup_ops:runtime_limits:until"  # (expiry, values); a new name for a new shape
 _LIMIT_SETTINGS = {
     LimitName.RATE_GLOBAL: "CLEANUP_RATE_GLOBAL",
     LimitName.RATE_PORTFOLIO: "CLEANUP_RATE_PORTFOLIO",
@@ -58,17 +59,33 @@ _LIMIT_SETTINGS = {
 }
 
 
+# This process's copy of the cached entry, until the entry's own expiry: every
+# token reservation asks for the limits, and on a shared default cache (Redis, a
+# database cache) each ask would be a round trip. The entry carries its expiry, so
+# the copy never outlives it and a change still reaches every worker within
+# RUNTIME_LIMITS_CACHE_SECONDS.
+_runtime_limits_copy: tuple[float, dict[str, float]] | None = None
+
+
 def runtime_limits() -> dict[str, float]:
-    """The operators' run-time values (``RuntimeLimit``), by name; cached."""
-    found = cache.get(_RUNTIME_LIMITS_KEY)
-    if found is None:
-        found = dict(RuntimeLimit.objects.values_list("name", "value"))
-        cache.set(_RUNTIME_LIMITS_KEY, found, RUNTIME_LIMITS_CACHE_SECONDS)
-    return found
+    """The operators' run-time values (``RuntimeLimit``), by name; cached, and kept by this process until the cached
+    entry expires."""
+    global _runtime_limits_copy
+    now = time.time()
+    if _runtime_limits_copy is not None and now < _runtime_limits_copy[0]:
+        return _runtime_limits_copy[1]
+    entry = cache.get(_RUNTIME_LIMITS_KEY)
+    if entry is None:
+        entry = (now + RUNTIME_LIMITS_CACHE_SECONDS, dict(RuntimeLimit.objects.values_list("name", "value")))
+        cache.set(_RUNTIME_LIMITS_KEY, entry, RUNTIME_LIMITS_CACHE_SECONDS)
+    _runtime_limits_copy = entry
+    return entry[1]
 
 
 def runtime_limits_forget() -> None:
-    """After a change: this process reads them again at once."""
+    """After a change: this process reads them again at once (the others within RUNTIME_LIMITS_CACHE_SECONDS)."""
+    global _runtime_limits_copy
+    _runtime_limits_copy = None
     cache.delete(_RUNTIME_LIMITS_KEY)
 
 

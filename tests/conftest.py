@@ -207,7 +207,10 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
 def _fresh_cache() -> None:
     from django.core.cache import cache
 
+    from cleanup_ops.ratelimit import runtime_limits_forget
+
     cache.clear()  # cached figures (retention debt) must not leak between tests
+    runtime_limits_forget()  # nor this process's copy of the run-time limits
 
 
 @pytest.fixture(autouse=True)

@@ -592,6 +592,46 @@ def test_a_rate_limit_changed_at_run_time_is_the_buckets_rate_and_empty_puts_the
     assert buckets_for(world["acme"].pk) == [] and effective_limits()["global_rate_per_s"] == 0.0
 
 
+def test_a_process_asks_the_cache_for_the_run_time_limits_once_a_period_and_again_at_once_after_a_change(
+    world, op, settings, monkeypatch, time_machine
+):
+    """Every token reservation and lease asks for the run-time limits; on a shared
+    cache (Redis, a database cache) each ask would be a round trip. The process
+    keeps the cached entry until the entry itself expires."""
+    from django.core.cache import cache
+
+    from cleanup_ops import ratelimit
+
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = 1
+    asked: list[str] = []
+
+    class Counted:
+        def get(self, key: str) -> object:
+            asked.append(key)
+            return cache.get(key)
+
+        def set(self, key: str, value: object, timeout: float) -> None:
+            cache.set(key, value, timeout)
+
+        def delete(self, key: str) -> None:
+            cache.delete(key)
+
+    monkeypatch.setattr(ratelimit, "cache", Counted())
+    ratelimit.runtime_limits_forget()  # the world's slices read them already
+    for _ in range(50):
+        assert (ratelimit.portfolio_max_leases(), ratelimit.slice_seconds()) == (1, settings.CLEANUP_SLICE_SECONDS)
+    assert len(asked) == 1
+    change_limit(op, "portfolio_max_leases", "2")  # this process forgets its copy at once
+    before = len(asked)
+    for _ in range(50):
+        assert ratelimit.portfolio_max_leases() == 2
+    assert len(asked) == before + (0 if before > 1 else 1)  # the page after the change may have asked already
+    settled = len(asked)
+    time_machine.shift(ratelimit.RUNTIME_LIMITS_CACHE_SECONDS + 0.1)  # the entry expires, and the copy with it
+    assert ratelimit.portfolio_max_leases() == 2
+    assert len(asked) == settled + 1
+
+
 @pytest.mark.parametrize(
     ("name", "value", "field"),
     [("lease_cap", "2", "limit"), ("portfolio_max_leases", "two", "value"), ("rate_global", "-1", "value")],
