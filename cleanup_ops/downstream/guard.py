@@ -154,6 +154,25 @@ def trigger_sql(spec: RecordKindSpec) -> list[pg.Composed]:
     ]
 
 
+def _canonical_spellings(spec: RecordKindSpec) -> tuple[pg.Composed, pg.Literal]:
+    """The CTEs ``named`` (every distinct spelling a kind's rows hold, up to a
+    key's length) and ``canonical`` (each with the storage's name for it): what
+    the backfill records and the check counts, written once. With the kind's
+    alias, which prefixes a name into a document id."""
+    _, alias, rule, location = trigger_arguments(spec)
+    ctes = composed(
+        "WITH named AS (SELECT DISTINCT {column} AS spelling FROM {table}"
+        " WHERE {column} <> '' AND octet_length({column}) <= {max_bytes}),"
+        " canonical AS (SELECT spelling, cleanup_ops_storage_name({rule}, {location}, spelling) AS name FROM named)",
+        column=ident(str(spec.attachment_column)),
+        table=ident(spec.table),
+        max_bytes=pg.Literal(STORAGE_KEY_MAX_BYTES),
+        rule=pg.Literal(rule),
+        location=pg.Literal(location),
+    )
+    return ctes, pg.Literal(alias)
+
+
 def spellings_backfill_sql(spec: RecordKindSpec) -> pg.Composed | None:
     """The statement recording every spelling a kind's rows hold other than
     the storage's name (rows written before the guard), or None for a kind of
@@ -161,20 +180,13 @@ def spellings_backfill_sql(spec: RecordKindSpec) -> pg.Composed | None:
     a guard is installed or changes, never per purge."""
     if not spec.attachment_storage:
         return None
-    _, alias, rule, location = trigger_arguments(spec)
+    ctes, alias = _canonical_spellings(spec)
     return composed(
-        "WITH named AS (SELECT DISTINCT {column} AS spelling FROM {table}"
-        " WHERE {column} <> '' AND octet_length({column}) <= {max_bytes}),"
-        " canonical AS (SELECT spelling, cleanup_ops_storage_name({rule}, {location}, spelling) AS name FROM named)"
-        " INSERT INTO {spellings} (document_id, spelling)"
+        "{ctes} INSERT INTO {spellings} (document_id, spelling)"
         " SELECT {alias} || ':' || name, spelling FROM canonical WHERE name IS NOT NULL AND name <> spelling"
         " ON CONFLICT (document_id, spelling) DO NOTHING",
-        column=ident(str(spec.attachment_column)),
-        table=ident(spec.table),
-        max_bytes=pg.Literal(STORAGE_KEY_MAX_BYTES),
-        rule=pg.Literal(rule),
-        location=pg.Literal(location),
-        alias=pg.Literal(alias),
+        ctes=ctes,
+        alias=alias,
         spellings=ident(DocumentSpelling._meta.db_table),
     )
 
@@ -184,20 +196,13 @@ def spellings_missing_sql(spec: RecordKindSpec) -> pg.Composed | None:
     otherwise and ``DocumentSpelling`` does not record (cleanup_ops.W010)."""
     if not spec.attachment_storage:
         return None
-    _, alias, rule, location = trigger_arguments(spec)
+    ctes, alias = _canonical_spellings(spec)
     return composed(
-        "WITH named AS (SELECT DISTINCT {column} AS spelling FROM {table}"
-        " WHERE {column} <> '' AND octet_length({column}) <= {max_bytes}),"
-        " canonical AS (SELECT spelling, cleanup_ops_storage_name({rule}, {location}, spelling) AS name FROM named)"
-        " SELECT count(*) FROM canonical c WHERE c.name IS NOT NULL AND c.name <> c.spelling"
+        "{ctes} SELECT count(*) FROM canonical c WHERE c.name IS NOT NULL AND c.name <> c.spelling"
         " AND NOT EXISTS (SELECT 1 FROM {spellings} s WHERE s.document_id = {alias} || ':' || c.name"
         " AND s.spelling = c.spelling)",
-        column=ident(str(spec.attachment_column)),
-        table=ident(spec.table),
-        max_bytes=pg.Literal(STORAGE_KEY_MAX_BYTES),
-        rule=pg.Literal(rule),
-        location=pg.Literal(location),
-        alias=pg.Literal(alias),
+        ctes=ctes,
+        alias=alias,
         spellings=ident(DocumentSpelling._meta.db_table),
     )
 
