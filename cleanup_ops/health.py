@@ -51,7 +51,6 @@ from django.db.migrations.executor import MigrationExecutor
 from django.utils import timezone
 from psycopg import sql as pgsql
 
-from cleanup_ops import sql
 from cleanup_ops.dispatch import cluster_job_kinds, cluster_queue, dispatch_due_jobs, fair_due_job_ids, queues
 from cleanup_ops.models import CleanupJob, WorkerHeartbeat
 
@@ -404,6 +403,10 @@ def lease_locks_needed() -> int:
     return settings.CLEANUP_LEASE_LOCK_STRIPES + LEASE_LOCK_HEADROOM
 
 
+def _max_locks_per_transaction() -> pgsql.SQL:
+    return pgsql.SQL("SELECT current_setting('max_locks_per_transaction')::integer")
+
+
 def health_readiness() -> HealthReport:
     """The database answers, every migration is applied, the cache tables
     exist, and its lock table fits a lease transaction's locks."""
@@ -411,7 +414,7 @@ def health_readiness() -> HealthReport:
     try:
         with connection.cursor() as cursor:
             cursor.execute("SELECT 1")
-            cursor.execute(sql.max_locks_per_transaction())
+            cursor.execute(_max_locks_per_transaction())
             max_locks = int(cursor.fetchone()[0])
         executor = MigrationExecutor(connection)
         unapplied = [

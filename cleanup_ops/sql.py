@@ -213,13 +213,6 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
     return {name: list(values)}
 
 
-# --- Health ---------------------------------------------------------------------
-
-
-def max_locks_per_transaction() -> pg.SQL:
-    return pg.SQL("SELECT current_setting('max_locks_per_transaction')::integer")
-
-
 # --- Sweeps ---------------------------------------------------------------------
 
 
