@@ -90,7 +90,7 @@ TRANSITIONS: dict[JobEvent, tuple[frozenset[str], str]] = {
 
 # A state no event leaves is final (``done``, ``dead``): the job's work is
 # over. Every other state is open. The SQL that tests for either
-# (``sql.sweep_finish_if_drained``, admission's open-elsewhere test) takes
+# (``sweeps._sweep_finish_if_drained``, admission's open-elsewhere test) takes
 # the sets from here.
 FINAL_STATES: frozenset[str] = frozenset(target for _, target in TRANSITIONS.values()) - frozenset(
     state for sources, _ in TRANSITIONS.values() for state in sources

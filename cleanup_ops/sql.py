@@ -34,11 +34,10 @@ from typing import Any, ParamSpec, TypeVar
 from django.db import connection
 from psycopg import sql as pg
 
-from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES, JobEvent, state_after
+from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
-    DeadLetterStatus,
     DeletedAttachment,
     DocumentDisposition,
     JobKind,
@@ -46,7 +45,6 @@ from cleanup_ops.models import (
     LedgerEntry,
     RateBucket,
     Sweep,
-    SweepStatus,
 )
 from retention.domain import (
     portfolio_key_sql_type,
@@ -211,54 +209,6 @@ def any_of(name: str, sql_type: str) -> pg.Composed:
 
 def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
     return {name: list(values)}
-
-
-# --- Sweeps ---------------------------------------------------------------------
-
-
-@statement
-def sweep_lock_running() -> pg.Composed:
-    """Lock a running sweep's row (no row: not running). Parameters: ``sweep``."""
-    return composed(
-        """
-        SELECT id FROM {sweep}
-        WHERE id = %(sweep)s AND status = {running}
-        FOR UPDATE
-        """,
-        running=pg.Literal(SweepStatus.RUNNING.value),
-    )
-
-
-@statement
-def sweep_finish_if_drained() -> pg.Composed:
-    """Finish the sweep if none of its jobs is open: drained, or drained with
-    dead letters when one of its jobs is dead and not redriven (a redriven
-    job's work is its redrive's: once that is done, the sweep is drained).
-    Run after ``sweep_lock_running`` in the same transaction (a statement of
-    its own, so its snapshot is taken once the lock is held). Parameters:
-    ``sweep``, ``now``.
-
-    The job states come from ``lifecycle.TRANSITIONS``: open is every state
-    some event leaves (``lifecycle.OPEN_STATES``), dead the one *fail* leads
-    to. Which sweep status follows is the sweep's own rule, stated here."""
-    return composed(
-        """
-        UPDATE {sweep} SET finished_at = %(now)s, status = CASE
-            WHEN EXISTS (
-                SELECT 1 FROM {job} j
-                WHERE j.sweep_id = %(sweep)s AND j.state = {dead}
-                    AND NOT EXISTS (SELECT 1 FROM {letter} d WHERE d.job_id = j.id AND d.status = {redriven})
-            ) THEN {with_dead_letters}
-            ELSE {drained} END
-        WHERE id = %(sweep)s
-            AND NOT EXISTS (SELECT 1 FROM {job} j WHERE j.sweep_id = %(sweep)s AND j.state IN ({open}))
-        """,
-        dead=pg.Literal(state_after(JobEvent.FAIL)),
-        redriven=pg.Literal(DeadLetterStatus.REDRIVEN.value),
-        with_dead_letters=pg.Literal(SweepStatus.DRAINED_WITH_DEAD_LETTERS.value),
-        drained=pg.Literal(SweepStatus.DRAINED.value),
-        open=pg.SQL(", ").join(pg.Literal(state) for state in OPEN_STATES),
-    )
 
 
 # --- Purge ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ to running: a sweep is never left drained beside an open job, and two
 transactions ending a sweep's last two jobs at once serialise on the row, so
 the second sees the first's job done.
 
-Raw SQL (two statements, no savepoint): the batch transaction calls this for
+Raw SQL (two statements, here, no savepoint): the batch transaction calls this for
 every partition that finishes, and through the ORM it cost about 3.6 ms a call.
 
 The status as seen is a rule of what a sweep's status means, not of a page:
@@ -25,10 +25,57 @@ from datetime import datetime
 from typing import Any
 
 from django.db import connection, transaction
+from psycopg import sql as pg
 
 from cleanup_ops import sql
-from cleanup_ops.models import SweepStatus
+from cleanup_ops.lifecycle import OPEN_STATES, JobEvent, state_after
+from cleanup_ops.models import DeadLetterStatus, SweepStatus
 from retention.eligibility import db_datetime
+
+
+@sql.statement
+def _sweep_lock_running() -> pg.Composed:
+    """Lock a running sweep's row (no row: not running). Parameters: ``sweep``."""
+    return sql.composed(
+        """
+        SELECT id FROM {sweep}
+        WHERE id = %(sweep)s AND status = {running}
+        FOR UPDATE
+        """,
+        running=pg.Literal(SweepStatus.RUNNING.value),
+    )
+
+
+@sql.statement
+def _sweep_finish_if_drained() -> pg.Composed:
+    """Finish the sweep if none of its jobs is open: drained, or drained with
+    dead letters when one of its jobs is dead and not redriven (a redriven
+    job's work is its redrive's: once that is done, the sweep is drained).
+    Run after ``_sweep_lock_running`` in the same transaction (a statement of
+    its own, so its snapshot is taken once the lock is held). Parameters:
+    ``sweep``, ``now``.
+
+    The job states come from ``lifecycle.TRANSITIONS``: open is every state
+    some event leaves (``lifecycle.OPEN_STATES``), dead the one *fail* leads
+    to. Which sweep status follows is the sweep's own rule, stated here."""
+    return sql.composed(
+        """
+        UPDATE {sweep} SET finished_at = %(now)s, status = CASE
+            WHEN EXISTS (
+                SELECT 1 FROM {job} j
+                WHERE j.sweep_id = %(sweep)s AND j.state = {dead}
+                    AND NOT EXISTS (SELECT 1 FROM {letter} d WHERE d.job_id = j.id AND d.status = {redriven})
+            ) THEN {with_dead_letters}
+            ELSE {drained} END
+        WHERE id = %(sweep)s
+            AND NOT EXISTS (SELECT 1 FROM {job} j WHERE j.sweep_id = %(sweep)s AND j.state IN ({open}))
+        """,
+        dead=pg.Literal(state_after(JobEvent.FAIL)),
+        redriven=pg.Literal(DeadLetterStatus.REDRIVEN.value),
+        with_dead_letters=pg.Literal(SweepStatus.DRAINED_WITH_DEAD_LETTERS.value),
+        drained=pg.Literal(SweepStatus.DRAINED.value),
+        open=pg.SQL(", ").join(pg.Literal(state) for state in OPEN_STATES),
+    )
 
 
 def sweep_mark_drained_if_finished(*, sweep_id: int, now: datetime, cur: Any = None) -> bool:
@@ -38,9 +85,9 @@ def sweep_mark_drained_if_finished(*, sweep_id: int, now: datetime, cur: Any = N
     # No savepoint: inside a batch transaction a failure here fails the batch anyway.
     given = nullcontext(cur) if cur is not None else connection.cursor()
     with transaction.atomic(savepoint=False), given as used:
-        if sql.execute(sql.sweep_lock_running(), {"sweep": sweep_id}, cur=used).fetchone() is None:
+        if sql.execute(_sweep_lock_running(), {"sweep": sweep_id}, cur=used).fetchone() is None:
             return False
-        finished = sql.execute(sql.sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=used)
+        finished = sql.execute(_sweep_finish_if_drained(), {"sweep": sweep_id, "now": db_datetime(now)}, cur=used)
         return bool(finished.rowcount == 1)
 
 
