@@ -38,7 +38,6 @@ from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
-    DeletedAttachment,
     DocumentDisposition,
     JobKind,
     JobState,
@@ -212,70 +211,6 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
 
 
 # --- Purge ----------------------------------------------------------------------
-
-
-def document_scopes_lock() -> pg.Composed:
-    """The property and portfolio rows of every deleted record that named a
-    document, ``FOR SHARE`` in property id order: the lock a batch takes on
-    its scope, taken by a purge over every scope the document was named in
-    (placing a hold takes one of these rows ``FOR UPDATE``). Parameter: the
-    document id."""
-    return composed(
-        """
-        SELECT p.{property_pk} FROM {property} p
-        JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio}
-        WHERE p.{property_pk} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)
-        ORDER BY p.{property_pk} FOR SHARE OF p, po
-        """,
-        refs=ident(DeletedAttachment._meta.db_table),
-    )
-
-
-def document_portfolios_lock() -> pg.Composed:
-    """The portfolio rows of every deleted record of a kind without a
-    property that named a document (``property_id`` NULL), ``FOR SHARE`` in
-    id order: such a batch's scope lock, taken by the purge after
-    ``document_scopes_lock``. Parameter: the document id."""
-    return composed(
-        """
-        SELECT po.{portfolio_pk} FROM {portfolio} po
-        WHERE po.{portfolio_pk} IN (
-            SELECT a.portfolio_id FROM {refs} a WHERE a.document_id = %s AND a.property_id IS NULL
-        )
-        ORDER BY po.{portfolio_pk} FOR SHARE OF po
-        """,
-        refs=ident(DeletedAttachment._meta.db_table),
-    )
-
-
-def document_portfolios_lock_many() -> pg.Composed:
-    """``document_portfolios_lock`` for a batch of documents.
-    Parameter: the document ids (an array)."""
-    return composed(
-        """
-        SELECT po.{portfolio_pk} FROM {portfolio} po
-        WHERE po.{portfolio_pk} IN (
-            SELECT a.portfolio_id FROM {refs} a WHERE a.document_id = ANY(%s) AND a.property_id IS NULL
-        )
-        ORDER BY po.{portfolio_pk} FOR SHARE OF po
-        """,
-        refs=ident(DeletedAttachment._meta.db_table),
-    )
-
-
-def document_scopes_lock_many() -> pg.Composed:
-    """``document_scopes_lock`` for a batch of documents: the
-    scope rows of every deleted record that named any of them. Parameter:
-    the document ids (an array)."""
-    return composed(
-        """
-        SELECT p.{property_pk} FROM {property} p
-        JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio}
-        WHERE p.{property_pk} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))
-        ORDER BY p.{property_pk} FOR SHARE OF p, po
-        """,
-        refs=ident(DeletedAttachment._meta.db_table),
-    )
 
 
 DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)

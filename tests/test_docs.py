@@ -13,7 +13,7 @@ Two checks, both on the files themselves (no database):
     ``var/`` are written at run time and absolute paths are the host's, so
     neither is checked. A bare file name (``leases.py``) must exist somewhere.
   - a *dotted name* whose first part is one of our packages
-    (``cleanup_ops.sql.document_scopes_lock``), a module of exactly one of our
+    (``cleanup_ops.downstream.decision.purge_decide``), a module of exactly one of our
     packages (``execution.batches.operation_id``) or one of our models
     (``CleanupJob.objects.due_work``) must import: a module, then attributes
     (a model's fields count). ``app.Model`` is a model label.
@@ -389,7 +389,7 @@ def test_the_checks_catch_what_is_false():
     assert path_problem("cleanup_ops/nothing.py")
     assert path_problem("nothing_here.py")
     assert path_problem("properties/0099")
-    assert dotted_problem("cleanup_ops.sql.document_scopes_lock") is None
+    assert dotted_problem("cleanup_ops.downstream.decision.purge_decide") is None
     assert dotted_problem("retention.Membership") is None
     assert dotted_problem("CleanupJob.objects.due_work") is None
     assert dotted_problem("cleanup_ops.add_sweep") is None

@@ -161,12 +161,12 @@ def purge_decide(
     # Read after the document's lock: every batch that names the document
     # takes that row too (``sql.dispositions_take``), so the deleted records
     # read here are all there will be until this decision ends.
-    locked = sql.execute(sql.document_scopes_lock(), [document_id], cur=cur)
+    locked = sql.execute(_document_scopes_lock(), [document_id], cur=cur)
     if cur is not None:
         locked.fetchall()
     if any(not spec.has_property for spec in REGISTRY.values()):
         # Records of a kind without a property: their scope is the portfolio row alone.
-        locked = sql.execute(sql.document_portfolios_lock(), [document_id], cur=cur)
+        locked = sql.execute(_document_portfolios_lock(), [document_id], cur=cur)
         if cur is not None:
             locked.fetchall()
     checkpoint("purge.after_scope_lock")
@@ -216,10 +216,10 @@ def purge_decide_many(
         else:
             undecided.append(ref)
     if undecided:
-        sql.execute(sql.document_scopes_lock_many(), [undecided], cur=cur).fetchall()
+        sql.execute(_document_scopes_lock_many(), [undecided], cur=cur).fetchall()
         if any(not spec.has_property for spec in REGISTRY.values()):
             # Records of a kind without a property: their scope is the portfolio row alone.
-            sql.execute(sql.document_portfolios_lock_many(), [undecided], cur=cur).fetchall()
+            sql.execute(_document_portfolios_lock_many(), [undecided], cur=cur).fetchall()
     checkpoint("purge.after_scope_lock")
     held = documents_held(undecided) if undecided else set()
     for ref in sorted(held):
@@ -240,6 +240,70 @@ def purge_decide_many(
     for ref in rest:
         verdicts[ref] = REFERENCED if ref in referenced else CLEAR
     return verdicts
+
+
+def _document_scopes_lock() -> pg.Composed:
+    """The property and portfolio rows of every deleted record that named a
+    document, ``FOR SHARE`` in property id order: the lock a batch takes on
+    its scope, taken by a purge over every scope the document was named in
+    (placing a hold takes one of these rows ``FOR UPDATE``). Parameter: the
+    document id."""
+    return sql.composed(
+        """
+        SELECT p.{property_pk} FROM {property} p
+        JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio}
+        WHERE p.{property_pk} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = %s)
+        ORDER BY p.{property_pk} FOR SHARE OF p, po
+        """,
+        refs=sql.ident(DeletedAttachment._meta.db_table),
+    )
+
+
+def _document_portfolios_lock() -> pg.Composed:
+    """The portfolio rows of every deleted record of a kind without a
+    property that named a document (``property_id`` NULL), ``FOR SHARE`` in
+    id order: such a batch's scope lock, taken by the purge after
+    ``_document_scopes_lock``. Parameter: the document id."""
+    return sql.composed(
+        """
+        SELECT po.{portfolio_pk} FROM {portfolio} po
+        WHERE po.{portfolio_pk} IN (
+            SELECT a.portfolio_id FROM {refs} a WHERE a.document_id = %s AND a.property_id IS NULL
+        )
+        ORDER BY po.{portfolio_pk} FOR SHARE OF po
+        """,
+        refs=sql.ident(DeletedAttachment._meta.db_table),
+    )
+
+
+def _document_portfolios_lock_many() -> pg.Composed:
+    """``_document_portfolios_lock`` for a batch of documents.
+    Parameter: the document ids (an array)."""
+    return sql.composed(
+        """
+        SELECT po.{portfolio_pk} FROM {portfolio} po
+        WHERE po.{portfolio_pk} IN (
+            SELECT a.portfolio_id FROM {refs} a WHERE a.document_id = ANY(%s) AND a.property_id IS NULL
+        )
+        ORDER BY po.{portfolio_pk} FOR SHARE OF po
+        """,
+        refs=sql.ident(DeletedAttachment._meta.db_table),
+    )
+
+
+def _document_scopes_lock_many() -> pg.Composed:
+    """``_document_scopes_lock`` for a batch of documents: the
+    scope rows of every deleted record that named any of them. Parameter:
+    the document ids (an array)."""
+    return sql.composed(
+        """
+        SELECT p.{property_pk} FROM {property} p
+        JOIN {portfolio} po ON po.{portfolio_pk} = p.{property_portfolio}
+        WHERE p.{property_pk} IN (SELECT a.property_id FROM {refs} a WHERE a.document_id = ANY(%s))
+        ORDER BY p.{property_pk} FOR SHARE OF p, po
+        """,
+        refs=sql.ident(DeletedAttachment._meta.db_table),
+    )
 
 
 def documents_held(document_ids: list[str]) -> set[str]:
