@@ -38,7 +38,6 @@ from cleanup_ops.lifecycle import LEASE_CLEARED, OPEN_STATES
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
-    DocumentDisposition,
     JobKind,
     JobState,
     LedgerEntry,
@@ -211,34 +210,6 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
 
 
 # --- Purge ----------------------------------------------------------------------
-
-
-DISPOSITION_COLUMNS: Columns = (("document_id", "varchar"),)
-
-
-def dispositions_take() -> pg.Composed:
-    """A batch's part in each document's one decision: the ``DocumentDisposition``
-    row of every document its deleted records named, created or locked (an
-    ``ON CONFLICT DO UPDATE`` locks the row whether or not its condition lets
-    it update), in document id order, held until the batch commits. A purge
-    decides about a document only under that row's ``FOR UPDATE``, so the
-    deleted records it reads (``DeletedAttachment``, written in the same
-    batch) cannot grow while it decides: a batch naming the document either
-    committed before the purge took the row, or waits for the purge's
-    decision to end. A document already ``purged`` whose id a deleted record
-    names again was reused for a new file: it gets a fresh decision
-    (``pending``). Parameters: ``x`` (``DISPOSITION_COLUMNS``), ``pending``,
-    ``purged``."""
-    return composed(
-        """
-        WITH {x}
-        INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x ORDER BY x.document_id
-        ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL
-        WHERE {table}.state = %(purged)s
-        """,
-        x=rows_cte("x", DISPOSITION_COLUMNS),
-        table=ident(DocumentDisposition._meta.db_table),
-    )
 
 
 def transaction_idle_timeout() -> pg.SQL:

@@ -21,10 +21,11 @@ Protocol of a purge job's slice (the job is already leased by
       portfolio asks (lock, then read): lock the document's
       ``DocumentDisposition`` row (``FOR UPDATE``; created on first use) —
       every purge of that document id serialises here, and so does every
-      batch that deletes a record naming it (``sql.dispositions_take``), so
-      the deleted records read next cannot grow while this decides — then, in
-      a later statement, take the scope lock of *every* deleted record that
-      named it (their property and portfolio rows ``FOR SHARE``, from
+      batch that deletes a record naming it
+      (``execution.outbox._dispositions_take``), so the deleted records read
+      next cannot grow while this decides — then, in a later statement,
+      take the scope lock of *every* deleted record that named it (their
+      property and portfolio rows ``FOR SHARE``, from
       ``DeletedAttachment``: the lock a batch takes, which placing a hold
       takes ``FOR UPDATE``), then, in later statements that see any hold
       waited for:
@@ -159,8 +160,8 @@ def purge_decide(
         # moving the cursor) counts as purged here; another's as already gone.
         return PURGED_BY_US if decided_by == request.id else ALREADY
     # Read after the document's lock: every batch that names the document
-    # takes that row too (``sql.dispositions_take``), so the deleted records
-    # read here are all there will be until this decision ends.
+    # takes that row too (``execution.outbox._dispositions_take``), so the
+    # deleted records read here are all there will be until this decision ends.
     locked = sql.execute(_document_scopes_lock(), [document_id], cur=cur)
     if cur is not None:
         locked.fetchall()

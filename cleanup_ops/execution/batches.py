@@ -35,11 +35,12 @@ e. **Ledger and cursor**: insert the ledger rows, advance the cursors past
    every candidate (held ones too) and renew the lease, in one statement.
 f. **Outbox**: for record kinds with attachments the DELETE returns the
    deleted rows' document ids; the same transaction takes each document's
-   disposition row (``sql.dispositions_take``: a purge deciding about that
-   document waits for this commit, or this batch for its decision) and writes
-   one ``PurgeRequest`` (key = the operation id), one ``purge`` job and one
-   ``DeletedAttachment`` per record (``execution.outbox``). A held or replayed batch deletes nothing
-   and so purges nothing; a rolled-back batch takes its outbox rows with it.
+   disposition row (``execution.outbox._dispositions_take``: a purge deciding
+   about that document waits for this commit, or this batch for its
+   decision) and writes one ``PurgeRequest`` (key = the operation id), one
+   ``purge`` job and one ``DeletedAttachment`` per record
+   (``execution.outbox``). A held or replayed batch deletes nothing and so
+   purges nothing; a rolled-back batch takes its outbox rows with it.
 
 A batch with fewer candidates than the limit (or none) was the last one: the
 job is done with its outcome in that same transaction, and so is its sweep

@@ -3,7 +3,8 @@ leaves for the attachments' purge, written in the batch's own transaction.
 
 Apart from the batch transaction because it is a different subject — which
 document each deleted record named, in which store, and the document's
-disposition row (``sql.dispositions_take``) — and the purge's protocol
+disposition row (``_dispositions_take``, the batch's part in the disposition
+protocol, whose statement lives here) — and the purge's protocol
 (``downstream.purge``) is what a reader of it needs next, not the batch's.
 """
 
@@ -12,6 +13,8 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Protocol
 
+from psycopg import sql as pg
+
 from cleanup_ops import sql
 from cleanup_ops.downstream import stores
 from cleanup_ops.execution.candidates import Key
@@ -19,11 +22,45 @@ from cleanup_ops.models import (
     CleanupJob,
     DeletedAttachment,
     DispositionState,
+    DocumentDisposition,
     JobKind,
     PurgeRequest,
     scope_of,
 )
 from retention.registry import get_spec
+
+_DISPOSITION_COLUMNS: sql.Columns = (("document_id", "varchar"),)
+
+
+def _dispositions_take() -> pg.Composed:
+    """A batch's part in each document's one decision: the ``DocumentDisposition``
+    row of every document its deleted records named, created or locked (an
+    ``ON CONFLICT DO UPDATE`` locks the row whether or not its condition lets
+    it update), in document id order, held until the batch commits. A purge
+    decides about a document only under that row's ``FOR UPDATE``, so the
+    deleted records it reads (``DeletedAttachment``, written in the same
+    batch) cannot grow while it decides: a batch naming the document either
+    committed before the purge took the row, or waits for the purge's
+    decision to end. A document already ``purged`` whose id a deleted record
+    names again was reused for a new file: it gets a fresh decision
+    (``pending``). Parameters: ``x`` (``_DISPOSITION_COLUMNS``), ``pending``,
+    ``purged``.
+
+    Its home: the disposition protocol has two parts, the purge's (the row
+    created and locked ``FOR UPDATE``, the decision under it:
+    ``downstream.decision``) and the batch's, this statement, which lives
+    with the one module that runs it; ``downstream.decision`` sits a layer
+    above and only cites it."""
+    return sql.composed(
+        """
+        WITH {x}
+        INSERT INTO {table} (document_id, state) SELECT x.document_id, %(pending)s FROM x ORDER BY x.document_id
+        ON CONFLICT (document_id) DO UPDATE SET state = %(pending)s, decided_by_id = NULL, decided_at = NULL
+        WHERE {table}.state = %(purged)s
+        """,
+        x=sql.rows_cte("x", _DISPOSITION_COLUMNS),
+        table=sql.ident(DocumentDisposition._meta.db_table),
+    )
 
 
 class DeleteJob(Protocol):
@@ -85,15 +122,15 @@ def purge_outbox_write_many(
             )
         )
     PurgeRequest.objects.bulk_create(requests)
-    # This batch's part in each named document's one decision (``sql.dispositions_take``).
+    # This batch's part in each named document's one decision (``_dispositions_take``).
     named_documents = sorted({ref for refs_of in refs for ref in refs_of.values()})
     if named_documents:
         params = {
-            **sql.rows_params("x", sql.DISPOSITION_COLUMNS, [{"document_id": d} for d in named_documents]),
+            **sql.rows_params("x", _DISPOSITION_COLUMNS, [{"document_id": d} for d in named_documents]),
             "pending": DispositionState.PENDING,
             "purged": DispositionState.PURGED,
         }
-        sql.execute(sql.dispositions_take(), params)
+        sql.execute(_dispositions_take(), params)
     DeletedAttachment.objects.bulk_create(
         [
             DeletedAttachment(
