@@ -212,18 +212,6 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
 # --- Purge ----------------------------------------------------------------------
 
 
-def transaction_idle_timeout() -> pg.SQL:
-    """End this transaction's session if it sits idle longer than
-    the parameter (milliseconds) — the backstop for a lock held across a
-    bounded HTTP call."""
-    return pg.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
-
-
-def purge_advance() -> pg.Composed:
-    """One document done: cursor + 1, counted as a request, lease renewed."""
-    return composed("UPDATE {job} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s")
-
-
 # --- Admission ------------------------------------------------------------------
 
 

@@ -18,6 +18,7 @@ from typing import Any
 
 from django.conf import settings
 from django.db import connection, transaction
+from psycopg import sql as pg
 
 from cleanup_ops import clock, sql
 from cleanup_ops.checkpoints import checkpoint
@@ -31,6 +32,13 @@ def idempotency_key(request_key: str, document_id: str) -> str:
     return f"{request_key}:{document_id}"
 
 
+def _transaction_idle_timeout() -> pg.SQL:
+    """End this transaction's session if it sits idle longer than
+    the parameter (milliseconds) — the backstop for a lock held across a
+    bounded HTTP call."""
+    return pg.SQL("SELECT set_config('idle_in_transaction_session_timeout', %s, true)")
+
+
 def check_and_delete(store: AttachmentStore, *, request: SliceRequest, document_id: str) -> tuple[str, str]:
     """Step 2b-c: the verdict, and the store's effect when the document was sent."""
     key = idempotency_key(request.key, document_id)
@@ -40,7 +48,7 @@ def check_and_delete(store: AttachmentStore, *, request: SliceRequest, document_
             # Backstop for the locks held across the call: PostgreSQL ends the
             # session if it sits idle in this transaction longer than the
             # call's bound — a stalled worker gives its locks back.
-            sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(lock_bound_seconds() * 1000))], cur=cur)
+            sql.execute(_transaction_idle_timeout(), [str(math.ceil(lock_bound_seconds() * 1000))], cur=cur)
         verdict = purge_decide(request=request, document_id=document_id, cur=cur, store=store)
         if verdict != CLEAR:
             return verdict, ""
@@ -100,7 +108,7 @@ def check_and_delete_many(
     bound = _storage_lock_bound_seconds(store)
     with transaction.atomic(), connection.cursor() as cur:
         if outermost:
-            sql.execute(sql.transaction_idle_timeout(), [str(math.ceil(bound * 1000))], cur=cur)
+            sql.execute(_transaction_idle_timeout(), [str(math.ceil(bound * 1000))], cur=cur)
         verdicts = purge_decide_many(request=request, refs=refs, cur=cur, store=store)
         clear = [r for r in refs if verdicts[r] == CLEAR]
         results = {}

@@ -20,6 +20,7 @@ from typing import Any
 
 from django.db import connection, transaction
 from django.db.models import Count, F, Sum
+from psycopg import sql as pg
 
 from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import dispatch_after_commit
@@ -224,6 +225,11 @@ def _hold_all_purges(exc: DownstreamError) -> None:
             docstore_hold_until(until=until.timestamp())
 
 
+def _purge_advance_sql() -> pg.Composed:
+    """One document done: cursor + 1, counted as a request, lease renewed."""
+    return sql.composed("UPDATE {job} SET cursor = %s, batches = batches + 1, lease_expires_at = %s WHERE id = %s")
+
+
 def _purge_advance(
     *, job: JobRef, lease: JobLease, request: SliceRequest, cursor: int, verdict: str, effect: str
 ) -> int:
@@ -234,7 +240,7 @@ def _purge_advance(
         if current != cursor:
             # Someone else moved it (cannot happen while our lease holds): stop.
             raise LeaseLost(job.id)
-        sql.execute(sql.purge_advance(), [cursor + 1, lease_renewal(now), job.id], cur=cur)
+        sql.execute(_purge_advance_sql(), [cursor + 1, lease_renewal(now), job.id], cur=cur)
         if verdict == HELD:
             row = PurgeRequest.objects.select_for_update().get(pk=request.id)
             document_id = str(request.document_ids[cursor])
@@ -262,7 +268,7 @@ def _purge_advance_many(
         if current != cursor:
             raise LeaseLost(job.id)
         after = cursor + len(outcomes)
-        sql.execute(sql.purge_advance(), [after, lease_renewal(now), job.id], cur=cur)
+        sql.execute(_purge_advance_sql(), [after, lease_renewal(now), job.id], cur=cur)
         refs = [str(d) for d in request.document_ids[cursor:after]]
         counts: dict[str, int] = {}
         held: list[str] = []
