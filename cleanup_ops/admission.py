@@ -22,14 +22,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from django.db import transaction
+from psycopg import sql as pg
 
 from cleanup_ops import clock, sql
 from cleanup_ops.dispatch import dispatch_after_commit
-from cleanup_ops.models import CleanupJob, Sweep
+from cleanup_ops.lifecycle import OPEN_STATES
+from cleanup_ops.models import CleanupJob, JobKind, JobState, Sweep
 from retention.domain import portfolio_model
 from retention.eligibility import count_expired_and_held, count_unreachable, db_datetime
 from retention.models import PolicyVersion
-from retention.registry import REGISTRY
+from retention.registry import REGISTRY, RecordKindSpec
 
 
 @dataclass
@@ -49,12 +51,136 @@ def _active_versions() -> list[PolicyVersion]:
     )
 
 
+def _slot_minus_retention() -> pg.SQL:
+    """A partition's cutoff: the slot (a parameter) minus the version's retention days."""
+    return pg.SQL("(CAST(%s AS timestamptz) - v.retention_days * INTERVAL '1 day')")
+
+
+def _partitions_due(spec: RecordKindSpec) -> tuple[pg.Composed, pg.Composed]:
+    """(CTE, WHERE) of the partitions of one kind due at a slot: every
+    property of a portfolio whose active, enabled version of the kind's policy
+    has a cutoff some row of the property is older than. Held rows count: such
+    a partition still gets a job, which ends ``held`` and so shows in the
+    sweep's report. Parameters: slot, kind."""
+    if not spec.has_property:
+        # A kind without a property: the partition is the portfolio.
+        template = """
+            WITH due AS (
+                SELECT po.{portfolio_pk} AS portfolio_id, CAST(NULL AS {property_key}) AS property_id,
+                    v.id AS version_id, {cutoff} AS cutoff
+                FROM {portfolio} po
+                JOIN {policy} rp ON rp.portfolio_id = po.{portfolio_pk} AND rp.record_kind = %s
+                JOIN {version} v ON v.policy_id = rp.id AND v.status = {approved} AND v.enabled
+            )
+        """
+    else:
+        template = """
+            WITH due AS (
+                SELECT p.{property_portfolio} AS portfolio_id, p.{property_pk} AS property_id,
+                    v.id AS version_id, {cutoff} AS cutoff
+                FROM {property} p
+                JOIN {policy} rp ON rp.portfolio_id = p.{property_portfolio} AND rp.record_kind = %s
+                JOIN {version} v ON v.policy_id = rp.id AND v.status = {approved} AND v.enabled
+            )
+        """
+    cte = sql.composed(
+        template,
+        cutoff=_slot_minus_retention(),
+        approved=pg.Literal(PolicyVersion.Status.APPROVED.value),
+        property_key=pg.SQL(sql.PROPERTY_KEY),
+    )
+    where = sql.composed(
+        "EXISTS (SELECT 1 FROM {table} r WHERE {partition} AND r.{ts} < {cutoff})",
+        table=sql.ident(spec.table),
+        partition=spec.in_partition("r", property_sql=pg.SQL("d.property_id"), portfolio_sql=pg.SQL("d.portfolio_id")),
+        ts=sql.ident(spec.timestamp_column),
+        cutoff=spec.cutoff_sql(pg.SQL("d.cutoff")),
+    )
+    return cte, where
+
+
+def _open_elsewhere(spec: RecordKindSpec) -> pg.Composed:
+    """An open delete job of the same partition in another sweep (parameters: kind, sweep id)."""
+    return sql.composed(
+        """
+        EXISTS (
+            SELECT 1 FROM {job} o
+            WHERE o.portfolio_id = d.portfolio_id AND {same_property}
+                AND o.record_kind = %s AND o.state IN ({states}) AND o.job_kind = {delete} AND o.sweep_id <> %s
+        )
+        """,
+        same_property=pg.SQL("o.property_id = d.property_id" if spec.has_property else "o.property_id IS NULL"),
+        states=pg.SQL(", ").join(pg.Literal(state) for state in OPEN_STATES),
+        delete=pg.Literal(JobKind.DELETE.value),
+    )
+
+
+def _partitions_due_sql(spec: RecordKindSpec) -> pg.Composed:
+    """(portfolio id, property id, version id, cutoff) of one kind; parameters: slot, kind."""
+    cte, where = _partitions_due(spec)
+    return sql.composed(
+        """
+        {cte}
+        SELECT d.portfolio_id, d.property_id, d.version_id, d.cutoff FROM due d WHERE {where}
+        ORDER BY d.portfolio_id, d.property_id
+        """,
+        cte=cte,
+        where=where,
+    )
+
+
+def _admit_partitions(spec: RecordKindSpec) -> pg.Composed:
+    """One job per due partition of one kind with no open delete job elsewhere,
+    in one set-based INSERT … SELECT; a key that exists (a crashed admission
+    being completed) is skipped. Ten parameters, in this order: slot, kind
+    (the policy's), sweep id, key prefix (the sweep's key), kind (the key's
+    last part), kind (the job's ``record_kind``), available at, created at,
+    then kind and sweep id (for the open-elsewhere test)."""
+    cte, where = _partitions_due(spec)
+    # No conflict target: an existing key (a crashed admission being
+    # completed) and an open job of the partition admitted concurrently by
+    # another sweep (the partial unique index) are both skipped.
+    return sql.composed(
+        """
+        {cte}
+        INSERT INTO {job} (sweep_id, key, job_kind, portfolio_id, property_id, record_kind, policy_version_id,
+            cutoff, state, outcome, available_at, lease_owner, leases, attempt, last_error_category,
+            last_error_class, cursor, batches, rows_deleted, rows_held, created_at)
+        SELECT CAST(%s AS bigint),
+            CAST(%s AS varchar) || ':' || d.portfolio_id || ':' || {key_property} || ':' || CAST(%s AS varchar),
+            {delete}, d.portfolio_id, d.property_id, CAST(%s AS varchar), d.version_id, d.cutoff,
+            {pending}, '', CAST(%s AS timestamptz), '', 0, 0, '', '', 0, 0, 0, 0, CAST(%s AS timestamptz)
+        FROM due d WHERE {where} AND NOT {open_elsewhere} ORDER BY d.portfolio_id, d.property_id
+        ON CONFLICT DO NOTHING
+        """,
+        cte=cte,
+        where=where,
+        open_elsewhere=_open_elsewhere(spec),
+        # Without a property the key's property part is "-": <sweep>:<portfolio>:-:<kind>.
+        key_property=pg.SQL("d.property_id") if spec.has_property else pg.Literal("-"),
+        delete=pg.Literal(JobKind.DELETE.value),
+        pending=pg.Literal(JobState.PENDING.value),
+    )
+
+
+def _count_carried_over(spec: RecordKindSpec) -> pg.Composed:
+    """Due partitions of one kind skipped because a delete job of theirs is
+    still open in another sweep. Parameters: slot, kind, kind, sweep id."""
+    cte, where = _partitions_due(spec)
+    return sql.composed(
+        "{cte} SELECT COUNT(*) FROM due d WHERE {where} AND {open_elsewhere}",
+        cte=cte,
+        where=where,
+        open_elsewhere=_open_elsewhere(spec),
+    )
+
+
 def partitions_due(*, slot: datetime) -> list[Partition]:
     """Every (portfolio, property, kind) with at least one row past its cutoff
-    (the rule is ``sql.partitions_due``, the same the admission inserts by)."""
+    (the rule is ``_partitions_due_sql``, the same the admission inserts by)."""
     rows: list[tuple[int, int, str, int, object]] = []
     for kind, spec in REGISTRY.items():
-        statement = sql.partitions_due(spec)
+        statement = _partitions_due_sql(spec)
         rows += [
             (pf, prop, kind, vid, cutoff) for pf, prop, vid, cutoff in sql.execute(statement, [db_datetime(slot), kind])
         ]
@@ -83,10 +209,10 @@ def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
         slot = db_datetime(sweep.slot)
         for kind, spec in REGISTRY.items():
             sql.execute(
-                sql.admit_partitions(spec),
+                _admit_partitions(spec),
                 [slot, kind, sweep.pk, sweep.key, kind, kind, db_datetime(now), db_datetime(now), kind, sweep.pk],
             )
-            carried_over += sql.execute(sql.count_carried_over(spec), [slot, kind, kind, sweep.pk])[0][0]
+            carried_over += sql.execute(_count_carried_over(spec), [slot, kind, kind, sweep.pk])[0][0]
         admitted = CleanupJob.objects.filter(sweep=sweep).count()
         sweep.mark_admitted(jobs=admitted, carried_over=carried_over, at=now)
         dispatch_after_commit()
