@@ -9,7 +9,7 @@ Protocol (a *reservation*, ``tokens_reserve``; the buckets' "virtual
 scheduling", as in GCRA):
 
 - **Learn when, don't poll.** A worker that needs tokens asks once: one
-  statement (``sql.bucket_reserve``) locks the rows, computes when each will
+  statement (``_bucket_reserve``) locks the rows, computes when each will
   have a token and the instant ``at`` at which the transaction can have all
   it needs, and — if the worker can wait that long — takes them *for that
   instant*: the row's state moves to ``at`` (``updated_at = at``, possibly in
@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from django.conf import settings
 from django.core.cache import cache
 from django.db import transaction
+from psycopg import sql as pg
 
 from cleanup_ops import sql
 from cleanup_ops.models import LimitName, RateBucket, RuntimeLimit
@@ -250,7 +251,7 @@ def tokens_reserve(
     ``at``. Otherwise nothing changes. Both or neither: a refused shared token
     takes no portfolio's.
 
-    PostgreSQL: one statement (``sql.bucket_reserve``) that locks the rows in
+    PostgreSQL: one statement (``_bucket_reserve``) that locks the rows in
     ``_lock_order``, decides and takes. No retry and no read after a miss:
     a worker learns ``at`` and sleeps until then. ``portfolio_ids``: the
     portfolios the transaction may touch, also those without a bucket of
@@ -282,6 +283,58 @@ def tokens_reserve(
     return Reservation(now=now, at=at, reserved=reserved, allowed=allowed, ready=ready)
 
 
+def _bucket_reserve() -> pg.Composed:
+    """Reserve one token from each bucket for the earliest instant they are there.
+
+    Parameters (named): ``names``, ``rates``, ``bursts``, ``shared`` (arrays,
+    in lock order: the portfolios' buckets, then the shared ones), ``n`` (how
+    many), ``now`` and ``max_wait`` (epoch seconds, seconds). The rows are
+    locked in the order given (``FOR UPDATE`` under ``ORDER BY``), so two
+    workers never wait on each other in a cycle. A bucket's *ready* instant:
+    from the later of now and its state's instant (``updated_at``, in the
+    future when reserved), the time its missing part of a token takes to
+    refill (to within 1e-9: a whole token accrued in float steps must not miss
+    by rounding). The instant ``at``: the latest ready of the shared buckets and the
+    earliest of the portfolios'. When every row is there and ``at`` is within
+    ``max_wait``, each bucket ready by ``at`` moves to its state at ``at`` less
+    one token. One row per bucket found: name, its ready instant, ``at``, and
+    how many buckets were taken from (0: none, nothing changed).
+    """
+    return sql.composed(
+        """
+        WITH want AS (
+            SELECT * FROM unnest(%(names)s::text[], %(rates)s::float8[], %(bursts)s::float8[], %(shared)s::bool[])
+            WITH ORDINALITY AS w(name, rate, burst, shared, ord)
+        ),
+        held AS (
+            SELECT b.name, b.tokens, b.updated_at, w.rate, w.burst, w.shared, w.ord FROM {bucket} b
+            JOIN want w ON w.name = b.name ORDER BY w.ord FOR UPDATE OF b
+        ),
+        ready AS (
+            SELECT h.*, GREATEST(%(now)s::float8, h.updated_at) + GREATEST(0, 0.999999999 - LEAST(h.burst,
+                h.tokens + GREATEST(0, %(now)s::float8 - h.updated_at) * h.rate)) / h.rate AS ready
+            FROM held h
+        ),
+        plan AS (
+            SELECT GREATEST(%(now)s::float8, COALESCE(MAX(ready) FILTER (WHERE shared), %(now)s::float8),
+                COALESCE(MIN(ready) FILTER (WHERE NOT shared), %(now)s::float8)) AS at,
+                COUNT(*) = %(n)s AS complete
+            FROM ready
+        ),
+        taken AS (
+            UPDATE {bucket} b SET tokens = LEAST(r.burst, r.tokens + (p.at - r.updated_at) * r.rate) - 1,
+                updated_at = p.at
+            FROM ready r, plan p
+            WHERE b.name = r.name AND r.ready <= p.at AND p.complete
+                AND p.at - %(now)s::float8 <= %(max_wait)s::float8
+            RETURNING b.name
+        )
+        SELECT r.name, r.ready, p.at, (SELECT COUNT(*) FROM taken) FROM ready r, plan p ORDER BY r.ord
+        """,
+        bucket=sql.ident(RateBucket._meta.db_table),
+    )
+
+
 def _reserve_rows(ordered: list[Member], *, now: float, max_wait: float) -> tuple[dict[str, float], float, bool] | None:
     """(each bucket's ready instant, the instant, taken?) — None when a row is missing."""
     params = {
@@ -293,7 +346,7 @@ def _reserve_rows(ordered: list[Member], *, now: float, max_wait: float) -> tupl
         "now": float(now),
         "max_wait": float(max_wait) + EPSILON,
     }
-    found = sql.execute(sql.bucket_reserve(), params)
+    found = sql.execute(_bucket_reserve(), params)
     if len(found) < len(ordered):
         return None
     return {name: float(ready) for name, ready, _, _ in found}, float(found[0][2]), bool(found[0][3])
@@ -319,6 +372,24 @@ def tokens_give_back(*, portfolio_ids: set[int], include_global: bool = False, f
     buckets_give_back(members=members)
 
 
+def _bucket_give_back_many() -> pg.Composed:
+    """One token back into each named bucket, capped at its burst, the rows
+    locked in the order given (a reservation's order). Parameters (named):
+    ``names``, ``bursts``."""
+    return sql.composed(
+        """
+        WITH back AS (
+            SELECT b.name, w.burst, w.ord FROM {bucket} b
+            JOIN unnest(%(names)s::text[], %(bursts)s::float8[]) WITH ORDINALITY AS w(name, burst, ord)
+                ON w.name = b.name
+            ORDER BY w.ord FOR UPDATE OF b
+        )
+        UPDATE {bucket} b SET tokens = LEAST(back.burst, b.tokens + 1) FROM back WHERE b.name = back.name
+        """,
+        bucket=sql.ident(RateBucket._meta.db_table),
+    )
+
+
 def buckets_give_back(*, members: list[Member]) -> None:
     """One token back into each bucket (capped at its burst), rows locked in
     ``_lock_order`` like a reservation's, so the two never deadlock. On a
@@ -327,7 +398,7 @@ def buckets_give_back(*, members: list[Member]) -> None:
     if not ordered:
         return
     names, bursts = [b.name for _, b in ordered], [float(b.burst) for _, b in ordered]
-    sql.execute(sql.bucket_give_back_many(), {"names": names, "bursts": bursts})
+    sql.execute(_bucket_give_back_many(), {"names": names, "bursts": bursts})
 
 
 # The store's own Retry-After, shared by every worker: one 429 or 503 holds

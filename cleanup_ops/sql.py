@@ -40,7 +40,6 @@ from cleanup_ops.models import (
     DeadLetter,
     JobState,
     LedgerEntry,
-    RateBucket,
     Sweep,
 )
 from retention.domain import (
@@ -57,7 +56,6 @@ JOB = CleanupJob._meta.db_table
 SWEEP = Sweep._meta.db_table
 LEDGER = LedgerEntry._meta.db_table
 LETTER = DeadLetter._meta.db_table
-BUCKET = RateBucket._meta.db_table
 # The host's customer and site tables (retention.domain): their keys, and the
 # site's column naming its customer (RETENTION_PROPERTY_PORTFOLIO_FIELD).
 PROPERTY = property_model()._meta.db_table
@@ -209,79 +207,6 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
 
 
 # --- Purge ----------------------------------------------------------------------
-
-
-# --- Rate limits ----------------------------------------------------------------
-
-
-def bucket_reserve() -> pg.Composed:
-    """Reserve one token from each bucket for the earliest instant they are there.
-
-    Parameters (named): ``names``, ``rates``, ``bursts``, ``shared`` (arrays,
-    in lock order: the portfolios' buckets, then the shared ones), ``n`` (how
-    many), ``now`` and ``max_wait`` (epoch seconds, seconds). The rows are
-    locked in the order given (``FOR UPDATE`` under ``ORDER BY``), so two
-    workers never wait on each other in a cycle. A bucket's *ready* instant:
-    from the later of now and its state's instant (``updated_at``, in the
-    future when reserved), the time its missing part of a token takes to
-    refill (to within 1e-9: a whole token accrued in float steps must not miss
-    by rounding). The instant ``at``: the latest ready of the shared buckets and the
-    earliest of the portfolios'. When every row is there and ``at`` is within
-    ``max_wait``, each bucket ready by ``at`` moves to its state at ``at`` less
-    one token. One row per bucket found: name, its ready instant, ``at``, and
-    how many buckets were taken from (0: none, nothing changed).
-    """
-    return composed(
-        """
-        WITH want AS (
-            SELECT * FROM unnest(%(names)s::text[], %(rates)s::float8[], %(bursts)s::float8[], %(shared)s::bool[])
-            WITH ORDINALITY AS w(name, rate, burst, shared, ord)
-        ),
-        held AS (
-            SELECT b.name, b.tokens, b.updated_at, w.rate, w.burst, w.shared, w.ord FROM {bucket} b
-            JOIN want w ON w.name = b.name ORDER BY w.ord FOR UPDATE OF b
-        ),
-        ready AS (
-            SELECT h.*, GREATEST(%(now)s::float8, h.updated_at) + GREATEST(0, 0.999999999 - LEAST(h.burst,
-                h.tokens + GREATEST(0, %(now)s::float8 - h.updated_at) * h.rate)) / h.rate AS ready
-            FROM held h
-        ),
-        plan AS (
-            SELECT GREATEST(%(now)s::float8, COALESCE(MAX(ready) FILTER (WHERE shared), %(now)s::float8),
-                COALESCE(MIN(ready) FILTER (WHERE NOT shared), %(now)s::float8)) AS at,
-                COUNT(*) = %(n)s AS complete
-            FROM ready
-        ),
-        taken AS (
-            UPDATE {bucket} b SET tokens = LEAST(r.burst, r.tokens + (p.at - r.updated_at) * r.rate) - 1,
-                updated_at = p.at
-            FROM ready r, plan p
-            WHERE b.name = r.name AND r.ready <= p.at AND p.complete
-                AND p.at - %(now)s::float8 <= %(max_wait)s::float8
-            RETURNING b.name
-        )
-        SELECT r.name, r.ready, p.at, (SELECT COUNT(*) FROM taken) FROM ready r, plan p ORDER BY r.ord
-        """,
-        bucket=ident(BUCKET),
-    )
-
-
-def bucket_give_back_many() -> pg.Composed:
-    """One token back into each named bucket, capped at its burst, the rows
-    locked in the order given (a reservation's order). Parameters (named):
-    ``names``, ``bursts``."""
-    return composed(
-        """
-        WITH back AS (
-            SELECT b.name, w.burst, w.ord FROM {bucket} b
-            JOIN unnest(%(names)s::text[], %(bursts)s::float8[]) WITH ORDINALITY AS w(name, burst, ord)
-                ON w.name = b.name
-            ORDER BY w.ord FOR UPDATE OF b
-        )
-        UPDATE {bucket} b SET tokens = LEAST(back.burst, b.tokens + 1) FROM back WHERE b.name = back.name
-        """,
-        bucket=ident(BUCKET),
-    )
 
 
 # --- Console figures ------------------------------------------------------------

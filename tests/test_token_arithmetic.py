@@ -5,8 +5,8 @@ the one order every reservation locks them in, a reservation's waits (to
 within ``EPSILON``), and how ``tokens_reserve`` turns the buckets' ready
 instants into the portfolios allowed and each one's deferral. The refill
 itself (a bucket's ready instant from its rate, burst and state) is computed
-inside one SQL statement (``sql.bucket_reserve``), so here its answer is
-given: ``sql.execute`` is replaced by a stand-in that records what it was
+inside one SQL statement (``ratelimit._bucket_reserve``), so here its answer
+is given: ``sql.execute`` is replaced by a stand-in that records what it was
 asked and answers rows of the statement's shape. The refill is tested on
 PostgreSQL in tests/test_rate_limits.py.
 """
