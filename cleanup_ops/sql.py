@@ -38,7 +38,6 @@ from cleanup_ops.lifecycle import LEASE_CLEARED
 from cleanup_ops.models import (
     CleanupJob,
     DeadLetter,
-    JobState,
     LedgerEntry,
     Sweep,
 )
@@ -50,7 +49,6 @@ from retention.domain import (
     property_portfolio_column,
 )
 from retention.models import PolicyVersion, RetentionPolicy
-from retention.registry import RecordKindSpec
 
 JOB = CleanupJob._meta.db_table
 SWEEP = Sweep._meta.db_table
@@ -207,82 +205,3 @@ def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
 
 
 # --- Purge ----------------------------------------------------------------------
-
-
-# --- Console figures ------------------------------------------------------------
-
-
-def portfolio_fairness() -> pg.Composed:
-    """Per portfolio of a sweep: admission-to-first-lease wait p50/p95
-    (percentile_cont), live leases, rows deleted, jobs."""
-    return composed(
-        """
-        SELECT portfolio_id,
-            percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),
-            percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),
-            COUNT(*) FILTER (WHERE state = {leased} AND lease_expires_at > %s),
-            COALESCE(SUM(rows_deleted), 0), COUNT(*)
-        FROM {job} WHERE sweep_id = %s GROUP BY portfolio_id ORDER BY portfolio_id
-        """,
-        leased=pg.Literal(JobState.LEASED.value),
-    )
-
-
-def retention_debt(spec: RecordKindSpec, *, hold_sql: pg.Composable, cutoffs: int) -> pg.Composed:
-    """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
-    timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
-    names: dict[str, pg.Composable] = {
-        "ts": ident(spec.timestamp_column),
-        "table": ident(spec.table),
-        "held_sql": hold_sql,
-        "cutoff": spec.cutoff_sql(pg.SQL("c.cutoff")),
-    }
-    if spec.property_shape != "direct":
-        # A path or no property: the rows of the portfolio (through the path,
-        # those of its properties), read by one join.
-        if spec.has_property:
-            source = composed(
-                """
-                FROM c JOIN {property} p ON p.{property_portfolio} = c.portfolio_id
-                JOIN (SELECT {property_of} AS property_id, r.{ts} AS ts, {held_sql} AS held FROM {table} r) x
-                    ON x.property_id = p.{property_pk} AND x.ts < {cutoff}
-                """,
-                **names,
-                property_of=spec.property_of("r"),
-            )
-        else:
-            source = composed(
-                """
-                FROM c JOIN (SELECT r.{portfolio_column} AS portfolio_id, r.{ts} AS ts, {held_sql} AS held
-                    FROM {table} r) x ON x.portfolio_id = c.portfolio_id AND x.ts < {cutoff}
-                """,
-                **names,
-                portfolio_column=ident(spec.portfolio_column),
-            )
-    else:
-        # Per property, an index range scan on (property, timestamp): the cost
-        # follows the overdue rows, not the table. OFFSET 0 keeps the hold
-        # test computed once per row instead of once per aggregate.
-        source = composed(
-            """
-            FROM c JOIN {property} p ON p.{property_portfolio} = c.portfolio_id CROSS JOIN LATERAL
-            (SELECT r.{ts} AS ts, {held_sql} AS held FROM {table} r
-                WHERE r.{property_column} = p.{property_pk} AND r.{ts} < {cutoff} OFFSET 0) x
-            """,
-            **names,
-            property_column=ident(spec.property_column),
-        )
-    row = pg.SQL("(CAST(%s AS {key}), CAST(%s AS timestamptz), CAST(%s AS timestamptz))").format(
-        key=pg.SQL(PORTFOLIO_KEY)
-    )
-    return composed(
-        """
-        WITH c(portfolio_id, cutoff, late) AS (VALUES {rows})
-        SELECT c.portfolio_id, MIN(c.cutoff),
-            SUM(CASE WHEN x.held THEN 0 ELSE 1 END), SUM(CASE WHEN x.held THEN 1 ELSE 0 END),
-            SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)
-        {source} GROUP BY c.portfolio_id
-        """,
-        rows=pg.SQL(", ").join([row] * cutoffs),
-        source=source,
-    )

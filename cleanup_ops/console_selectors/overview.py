@@ -22,6 +22,7 @@ from django.core.cache import cache
 from django.db.models import Count, ExpressionWrapper, IntegerField, Min, OuterRef, Q, Subquery, Sum
 from django.db.models.functions import TruncHour
 from django.utils import timezone
+from psycopg import sql as pg
 
 from cleanup_ops import sql
 from cleanup_ops.console_selectors.waiting import PLATFORM_PAUSE_REASON
@@ -43,7 +44,7 @@ from cleanup_ops.recovery.classification import FINAL_CATEGORIES
 from cleanup_ops.sweeps import sweep_status_seen
 from retention.eligibility import db_datetime, hold_covers_sql
 from retention.models import PolicyVersion
-from retention.registry import REGISTRY
+from retention.registry import REGISTRY, RecordKindSpec
 from retention.scoping import PortfolioScope, portfolio_ids_q
 
 THROUGHPUT_HOURS = 12
@@ -192,6 +193,22 @@ def dead_letter_figures(*, now: datetime, portfolio_ids: PortfolioScope = None) 
     }
 
 
+def _portfolio_fairness() -> pg.Composed:
+    """Per portfolio of a sweep: admission-to-first-lease wait p50/p95
+    (percentile_cont), live leases, rows deleted, jobs."""
+    return sql.composed(
+        """
+        SELECT portfolio_id,
+            percentile_cont(0.5) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),
+            percentile_cont(0.95) WITHIN GROUP (ORDER BY EXTRACT(EPOCH FROM first_leased_at - created_at)),
+            COUNT(*) FILTER (WHERE state = {leased} AND lease_expires_at > %s),
+            COALESCE(SUM(rows_deleted), 0), COUNT(*)
+        FROM {job} WHERE sweep_id = %s GROUP BY portfolio_id ORDER BY portfolio_id
+        """,
+        leased=pg.Literal(JobState.LEASED.value),
+    )
+
+
 def portfolio_fairness(
     *, now: datetime, sweep: Sweep | None, portfolio_ids: PortfolioScope = None
 ) -> list[dict[str, Any]]:
@@ -199,7 +216,7 @@ def portfolio_fairness(
     (p50, p95), live leases and rows deleted, in one query."""
     if sweep is None:
         return []
-    rows = sql.execute(sql.portfolio_fairness(), [now, sweep.pk])
+    rows = sql.execute(_portfolio_fairness(), [now, sweep.pk])
     # One row per portfolio: a customer's staff get their own rows only.
     rows = [r for r in rows if portfolio_ids is None or r[0] in portfolio_ids]
     return [
@@ -319,12 +336,72 @@ def _late_cutoffs(versions: list[tuple[Any, ...]], *, now: datetime) -> dict[int
     return late
 
 
+def _retention_debt(spec: RecordKindSpec, *, hold_sql: pg.Composable, cutoffs: int) -> pg.Composed:
+    """Per portfolio: overdue, held, overdue beyond the grace, oldest overdue
+    timestamp, for ``cutoffs`` (portfolio, cutoff, late) rows of parameters."""
+    names: dict[str, pg.Composable] = {
+        "ts": sql.ident(spec.timestamp_column),
+        "table": sql.ident(spec.table),
+        "held_sql": hold_sql,
+        "cutoff": spec.cutoff_sql(pg.SQL("c.cutoff")),
+    }
+    if spec.property_shape != "direct":
+        # A path or no property: the rows of the portfolio (through the path,
+        # those of its properties), read by one join.
+        if spec.has_property:
+            source = sql.composed(
+                """
+                FROM c JOIN {property} p ON p.{property_portfolio} = c.portfolio_id
+                JOIN (SELECT {property_of} AS property_id, r.{ts} AS ts, {held_sql} AS held FROM {table} r) x
+                    ON x.property_id = p.{property_pk} AND x.ts < {cutoff}
+                """,
+                **names,
+                property_of=spec.property_of("r"),
+            )
+        else:
+            source = sql.composed(
+                """
+                FROM c JOIN (SELECT r.{portfolio_column} AS portfolio_id, r.{ts} AS ts, {held_sql} AS held
+                    FROM {table} r) x ON x.portfolio_id = c.portfolio_id AND x.ts < {cutoff}
+                """,
+                **names,
+                portfolio_column=sql.ident(spec.portfolio_column),
+            )
+    else:
+        # Per property, an index range scan on (property, timestamp): the cost
+        # follows the overdue rows, not the table. OFFSET 0 keeps the hold
+        # test computed once per row instead of once per aggregate.
+        source = sql.composed(
+            """
+            FROM c JOIN {property} p ON p.{property_portfolio} = c.portfolio_id CROSS JOIN LATERAL
+            (SELECT r.{ts} AS ts, {held_sql} AS held FROM {table} r
+                WHERE r.{property_column} = p.{property_pk} AND r.{ts} < {cutoff} OFFSET 0) x
+            """,
+            **names,
+            property_column=sql.ident(spec.property_column),
+        )
+    row = pg.SQL("(CAST(%s AS {key}), CAST(%s AS timestamptz), CAST(%s AS timestamptz))").format(
+        key=pg.SQL(sql.PORTFOLIO_KEY)
+    )
+    return sql.composed(
+        """
+        WITH c(portfolio_id, cutoff, late) AS (VALUES {rows})
+        SELECT c.portfolio_id, MIN(c.cutoff),
+            SUM(CASE WHEN x.held THEN 0 ELSE 1 END), SUM(CASE WHEN x.held THEN 1 ELSE 0 END),
+            SUM(CASE WHEN NOT x.held AND x.ts < c.late THEN 1 ELSE 0 END), MIN(CASE WHEN x.held THEN NULL ELSE x.ts END)
+        {source} GROUP BY c.portfolio_id
+        """,
+        rows=pg.SQL(", ").join([row] * cutoffs),
+        source=source,
+    )
+
+
 def _debt_for_kind(kind: str, spec: Any, cutoffs: list[tuple[int, datetime, datetime]]) -> dict[str, Any]:
     hold_sql, hold_params = hold_covers_sql(kind)
     params: list[object] = []
     for pid, cutoff, late_cutoff in cutoffs:
         params += [pid, db_datetime(cutoff), db_datetime(late_cutoff)]
-    statement = sql.retention_debt(spec, hold_sql=hold_sql, cutoffs=len(cutoffs))
+    statement = _retention_debt(spec, hold_sql=hold_sql, cutoffs=len(cutoffs))
     rows = sql.execute(statement, [*params, *hold_params])
     oldest = None
     for _pid, cutoff, _overdue, _held, _late, min_ts in rows:
