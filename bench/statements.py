@@ -70,9 +70,10 @@ DATA_CLASSES = (
 )
 
 # Text rules, first match wins, on the statement with double quotes removed and
-# whitespace collapsed, lower case. Written against the SQL in cleanup_ops/sql.py,
-# cleanup_ops/execution/statements.py and
-# the ORM queries of leases.py, dispatch.py, admission.py and models/jobs.py.
+# whitespace collapsed, lower case. Written against the product's statements, each
+# in the module that runs it (cleanup_ops/execution/statements.py, leases.py,
+# outbox.py, sweeps.py, admission.py, ratelimit.py, downstream/), and the ORM
+# queries of leases.py, dispatch.py, admission.py and models/jobs.py.
 _TEXT_RULES: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
     (name, re.compile(pattern))
     for name, pattern in (

@@ -1,28 +1,37 @@
-"""The pipeline's raw SQL that no one caller owns, by name, and how a statement is composed.
+"""How the pipeline's raw SQL is composed, and the names it fills in: the
+composition helpers, the pipeline's and the host's table names. No statement.
 
 Why raw SQL at all: on the per-batch path every statement counts (an ORM query
 that builds model instances costs several plain round trips), and a few
 statements need what the ORM does not say (``FOR SHARE OF``, ``RETURNING`` on
 a DELETE with a correlated hold check, advisory locks, percentiles). Everything
-else (admission's bulk insert, the admin, the API) uses the ORM.
+else (the admin, the API) uses the ORM.
 
 Each statement is a function named after what it does, returning a
 ``psycopg.sql`` template with its fields filled (``composed``): table and
 column names from the models' ``_meta``, never from input, as quoted
 identifiers; enum values as ``psycopg.sql.Literal`` of the enums; everything
 else a parameter the caller passes (``%s``, or ``%(name)s`` where a
-statement names them). A statement stays ``Composable`` until the cursor runs it: no text is
-formatted, split or spliced. The product runs on PostgreSQL only (15 to 18):
-each statement has one text.
+statement names them). A statement stays ``Composable`` until the cursor runs
+it: no text is formatted, split or spliced. The product runs on PostgreSQL
+only (15 to 18): each statement has one text.
 
-Here: the composition helpers every statement is built with (``composed``,
-``rows_cte``, ``any_of``, ``lease_cleared``, ``statement``), and the
-statements of sweeps, the purge, admission, rate limits, health and the
-console's figures. The batch transaction's own are in
-``cleanup_ops.execution.statements`` (and ``execution.key_cursors``), the
-lease's in ``cleanup_ops.execution.leases``, the hold rule's fragments in
-``retention.eligibility`` and a record kind's in ``retention.registry``: each
-next to what it is about.
+Here: the helpers every statement is built and run with (``composed``,
+``ident``, ``rows_cte`` and ``rows_params``, ``any_of`` and ``any_params``,
+``values_list``, ``lease_cleared``, ``statement``, ``execute``) and the names
+a template may use (``NAMES``): the pipeline's tables, the host's customer and
+site tables, their keys and the keys' type (``PORTFOLIO_KEY``,
+``PROPERTY_KEY``). No statement lives here (tests/test_sql_home.py): each is
+next to what it is about, in the module that runs it. The batch
+transaction's are in ``cleanup_ops.execution.statements`` (and
+``execution.key_cursors``), the lease's in ``cleanup_ops.execution.leases``,
+the batch's disposition take in ``cleanup_ops.execution.outbox``, the
+purge's in ``cleanup_ops.downstream.decision``, ``downstream.fencing`` and
+``downstream.purge``, admission's in ``cleanup_ops.admission``, a sweep's in
+``cleanup_ops.sweeps``, the rate limits' in ``cleanup_ops.ratelimit``, the
+readiness check's in ``cleanup_ops.health``, the console's figures in
+``cleanup_ops.console_selectors.overview``; the hold rule's fragments in
+``retention.eligibility`` and a record kind's in ``retention.registry``.
 """
 
 from __future__ import annotations
@@ -35,12 +44,7 @@ from django.db import connection
 from psycopg import sql as pg
 
 from cleanup_ops.lifecycle import LEASE_CLEARED
-from cleanup_ops.models import (
-    CleanupJob,
-    DeadLetter,
-    LedgerEntry,
-    Sweep,
-)
+from cleanup_ops.models import CleanupJob, DeadLetter, LedgerEntry, Sweep
 from retention.domain import (
     portfolio_key_sql_type,
     portfolio_model,
@@ -167,6 +171,8 @@ def typed(sql_type: str) -> pg.Composed:
 
 
 def values_list(rows: int, types: Sequence[str]) -> pg.Composed:
+    """``rows`` rows of positional parameters, each cast to its column's type
+    (``typed``): the list after ``VALUES``."""
     row = pg.SQL("({cells})").format(cells=pg.SQL(", ").join(typed(t) for t in types))
     return pg.SQL(", ").join([row] * rows)
 
@@ -202,6 +208,3 @@ def any_of(name: str, sql_type: str) -> pg.Composed:
 
 def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
     return {name: list(values)}
-
-
-# --- Purge ----------------------------------------------------------------------

@@ -2,10 +2,12 @@
 
 The fence with the scope locks and the policy read, the replay lookups, the
 candidates, the DELETE, the ledger insert and the jobs' advance: the
-statements a reader of one batch follows in order, apart from those other
-packages run (purge, admission, buckets, sweeps), which stay in
-``cleanup_ops.sql`` with the composition helpers these use, and the text cursors only a non-integer key needs
-(``execution.key_cursors``).
+statements a reader of one batch follows in order, apart from those the
+batch reaches through other modules (a sweep's finish in ``cleanup_ops.sweeps``,
+the rate limits' in ``cleanup_ops.ratelimit``, the outbox's disposition take
+in ``execution.outbox``), each next to its own protocol, and the text cursors
+only a non-integer key needs (``execution.key_cursors``). The composition
+helpers these use are ``cleanup_ops.sql``'s.
 
 Every builder is a ``sql.statement``: a ``psycopg.sql`` template (each
 table and column name an identifier, ``sql.composed``) filled once per
