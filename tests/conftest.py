@@ -15,19 +15,21 @@ from django.db import connection
 from retention.models import PolicyVersion, RetentionPolicy
 from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
-# The user, customer and site models the settings name: the demo's (the annotations'),
-# or the UUID schema's when the suite runs on it (tests/settings_uuid.py), where the
-# demo's are not installed. Test modules that run on both take them from here.
+# The user, customer, site and lease models the settings name: the demo's (the
+# annotations'), or the UUID schema's when the suite runs on it (tests/settings_uuid.py),
+# where the demo's are not installed. Test modules that run on both take them from here.
 if TYPE_CHECKING:
     from django.contrib.auth.models import User
 
-    from properties.models import Portfolio, Property
+    from properties.models import Lease, Portfolio, Property
 else:
     from django.contrib.auth import get_user_model
 
     from retention.domain import portfolio_model, property_model
+    from retention.registry import get_spec
 
     User, Portfolio, Property = get_user_model(), portfolio_model(), property_model()
+    Lease = get_spec("lease").model
 
 # --- Test tiers ----------------------------------------------------------------------
 # Every test has exactly one tier (markers registered in pyproject.toml, with
