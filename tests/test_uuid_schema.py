@@ -85,7 +85,6 @@ def test_the_guarantees_and_the_scope_lock_interleavings_hold_on_uuid_keyed_user
             *UUID_SCHEMA,
             "-p",
             "no:xdist",
-            "-q",
             f"--junitxml={report}",
             *uuid_schema_tests(),
         ],
@@ -98,7 +97,8 @@ def test_the_guarantees_and_the_scope_lock_interleavings_hold_on_uuid_keyed_user
     output = f"{result.stdout[-6000:]}\n{result.stderr[-3000:]}"
     assert result.returncode == 0, output
     # The header the UUID schema's plugin wrote: the run had its models (it refuses any other).
-    assert f"{HEADER} user schema_uuid.User, customer schema_uuid.Customer, site schema_uuid.Site" in output, output
+    header = f"{HEADER} user schema_uuid.User, customer schema_uuid.Customer, site schema_uuid.Site"
+    assert header in result.stdout, output
     suite = ElementTree.parse(report).getroot().find("testsuite")  # noqa: S314 - our own pytest's report
     assert suite is not None, output
     counts = {name: int(suite.get(name, "0")) for name in ("tests", "failures", "errors", "skipped")}
