@@ -25,15 +25,15 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import uuid
 from pathlib import Path
 from urllib.parse import urlsplit
 from xml.etree import ElementTree
 
 import pytest
 
-from .schema_uuid.pytest_plugin import HEADER
-
-pytestmark = pytest.mark.system
+from .interleaving import scope_key
+from .schema_uuid.pytest_plugin import HEADER, uuid_keyed_models
 
 ROOT = Path(__file__).resolve().parent.parent
 # The arguments that run pytest on the UUID schema.
@@ -70,6 +70,7 @@ def second_database_url(url: str, worker: str) -> str:
     return parts._replace(path=f"/{name}_uuid_schema{'_' + worker if worker else ''}").geturl()
 
 
+@pytest.mark.system
 def test_the_guarantees_and_the_scope_lock_interleavings_hold_on_uuid_keyed_users_customers_and_sites(
     tmp_path: Path,
 ) -> None:
@@ -103,3 +104,26 @@ def test_the_guarantees_and_the_scope_lock_interleavings_hold_on_uuid_keyed_user
     assert suite is not None, output
     counts = {name: int(suite.get(name, "0")) for name in ("tests", "failures", "errors", "skipped")}
     assert counts == {"tests": expected_count(), "failures": 0, "errors": 0, "skipped": 0}, output
+
+
+def test_the_uuid_run_refuses_to_start_on_the_demos_integer_keyed_models() -> None:
+    with pytest.raises(pytest.UsageError) as refused:
+        uuid_keyed_models()
+    assert str(refused.value) == (
+        "not keyed by a UUID: user auth.User, customer properties.Portfolio, site properties.Property"
+        " (run with --ds=tests.settings_uuid)"
+    )
+
+
+def test_the_uuid_run_has_a_test_database_of_its_own_per_worker() -> None:
+    url = "postgres://postgres@127.0.0.1:5432/app"
+    assert second_database_url(url, "") == "postgres://postgres@127.0.0.1:5432/app_uuid_schema"
+    assert second_database_url(url, "gw1") == "postgres://postgres@127.0.0.1:5432/app_uuid_schema_gw1"
+
+
+def test_a_scope_key_is_spelled_alike_by_the_history_log_the_orm_and_the_objects() -> None:
+    key = uuid.uuid4()
+    assert scope_key(key) == scope_key(str(key)) == str(key)
+    # An integer key: a JSON number, a JSON object's key (text), the ORM's int.
+    assert scope_key(7) == scope_key("7") == 7
+    assert scope_key(None) is None
