@@ -74,8 +74,16 @@ from harness.procs import renice
 
 TEMPLATE = Path(__file__).with_name("batch_function.sql")
 BATCH_FN = "bench_batch"
-# The DELETE's parameters as the function's EXECUTE … USING passes them ($1 … $6).
-DELETE_USING = ("property_id", "portfolio_id", "after_id", "cutoff", "lim", "kind")
+# The DELETE's parameters, numbered as the function's EXECUTE … USING passes them
+# (batch_function.sql: p_property, p_portfolio, v_cursor, v_cutoff, v_limit, p_kind).
+DELETE_USING: dict[str, pg.Composable] = {
+    "property_id": pg.SQL("$1"),
+    "portfolio_id": pg.SQL("$2"),
+    "after_id": pg.SQL("$3"),
+    "cutoff": pg.SQL("$4"),
+    "lim": pg.SQL("$5"),
+    "kind": pg.SQL("$6"),
+}
 
 
 def _raise_exit(signum: int, _frame: object) -> None:
@@ -164,10 +172,7 @@ def function_text(conn: psycopg.Connection[Any]) -> pg.Composed:
     lookup = bound(statements.ledger_lookup(), {"ops": _one("v_op")})
     # The data statement goes through EXECUTE: planned for its values every time,
     # as the product plans it (not prepared: batches.run_group_batch says why).
-    delete = bound(
-        statements.partition_count_and_delete(spec, pruning=pruning(spec)),
-        {name: pg.SQL(f"${n}") for n, name in enumerate(DELETE_USING, start=1)},
-    )
+    delete = bound(statements.partition_count_and_delete(spec, pruning=pruning(spec)), DELETE_USING)
     advance_values: dict[str, pg.Composable] = {
         "g_job_id": _one("p_job"),
         "g_new_cursor": _one("a_cursor"),
@@ -196,6 +201,8 @@ def function_text(conn: psycopg.Connection[Any]) -> pg.Composed:
         "l_rows_held": _one("v_held"),
         "l_applied_at": _one("p_now"),
     }
+    # The sweep's statements are private to cleanup_ops.sweeps (its protocol's);
+    # read here, not imported, because the function must run the same texts.
     sweep = {"sweep": _var("p_sweep"), "now": _var("p_now")}
     template = pg.SQL(TEMPLATE.read_text())  # type: ignore[arg-type]  # our own file, not user input
     return template.format(
@@ -266,6 +273,7 @@ class Run:
     server_plan_ms: float = 0.0
     server_statements: int = 0
     by_statement: Counter[str] = field(default_factory=Counter)
+    nested_ms: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0  # wall time, leases included
     ok: bool = False
     deleted: int = 0
@@ -286,14 +294,16 @@ class ServerTime:
         self.dbid = self.conn.execute("SELECT oid FROM pg_database WHERE datname = %s", [self.db]).fetchone()[0]
         self.conn.execute("SELECT pg_stat_statements_reset()")
 
-    def read(self) -> list[tuple[str, float, float, int]]:
-        """(the statement's first words, execution ms, planning ms, calls) per statement."""
+    def read(self, *, nested: bool = False) -> list[tuple[str, float, float, int]]:
+        """(the statement's first words, execution ms, planning ms, calls) per
+        top-level statement; ``nested``: those a function or trigger ran, instead
+        (``pg_stat_statements.track = all`` in the session that ran them)."""
         rows = self.conn.execute(
             """
             SELECT left(regexp_replace(query, '\\s+', ' ', 'g'), 60), total_exec_time, total_plan_time, calls
-            FROM pg_stat_statements WHERE toplevel AND dbid = %s AND query NOT LIKE %s
+            FROM pg_stat_statements WHERE toplevel <> %s AND dbid = %s AND query NOT LIKE %s
             """,
-            [self.dbid, "%pg_stat_statements%"],
+            [nested, self.dbid, "%pg_stat_statements%"],
         ).fetchall()
         return [(str(q), float(e), float(p), int(c)) for q, e, p, c in rows]
 
@@ -379,6 +389,9 @@ def drive(label: str, call: BatchCall, ds: Dataset, slot: datetime, server: Serv
     from cleanup_ops.schedule import sweep_trigger
 
     run = Run(label)
+    if trace_dir:
+        # The traced run also has the statements a function or trigger runs counted.
+        sql("SET pg_stat_statements.track = 'all'")
     sweep_trigger(slot=slot)
     job_ids = list(CleanupJob.objects.filter(job_kind="delete").order_by("id").values_list("id", flat=True))
     started = time.perf_counter()
@@ -405,6 +418,9 @@ def drive(label: str, call: BatchCall, ds: Dataset, slot: datetime, server: Serv
             run.server_plan_ms += plan_ms
             run.server_statements += calls
             run.by_statement[query] += calls
+        if trace_dir:
+            for query, exec_ms, plan_ms, _calls in server.read(nested=True):
+                run.nested_ms[query] += exec_ms + plan_ms
     run.seconds = time.perf_counter() - started
     check = verify(ds, label, pipeline=True)
     run.ok, run.deleted = bool(check["ok"]), int(check["deleted"])
@@ -537,6 +553,8 @@ def main() -> None:
                 fin = [b.round_trips for b in run.batches if b.finishing]
                 per_batch = {q: c / len(run.batches) for q, c in run.by_statement.most_common(12)}
                 log(f"{key}: statements per batch received by the server: {per_batch}")
+                nested = {q: round(ms / len(run.batches), 2) for q, ms in run.nested_ms.most_common(12)}
+                log(f"{key}: ms per batch of the statements run inside (a function, a trigger): {nested}")
                 trips[key] = {
                     "cont_median": statistics.median(cont) if cont else 0,
                     "cont_max": max(cont, default=0),
