@@ -274,6 +274,7 @@ class Run:
     server_statements: int = 0
     by_statement: Counter[str] = field(default_factory=Counter)
     nested_ms: Counter[str] = field(default_factory=Counter)
+    top_ms: Counter[str] = field(default_factory=Counter)
     seconds: float = 0.0  # wall time, leases included
     ok: bool = False
     deleted: int = 0
@@ -418,6 +419,7 @@ def drive(label: str, call: BatchCall, ds: Dataset, slot: datetime, server: Serv
             run.server_plan_ms += plan_ms
             run.server_statements += calls
             run.by_statement[query] += calls
+            run.top_ms[query] += exec_ms + plan_ms
         if trace_dir:
             for query, exec_ms, plan_ms, _calls in server.read(nested=True):
                 run.nested_ms[query] += exec_ms + plan_ms
@@ -551,8 +553,11 @@ def main() -> None:
                 digests.add(run.ledger_digest)
                 cont = [b.round_trips for b in run.batches if not b.finishing]
                 fin = [b.round_trips for b in run.batches if b.finishing]
-                per_batch = {q: c / len(run.batches) for q, c in run.by_statement.most_common(12)}
-                log(f"{key}: statements per batch received by the server: {per_batch}")
+                per_batch = {
+                    q: (round(c / len(run.batches), 2), round(run.top_ms[q] / len(run.batches), 2))
+                    for q, c in run.by_statement.most_common(12)
+                }
+                log(f"{key}: statements per batch received by the server (calls, ms): {per_batch}")
                 nested = {q: round(ms / len(run.batches), 2) for q, ms in run.nested_ms.most_common(12)}
                 log(f"{key}: ms per batch of the statements run inside (a function, a trigger): {nested}")
                 trips[key] = {
