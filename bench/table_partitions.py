@@ -483,6 +483,12 @@ def main() -> None:
         action="store_true",
         help="the drops alone: no row-delete phase, no drain after the drops (the parent lock's figures)",
     )
+    parser.add_argument(
+        "--pause-ratio",
+        type=float,
+        default=None,
+        help="CLEANUP_TABLE_PARTITION_PAUSE_RATIO (default: the settings'; code without pacing has none)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="drop phases, each from the snapshot after an idle probe")
     parser.add_argument(
         "--sample-waits", action="store_true", help="sample the probe's wait events (costs CPU: diagnosis only)"
@@ -504,6 +510,11 @@ def main() -> None:
         from cleanup_ops.schedule import slot_current
 
         call_command("migrate", verbosity=0, interactive=False)
+        from django.conf import settings
+
+        if args.pause_ratio is not None:
+            settings.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = args.pause_ratio
+        log(f"pause ratio: {getattr(settings, 'CLEANUP_TABLE_PARTITION_PAUSE_RATIO', 'none (code without pacing)')}")
         slot = slot_current()
         world = build(args, slot)
         log(f"snapshot in {snapshot():.1f} s")
@@ -533,6 +544,10 @@ def report(
 ) -> None:
     print(f"\nTable partitions against row deletes: {args.rows:,} tenant-activity rows over {MONTHS} monthly table")
     print(f"partitions, {args.portfolios} portfolios, one under a portfolio-wide hold; code {code_version()}")
+    from django.conf import settings
+
+    ratio = getattr(settings, "CLEANUP_TABLE_PARTITION_PAUSE_RATIO", None)
+    print(f"pause ratio: {'none (code without pacing)' if ratio is None else ratio}")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     idle, drop = rounds[0]
     if rows is not None:

@@ -78,6 +78,10 @@ f. Droppable: insert the ledger row; check that no session waits for the
    one side) also rolls the drop back, *busy*. Identifiers are quoted by
    ``psycopg.sql.Identifier``.
 
+Paced: before each table partition's transaction but the first, the trigger
+sleeps ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` times the last one's seconds,
+holding no lock (``_pacing``).
+
 Not droppable: nothing is written. A table partition that is gone when its
 turn comes (a concurrent trigger of the same slot dropped it, and wrote its
 ledger row) is *already dropped*, not an error: every trigger of a slot ends
@@ -241,6 +245,7 @@ def table_partitions_drop(
     if not specs:
         return TablePartitionsReport(skipped="no record kind opts in (drop_table_partitions)")
     report = TablePartitionsReport()
+    owed = 0.0  # the pause the last table partition's transaction earned (pacing)
     for spec in specs:
         kind_report = KindReport(kind=spec.kind, table=spec.table)
         report.kinds.append(kind_report)
@@ -249,13 +254,33 @@ def table_partitions_drop(
             if largest is None or table_partition.upper > largest:
                 kind_report.kept_young.append(table_partition.name)
                 continue
+            if owed:
+                _pause(owed)
+            started = time.monotonic()
             verdict, rows = _drop_one(spec, table_partition, slot=slot, now=now, sweep_id=sweep_id)
+            owed = _pacing(time.monotonic() - started)
             if verdict == "dropped":
                 kind_report.dropped[table_partition.name] = rows
             else:
                 getattr(kind_report, verdict).append(table_partition.name)
     logger.info(report.summary())
     return report
+
+
+def _pacing(seconds: float) -> float:
+    """The pause before the next table partition: ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``
+    times the transaction just ended. Each drop's scan takes one of the
+    database's cores, and its commit makes every session of the parent reload
+    the partition list; paced, the drops take at most 1 / (1 + ratio) of the
+    time and the application's requests meet one that much less often. None
+    inside a caller's transaction: its locks stay until that commits, paused or not."""
+    if connection.in_atomic_block:
+        return 0.0
+    return settings.CLEANUP_TABLE_PARTITION_PAUSE_RATIO * seconds
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 class _Busy(DatabaseError):

@@ -9,6 +9,7 @@ The world and its helpers are ``tests/test_table_partitions.py``'s.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -144,3 +145,55 @@ def test_a_reader_holding_the_parent_makes_the_drop_ask_again_and_it_drops_once_
     entry = TablePartitionDrop.objects.get(table_partition=P_MARCH)
     assert entry.rows == 7 and not table_partition_exists(P_MARCH)
     assert not TenantActivity.objects.filter(pk__in=world.march_ids()).exists()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("ratio", [0.0, 3.0])
+def test_the_drops_pause_between_table_partitions_the_ratio_times_the_last_transaction(
+    committed,  # noqa: F811 - the fixture imported above
+    active_policy,
+    monkeypatch,
+    ratio,
+):
+    """``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``: before each table partition's
+    transaction but the first, a pause of at least the ratio times the last
+    transaction (measured here from its first statement to its commit, inside
+    the span the code measures); none after the last, none at ratio 0."""
+    committed_world(active_policy)
+    committed.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = ratio
+    events: list[tuple[str, float]] = []
+    monkeypatch.setattr(service, "_pause", lambda seconds: events.append(("pause", seconds)))
+
+    def record(execute: Any, sql: Any, params: Any, many: bool, context: Any) -> Any:
+        if "set_config('lock_timeout'" in str(sql):
+            events.append(("begin", time.perf_counter()))
+            transaction.on_commit(lambda: events.append(("end", time.perf_counter())))
+        return execute(sql, params, many, context)
+
+    with connection.execute_wrapper(record):
+        (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
+
+    assert (kind.dropped[P_MARCH], kind.dropped[P_APRIL]) == (7, 2)
+    transactions = [at for what, at in events if what == "begin"]
+    pauses = [i for i, (what, _) in enumerate(events) if what == "pause"]
+    if not ratio:
+        assert pauses == [] and len(transactions) >= 2
+        return
+    # One pause between each two transactions, none before the first or after the last.
+    assert [events[i - 1][0] for i in pauses] == ["end"] * (len(transactions) - 1)
+    assert [events[i + 1][0] for i in pauses] == ["begin"] * (len(transactions) - 1)
+    for i in pauses:
+        begun = max(at for what, at in events[:i] if what == "begin")
+        assert events[i][1] >= ratio * (events[i - 1][1] - begun)
+
+
+@pytest.mark.django_db
+def test_no_pause_inside_a_callers_transaction_whose_locks_would_stay_anyway(settings, active_policy, monkeypatch):
+    build_world(active_policy)
+    settings.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = 3.0
+    pauses: list[float] = []
+    monkeypatch.setattr(service, "_pause", pauses.append)
+
+    (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
+
+    assert (kind.dropped[P_MARCH], kind.dropped[P_APRIL]) == (7, 2) and pauses == []
