@@ -190,7 +190,10 @@ class DropClock:
     ``DROP TABLE`` after it), ``DROP TABLE`` returned, the commit returned (an
     ``on_commit`` callback, which runs right after it). The parent's lock is held from
     its grant to the commit's end; measured from the send of the statement that got
-    it, the figure is an upper bound, the same way for either code."""
+    it to the commit's answer, the figure is an upper bound, the same way for either
+    code: PostgreSQL releases the lock before it unlinks the dropped files
+    (``CommitTransaction``: ``smgrDoPendingDeletes`` after the locks), and the answer
+    waits for the unlinking — at 10M rows most of the "commit" here."""
 
     drops: list[dict[str, float]] = field(default_factory=list)
 
@@ -584,7 +587,10 @@ def report(
             f"{'met' if wal_ratio <= WAL_GOAL else 'NOT met'}; the whole run with its fallback: {whole:.4f}); "
             f"every held row survives: {rows['held_survive'] and drop['held_survive']}"
         )
-    print("\nThe drops, round by round (ms; the parent's ACCESS EXCLUSIVE held from its grant to the commit's end):")
+    print(
+        "\nThe drops, round by round (ms; the parent's ACCESS EXCLUSIVE held from the locking statement's send to the"
+        " commit's answer: an upper bound, the files' unlinking after the lock's release included):"
+    )
     for number, (idle, drop) in enumerate(rounds, 1):
         clock, split = drop["clock"], drop["split"]
 
