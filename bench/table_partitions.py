@@ -34,6 +34,14 @@ loop inserts one tenant-activity row now and reads one property's activity of th
 week, as the application does — p50/p99 against the same probe measured idle first
 (``--idle-seconds``). Then a check that every row of the held portfolio survived.
 
+The drops' own figures (issue 40, item 4): each drop's parent lock, from the send of
+the statement that got it to the commit's answer (``DropClock``), and the probe's
+operations during the trigger sorted by what a drop was doing then (``attribute``).
+``--drops-only`` skips the row deletes and the drain; ``--rounds N`` repeats the drops'
+phase, each after its own idle probe; ``--pause-ratio`` sets
+``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``; ``--sample-waits`` reads the probe's wait
+events (diagnosis: it costs CPU).
+
 Without ``DATABASE_URL`` it starts a throwaway PostgreSQL (``harness/postgres.py``); with
 it, that (empty!) database is overwritten. No figure here is asserted by a test.
 """
@@ -191,9 +199,9 @@ class DropClock:
     ``on_commit`` callback, which runs right after it). The parent's lock is held from
     its grant to the commit's end; measured from the send of the statement that got
     it to the commit's answer, the figure is an upper bound, the same way for either
-    code: PostgreSQL releases the lock before it unlinks the dropped files
-    (``CommitTransaction``: ``smgrDoPendingDeletes`` after the locks), and the answer
-    waits for the unlinking — at 10M rows most of the "commit" here."""
+    code: PostgreSQL releases a committing transaction's locks before it unlinks the
+    dropped files, and the answer waits for the unlinking — at 10M rows most of the
+    "commit" here."""
 
     drops: list[dict[str, float]] = field(default_factory=list)
 
