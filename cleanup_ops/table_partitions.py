@@ -78,9 +78,10 @@ f. Droppable: insert the ledger row; check that no session waits for the
    one side) also rolls the drop back, *busy*. Identifiers are quoted by
    ``psycopg.sql.Identifier``.
 
-Paced: before each table partition's transaction but the first, the trigger
-sleeps ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` times the last one's seconds,
-holding no lock (``_pacing``).
+Paced: after a table partition dropped, before the next one's transaction,
+the trigger sleeps ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` times the drop's
+seconds, holding no lock; never inside a caller's transaction, whose locks
+would stay (``_pacing``).
 
 Not droppable: nothing is written. A table partition that is gone when its
 turn comes (a concurrent trigger of the same slot dropped it, and wrote its
@@ -258,7 +259,9 @@ def table_partitions_drop(
                 _pause(owed)
             started = time.monotonic()
             verdict, rows = _drop_one(spec, table_partition, slot=slot, now=now, sweep_id=sweep_id)
-            owed = _pacing(time.monotonic() - started)
+            # Only a drop earns a pause: a table partition kept or busy took no
+            # parent lock and changed no catalog (a busy one's seconds are waits).
+            owed = _pacing(time.monotonic() - started) if verdict == "dropped" else 0.0
             if verdict == "dropped":
                 kind_report.dropped[table_partition.name] = rows
             else:
@@ -269,7 +272,7 @@ def table_partitions_drop(
 
 def _pacing(seconds: float) -> float:
     """The pause before the next table partition: ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``
-    times the transaction just ended. Each drop's scan takes one of the
+    times the drop just committed. Each drop's scan takes one of the
     database's cores, and its commit makes every session of the parent reload
     the partition list; paced, the drops take at most 1 / (1 + ratio) of the
     time and the application's requests meet one that much less often. None

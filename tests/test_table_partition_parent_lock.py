@@ -155,10 +155,11 @@ def test_the_drops_pause_between_table_partitions_the_ratio_times_the_last_trans
     monkeypatch,
     ratio,
 ):
-    """``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``: before each table partition's
-    transaction but the first, a pause of at least the ratio times the last
-    transaction (measured here from its first statement to its commit, inside
-    the span the code measures); none after the last, none at ratio 0."""
+    """``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``: after each drop but the last,
+    before the next table partition's transaction, a pause of at least the
+    ratio times the drop (measured here from its first statement to its
+    commit, inside the span the code measures); none at ratio 0. Every table
+    partition here past the cutoff is dropped (no hold)."""
     committed_world(active_policy)
     committed.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = ratio
     events: list[tuple[str, float]] = []
