@@ -64,9 +64,11 @@ f. Droppable: insert the ledger row; check that no session waits for the
    checkpoint ``table_partition.before_drop``; ``LOCK TABLE <parent> IN
    ACCESS EXCLUSIVE MODE NOWAIT`` (what the drop takes anyway), asked again
    every few milliseconds within a's bound and never queued for
-   (``_lock_parent_nowait`` says why: queued, the drop could make the
-   application's write the deadlock victim), then
-   ``DROP TABLE <table partition>``, which detaches it as it drops it; commit.
+   (``_lock_parent_and_drop`` says why: queued, the drop could make the
+   application's write the deadlock victim), and with it, in the same round
+   trip, ``DROP TABLE <table partition>``, which detaches it as it drops it;
+   commit. Every read and write of the parent waits while its lock is held:
+   everything but the catalog change and the commit is done before it.
    The ledger row and the drop commit together or not at all. (Not ``ALTER
    TABLE … DETACH PARTITION`` first: a detached table partition's foreign keys
    become its own, with triggers on the portfolio and property tables, and
@@ -75,6 +77,11 @@ f. Droppable: insert the ledger row; check that no session waits for the
    drop. Dropped while attached, it locks the parent alone.) A deadlock (PostgreSQL ends
    one side) also rolls the drop back, *busy*. Identifiers are quoted by
    ``psycopg.sql.Identifier``.
+
+Paced: after a table partition dropped, before the next one's transaction,
+the trigger sleeps ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` times the drop's
+seconds, holding no lock; never inside a caller's transaction, whose locks
+would stay (``_pacing``).
 
 Not droppable: nothing is written. A table partition that is gone when its
 turn comes (a concurrent trigger of the same slot dropped it, and wrote its
@@ -239,6 +246,7 @@ def table_partitions_drop(
     if not specs:
         return TablePartitionsReport(skipped="no record kind opts in (drop_table_partitions)")
     report = TablePartitionsReport()
+    owed = 0.0  # the pause the last table partition's transaction earned (pacing)
     for spec in specs:
         kind_report = KindReport(kind=spec.kind, table=spec.table)
         report.kinds.append(kind_report)
@@ -247,13 +255,35 @@ def table_partitions_drop(
             if largest is None or table_partition.upper > largest:
                 kind_report.kept_young.append(table_partition.name)
                 continue
+            if owed:
+                _pause(owed)
+            started = time.monotonic()
             verdict, rows = _drop_one(spec, table_partition, slot=slot, now=now, sweep_id=sweep_id)
+            # Only a drop earns a pause: a table partition kept or busy took no
+            # parent lock and changed no catalog (a busy one's seconds are waits).
+            owed = _pacing(time.monotonic() - started) if verdict == "dropped" else 0.0
             if verdict == "dropped":
                 kind_report.dropped[table_partition.name] = rows
             else:
                 getattr(kind_report, verdict).append(table_partition.name)
     logger.info(report.summary())
     return report
+
+
+def _pacing(seconds: float) -> float:
+    """The pause before the next table partition: ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``
+    times the drop just committed. Each drop's scan takes one of the
+    database's cores, and its commit makes every session of the parent reload
+    the partition list; paced, the drops take at most 1 / (1 + ratio) of the
+    time and the application's requests meet one that much less often. None
+    inside a caller's transaction: its locks stay until that commits, paused or not."""
+    if connection.in_atomic_block:
+        return 0.0
+    return settings.CLEANUP_TABLE_PARTITION_PAUSE_RATIO * seconds
+
+
+def _pause(seconds: float) -> None:
+    time.sleep(seconds)
 
 
 class _Busy(DatabaseError):
@@ -410,13 +440,7 @@ def _decide_and_drop(
         if cur.fetchone()[0]:
             raise _Busy(f"a session waits for table partition {table_partition.name}")
         checkpoint("table_partition.before_drop")
-        _lock_parent_nowait(cur, spec.table, table_partition)
-        # DROP TABLE detaches it too. Not ALTER TABLE ... DETACH PARTITION first:
-        # that makes its inherited foreign keys its own, with triggers on the
-        # portfolio and property tables, which the DROP then takes ACCESS
-        # EXCLUSIVE (every reader of them waits; a hold placement waiting for
-        # our scope lock deadlocks us). Dropped attached, only the parent is locked.
-        cur.execute(pgsql.SQL("DROP TABLE {table}").format(table=table))
+        _lock_parent_and_drop(cur, spec.table, table_partition)
     return "dropped", int(rows)
 
 
@@ -436,8 +460,9 @@ def _paused(portfolios: list[Any]) -> bool:
     return PipelinePause.objects.active().filter(Q(portfolio_id__isnull=True) | Q(portfolio_id__in=portfolios)).exists()
 
 
-def _lock_parent_nowait(cur: Any, table: str, table_partition: TablePartition) -> None:
-    """The parent's ACCESS EXCLUSIVE lock, asked for with NOWAIT, again every
+def _lock_parent_and_drop(cur: Any, table: str, table_partition: TablePartition) -> None:
+    """The parent's ACCESS EXCLUSIVE lock, asked for with NOWAIT, and the
+    ``DROP TABLE`` in the same round trip; asked again every
     ``PARENT_LOCK_RETRY_SECONDS`` within ``CLEANUP_TABLE_PARTITION_LOCK_SECONDS``,
     each try in a savepoint; never granted in that time: busy.
 
@@ -449,15 +474,38 @@ def _lock_parent_nowait(cur: Any, table: str, table_partition: TablePartition) -
     ``deadlock_timeout`` before. A queued ACCESS EXCLUSIVE request also makes
     every later reader of the parent wait behind it. Never queued, the drop
     holds the lock only for the catalog change; the application's write
-    waits for our rollback at most and always lands."""
-    parent = pgsql.Identifier(table)
+    waits for our rollback at most and always lands.
+
+    Why one round trip: every reader and writer of the parent waits while the
+    lock is held, and the lock is held until the commit's end. Sent together,
+    the ``DROP TABLE`` runs as the lock is granted (a refused NOWAIT ends the
+    string there: the ``DROP`` never runs without the lock), and the savepoint
+    of the try that succeeded is left to the commit to release — from the
+    grant to the commit's end, the drop's catalog change, one answer and the
+    ``COMMIT``, nothing more.
+
+    ``DROP TABLE`` detaches it too. Not ``ALTER TABLE … DETACH PARTITION``
+    first: that makes its inherited foreign keys its own, with triggers on
+    the portfolio and property tables, which the ``DROP`` then takes ACCESS
+    EXCLUSIVE (every reader of them waits; a hold placement waiting for our
+    scope lock deadlocks us). Dropped attached, only the parent is locked."""
+    statement = pgsql.SQL(
+        """
+        LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT;
+        DROP TABLE {table_partition}
+        """
+    ).format(
+        parent=pgsql.Identifier(table),
+        table_partition=pgsql.Identifier(table_partition.schema, table_partition.name),
+    )
     deadline = time.monotonic() + settings.CLEANUP_TABLE_PARTITION_LOCK_SECONDS
     while True:
+        savepoint = transaction.savepoint()
         try:
-            with transaction.atomic():
-                cur.execute(pgsql.SQL("LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT").format(parent=parent))
+            cur.execute(statement)  # no parameters: both statements in one simple query
             return
         except OperationalError as exc:
+            transaction.savepoint_rollback(savepoint)
             if getattr(exc.__cause__, "sqlstate", None) != "55P03" or time.monotonic() >= deadline:
                 raise
         time.sleep(PARENT_LOCK_RETRY_SECONDS)

@@ -687,6 +687,10 @@ CLEANUP_PREPARED_STATEMENTS = env_bool("CLEANUP_PREPARED_STATEMENTS", True)
 # How long dropping a whole table partition (cleanup_ops.table_partitions) waits
 # for any one lock before it leaves that table partition for the next night.
 CLEANUP_TABLE_PARTITION_LOCK_SECONDS = env_float("CLEANUP_TABLE_PARTITION_LOCK_SECONDS", 3.0, minimum=0.1)
+# Between two table partitions' transactions the trigger pauses this many times
+# the last one's seconds, so the drops' scans and commits take at most
+# 1 / (1 + ratio) of the time the application shares the database with them.
+CLEANUP_TABLE_PARTITION_PAUSE_RATIO = env_float("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", 4.0, minimum=0.0)
 # Test-only: named checkpoints (cleanup_ops.checkpoints) at which a test may
 # hold a worker. Empty in production, where a checkpoint is a set lookup.
 CLEANUP_CHECKPOINTS = frozenset(env.list("CLEANUP_CHECKPOINTS", default=[]))

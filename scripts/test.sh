@@ -44,6 +44,11 @@ brokers_stop() {
     return 0
 }
 
+# The table-partition drops unpaced (cleanup_ops.table_partitions): a test world
+# has years of empty monthly table partitions, each drop of one would earn a
+# pause; the tests of pacing set CLEANUP_TABLE_PARTITION_PAUSE_RATIO themselves.
+export CLEANUP_TABLE_PARTITION_PAUSE_RATIO="${CLEANUP_TABLE_PARTITION_PAUSE_RATIO:-0}"
+
 source scripts/pg-cluster.sh
 pg_started=0
 trap 'brokers_stop; [ "$pg_started" = 1 ] && pg_cluster_stop; true' EXIT

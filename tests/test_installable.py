@@ -254,6 +254,11 @@ def test_each_apps_default_is_the_demo_projects_default():
         ("DOCSTORE_URL", "http://evil.example/", "DOCSTORE_URL: host 'evil.example' is not in DOCSTORE_ALLOWED_HOSTS"),
         ("DOCSTORE_READ_TIMEOUT", 59.0, "DOCSTORE_READ_TIMEOUT: connect + read timeout must stay under"),
         ("CLEANUP_LIVENESS_STALE_SECONDS", 6, "CLEANUP_LIVENESS_STALE_SECONDS: must exceed"),
+        (
+            "CLEANUP_TABLE_PARTITION_PAUSE_RATIO",
+            -1,
+            "CLEANUP_TABLE_PARTITION_PAUSE_RATIO: must be a finite number >= 0.0",
+        ),
     ],
 )
 def test_a_bad_pipeline_setting_is_a_system_check_error_naming_it(settings, name, value, message):

@@ -39,6 +39,8 @@ def start(env_overrides: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ("METRICS_ALLOWED_IPS", "127.0.0.1,localhost"),
         ("API_BROWSABLE", "sometimes"),
         ("LOGIN_COOLOFF_MINUTES", "0"),
+        ("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", "-1"),
+        ("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", "slow"),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(name, value):
