@@ -29,11 +29,12 @@ htmx partial; every other page as it is. Methods: GET, HEAD and OPTIONS.
 
 The crawl is cut in pieces, and ``make test-fast`` runs a fifth of it. Every
 (route pattern, format) pair, in the resolver's order, falls in one of
-``SHARES`` shares in turn (the n-th pair in share n mod ``SHARES``); each
-user's crawl is one test per share, so ``make test`` still crawls every pair
-as every user, with the same checks. In the fast tier (database) each user
-crawls one share — the customer user listed k-th crawls share k, the
-superuser share 0 — and the shares of the others are in the system tier. The
+``SHARES`` shares in turn (the n-th pair in share n mod ``SHARES``:
+``route_enumeration.in_turn``); each user's crawl is one test per share, so
+``make test`` still crawls every pair as every user, with the same checks. In
+the fast tier (database) each user crawls one share — the customer user
+listed k-th crawls share k, the superuser share 0 — and the other shares are
+in the system tier (``route_enumeration.pieces``). The
 fast crawl thus asks every route pattern in every format, by every method,
 with every id, as one customer user (the five take turns along the routes),
 and each customer user crawls a fifth of the routes; a response there is held
@@ -64,8 +65,8 @@ from retention.models import AuditEvent, Membership
 from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS
 
 from . import crawler_world
-from .crawler_world import CUSTOMER_USERS, METHODS, MISSING, PLATFORM_USERS, PORTFOLIO_VIEW, VIEW, World
-from .route_enumeration import Variant, formats, routes, variants
+from .crawler_world import CUSTOMER_USERS, METHODS, MISSING, PORTFOLIO_VIEW, VIEW, World
+from .route_enumeration import SHARES, Variant, fast_share, formats, in_turn, pieces, routes, variants
 
 pytestmark = pytest.mark.django_db
 
@@ -162,21 +163,9 @@ class Crawl:
     statuses: Counter[int] = field(default_factory=Counter)
 
 
-# The crawl's pieces (the module docstring): the (route pattern, format) pairs in
-# turn, and which share of them each user crawls in the fast tier.
-SHARES = 5
-CRAWLED_USERS = CUSTOMER_USERS + PLATFORM_USERS
-
-
 def share_of_pairs() -> dict[tuple[str, str], int]:
-    """Each (route pattern, format) pair a customer user asks, and its share."""
-    pairs = [(route.pattern, fmt) for route in routes() for fmt, _, _ in formats(route, customer=True)]
-    return {pair: index % SHARES for index, pair in enumerate(dict.fromkeys(pairs))}
-
-
-def fast_share(user_key: str) -> int:
-    """The share ``user_key`` crawls in the fast tier."""
-    return CRAWLED_USERS.index(user_key) % SHARES
+    """Each (route pattern, format) pair a customer user asks, and its share (the module docstring)."""
+    return in_turn((route.pattern, fmt) for route in routes() for fmt, _, _ in formats(route, customer=True))
 
 
 def crawl(user_key: str, world: World, share: int | None = None) -> Crawl:
@@ -236,19 +225,7 @@ def results() -> dict[str, Crawl]:
     return {}
 
 
-@pytest.mark.parametrize(
-    ("user_key", "share"),
-    [
-        pytest.param(
-            user_key,
-            share,
-            id=f"{user_key}-{share + 1}of{SHARES}",
-            marks=() if share == fast_share(user_key) else pytest.mark.system,
-        )
-        for user_key in CRAWLED_USERS
-        for share in range(SHARES)
-    ],
-)
+@pytest.mark.parametrize(("user_key", "share"), pieces())
 def test_every_route_in_every_format_shows_a_user_nothing_of_portfolios_they_hold_no_role_for(
     world: World, results: dict[str, Crawl], user_key: str, share: int, settings: Any
 ) -> None:
