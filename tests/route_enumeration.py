@@ -2,7 +2,9 @@
 ``Route`` (``routes``), its URL for given parameter values (``fill``), the
 variants the crawler asks it in (another customer's id, one's own, a missing
 one; every word a parameter takes) and the formats (JSON, the browsable API,
-CSV, a console page and its htmx partial).
+CSV, a console page and its htmx partial); and the crawls' shares (``in_turn``,
+``pieces``): a crawl cut in ``SHARES`` tests per user, one of them in the fast
+tier (``tests/test_route_crawler.py`` says why).
 
 Separate from ``tests/test_route_crawler.py`` because other modules enumerate
 the routes too (``tests/test_bad_input.py``, the hostile-input crawl).
@@ -11,9 +13,11 @@ the routes too (``tests/test_bad_input.py``, the hostile-input crawl).
 from __future__ import annotations
 
 import re
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
+import pytest
 from django.apps import apps
 from django.contrib import admin
 from django.contrib.contenttypes.models import ContentType
@@ -25,7 +29,7 @@ from cleanup_ops.models import CleanupJob, DeadLetter, Sweep
 from properties.models import Lease, Portfolio
 from retention.models import LegalHold, PolicyVersion, RetentionPolicy
 
-from .crawler_world import MISSING, World
+from .crawler_world import CUSTOMER_USERS, MISSING, PLATFORM_USERS, World
 
 # --- Enumerating the resolver ---------------------------------------------------
 
@@ -189,3 +193,35 @@ def formats(route: Route, *, customer: bool = True) -> list[tuple[str, str, dict
     if route.name.startswith("console:"):
         return [("page", "", {}), ("partial", "", {"HTTP_HX_REQUEST": "true", "HTTP_HX_TARGET": "live"})]
     return [("page", "", {})]
+
+
+# --- The crawls in shares -------------------------------------------------------------
+
+SHARES = 5
+CRAWLED_USERS = CUSTOMER_USERS + PLATFORM_USERS
+T = TypeVar("T", bound=Hashable)
+
+
+def in_turn(items: Iterable[T]) -> dict[T, int]:
+    """Each of ``items`` once, in their order, with its share: the n-th in share n mod ``SHARES``."""
+    return {item: index % SHARES for index, item in enumerate(dict.fromkeys(items))}
+
+
+def fast_share(user_key: str) -> int:
+    """The share ``user_key`` crawls in the fast tier: the k-th user the k-th share."""
+    return CRAWLED_USERS.index(user_key) % SHARES
+
+
+def pieces() -> list[Any]:
+    """``(user_key, share)`` for every crawled user and share: each user's fast share a
+    database test, the others ``system`` (only ``make test`` runs them)."""
+    return [
+        pytest.param(
+            user_key,
+            share,
+            id=f"{user_key}-{share + 1}of{SHARES}",
+            marks=() if share == fast_share(user_key) else pytest.mark.system,
+        )
+        for user_key in CRAWLED_USERS
+        for share in range(SHARES)
+    ]

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 import ast
 import re
+from collections.abc import Mapping
+from functools import cache
+from types import MappingProxyType
 
 import pytest
 
@@ -41,13 +44,17 @@ def literal_default(node: ast.expr | None) -> object:
     return ...
 
 
-def product_sources() -> list[tuple[str, str]]:
+# The product's sources are read and parsed once per test process (``cache``): the
+# scans below are the same for every test of this module, and the files do not change
+# during a run.
+@cache
+def product_sources() -> tuple[tuple[str, str], ...]:
     """(path, text) of the product's modules, migrations left out."""
-    return [
+    return tuple(
         (path, (ROOT / path).read_text())
         for path in sorted(tracked_files())
         if path.split("/", 1)[0] in PRODUCT and path.endswith(".py") and "/migrations/" not in path
-    ]
+    )
 
 
 def environment_reads_in(text: str) -> dict[str, object]:
@@ -76,13 +83,14 @@ def environment_reads_in(text: str) -> dict[str, object]:
     return reads
 
 
-def environment_reads() -> dict[str, object]:
+@cache
+def environment_reads() -> Mapping[str, object]:
     """Every environment variable the product reads → its literal default (or ``...`` when computed)."""
     reads: dict[str, object] = {}
     for _path, text in product_sources():
         for name, default in environment_reads_in(text).items():
             reads.setdefault(name, default)
-    return reads
+    return MappingProxyType(reads)
 
 
 def settings_read_with_a_default_in(text: str) -> set[str]:

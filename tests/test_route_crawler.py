@@ -26,6 +26,22 @@ operator and a superuser are crawled for server errors only (they see
 everything). Formats: the API as JSON, as the browsable API (``?format=api``
 and ``Accept: text/html``), the proof as CSV; console pages whole and as their
 htmx partial; every other page as it is. Methods: GET, HEAD and OPTIONS.
+
+The crawl is cut in pieces, and ``make test-fast`` runs a fifth of it. Every
+(route pattern, format) pair, in the resolver's order, falls in one of
+``SHARES`` shares in turn (the n-th pair in share n mod ``SHARES``:
+``route_enumeration.in_turn``); each user's crawl is one test per share, so
+``make test`` still crawls every pair as every user, with the same checks. In
+the fast tier (database) each user crawls one share — the customer user
+listed k-th crawls share k, the superuser share 0 — and the other shares are
+in the system tier (``route_enumeration.pieces``). The
+fast crawl thus asks every route pattern in every format, by every method,
+with every id, as one customer user (the five take turns along the routes),
+and each customer user crawls a fifth of the routes; a response there is held
+to exactly the checks of the whole crawl (no canary of a portfolio where the
+user lacks the permission, no 5xx, another customer's id answering like a
+missing one). What only the whole crawl finds is a leak that one role's view
+of a route has and another's has not: ``make test`` (and CI) run it.
 """
 
 from __future__ import annotations
@@ -49,8 +65,8 @@ from retention.models import AuditEvent, Membership
 from retention.roles import MEMBERSHIP_ROLE_PERMISSIONS
 
 from . import crawler_world
-from .crawler_world import CUSTOMER_USERS, METHODS, MISSING, PLATFORM_USERS, PORTFOLIO_VIEW, VIEW, World
-from .route_enumeration import Variant, formats, routes, variants
+from .crawler_world import CUSTOMER_USERS, METHODS, MISSING, PORTFOLIO_VIEW, VIEW, World
+from .route_enumeration import SHARES, Variant, fast_share, formats, in_turn, pieces, routes, variants
 
 pytestmark = pytest.mark.django_db
 
@@ -147,7 +163,14 @@ class Crawl:
     statuses: Counter[int] = field(default_factory=Counter)
 
 
-def crawl(user_key: str, world: World) -> Crawl:
+def share_of_pairs() -> dict[tuple[str, str], int]:
+    """Each (route pattern, format) pair a customer user asks, and its share (the module docstring)."""
+    return in_turn((route.pattern, fmt) for route in routes() for fmt, _, _ in formats(route, customer=True))
+
+
+def crawl(user_key: str, world: World, share: int | None = None) -> Crawl:
+    """``user_key``'s crawl: of every (route, format) pair, or of one share of them."""
+    shares = share_of_pairs()
     user = User.objects.get(pk=world.users[user_key].pk)  # fresh: no cached scope
     client = Client(raise_request_exception=False)
     client.force_login(user)
@@ -158,6 +181,8 @@ def crawl(user_key: str, world: World) -> Crawl:
     for route in routes():
         route_variants = variants(route, world, labels)
         for fmt, query, headers in formats(route, customer=customer):
+            if share is not None and shares[(route.pattern, fmt)] != share:
+                continue
             result.combinations.add((route.pattern, user_key, fmt))
             answers: dict[tuple[str, str, str], tuple[int, str]] = {}
             for variant in route_variants:
@@ -200,9 +225,9 @@ def results() -> dict[str, Crawl]:
     return {}
 
 
-@pytest.mark.parametrize("user_key", CUSTOMER_USERS + PLATFORM_USERS)
+@pytest.mark.parametrize(("user_key", "share"), pieces())
 def test_every_route_in_every_format_shows_a_user_nothing_of_portfolios_they_hold_no_role_for(
-    world: World, results: dict[str, Crawl], user_key: str, settings: Any
+    world: World, results: dict[str, Crawl], user_key: str, share: int, settings: Any
 ) -> None:
     # Sessions in memory and no warning line per 4xx: the crawl's thousands of
     # requests spend their time in the views (5xx are still logged).
@@ -212,16 +237,26 @@ def test_every_route_in_every_format_shows_a_user_nothing_of_portfolios_they_hol
     request_log.setLevel(logging.ERROR)
     started = time.monotonic()
     try:
-        result = crawl(user_key, world)
+        result = crawl(user_key, world, share)
     finally:
         request_log.setLevel(level)
-    results[user_key] = result
+    results[f"{user_key} {share}"] = result
     print(  # the closing note's figures (pytest -s)
         f"{user_key}: {len(result.combinations)} (route, format) combinations, {result.requests} requests, "
         f"{time.monotonic() - started:.1f} s, statuses {dict(sorted(result.statuses.items()))}"
     )
     assert not result.problems, "\n".join(result.problems[:200]) + f"\n({len(result.problems)} problems)"
-    assert result.requests > 500
+    assert result.requests > 500 // SHARES
+    share_pairs = {pair for pair, its in share_of_pairs().items() if its == share}
+    assert {(pattern, fmt) for pattern, _, fmt in result.combinations} == {
+        (pattern, fmt) for pattern, fmt in share_pairs if user_key in CUSTOMER_USERS or fmt != "html"
+    }
+
+
+def test_the_fast_tiers_crawl_asks_every_route_in_every_format_as_a_customer_user() -> None:
+    # Each share is some customer user's share in the fast tier, and holds pairs.
+    assert {fast_share(user_key) for user_key in CUSTOMER_USERS} == set(range(SHARES))
+    assert set(share_of_pairs().values()) == set(range(SHARES))
 
 
 def test_the_crawler_reaches_every_pattern_and_every_registered_admin(world: World) -> None:
