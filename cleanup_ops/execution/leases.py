@@ -245,7 +245,9 @@ class GroupJobLease:
         return list(self.jobs)
 
 
-def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> GroupJobLease | None:
+def jobs_lease_group(
+    *, owner: str, limit: int, now: datetime | None = None, exclude_enqueued: bool = False
+) -> GroupJobLease | None:
     """Lease up to ``limit`` due delete jobs under one token; None when none is due.
 
     The pick is one indexed query over the open-and-due index, oldest
@@ -257,7 +259,9 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
     taken round-robin across the portfolios in the pick, leaving out paused
     portfolios and those at their lease cap (re-checked under the portfolios'
     stripe locks, taken in stripe order), and at most one job per (property,
-    kind).
+    kind). With ``exclude_enqueued`` jobs a broker message waits for are left
+    to the worker that message reaches (a worker's turn after its first group,
+    ``runner.worker_turn``).
     """
     now = now or clock.now()
     token = uuid.uuid4()
@@ -267,12 +271,12 @@ def jobs_lease_group(*, owner: str, limit: int, now: datetime | None = None) -> 
         if None in paused:
             return None
         full = {portfolio for portfolio, n in holders.items() if n >= cap}
+        due = CleanupJob.objects.select_for_update(skip_locked=True, of=("self",)).due(now=now).deletes()
+        if exclude_enqueued:
+            due = due.not_waiting_in_broker(now=now)
         rows = [
             JobRef(*row)
-            for row in CleanupJob.objects.select_for_update(skip_locked=True, of=("self",))
-            .due(now=now)
-            .deletes()
-            .exclude(portfolio_id__in=paused | full)
+            for row in due.exclude(portfolio_id__in=paused | full)
             .order_by("available_at", "id")
             .values_list(*JOB_FIELDS)[: limit * 4]
         ]
