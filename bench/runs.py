@@ -305,6 +305,17 @@ def pipeline_stats(trigger_at: datetime | None = None, *, serial: bool = True, f
     stamps = sorted({at for _, at in entries})
     if stamps:
         stats["transactions"] = len(stamps)
+        # Issue 40's stable figures: job leases and broker hand-offs per batch
+        # transaction, leases given back with work left, batches per turn (a
+        # turn: a broker task that leased something).
+        finished = CleanupJob.objects.filter(job_kind="delete", state="done").count()
+        turns = sum(1 for _, _, _, result in tasks if isinstance(result, dict) and result.get("slices"))
+        stats["releases_with_work_left"] = stats["slices"] - finished
+        stats["job_leases_per_transaction"] = round(stats["slices"] / len(stamps), 3)
+        stats["handoffs_per_1000_transactions"] = round(1000 * len(tasks) / len(stamps), 1)
+        if turns:
+            stats["turns"] = turns
+            stats["transactions_per_turn"] = round(len(stamps) / turns, 1)
         stats["batches_span_s"] = round((stamps[-1] - stamps[0]).total_seconds(), 3)
         if len(stamps) > 1:
             gaps = [(b - a).total_seconds() for a, b in itertools.pairwise(stamps)]
