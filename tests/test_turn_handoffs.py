@@ -87,3 +87,22 @@ def test_a_turn_that_keeps_going_leaves_a_job_whose_message_waits_to_that_messag
     assert set(LedgerEntry.objects.values_list("property_id", flat=True)) == {props["A"].pk, props["C"].pk}
     b = job_of(props["B"])
     assert (b.state, b.leases, b.enqueued_at) == (JobState.PENDING, 0, NOW)
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+def test_a_group_slice_works_the_partitions_it_has_not_reached_before_it_gives_back_the_rest(active_policy, settings):
+    from cleanup_ops.execution.runner import group_run_slice
+
+    settings.CLEANUP_BATCH_SIZE = 5
+    settings.CLEANUP_SLICE_SECONDS = 60.0
+    estate(active_policy, ["A", "B", "C", "D", "E", "F"], rows=2)  # two fit a transaction
+    sweep_trigger(slot=SLOT, now=NOW)
+
+    result = group_run_slice(owner="drain")
+
+    # Four finished in the first transactions leave two of six: fewer than
+    # half, but not yet reached, so the slice works them rather than leasing
+    # them again in the next one.
+    assert (result.leased, result.finished) == (6, 6)
+    assert CleanupJob.objects.aggregate(n=Sum("leases"))["n"] == 6

@@ -16,9 +16,11 @@ back until then, without counting an attempt (``execution.leases``,
 slice never raises for a job's failure, so the django-q2 task always
 returns normally.
 
-A **worker's turn** is one broker task's work: the delivered job's slice, then
-more due jobs in the dispatcher's fair order (only jobs with no message waiting
-in the broker, so it never races a delivery) until the slice budget is spent.
+A **worker's turn** is one broker task's work: group slices of due delete
+jobs, oldest due first (the delivered job among them), one after the other
+without a broker round trip until ``CLEANUP_SLICE_SECONDS`` of work are spent;
+after its first group only jobs with no message waiting in the broker, so it
+never takes work the dispatcher sent to another worker.
 The **drain** (``cleanup_drain``) runs due jobs in this process until none is.
 """
 
@@ -357,7 +359,11 @@ class _SliceEngine:
                 raise StepFailed(exc) from exc
             if result.transactions >= self.max_steps or budget.left() <= 0 or stop_requested():
                 break
-            if len(turns.pending) < self.refill_below:
+            if len(turns.pending) < self.refill_below and turns.worked.issuperset(turns.pending):
+                # A few partitions left, each worked in this slice: give them
+                # back so the next lease also takes what else waits. (One
+                # not yet reached is worked first: released, it would only be
+                # leased again.)
                 break
         turns.release(lease)
         result.slept_seconds = budget.slept
@@ -542,8 +548,9 @@ def group_run_slice(
     # sharing every partition gets its turn inside the lease, and a partition
     # is leased about once per slice, not once per batch.
     # The slice also ends once fewer than half of the partitions it
-    # leased are left: holding on to a few large ones while other partitions
-    # wait unleased would undo the processor sharing.
+    # leased are left, each of them worked in this slice: holding on to a few
+    # large ones while other partitions wait unleased would undo the
+    # processor sharing.
     max_seconds = max_seconds if max_seconds is not None else slice_seconds()
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
     limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
@@ -617,7 +624,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     sleeps for rate tokens not counted, within twice the seconds in all). Each
     group is a slice (``group_run_slice``): ``CLEANUP_SLICE_BATCHES`` batches
     per partition leased, ended once fewer than half of its partitions are
-    left, so a partition is leased about once per slice and the broker is
+    left, each worked in this slice, so a partition is leased about once per slice and the broker is
     handed a turn every slice's seconds, not every ``CLEANUP_SLICE_BATCHES``
     transactions (issue 40: 58 hand-offs and 3,016 job leases for 1,081
     batches at 1M rows with one worker when a turn held 20 transactions).
