@@ -48,25 +48,24 @@ def turns_until_drained(first: CleanupJob, limit: int = 100) -> int:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
-def test_one_turn_drains_four_partitions_of_six_batches_leasing_each_partition_once(active_policy, settings):
+def test_one_turn_drains_six_partitions_with_a_job_lease_per_batch_at_most(active_policy, settings):
     settings.CLEANUP_BATCH_SIZE = 5
-    settings.CLEANUP_SLICE_BATCHES = 2  # a turn of 2 transactions would need 12 hand-offs here
+    settings.CLEANUP_SLICE_BATCHES = 2  # a turn of 2 transactions would need a hand-off every 2 batches
     settings.CLEANUP_SLICE_SECONDS = 60.0  # the seconds never end a turn in this test
-    props = estate(active_policy, ["A", "B", "C", "D"], rows=30)  # six batches each
+    props = estate(active_policy, ["A", "B", "C", "D", "E", "F"], rows=10)  # two full batches each
     sweep_trigger(slot=SLOT, now=NOW)
 
     turns = turns_until_drained(job_of(props["A"]))
 
     batches = LedgerEntry.objects.count()
     leases = CleanupJob.objects.aggregate(n=Sum("leases"))["n"]
-    assert batches == 24
     assert set(CleanupJob.objects.values_list("state", flat=True)) == {JobState.DONE}
-    # One broker hand-off for the whole backlog, and fewer job leases than
-    # batches: a group of four runs two transactions per partition it leased
-    # (the code that ended a turn at 2 transactions took 12 turns, each
-    # leasing all four partitions: 48 leases for 24 batches).
+    # One broker hand-off for the whole backlog, and a job lease per batch at
+    # most: every 2 transactions the partitions worked go back and the others
+    # stay leased (the code that ended a turn every 2 transactions leased all
+    # six for each of them).
     assert turns == 1
-    assert leases < batches, f"{leases} job leases for {batches} batches"
+    assert leases <= batches, f"{leases} job leases for {batches} batches"
 
 
 @pytest.mark.django_db
@@ -81,28 +80,9 @@ def test_a_turn_that_keeps_going_leaves_a_job_whose_message_waits_to_that_messag
 
     turn = worker_turn(job_id=job_of(props["A"]).pk, owner="worker")
 
-    # A first (the delivered, oldest due job), then C in the same turn; B is
-    # left to the worker its message reaches.
-    assert turn.slices == 2
+    # A first (the delivered, oldest due job), then C joins the same lease; B
+    # is left to the worker its message reaches.
+    assert (turn.slices, turn.jobs_leased) == (1, 2)
     assert set(LedgerEntry.objects.values_list("property_id", flat=True)) == {props["A"].pk, props["C"].pk}
     b = job_of(props["B"])
     assert (b.state, b.leases, b.enqueued_at) == (JobState.PENDING, 0, NOW)
-
-
-@pytest.mark.django_db
-@pytest.mark.usefixtures("clock")
-def test_a_group_slice_works_the_partitions_it_has_not_reached_before_it_gives_back_the_rest(active_policy, settings):
-    from cleanup_ops.execution.runner import group_run_slice
-
-    settings.CLEANUP_BATCH_SIZE = 5
-    settings.CLEANUP_SLICE_SECONDS = 60.0
-    estate(active_policy, ["A", "B", "C", "D", "E", "F"], rows=2)  # two fit a transaction
-    sweep_trigger(slot=SLOT, now=NOW)
-
-    result = group_run_slice(owner="drain")
-
-    # Four finished in the first transactions leave two of six: fewer than
-    # half, but not yet reached, so the slice works them rather than leasing
-    # them again in the next one.
-    assert (result.leased, result.finished) == (6, 6)
-    assert CleanupJob.objects.aggregate(n=Sum("leases"))["n"] == 6

@@ -246,7 +246,13 @@ class GroupJobLease:
 
 
 def jobs_lease_group(
-    *, owner: str, limit: int, now: datetime | None = None, exclude_enqueued: bool = False
+    *,
+    owner: str,
+    limit: int,
+    now: datetime | None = None,
+    exclude_enqueued: bool = False,
+    token: uuid.UUID | None = None,
+    held: frozenset[int] = frozenset(),
 ) -> GroupJobLease | None:
     """Lease up to ``limit`` due delete jobs under one token; None when none is due.
 
@@ -262,9 +268,15 @@ def jobs_lease_group(
     kind). With ``exclude_enqueued`` jobs a broker message waits for are left
     to the worker that message reaches (a worker's turn after its first group,
     ``runner.worker_turn``).
+
+    With ``token`` the jobs join a lease this worker already holds (a turn's
+    rotation, ``runner._SliceEngine``), ``held`` being the portfolios it holds
+    jobs of: they come last in the round-robin, as a fresh pick would take the
+    jobs it holds first. The cap is counted as for a new lease (the holders
+    read include this one), so joining never takes a portfolio past it.
     """
     now = now or clock.now()
-    token = uuid.uuid4()
+    token = token or uuid.uuid4()
     cap = portfolio_max_leases()
     with transaction.atomic():
         paused, holders = CleanupJob.objects.lease_slots(now=now)
@@ -309,6 +321,8 @@ def jobs_lease_group(
         for portfolio_id, queue in queues.items():
             share = -(-len(queue) // max(1, cap - holders.get(portfolio_id, 0)))
             del queue[max(share, GROUP_SHARE_MIN) :]
+        if held:
+            queues = dict(sorted(queues.items(), key=lambda item: item[0] in held))
         chosen: list[JobRef] = []
         while queues and len(chosen) < limit:
             for portfolio_id in list(queues):
