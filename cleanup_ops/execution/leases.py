@@ -15,6 +15,13 @@ Protocol:
   portfolios a group pick spans — so thousands of due portfolios cannot
   exhaust PostgreSQL's lock table; two portfolios sharing a stripe only
   serialise their (short) lease transactions.
+- **Joining a lease.** A worker's turn adds due jobs to the lease it holds
+  (``jobs_lease_group`` with its ``token``: the same conditional claim, cap
+  check and stripe locks, the holders counted as for a new lease, so a join
+  never takes a portfolio past its cap). Every job row of a token carries its
+  own ``lease_expires_at``, renewed by each batch that advances it; the fence
+  and the release look at each row, so one token over rows leased at
+  different instants is fenced exactly as one leased at once.
 - **Fencing.** Every write to a job made under a lease first locks the job
   row *where the lease token is ours and not expired* — the batch's first
   statement for a whole group (``execution.statements.group_fence_scopes_and_policies``), and
