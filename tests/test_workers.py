@@ -101,7 +101,9 @@ def test_two_qcluster_workers_drain_a_sweep_exactly_once(estate):
 
 
 def test_sigterm_mid_drain_finishes_the_batch_releases_the_lease_and_a_restart_completes(estate):
-    proc = start_cluster(CLEANUP_BATCH_SIZE="1", CLEANUP_SLICE_BATCHES="3")
+    # A turn runs until its slice's seconds are spent: short ones, so the stop
+    # (which lets each worker finish its turn) lands well before the drain ends.
+    proc = start_cluster(CLEANUP_BATCH_SIZE="1", CLEANUP_SLICE_BATCHES="3", CLEANUP_SLICE_SECONDS="0.3")
     try:
         sweep_trigger()
         assert wait_for(lambda: LedgerEntry.objects.count() >= 5, timeout=60)

@@ -337,7 +337,9 @@ class _SliceEngine:
                 limit=room,
                 exclude_enqueued=True,
                 token=self.lease.token,
-                held=frozenset(self.jobs[job_id].portfolio_id for job_id in turns.pending),
+                # As a fresh pick after this slice's end: the portfolios of
+                # the partitions that stay leased go last.
+                held=frozenset(self.jobs[job_id].portfolio_id for job_id in turns.pending if job_id not in worked),
             )
             if room > 0 and not stop_requested()
             else None
