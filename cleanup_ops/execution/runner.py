@@ -719,7 +719,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     while budget.left() > 0 and not stop_requested():
         group = group_run_slice(
             owner=owner,
-            rotate_every=settings.CLEANUP_SLICE_BATCHES,
+            max_batches=settings.CLEANUP_SLICE_BATCHES,
             max_seconds=max(0.1, budget.left()),
             max_wall_seconds=max(0.1, budget.wall_left()),
             exclude_enqueued=turn.slices > 0,
