@@ -63,6 +63,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -259,7 +260,7 @@ def jobs_lease_group(
     now: datetime | None = None,
     exclude_enqueued: bool = False,
     token: uuid.UUID | None = None,
-    held: frozenset[int] = frozenset(),
+    held: Mapping[int, int] | None = None,
 ) -> GroupJobLease | None:
     """Lease up to ``limit`` due delete jobs under one token; None when none is due.
 
@@ -277,10 +278,12 @@ def jobs_lease_group(
     ``runner.worker_turn``).
 
     With ``token`` the jobs join a lease this worker already holds (a turn's
-    rotation, ``runner._SliceEngine``), ``held`` being the portfolios it holds
-    jobs of: they come last in the round-robin, as a fresh pick would take the
-    jobs it holds first. The cap is counted as for a new lease (the holders
-    read include this one), so joining never takes a portfolio past it.
+    rotation, ``runner._SliceEngine``), ``held`` counting the jobs of each
+    portfolio it keeps: they stand for that portfolio's first rounds of the
+    round-robin (and count against its share), so the lease ends up holding
+    what a fresh pick would have taken. The cap is counted as for a new lease
+    (the holders read include this one), so joining never takes a portfolio
+    past it.
     """
     now = now or clock.now()
     token = token or uuid.uuid4()
@@ -325,19 +328,24 @@ def jobs_lease_group(
         # nothing to work (in a backlog's tail, one big portfolio left, a
         # second worker would stand idle).
         # A few jobs stay together all the same (small ones share a transaction).
+        kept = held or {}
         for portfolio_id, queue in queues.items():
-            share = -(-len(queue) // max(1, cap - holders.get(portfolio_id, 0)))
-            del queue[max(share, GROUP_SHARE_MIN) :]
-        if held:
-            queues = dict(sorted(queues.items(), key=lambda item: item[0] in held))
+            n = kept.get(portfolio_id, 0)
+            share = -(-(len(queue) + n) // max(1, cap - holders.get(portfolio_id, 0)))
+            del queue[max(0, max(share, GROUP_SHARE_MIN) - n) :]
+        queues = {p: queue for p, queue in queues.items() if queue}
         chosen: list[JobRef] = []
+        rounds = 0
         while queues and len(chosen) < limit:
             for portfolio_id in list(queues):
+                if kept.get(portfolio_id, 0) > rounds:
+                    continue  # this round's job of the portfolio is one the lease keeps
                 chosen.append(queues[portfolio_id].pop(0))
                 if not queues[portfolio_id]:
                     del queues[portfolio_id]
                 if len(chosen) == limit:
                     break
+            rounds += 1
         if not chosen:
             return None
         ids = [job.id for job in chosen]

@@ -29,6 +29,7 @@ import signal
 import sys
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -337,9 +338,9 @@ class _SliceEngine:
                 limit=room,
                 exclude_enqueued=True,
                 token=self.lease.token,
-                # As a fresh pick after this slice's end: the portfolios of
-                # the partitions that stay leased go last.
-                held=frozenset(self.jobs[job_id].portfolio_id for job_id in turns.pending if job_id not in worked),
+                # As a fresh pick after this slice's end would take them: the
+                # partitions that stay leased fill their portfolios' first rounds.
+                held=Counter(self.jobs[job_id].portfolio_id for job_id in turns.pending if job_id not in worked),
             )
             if room > 0 and not stop_requested()
             else None
@@ -719,7 +720,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     while budget.left() > 0 and not stop_requested():
         group = group_run_slice(
             owner=owner,
-            max_batches=settings.CLEANUP_SLICE_BATCHES,
+            rotate_every=settings.CLEANUP_SLICE_BATCHES,
             max_seconds=max(0.1, budget.left()),
             max_wall_seconds=max(0.1, budget.wall_left()),
             exclude_enqueued=turn.slices > 0,
