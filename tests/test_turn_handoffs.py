@@ -2,10 +2,9 @@
 
 Each turn is one broker task, so the turns a backlog takes are its broker
 hand-offs; ``CleanupJob.leases`` counts every job lease. A turn works group
-after group without a broker round trip between them, each group a slice of
-``CLEANUP_SLICE_BATCHES`` batches per partition it leased, so a partition is
-leased about once per slice rather than once per batch. Counted, not timed:
-the slice's seconds are set far beyond what the few batches here take.
+after group without a broker round trip between them, each group the slice
+of ``CLEANUP_SLICE_BATCHES`` transactions a turn used to be. Counted, not
+timed: the slice's seconds are set far beyond what the few batches here take.
 """
 
 from __future__ import annotations
@@ -48,7 +47,9 @@ def turns_until_drained(first: CleanupJob, limit: int = 100) -> int:
 
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
-def test_one_turn_drains_six_partitions_with_a_job_lease_per_batch_at_most(active_policy, settings):
+def test_one_turn_drains_six_partitions_with_one_broker_hand_off_and_no_more_leases_than_before(
+    active_policy, settings
+):
     settings.CLEANUP_BATCH_SIZE = 5
     settings.CLEANUP_SLICE_BATCHES = 2  # a turn of 2 transactions would need a hand-off every 2 batches
     settings.CLEANUP_SLICE_SECONDS = 60.0  # the seconds never end a turn in this test
@@ -60,12 +61,14 @@ def test_one_turn_drains_six_partitions_with_a_job_lease_per_batch_at_most(activ
     batches = LedgerEntry.objects.count()
     leases = CleanupJob.objects.aggregate(n=Sum("leases"))["n"]
     assert set(CleanupJob.objects.values_list("state", flat=True)) == {JobState.DONE}
-    # One broker hand-off for the whole backlog, and a job lease per batch at
-    # most: every 2 transactions the partitions worked go back and the others
-    # stay leased (the code that ended a turn every 2 transactions leased all
-    # six for each of them).
+    # One broker hand-off for the whole backlog (the code that ended a turn
+    # every 2 transactions took 7).
     assert turns == 1
-    assert leases <= batches, f"{leases} job leases for {batches} batches"
+    # Leases per batch are those of the turns of 2 transactions: each group
+    # is such a slice (31 job leases for 12 batches here, as before). A lease
+    # kept across the slices leased 1.7 per transaction at 200k rows but made
+    # small portfolios finish later: left out (docs/benchmarks.md, "Backlog").
+    assert leases <= 31, f"{leases} job leases for {batches} batches"
 
 
 @pytest.mark.django_db
@@ -80,9 +83,9 @@ def test_a_turn_that_keeps_going_leaves_a_job_whose_message_waits_to_that_messag
 
     turn = worker_turn(job_id=job_of(props["A"]).pk, owner="worker")
 
-    # A first (the delivered, oldest due job), then C joins the same lease; B
-    # is left to the worker its message reaches.
-    assert (turn.slices, turn.jobs_leased) == (1, 2)
+    # A first (the delivered, oldest due job), then C in the same turn; B is
+    # left to the worker its message reaches.
+    assert (turn.slices, turn.jobs_leased) == (2, 2)
     assert set(LedgerEntry.objects.values_list("property_id", flat=True)) == {props["A"].pk, props["C"].pk}
     b = job_of(props["B"])
     assert (b.state, b.leases, b.enqueued_at) == (JobState.PENDING, 0, NOW)

@@ -15,13 +15,6 @@ Protocol:
   portfolios a group pick spans — so thousands of due portfolios cannot
   exhaust PostgreSQL's lock table; two portfolios sharing a stripe only
   serialise their (short) lease transactions.
-- **Joining a lease.** A worker's turn adds due jobs to the lease it holds
-  (``jobs_lease_group`` with its ``token``: the same conditional claim, cap
-  check and stripe locks, the holders counted as for a new lease, so a join
-  never takes a portfolio past its cap). Every job row of a token carries its
-  own ``lease_expires_at``, renewed by each batch that advances it; the fence
-  and the release look at each row, so one token over rows leased at
-  different instants is fenced exactly as one leased at once.
 - **Fencing.** Every write to a job made under a lease first locks the job
   row *where the lease token is ours and not expired* — the batch's first
   statement for a whole group (``execution.statements.group_fence_scopes_and_policies``), and
@@ -63,7 +56,6 @@ import socket
 import threading
 import time
 import uuid
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -254,13 +246,7 @@ class GroupJobLease:
 
 
 def jobs_lease_group(
-    *,
-    owner: str,
-    limit: int,
-    now: datetime | None = None,
-    exclude_enqueued: bool = False,
-    token: uuid.UUID | None = None,
-    held: Mapping[int, int] | None = None,
+    *, owner: str, limit: int, now: datetime | None = None, exclude_enqueued: bool = False
 ) -> GroupJobLease | None:
     """Lease up to ``limit`` due delete jobs under one token; None when none is due.
 
@@ -276,17 +262,9 @@ def jobs_lease_group(
     kind). With ``exclude_enqueued`` jobs a broker message waits for are left
     to the worker that message reaches (a worker's turn after its first group,
     ``runner.worker_turn``).
-
-    With ``token`` the jobs join a lease this worker already holds (a turn's
-    rotation, ``runner._SliceEngine``), ``held`` counting the jobs of each
-    portfolio it keeps: they stand for that portfolio's first rounds of the
-    round-robin (and count against its share), so the lease ends up holding
-    what a fresh pick would have taken. The cap is counted as for a new lease
-    (the holders read include this one), so joining never takes a portfolio
-    past it.
     """
     now = now or clock.now()
-    token = token or uuid.uuid4()
+    token = uuid.uuid4()
     cap = portfolio_max_leases()
     with transaction.atomic():
         paused, holders = CleanupJob.objects.lease_slots(now=now)
@@ -328,24 +306,17 @@ def jobs_lease_group(
         # nothing to work (in a backlog's tail, one big portfolio left, a
         # second worker would stand idle).
         # A few jobs stay together all the same (small ones share a transaction).
-        kept = held or {}
         for portfolio_id, queue in queues.items():
-            n = kept.get(portfolio_id, 0)
-            share = -(-(len(queue) + n) // max(1, cap - holders.get(portfolio_id, 0)))
-            del queue[max(0, max(share, GROUP_SHARE_MIN) - n) :]
-        queues = {p: queue for p, queue in queues.items() if queue}
+            share = -(-len(queue) // max(1, cap - holders.get(portfolio_id, 0)))
+            del queue[max(share, GROUP_SHARE_MIN) :]
         chosen: list[JobRef] = []
-        rounds = 0
         while queues and len(chosen) < limit:
             for portfolio_id in list(queues):
-                if kept.get(portfolio_id, 0) > rounds:
-                    continue  # this round's job of the portfolio is one the lease keeps
                 chosen.append(queues[portfolio_id].pop(0))
                 if not queues[portfolio_id]:
                     del queues[portfolio_id]
                 if len(chosen) == limit:
                     break
-            rounds += 1
         if not chosen:
             return None
         ids = [job.id for job in chosen]

@@ -16,9 +16,11 @@ back until then, without counting an attempt (``execution.leases``,
 slice never raises for a job's failure, so the django-q2 task always
 returns normally.
 
-A **worker's turn** is one broker task's work: the delivered job's slice, then
-more due jobs in the dispatcher's fair order (only jobs with no message waiting
-in the broker, so it never races a delivery) until the slice budget is spent.
+A **worker's turn** is one broker task's work: group slices of due delete
+jobs, oldest due first (the delivered job among them), one after the other
+without a broker round trip until ``CLEANUP_SLICE_SECONDS`` of work are spent;
+after its first group only jobs with no message waiting in the broker, so it
+never takes work the dispatcher sent to another worker.
 The **drain** (``cleanup_drain``) runs due jobs in this process until none is.
 """
 
@@ -26,10 +28,8 @@ from __future__ import annotations
 
 import logging
 import signal
-import sys
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -290,10 +290,6 @@ class _SliceEngine:
     refill_below: int
     leased_from: datetime
     result: GroupSliceResult = field(default_factory=GroupSliceResult)
-    # A worker's turn: every ``rotate_every`` steps (and whenever none is left)
-    # the lease rotates (``_rotate``) instead of ending; 0: a plain slice.
-    rotate_every: int = 0
-    lease_limit: int = 0  # the most jobs the rotating lease holds
 
     def __post_init__(self) -> None:
         self.turns = _Turns(list(self.jobs), window=len(self.jobs))
@@ -302,65 +298,11 @@ class _SliceEngine:
         # older expiry). A token sleep must end well before the earliest.
         self.lease_until = dict.fromkeys(self.turns.pending, lease_expiry_from(self.leased_from))
         self.result.leased = len(self.turns.pending)
-        self.since_rotation = 0
-
-    def _may_rotate(self) -> bool:
-        """A rotating lease rotates after a step, with seconds left, while no
-        partition was deferred for its tokens (more leased now would only wait too)."""
-        result = self.result
-        return bool(
-            self.rotate_every
-            and result.transactions
-            and not result.deferred_seconds
-            and not result.out_of_time
-            and self.budget.left() > 0
-            and not stop_requested()
-        )
-
-    def _rotate(self) -> bool:
-        """A turn's slice boundary without a broker round trip: due partitions
-        (none a broker message waits for) join the lease under its token,
-        picked as a fresh group lease would pick them, and the partitions
-        worked in this turn then go back, due now, behind every waiting one
-        (as any slice's end releases them); the ones not reached stay leased,
-        at the front. So a job is leased once per slice it is worked in, not
-        released and leased again by the same worker. When no other partition
-        is due the worked ones stay (nobody waits for them). False when
-        nothing is left to work."""
-        turns = self.turns
-        worked = [job_id for job_id in turns.pending if job_id in turns.worked]
-        self.since_rotation = 0
-        room = self.lease_limit - len(turns.pending) + len(worked)
-        leased_from = clock.now()
-        more = (
-            jobs_lease_group(
-                owner=self.lease.owner,
-                limit=room,
-                exclude_enqueued=True,
-                token=self.lease.token,
-                # As a fresh pick after this slice's end would take them: the
-                # partitions that stay leased fill their portfolios' first rounds.
-                held=Counter(self.jobs[job_id].portfolio_id for job_id in turns.pending if job_id not in worked),
-            )
-            if room > 0 and not stop_requested()
-            else None
-        )
-        if more is None:
-            return bool(turns.pending)
-        if worked:
-            jobs_release(lease=self.lease, job_ids=worked)
-            turns.drop(set(worked))
-        self.jobs.update(more.jobs)
-        turns.pending += more.job_ids
-        turns.window = max(turns.window, len(more.jobs))
-        self.lease_until.update(dict.fromkeys(more.job_ids, lease_expiry_from(leased_from)))
-        self.result.leased += len(more.jobs)
-        return True
 
     def run(self) -> GroupSliceResult:
         turns, jobs, lease, unit, result = self.turns, self.jobs, self.lease, self.unit, self.result
         budget = self.budget
-        while turns.pending or (self._may_rotate() and self._rotate()):
+        while turns.pending:
             working = turns.next_working()
             settled = unit.settle([jobs[job_id] for job_id in working], lease)
             if settled:
@@ -404,7 +346,6 @@ class _SliceEngine:
                     group_tokens_unused(allowed, touched_none=True, family=unit.family)
                 raise StepFailed(exc) from exc
             result.transactions += 1
-            self.since_rotation += 1
             applied = {job_id for job_id, step in steps.items() if step.applied}
             self.lease_until.update(dict.fromkeys(applied, lease_expiry_from(renewed_from)))
             touched = {jobs[job_id].portfolio_id for job_id in applied}
@@ -419,8 +360,6 @@ class _SliceEngine:
             if result.transactions >= self.max_steps or budget.left() <= 0 or stop_requested():
                 break
             if len(turns.pending) < self.refill_below:
-                break
-            if self.since_rotation >= self.rotate_every and self._may_rotate() and not self._rotate():
                 break
         turns.release(lease)
         result.slept_seconds = budget.slept
@@ -567,7 +506,6 @@ def group_run_slice(
     max_wall_seconds: float | None = None,
     batch_size: int | None = None,
     exclude_enqueued: bool = False,
-    rotate_every: int = 0,
 ) -> GroupSliceResult:
     """Lease several due delete jobs at once and run them in shared transactions.
 
@@ -579,10 +517,7 @@ def group_run_slice(
     times the seconds, in all: ``SliceBudget``) and ``max_batches``
     transactions (by default ``CLEANUP_SLICE_BATCHES`` per partition leased);
     what is left is released with its cursors. ``exclude_enqueued`` leaves jobs
-    a broker message waits for to that message (``jobs_lease_group``). With
-    ``rotate_every`` (a worker's turn) the lease is not bounded by transactions:
-    every ``rotate_every`` of them the partitions worked go back and due ones
-    join it (``_SliceEngine._rotate``) until the seconds are spent. With rate limits configured a
+    a broker message waits for to that message (``jobs_lease_group``). With rate limits configured a
     transaction takes one token per portfolio it touches and one global token
     (tokens drawn for portfolios it then leaves untouched go back); a
     portfolio without a token is left out of it and deferred until its own
@@ -598,33 +533,30 @@ def group_run_slice(
         return GroupSliceResult()
     worker_session_bound()
     leased_from = clock.now()
-    limit = max_jobs or settings.CLEANUP_LEASE_JOBS
-    group = jobs_lease_group(owner=owner, limit=limit, exclude_enqueued=exclude_enqueued)
+    group = jobs_lease_group(
+        owner=owner, limit=max_jobs or settings.CLEANUP_LEASE_JOBS, exclude_enqueued=exclude_enqueued
+    )
     if group is None:
         return GroupSliceResult()
     leased = len(group.jobs)
-    # By default (the in-process drain and a worker's turn) up to a slice's
-    # batches for each partition leased, within the seconds: with processor
-    # sharing every partition gets its turn inside the lease, and a partition
-    # is leased about once per slice, not once per batch.
-    # The slice also ends once fewer than half of the partitions it
+    # By default (the in-process drain) up to a slice's batches for each
+    # partition leased, within the seconds: with processor sharing every
+    # partition gets its turn inside the lease, and the drain leases and
+    # releases less often. A worker's turn passes its own budget.
+    # The drain's slice also ends once fewer than half of the partitions it
     # leased are left: holding on to a few large ones while other partitions
     # wait unleased would undo the processor sharing.
     max_seconds = max_seconds if max_seconds is not None else slice_seconds()
     # None: each partition's own policy batch size (a fixed size is for tests and benchmarks).
-    size = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
-    bounded = bool(max_batches or rotate_every)
+    limit = min(batch_size, MAX_BATCH_SIZE) if batch_size else None
     engine = _SliceEngine(
         lease=group.lease,
         jobs=group.jobs,
-        unit=DeleteUnit(limit=size),
+        unit=DeleteUnit(limit=limit),
         budget=SliceBudget.of(max_seconds, max_wall_seconds),
-        # A rotating lease is bounded by its seconds alone.
-        max_steps=max_batches or (sys.maxsize if rotate_every else settings.CLEANUP_SLICE_BATCHES * leased),
-        refill_below=0 if bounded else (leased + 1) // 2,
+        max_steps=max_batches or settings.CLEANUP_SLICE_BATCHES * leased,
+        refill_below=0 if max_batches else (leased + 1) // 2,
         leased_from=leased_from,
-        rotate_every=rotate_every,
-        lease_limit=limit,
     )
     try:
         return engine.run()
@@ -678,25 +610,22 @@ class TurnResult:
 
 
 def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
-    """One broker task's work: a purge job's slice, or due delete jobs.
+    """One broker task's work: a purge job's slice, or groups of due delete jobs.
 
     Handing every small partition through the broker would cost a fetch, a
     poll wait and a dispatcher call each; instead a turn leases due
-    partitions in groups and works them in shared transactions until
-    ``CLEANUP_SLICE_SECONDS`` of work are spent (a ``SliceBudget``: sleeps for
-    rate tokens not counted, within twice the seconds in all). Every
-    ``CLEANUP_SLICE_BATCHES`` transactions the lease *rotates*
-    (``_SliceEngine._rotate``): the partitions worked go back due now, behind
-    every waiting one, as a slice's end would give them back, the ones not
-    reached stay leased, and due partitions join the lease in their place —
-    the order of slices a turn ended every ``CLEANUP_SLICE_BATCHES``
-    transactions used to give, without the broker round trip, the release
-    and the lease again of the partitions a slice never reached (issue 40: 58
-    hand-offs and 3,016 job leases for 1,081 batches at 1M rows with one worker).
+    partitions in groups and works them in shared transactions, group after
+    group without a broker round trip, until ``CLEANUP_SLICE_SECONDS`` of work
+    are spent (a ``SliceBudget``: sleeps for rate tokens not counted, within
+    twice the seconds in all). Each group is the slice a turn used to be:
+    ``CLEANUP_SLICE_BATCHES`` transactions, then the partitions worked go back
+    due now and the ones not reached keep their place, so the order of work
+    is the one turns of 20 transactions gave, without the broker hand-off
+    between them (issue 40: 58 hand-offs for 1,081 batches at 1M rows with one
+    worker when a turn held one such slice).
 
-    The first lease takes the oldest due partitions (the delivered one among
-    them when it is due); what joins later, and any later group, leaves jobs
-    a broker message waits for to the worker that message reaches
+    The first group takes the oldest due partitions; the later ones leave
+    jobs a broker message waits for to the worker that message reaches
     (``exclude_enqueued``). So a turn that keeps going never takes the work
     the dispatcher just sent to another worker or cluster: a small sweep
     still spreads over every worker that fetches its messages.
@@ -720,7 +649,7 @@ def worker_turn(*, job_id: int, owner: str | None = None) -> TurnResult:
     while budget.left() > 0 and not stop_requested():
         group = group_run_slice(
             owner=owner,
-            rotate_every=settings.CLEANUP_SLICE_BATCHES,
+            max_batches=settings.CLEANUP_SLICE_BATCHES,
             max_seconds=max(0.1, budget.left()),
             max_wall_seconds=max(0.1, budget.wall_left()),
             exclude_enqueued=turn.slices > 0,
