@@ -3,7 +3,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DEMO_ARGS ?= --portfolios 6 --properties-per-portfolio 4 --records-per-property 400 --seed 42 --customers 2
 
-.PHONY: demo demo-incident demo-db demo-stop serve test test-fast test-unit test-model test-redis test-sqs test-rabbitmq lint typecheck format venv clean
+.PHONY: demo demo-incident demo-db demo-stop serve test test-fast test-unit test-model test-uuid test-redis test-sqs test-rabbitmq lint typecheck format venv clean
 
 venv: $(VENV)/.installed
 
@@ -80,6 +80,12 @@ test-unit: venv
 # (tests/testenv.py: 200 examples of 50 steps; CI runs 20 of 40, a fixed seed).
 test-model: venv
 	HYPOTHESIS_PROFILE=nightly PYTHON=$(PY) bash scripts/test.sh tests/test_guarantees_model.py tests/test_guarantees_shapes.py
+
+# The model-based test and the scope-lock interleavings on the UUID schema (a user,
+# customers and sites keyed by UUIDs: tests/schema_uuid), in a second pytest process
+# (docs/developing.md, "The UUID schema"). `make test` runs it too.
+test-uuid: venv
+	TEST_BROKERS=none PYTHON=$(PY) bash scripts/test.sh tests/test_uuid_schema.py
 
 # The worker tests and the chaos CI variant with Q_BROKER=<kind>, its server started
 # on loopback (harness/brokers.py). `make test` runs tests/test_brokers.py on every

@@ -29,11 +29,10 @@ from hypothesis import settings as hypothesis_settings
 from hypothesis.stateful import RuleBasedStateMachine, invariant, run_state_machine_as_test
 
 from cleanup_ops.models import CleanupJob, LedgerEntry, Sweep, SweepStatus
-from properties.models import Portfolio, Property
 from retention.registry import REGISTRY, get_spec
 from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
 
-from .conftest import make_records, make_user, utc
+from .conftest import Portfolio, Property, make_records, make_user, utc
 from .testenv import examples, steps
 
 START = utc("2026-08-21T02:00:00Z")
@@ -55,8 +54,8 @@ KEEP = {"auth_group", "auth_permission", "auth_group_permissions", "django_conte
 class Record:
     kind: str
     id: Any  # the key: an integer, or a UUID
-    portfolio_id: int
-    property_id: int | None  # None: a kind without a property
+    portfolio_id: Any  # the host's keys: integers, or UUIDs (tests/settings_uuid.py)
+    property_id: Any  # None: a kind without a property
     ts: object
     document_id: str | None
 
@@ -64,8 +63,8 @@ class Record:
 @dataclass(frozen=True)
 class Hold:
     id: int
-    portfolio_id: int
-    property_id: int | None
+    portfolio_id: Any
+    property_id: Any
     kind: str
     record_id: Any
 
@@ -146,7 +145,8 @@ class ModelWorld(RuleBasedStateMachine):
     def _insert_old(self, app: Any, target: Property) -> Record:
         """The application inserts an old row (its transaction still open)."""
         row = app.execute(
-            "INSERT INTO properties_lease (portfolio_id, property_id, unit, tenant_name, started_on, ended_at)"
+            f"INSERT INTO {get_spec('lease').table}"
+            " (portfolio_id, property_id, unit, tenant_name, started_on, ended_at)"
             " VALUES (%s, %s, '1', 'T', %s, %s) RETURNING id",
             [target.portfolio_id, target.pk, OLD.date(), OLD],
         ).fetchone()

@@ -310,6 +310,23 @@ class Event:
     actor: str
 
 
+# A customer's or a site's key as the invariants compare it (None: no site).
+Key = int | str | None
+
+
+def scope_key(value: Any) -> Key:
+    """A customer's or a site's key, spelled one way whichever reader gave it: an
+    integer key as an int, any other (a UUID) as PostgreSQL's text. The log's JSON
+    gives an integer key as a number, or as text where it is an object's key (a
+    drop's per-portfolio counts), and a UUID as text; the ORM and the worlds' objects
+    give ``uuid.UUID`` — so the same checks hold for the demo's keys and the UUID
+    schema's (tests/settings_uuid.py)."""
+    if value is None or isinstance(value, int):
+        return value
+    text = str(value)
+    return int(text) if text.isdigit() else text
+
+
 def _ts(value: Any) -> datetime | None:
     if value is None:
         return None
@@ -320,8 +337,8 @@ def _ts(value: Any) -> datetime | None:
 class RecordState:
     kind: str
     id: int | str  # a UUID key as PostgreSQL spells it
-    portfolio_id: int
-    property_id: int | None  # None: a kind without a property, or a path row gone
+    portfolio_id: Key  # scope_key's spelling, as every key the invariants compare
+    property_id: Key  # None: a kind without a property, or a path row gone
     ts: datetime | None
     document_id: str | None
     integer_key: bool = True
@@ -438,8 +455,8 @@ class History:
         return RecordState(
             kind=kind,
             id=int(row[c.pk]) if c.integer_key else str(row[c.pk]),
-            portfolio_id=int(row[c.portfolio]),
-            property_id=None if prop is None else int(prop),
+            portfolio_id=scope_key(row[c.portfolio]),
+            property_id=scope_key(prop),
             # A DateField's day: its midnight (the product compares the day with the cutoff's).
             ts=datetime.fromisoformat(f"{ts}T00:00:00+00:00") if ts and c.timestamp_is_date else _ts(ts),
             document_id=row.get(c.document) if c.document else None,
@@ -461,11 +478,11 @@ class History:
     def pauses_at(self, at: datetime, *, before: bool = False) -> list[dict]:
         return [row for row in self._rows_at(["pause"], at, before=before).values() if row.get("resumed_at") is None]
 
-    def active_version_at(self, at: datetime, *, portfolio_id: int, kind: str) -> dict | None:
+    def active_version_at(self, at: datetime, *, portfolio_id: Key, kind: str) -> dict | None:
         policies = {
             int(row["id"]): row
             for row in self._rows_at(["policy"], None).values()
-            if int(row["portfolio_id"]) == portfolio_id and row["record_kind"] == kind
+            if scope_key(row["portfolio_id"]) == portfolio_id and row["record_kind"] == kind
         }
         for row in self._rows_at(["version"], at).values():
             if int(row["policy_id"]) in policies and row["status"] == "approved":
@@ -501,19 +518,15 @@ def hold_covers(hold: dict, record: RecordState) -> bool:
     else:
         names = (hold.get("record_key") or "") in ("", str(record.id))
     return (
-        int(hold["portfolio_id"]) == record.portfolio_id
-        and (hold.get("property_id") is None or int(hold["property_id"]) == record.property_id)
+        scope_key(hold["portfolio_id"]) == record.portfolio_id
+        and (hold.get("property_id") is None or scope_key(hold["property_id"]) == record.property_id)
         and (hold.get("record_kind") or "") in ("", record.kind)
         and names
     )
 
 
-def _id(value: Any) -> int | None:
-    return None if value is None else int(value)
-
-
-def pause_covers(pause: dict, portfolio_id: int) -> bool:
-    return pause.get("portfolio_id") is None or int(pause["portfolio_id"]) == portfolio_id
+def pause_covers(pause: dict, portfolio_id: Key) -> bool:
+    return pause.get("portfolio_id") is None or scope_key(pause["portfolio_id"]) == portfolio_id
 
 
 @dataclass
@@ -566,7 +579,7 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
         entries = [
             row for row in ledger_by_xid.get(event.xid, []) if row["record_kind"] == record.kind and record.after(row)
         ]
-        own = [row for row in entries if _id(row["property_id"]) == record.property_id]
+        own = [row for row in entries if scope_key(row["property_id"]) == record.property_id]
         if not own:
             others = sorted({str(row["property_id"]) for row in entries})
             v.add(f"{where} deleted by a transaction with no ledger row of its property (others: {others})")
@@ -602,8 +615,8 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             r
             for r in history.records_at(event.at).values()
             if r.kind == row["record_kind"]
-            and r.property_id == _id(row["property_id"])
-            and (r.property_id is not None or r.portfolio_id == int(row["portfolio_id"]))
+            and r.property_id == scope_key(row["property_id"])
+            and (r.property_id is not None or r.portfolio_id == scope_key(row["portfolio_id"]))
             and r.after(row)
             and r.ts is not None
             and r.ts < cutoff
@@ -638,15 +651,15 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
             job_rows[int(new["id"])] = new
             old_token = (event.old or {}).get("lease_token")
             if new["state"] == "leased" and new.get("lease_token") != old_token:
-                portfolio_id = int(new["portfolio_id"])
+                portfolio_id = scope_key(new["portfolio_id"])
                 if any(pause_covers(p, portfolio_id) for p in pauses):
                     v.add(f"job {new['id']} leased while a pause covered portfolio {portfolio_id}")
         now = expect.pipeline_now(at)
-        holders: dict[int, set[str]] = defaultdict(set)
+        holders: dict[Key, set[str]] = defaultdict(set)
         open_partitions: dict[tuple, list[int]] = defaultdict(list)
         for row in job_rows.values():
             if row["state"] == "leased" and row.get("lease_expires_at") and _ts(row["lease_expires_at"]) > now:
-                holders[int(row["portfolio_id"])].add(row["lease_token"])
+                holders[scope_key(row["portfolio_id"])].add(row["lease_token"])
             if row["state"] in ("pending", "leased") and row.get("job_kind", "delete") == "delete":
                 open_partitions[(row["portfolio_id"], row["property_id"], row["record_kind"])].append(int(row["id"]))
         for portfolio_id, tokens in holders.items():
@@ -712,10 +725,10 @@ def check_invariants(history: History, expect: Expectations) -> Violations:
                     f"table partition {name} dropped with {kind} {record.id} (portfolio {record.portfolio_id},"
                     f" property {record.property_id}) while hold {covering[0]['id']} covered it"
                 )
-        per_portfolio: dict[int, int] = defaultdict(int)
+        per_portfolio: dict[Key, int] = defaultdict(int)
         for record in inside:
             per_portfolio[record.portfolio_id] += 1
-        named = {int(p): entry for p, entry in (drop["portfolios"] or {}).items()}
+        named = {scope_key(p): entry for p, entry in (drop["portfolios"] or {}).items()}
         if int(drop["rows"]) != len(inside) or {p: int(e["rows"]) for p, e in named.items()} != dict(per_portfolio):
             v.add(
                 f"table partition {name}: its ledger row counts {drop['rows']} rows {named},"

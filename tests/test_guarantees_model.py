@@ -66,10 +66,10 @@ from cleanup_ops.models import CleanupJob, DeadLetter, JobKind
 from cleanup_ops.recovery.classification import DownstreamError, InvalidInput
 from cleanup_ops.recovery.operator import PartitionBusy, dead_letter_dismiss, dead_letter_redrive
 from cleanup_ops.schedule import sweep_trigger
-from properties.models import Portfolio, Property
 from retention.registry import get_spec
 from retention.services import legal_hold_place, legal_hold_release
 
+from .conftest import Portfolio, Property
 from .guarantees_model_world import AGES, KINDS, OLD, START, Hold, ModelWorld, Record, guarantees_run
 from .interleaving import CheckpointHold, InThread, poll, raw_connection
 

@@ -67,7 +67,6 @@ from cleanup_ops.recovery.operator import (
     pipeline_resume,
 )
 from cleanup_ops.schedule import sweep_trigger
-from properties.models import Lease, Portfolio, Property
 from retention import services
 from retention.models import RetentionPolicy
 from retention.services import (
@@ -78,7 +77,7 @@ from retention.services import (
     retention_policy_get_or_create,
 )
 
-from .conftest import DocstoreProcess, make_user, utc
+from .conftest import DocstoreProcess, Lease, Portfolio, Property, make_user, utc
 from .interleaving import (
     CheckpointHold,
     Expectations,
@@ -481,6 +480,23 @@ ACTORS = (
 )
 
 
+# The cases whose worker holds its scope rows (``FOR SHARE``: a batch's fence and scope
+# statement, a purge's scope lock) while an actor changes what those rows guard: a hold
+# placed on every scope (its ``FOR UPDATE`` of the same rows waits), a hold committed
+# while the worker's session is gone, a record moved to another property or portfolio.
+# tests/test_uuid_schema.py runs them on the UUID schema too (scope rows keyed by UUIDs).
+SCOPE_LOCK_CHECKPOINTS = (*checkpoints.BATCH, *checkpoints.PURGE[1:])
+SCOPE_LOCK_ACTORS = (
+    "reviewer-places-portfolio-hold",
+    "reviewer-places-property-hold",
+    "reviewer-places-kind-hold",
+    "reviewer-places-record-hold",
+    "worker-session-killed-then-a-hold-commits",
+    "application-moves-it-within-the-portfolio" + IN_FLIGHT,
+    "application-moves-it-to-another-portfolio" + IN_FLIGHT,
+)
+
+
 @pytest.fixture(scope="module")
 def store(tmp_path_factory):  # type: ignore[no-untyped-def]
     """One document store for the module, emptied before each case."""
@@ -534,6 +550,16 @@ def interleave(world: World, subject: Callable[[], Any], hold: CheckpointHold, o
         world.commit.set()
     worker.join()
     acting.join()
+
+
+def scope_lock_cases() -> list[str]:
+    """The node ids of the scope-lock cases (``SCOPE_LOCK_CHECKPOINTS`` x ``SCOPE_LOCK_ACTORS``)."""
+    test = test_a_worker_held_at_any_checkpoint_keeps_every_invariant_whatever_acts_meanwhile.__name__
+    return [
+        f"tests/test_interleavings.py::{test}[{checkpoint}-{actor}]"
+        for checkpoint in SCOPE_LOCK_CHECKPOINTS
+        for actor in SCOPE_LOCK_ACTORS
+    ]
 
 
 @pytest.mark.parametrize("actor", ACTORS)

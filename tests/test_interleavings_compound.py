@@ -44,10 +44,10 @@ from cleanup_ops.clock import host_clock
 from cleanup_ops.downstream.fencing import lock_bound_seconds
 from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.models import CleanupJob, JobKind, unpaused_q
-from properties.models import Lease, Portfolio, Property
 from retention.services import legal_hold_place
 
 from . import test_interleavings as one_actor
+from .conftest import Lease, Portfolio, Property
 from .interleaving import (
     CheckpointHold,
     Expectations,
@@ -171,7 +171,7 @@ def test_a_purge_waiting_on_another_scope_keeps_a_file_whose_other_record_goes_a
     since = db_clock_now()
     suite_settings.CLEANUP_CHECKPOINTS = frozenset({checkpoint})
     # The application pins C's property row (an admin edit), before the purge decides.
-    pin = Writer(("UPDATE properties_property SET name = 'Renamed' WHERE id = %s", [props["C"].pk]))
+    pin = Writer((f"UPDATE {Property._meta.db_table} SET name = 'Renamed' WHERE id = %s", [props["C"].pk]))
     hold = CheckpointHold(checkpoint)
     observer = raw_connection()
     b = props["B"]
@@ -297,7 +297,7 @@ def test_a_version_approved_while_the_batch_waits_on_a_pinned_scope_row_is_obeye
         worker = InThread(subject, name="worker")
         hold.wait_for_worker(worker)
         # Leased (or about to be); the application pins the property row its batch locks first.
-        pin = Writer(("UPDATE properties_property SET name = 'Renamed' WHERE id = %s", [world.a1.pk]))
+        pin = Writer((f"UPDATE {Property._meta.db_table} SET name = 'Renamed' WHERE id = %s", [world.a1.pk]))
         hold.release()
         poll(lambda: _waits_on_or_done(observer, worker, pin.pid), what="the batch to wait on A1's row")
         reviewer = InThread(approve, name="reviewer")

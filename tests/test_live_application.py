@@ -34,11 +34,10 @@ from cleanup_ops.execution.leases import job_lease
 from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.models import CleanupJob, JobKind, JobOutcome, LedgerEntry, PurgeRequest
 from cleanup_ops.schedule import sweep_trigger
-from properties.models import Lease, Portfolio, Property
 from retention.models import RetentionPolicy
 from retention.services import legal_hold_place, policy_version_approve, policy_version_submit
 
-from .conftest import utc
+from .conftest import Lease, Portfolio, Property, utc
 from .interleaving import InThread, poll, raw_connection
 
 pytestmark = pytest.mark.django_db(transaction=True)
