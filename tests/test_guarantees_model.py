@@ -161,6 +161,9 @@ class Guarantees(ModelWorld):
         self._place(prop, portfolio, kind, one_record, pick)
 
     def _place(self, prop: int | None, portfolio: int, kind: str, one_record: bool, pick: int) -> None:
+        # Whatever is gone by now went before this hold (a stalled worker's
+        # slice may have committed a batch before it stalled).
+        self._account_deletions()
         target = self.props[prop] if prop is not None else None
         if kind and target is not None and not get_spec(kind).has_property:
             # A kind without a property takes no property's hold (the service refuses one).
@@ -415,6 +418,9 @@ class Guarantees(ModelWorld):
                 batch_state = worker.settle(observer)
                 placing = None
                 if hold_there:
+                    # What the slice's earlier batches committed (another
+                    # partition's, before this one waited) went before the hold.
+                    self._account_deletions()
                     target = self.props[prop]
                     placing = InThread(
                         lambda: (
@@ -427,7 +433,8 @@ class Guarantees(ModelWorld):
                         ),
                         name="hold",
                     )
-                    # Committed while the batch still waits: it binds the batch.
+                    # Committed while the batch still waits: it binds that batch
+                    # (not the slice's batches that committed before it).
                     hold_first = batch_state == "waiting" and placing.settle(observer) == "done"
             finally:
                 observer.close()
