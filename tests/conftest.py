@@ -186,6 +186,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         tier = tier_of(item)
         if item.get_closest_marker(tier) is None:
             item.add_marker(getattr(pytest.mark, tier))
+    # xdist hands tests out in collection order: a test of several minutes
+    # collected last runs alone at the end while the other workers idle, so
+    # those marked ``starts_first`` go to the front (a stable sort).
+    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
 
 
 # Each tier's share of the run: the sum of its tests' durations (setup, call and

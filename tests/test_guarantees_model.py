@@ -80,7 +80,7 @@ from .guarantees_model_world import AGES, KINDS, OLD, START, Hold, ModelWorld, R
 from .interleaving import CheckpointHold, InThread, poll, raw_connection
 
 # Its sweeps drop tenant activity's expired table partitions, committed: made again around it (tests/conftest.py).
-pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.table_partitions]
+pytestmark = [pytest.mark.django_db(transaction=True), pytest.mark.table_partitions, pytest.mark.starts_first]
 
 REASON = "model-based test decision"
 # Where a stalled worker stops (cleanup_ops.checkpoints): inside a batch's
