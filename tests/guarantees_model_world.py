@@ -253,16 +253,21 @@ class ModelWorld(RuleBasedStateMachine):
             assert has_open == (sweep.status == SweepStatus.RUNNING), (sweep.key, sweep.status, has_open)
 
 
+def world_settings(machine: type[ModelWorld], *, docstore: Any, settings: Any) -> None:
+    """The settings and the store every run of ``machine`` has (a test driving it by hand too)."""
+    settings.CLEANUP_PORTFOLIO_MAX_LEASES = CAP
+    settings.CLEANUP_BACKOFF_BASE_SECONDS = 20.0
+    settings.CLEANUP_TOKEN_WAIT_SECONDS = 0.0
+    machine.store = docstore
+
+
 def guarantees_run(
     machine: type[ModelWorld], *, docstore: Any, settings: Any, cost: int, step_share: float = 1.0
 ) -> None:
     """Run ``machine`` against ``docstore`` with ``settings`` (pytest-django's fixture):
     the profile's examples for a run that costs ``cost`` cheap examples, each of
     ``step_share`` of the profile's steps (``testenv.examples``, ``testenv.steps``)."""
-    settings.CLEANUP_PORTFOLIO_MAX_LEASES = CAP
-    settings.CLEANUP_BACKOFF_BASE_SECONDS = 20.0
-    settings.CLEANUP_TOKEN_WAIT_SECONDS = 0.0
-    machine.store = docstore
+    world_settings(machine, docstore=docstore, settings=settings)
     run_state_machine_as_test(
         machine,
         settings=hypothesis_settings(

@@ -76,7 +76,7 @@ from retention.registry import get_spec
 from retention.services import legal_hold_place, legal_hold_release
 
 from .conftest import Portfolio, Property
-from .guarantees_model_world import AGES, KINDS, OLD, START, Hold, ModelWorld, Record, guarantees_run
+from .guarantees_model_world import AGES, KINDS, OLD, START, Hold, ModelWorld, Record, guarantees_run, world_settings
 from .interleaving import CheckpointHold, InThread, poll, raw_connection
 
 # Its sweeps drop tenant activity's expired table partitions, committed: made again around it (tests/conftest.py).
@@ -529,3 +529,47 @@ class Guarantees(ModelWorld):
 
 def test_the_guarantees_hold_under_any_interleaving(docstore, settings):  # type: ignore[no-untyped-def]
     guarantees_run(Guarantees, docstore=docstore, settings=settings, cost=25)
+
+
+def test_a_hold_placed_while_a_later_batch_waits_does_not_judge_what_an_earlier_batch_of_the_slice_deleted(
+    docstore, settings
+):  # type: ignore[no-untyped-def]
+    """The case the UUID schema's CI run found, driven by hand on the demo's schema. The
+    slice's first transaction finishes the leases of property 0 (the maintenance rows do
+    not fit beside them) and commits; its second waits on a maintenance row the
+    application is deleting; a hold on property 0 commits meanwhile, since no open
+    transaction holds that property's row any more. The leases went before the hold, so
+    the promises hold; the model that judged them against it failed here. (On the UUID
+    run the application moved the row to property 0; on the demo's schema the move's
+    foreign-key check locks the property and the hold waits for the application.)"""
+    world_settings(Guarantees, docstore=docstore, settings=settings)
+    world = Guarantees()
+    try:
+        world.an_estate_with_expired_records(
+            layout=[
+                (0, "lease", "none"),
+                (0, "lease", "unique"),
+                (2, "maintenance_record", "none"),
+                (2, "maintenance_record", "none"),
+            ],
+            holds_first=[],
+            first_slices=1,
+        )
+        world.promises_hold()
+        leases_left = [key for key in world.records if key[0] == "lease"]
+        target = world._alive(len(leases_left))  # the first maintenance record
+        assert leases_left and target is not None and target.kind == "maintenance_record"
+
+        world.the_application_writes_a_row_a_batch_waits_on(
+            pick=len(leases_left), change="delete", prop=0, age="old", hold_there=True
+        )
+        world.promises_hold()
+
+        # The slice deleted the last leases, and the hold on their property is active.
+        assert not [key for key in world.records if key[0] == "lease"]
+        assert {(r.kind, r.id) for r in world.deleted} >= set(leases_left)
+        assert [h.property_id for h in world.holds] == [world.props[0].pk]
+        # The application's delete is not the cleanup's.
+        assert (target.kind, target.id) not in {(r.kind, r.id) for r in world.deleted}
+    finally:
+        world.teardown()
