@@ -188,8 +188,19 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(getattr(pytest.mark, tier))
     # xdist hands tests out in collection order: a test of several minutes
     # collected last runs alone at the end while the other workers idle, so
-    # those marked ``starts_first`` go to the front (a stable sort).
-    items.sort(key=lambda item: item.get_closest_marker("starts_first") is None)
+    # those marked ``starts_first`` go to the front of what pytest-django's
+    # order allows (a stable sort): one without the database before every
+    # test, a committing one first among the committing tests, which must
+    # still follow every rolled-back one (their flush empties the tables).
+    items.sort(key=_start_rank)
+
+
+def _start_rank(item: pytest.Item) -> float:
+    use = database_use(item)
+    rank = {"rolled back": 0.0, "committed": 1.0, "": 2.0}[use]
+    if item.get_closest_marker("starts_first") is not None:
+        rank = -1.0 if use == "" else rank - 0.5 if use == "committed" else rank
+    return rank
 
 
 # Each tier's share of the run: the sum of its tests' durations (setup, call and
