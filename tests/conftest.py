@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import os
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import datetime
 from importlib import import_module
 from typing import TYPE_CHECKING
@@ -11,6 +11,7 @@ from urllib.parse import urlsplit
 import pytest
 from django.contrib.auth.models import Group
 from django.db import connection
+from django.test import override_settings
 
 from retention.models import PolicyVersion, RetentionPolicy
 from retention.services import policy_version_approve, policy_version_submit, retention_policy_get_or_create
@@ -259,10 +260,14 @@ def _no_heartbeat_flush_across_tests():  # type: ignore[no-untyped-def]
             health._flush_timer = None
 
 
-@pytest.fixture(autouse=True)
-def _fast_password_hashing(settings) -> None:  # type: ignore[no-untyped-def]
-    # Users are created in many tests; the production hasher is slow on purpose.
-    settings.PASSWORD_HASHERS = ["django.contrib.auth.hashers.MD5PasswordHasher"]
+@pytest.fixture(scope="session", autouse=True)
+def _fast_password_hashing() -> Iterator[None]:
+    """Users are created in many tests; the production hasher is slow on purpose (PBKDF2,
+    about 0.4 s a user here). For the whole session, not per test: the module-scoped
+    worlds (``tests/crawler_world.py``: eleven users) are built before any test's own
+    fixtures, and spent most of their five seconds hashing."""
+    with override_settings(PASSWORD_HASHERS=["django.contrib.auth.hashers.MD5PasswordHasher"]):
+        yield
 
 
 # The migration-made role groups and their permissions, (name, [(app_label, codename)]),

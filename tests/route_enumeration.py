@@ -12,6 +12,7 @@ the routes too (``tests/test_bad_input.py``, the hostile-input crawl).
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Hashable, Iterable
 from dataclasses import dataclass
@@ -52,6 +53,15 @@ class Route:
 
 
 def routes() -> list[Route]:
+    """Every pattern of the URLconf in use, in the resolver's order."""
+    return list(_routes_of(get_resolver()))
+
+
+@functools.cache
+def _routes_of(resolver: URLResolver) -> tuple[Route, ...]:
+    """The walk itself, once per resolver (``get_resolver`` keeps one per URLconf): each
+    crawl piece asks for the routes several times (its share, its checks), and the
+    hostile-input crawl's 60 pieces four times each."""
     found: list[Route] = []
 
     def walk(patterns: list[Any], parts: tuple[Any, ...], namespace: tuple[str, ...]) -> None:
@@ -67,8 +77,8 @@ def routes() -> list[Route]:
                 name = ":".join((*namespace, entry.name or f"<unnamed {full}>"))
                 found.append(Route(full, (*parts, entry.pattern), name, entry.callback))
 
-    walk(get_resolver().url_patterns, (), ())
-    return found
+    walk(resolver.url_patterns, (), ())
+    return tuple(found)
 
 
 _ROUTE_PARAM = re.compile(r"<(?:(?P<converter>[^>:]+):)?(?P<name>[^>]+)>")

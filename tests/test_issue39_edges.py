@@ -149,8 +149,12 @@ def test_the_default_ignorable_table_is_unicodes():
 
     from retention.inputs import default_ignorable
 
-    assigned = (chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) != "Cn")
-    differ = [ch for ch in assigned if default_ignorable(ch) != bool(regex.match(r"\p{DI}", ch))]
+    assigned = [chr(c) for c in range(0x110000) if unicodedata.category(chr(c)) != "Cn"]
+    # Unicode's table as the regex module has it, read in one pass over every assigned
+    # code point (a single-character pattern: findall tests each position) rather than
+    # one match call per code point, which took ten times as long.
+    unicodes = set(regex.findall(r"\p{DI}", "".join(assigned)))
+    differ = [ch for ch in assigned if default_ignorable(ch) != (ch in unicodes)]
     assert differ == []
 
 

@@ -147,6 +147,9 @@ def test_the_global_rate_limit_holds_across_two_clusters(estate, start_cluster):
     limits = {"CLEANUP_RATE_GLOBAL": str(RATE), "CLEANUP_BURST_GLOBAL": str(BURST), "CLEANUP_PORTFOLIO_MAX_LEASES": "2"}
     start_cluster("host-a", **limits)
     start_cluster("host-b", **limits)
+    # Both clusters up before the sweep, as above: on a loaded machine the first one
+    # up could drain it alone while the other was still starting.
+    assert wait_for(lambda: len(Stat.get_all()) == 2, timeout=30), "django-q2's Stat does not see both clusters"
     sweep_trigger()
     assert wait_for(lambda: open_jobs() == 0, timeout=180), "the sweep did not drain"
     assert Lease.objects.count() == 0
