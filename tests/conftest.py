@@ -196,12 +196,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     items.sort(key=_start_rank)
 
 
+# pytest-django's order by database use, and where a ``starts_first`` test of each goes.
+_RANK = {"rolled back": 0.0, "committed": 1.0, "": 2.0}
+_STARTS_FIRST_RANK = {"rolled back": 0.0, "committed": 0.5, "": -1.0}
+
+
 def _start_rank(item: pytest.Item) -> float:
-    use = database_use(item)
-    rank = {"rolled back": 0.0, "committed": 1.0, "": 2.0}[use]
-    if item.get_closest_marker("starts_first") is not None:
-        rank = -1.0 if use == "" else rank - 0.5 if use == "committed" else rank
-    return rank
+    ranks = _RANK if item.get_closest_marker("starts_first") is None else _STARTS_FIRST_RANK
+    return ranks[database_use(item)]
 
 
 # Each tier's share of the run: the sum of its tests' durations (setup, call and
