@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import uuid
 from collections.abc import Callable, Iterator
@@ -118,7 +119,7 @@ def pytest_configure(config: pytest.Config) -> None:
     if getattr(config.option, "dist", "no") == "load" and not explicit("--dist"):
         config.option.dist = "loadgroup"
     # pytest-django runs the rolled-back tests before the committing ones, whose flush
-    # empties the tables (the migration-made role groups with them); loadgroup's default
+    # empties the tables (all but the migration's rows, put back); loadgroup's default
     # sends the largest groups first, a committing group ahead of a worker's rolled-back
     # tests. In collection order, each worker gets its tests in pytest-django's order.
     if getattr(config.option, "dist", "no") == "loadgroup" and not explicit("--loadscope-reorder"):
@@ -272,60 +273,117 @@ def _fast_password_hashing() -> Iterator[None]:
         yield
 
 
-# The migration-made role groups and their permissions, (name, [(app_label, codename)]),
-# read once from the migrated test database (django_db_setup).
-_ROLE_GROUPS: list[tuple[str, list[tuple[str, str]]]] | None = None
+# --- The migration's rows, after a flush ----------------------------------------------
+# A flush empties every table, the four the migration filled for the whole product
+# too: the content types and the permissions (django.contrib's ``post_migrate``
+# receivers) and the role groups with their grants (retention's data migrations).
+# Django's flush sends ``post_migrate`` again, whose two receivers make every content
+# type and permission anew, app by app: about 80 statements, 0.14 s of each of some
+# 1,900 committing tests. Here the flush puts back the rows those four tables held
+# right after ``migrate`` (read once, ``django_db_setup``), with their ids, in one
+# statement each, and then sends ``post_migrate`` without those two receivers (and
+# installs the reference guards again only if one is missing or different). So
+# every test, the first on a worker or one after a flush, sees the database the
+# migration made, role groups included, and a content type keeps its id for the session.
+
+_MIGRATION_ROWS: list[tuple[str, str]] | None = None  # (table, its rows as JSON), parents first
 
 
-def role_groups_listed() -> list[tuple[str, list[tuple[str, str]]]]:
-    return [
-        (group.name, sorted(group.permissions.values_list("content_type__app_label", "codename")))
-        for group in Group.objects.order_by("name")
-    ]
-
-
-def role_groups_restore() -> None:
-    """Make the role groups again as the migration made them (``_ROLE_GROUPS``): the
-    groups, then their permissions, in three statements. The permissions are the ones
-    the flush's ``post_migrate`` made again; if one is missing, ``sync_role_groups``
-    (which creates them) does the whole work instead."""
+def migration_rows_tables() -> list[str]:
+    """The tables the migration filled that a flush empties, a referenced one before its referrers."""
     from django.contrib.auth.models import Permission
+    from django.contrib.contenttypes.models import ContentType
 
-    listed = _ROLE_GROUPS or []
-    wanted = {perm for _, perms in listed for perm in perms}
-    ids = {
-        (app_label, codename): pk
-        for pk, app_label, codename in Permission.objects.values_list("pk", "content_type__app_label", "codename")
-        if (app_label, codename) in wanted
-    }
-    if not listed or len(ids) < len(wanted):
-        from django.apps import apps
-
-        from retention.roles import sync_role_groups
-
-        sync_role_groups(apps)
-        return
-    groups = Group.objects.bulk_create([Group(name=name) for name, _ in listed])
-    through = Group.permissions.through
-    through.objects.bulk_create(
-        [
-            through(group_id=group.pk, permission_id=ids[perm])
-            for group, (_, perms) in zip(groups, listed, strict=True)
-            for perm in perms
-        ]
-    )
+    return [model._meta.db_table for model in (ContentType, Permission, Group, Group.permissions.through)]
 
 
-@pytest.fixture(autouse=True)
-def _role_groups(request: pytest.FixtureRequest) -> None:
-    """Transactional tests flush the tables, taking the migration-made groups
-    with them; put them back so every test sees a migrated database."""
-    marker = request.node.get_closest_marker("django_db")
-    if marker is None or not (marker.kwargs.get("transaction") or (marker.args and marker.args[0])):
-        return
-    request.getfixturevalue("transactional_db")
-    if not Group.objects.exists():
-        role_groups_restore()
+def migration_rows_read() -> list[tuple[str, str]]:
+    from psycopg import sql
+
+    rows = []
+    with connection.cursor() as cur:
+        for table in migration_rows_tables():
+            cur.execute(
+                sql.SQL("SELECT coalesce(json_agg(t), '[]') FROM {table} t").format(table=sql.Identifier(table))
+            )
+            (listed,) = cur.fetchone()
+            rows.append((table, listed if isinstance(listed, str) else json.dumps(listed)))
+    return rows
+
+
+def migration_rows_restore(*, using: str) -> None:
+    """Put back the rows read after ``migrate``, with their ids; each table's identity
+    continues after its largest id (a flush may have reset it)."""
+    from django.contrib.contenttypes.models import ContentType
+    from django.db import connections, transaction
+    from psycopg import sql
+
+    with transaction.atomic(using=using), connections[using].cursor() as cur:
+        for table, listed in _MIGRATION_ROWS or []:
+            cur.execute(
+                sql.SQL(
+                    """
+                    WITH put AS (
+                        INSERT INTO {table} SELECT * FROM json_populate_recordset(NULL::{table}, %(rows)s::json)
+                        RETURNING id
+                    )
+                    SELECT setval(pg_get_serial_sequence(%(name)s, 'id'), max(id)) FROM put HAVING count(*) > 0
+                    """
+                ).format(table=sql.Identifier(table)),
+                {"rows": listed, "name": table},
+            )
+    # Django's create_contenttypes clears the cache too: a content type a test made is gone.
+    ContentType.objects.clear_cache()
+
+
+_DJANGO_EMIT_POST_MIGRATE = None
+
+
+def emit_post_migrate_after_flush(verbosity: int, interactive: bool, db: str, **kwargs: object) -> None:
+    """The flush command's ``emit_post_migrate_signal``: the migration's rows put back,
+    then ``post_migrate`` to every receiver but the two that would make them again and
+    the reference guards' (``guards_on_migrate``), whose ``CREATE OR REPLACE`` of every
+    trigger would invalidate every cached plan over the record tables and their ~180
+    table partitions: the guards are installed again only if a test left one missing or
+    different (``guards_current``), which is all the flush's reinstall ever mended."""
+    from django.contrib.auth.management import create_permissions
+    from django.contrib.contenttypes.management import create_contenttypes
+    from django.db.models.signals import post_migrate
+
+    from cleanup_ops.downstream.guard import guards_install, guards_on_migrate
+
+    migration_rows_restore(using=db)
+    auth_uid, guards_uid = "django.contrib.auth.management.create_permissions", "cleanup_ops.guards_on_migrate"
+    post_migrate.disconnect(dispatch_uid=auth_uid)
+    post_migrate.disconnect(create_contenttypes)
+    post_migrate.disconnect(dispatch_uid=guards_uid)
+    try:
+        _DJANGO_EMIT_POST_MIGRATE(verbosity, interactive, db, **kwargs)  # type: ignore[misc]
+    finally:
+        post_migrate.connect(create_contenttypes)
+        post_migrate.connect(create_permissions, dispatch_uid=auth_uid)
+        post_migrate.connect(guards_on_migrate, dispatch_uid=guards_uid)
+    if not guards_current():
+        guards_install()
+
+
+def guards_current() -> bool:
+    """Is every trigger ``guards_install`` installs there, as it would install it?"""
+    from cleanup_ops.downstream.guard import guard_current, guarded_kinds
+
+    with connection.cursor() as cur:
+        return all(guard_current(spec, cur=cur) for spec in guarded_kinds())
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _flush_puts_the_migration_rows_back():  # type: ignore[no-untyped-def]
+    global _DJANGO_EMIT_POST_MIGRATE
+    from django.core.management.commands import flush
+
+    _DJANGO_EMIT_POST_MIGRATE = flush.emit_post_migrate_signal
+    flush.emit_post_migrate_signal = emit_post_migrate_after_flush
+    yield
+    flush.emit_post_migrate_signal = _DJANGO_EMIT_POST_MIGRATE
 
 
 # --- The flush between committing tests ------------------------------------------------
@@ -346,24 +404,47 @@ def _role_groups(request: pytest.FixtureRequest) -> None:
 
 def flush_sql_of_rows(ops, style, tables, *, reset_sequences=False, allow_cascade=False):  # type: ignore[no-untyped-def]
     """``DatabaseOperations.sql_flush``: the statements that empty ``tables``, for their leaves that hold rows."""
-    with ops.connection.cursor() as cur:
-        cur.execute("SELECT current_setting('is_superuser') = 'on'")
-        (superuser,) = cur.fetchone()
-        if reset_sequences or not tables or not superuser:
-            return _DJANGO_SQL_FLUSH(ops, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
-        cur.execute(
-            # A partitioned table's leaves; an ordinary table is in no partition tree.
-            "SELECT coalesce(p.relid, t.oid)::regclass::text FROM"
-            " (SELECT quote_ident(name)::regclass AS oid FROM unnest(%s::text[]) name) t"
-            " LEFT JOIN LATERAL pg_partition_tree(t.oid) p ON true WHERE p.relid IS NULL OR p.isleaf",
-            [list(tables)],
-        )
-        leaves = [name for (name,) in cur.fetchall()]
-        probes = (f"SELECT {i} WHERE EXISTS (SELECT FROM {name})" for i, name in enumerate(leaves))
-        cur.execute(" UNION ALL ".join(probes))
-        full = [leaves[i] for (i,) in cur.fetchall()]
+    cur = flush_probe_connection(ops.connection).cursor()
+    (superuser,) = cur.execute("SELECT current_setting('is_superuser') = 'on'").fetchone()  # type: ignore[misc]
+    if reset_sequences or not tables or not superuser:
+        return _DJANGO_SQL_FLUSH(ops, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
+    cur.execute(
+        # A partitioned table's leaves; an ordinary table is in no partition tree.
+        "SELECT coalesce(p.relid, t.oid)::regclass::text FROM"
+        " (SELECT quote_ident(name)::regclass AS oid FROM unnest(%s::text[]) name) t"
+        " LEFT JOIN LATERAL pg_partition_tree(t.oid) p ON true WHERE p.relid IS NULL OR p.isleaf",
+        [sorted(tables)],
+        prepare=True,
+    )
+    leaves = [name for (name,) in cur.fetchall()]
+    probes = (f"SELECT {i} WHERE EXISTS (SELECT FROM {name})" for i, name in enumerate(leaves))
+    # The same text flush after flush (until a table partition is dropped): planned once.
+    cur.execute(" UNION ALL ".join(probes), prepare=True)  # type: ignore[call-overload]
+    full = [leaves[i] for (i,) in cur.fetchall()]
     # Run in one transaction (DatabaseOperations.execute_sql_flush): SET LOCAL ends with it.
     return ["SET LOCAL session_replication_role = replica;", *(f"DELETE FROM {name};" for name in full)]
+
+
+# The probe runs on a connection of its own, kept for the session: Django closes its
+# connection after every committing test (TransactionTestCase._post_teardown), and a new
+# backend opens each of the ~230 leaves the probe reads from cold catalog caches — 55 ms
+# a flush against 4 on a connection that has read them before.
+_FLUSH_PROBE_CONNECTIONS: dict[str, object] = {}
+
+
+def flush_probe_connection(wrapper):  # type: ignore[no-untyped-def]
+    """A psycopg connection (autocommit) to ``wrapper``'s database, opened once.
+    It reads what is committed, as the flush's own connection does between tests."""
+    import psycopg
+
+    params = wrapper.get_connection_params()
+    key = f"{wrapper.alias}:{params.get('dbname')}"
+    conn = _FLUSH_PROBE_CONNECTIONS.get(key)
+    if conn is None or conn.closed:  # type: ignore[attr-defined]
+        keep = ("dbname", "user", "password", "host", "port", "sslmode", "options")
+        conn = psycopg.connect(**{name: params[name] for name in keep if params.get(name)}, autocommit=True)
+        _FLUSH_PROBE_CONNECTIONS[key] = conn
+    return conn
 
 
 _DJANGO_SQL_FLUSH = None
@@ -424,12 +505,18 @@ def table_partitions_restore() -> list[str]:
 
 @pytest.fixture(scope="session")
 def django_db_setup(django_db_setup, django_db_blocker):  # type: ignore[no-untyped-def]
-    """The test database, migrated; tenant activity's table partitions and the role
-    groups read as the migration made them, before any test runs."""
-    global _TABLE_PARTITIONS, _ROLE_GROUPS
+    """The test database, migrated; tenant activity's table partitions and the rows
+    the migration filled (content types, permissions, role groups) read as the
+    migration made them, before any test runs."""
+    global _TABLE_PARTITIONS, _MIGRATION_ROWS
     with django_db_blocker.unblock():
         _TABLE_PARTITIONS = table_partitions_listed()
-        _ROLE_GROUPS = role_groups_listed()
+        _MIGRATION_ROWS = migration_rows_read()
+    yield
+    # Before pytest-django drops the test database, which it refuses while a session is open.
+    for conn in _FLUSH_PROBE_CONNECTIONS.values():
+        conn.close()  # type: ignore[attr-defined]
+    _FLUSH_PROBE_CONNECTIONS.clear()
 
 
 @pytest.fixture(autouse=True)
