@@ -461,62 +461,6 @@ def _flush_only_rows():  # type: ignore[no-untyped-def]
     DatabaseOperations.sql_flush = _DJANGO_SQL_FLUSH  # type: ignore[method-assign]
 
 
-# --- One connection across committing tests --------------------------------------------
-# Django closes every connection after a committing test (TransactionTestCase's
-# ``_should_reload_connections``) so that the next starts with a clean session. Here the
-# session is cleaned instead, as a pooler resets one between clients (RESET ALL and the
-# rest of DISCARD ALL but its DEALLOCATE: psycopg remembers the statements it prepared
-# on the connection, the product's among them): a new backend would read the catalog
-# of every table, table partition and index the next test touches from cold caches
-# again (43 ms for a first query on tenant activity's 180 table partitions, 10 after).
-# A connection in a transaction, with errors, past its age or otherwise unusable is
-# closed, as before.
-SESSION_RESET = (
-    "RESET ALL",
-    "CLOSE ALL",
-    "UNLISTEN *",
-    "SELECT pg_advisory_unlock_all()",
-    "DISCARD TEMP",
-    "DISCARD SEQUENCES",
-)
-
-
-def connections_reset_instead_of_closed(self) -> bool:  # type: ignore[no-untyped-def]
-    """``TransactionTestCase._should_reload_connections``: reset each open connection's
-    session (closing one that cannot be kept); False, so Django closes none."""
-    from django.db import DatabaseError, connections
-    from psycopg.pq import TransactionStatus
-
-    for conn in connections.all(initialized_only=True):
-        raw = conn.connection
-        if raw is None:
-            continue
-        if conn.in_atomic_block or raw.closed or raw.info.transaction_status != TransactionStatus.IDLE:
-            conn.close()
-            continue
-        conn.close_if_unusable_or_obsolete()
-        if conn.connection is None:
-            continue
-        try:
-            with conn.cursor() as cur:
-                for statement in SESSION_RESET:
-                    cur.execute(statement)
-            conn.init_connection_state()  # the time zone and role RESET ALL undid
-        except DatabaseError:
-            conn.close()
-    return False
-
-
-@pytest.fixture(scope="session", autouse=True)
-def _connections_kept_across_committing_tests():  # type: ignore[no-untyped-def]
-    from django.test import TransactionTestCase
-
-    django_reload = TransactionTestCase._should_reload_connections
-    TransactionTestCase._should_reload_connections = connections_reset_instead_of_closed  # type: ignore[method-assign]
-    yield
-    TransactionTestCase._should_reload_connections = django_reload  # type: ignore[method-assign]
-
-
 # Table partitions of the demo's tenant activity (properties 0006), as the
 # migration made them: (name, bound expression), read once.
 _TABLE_PARTITIONS: list[tuple[str, str]] | None = None
