@@ -44,7 +44,7 @@ from properties.models import Lease, MaintenanceRecord, Portfolio, Property
 from retention.models import AuditEvent
 
 from . import downstream_world
-from .conftest import make_records, remaining_ids
+from .conftest import WALL_CLOCK, make_records, remaining_ids
 from .downstream_world import NOW, OLD, SLOT, attach, delete_job, purge_jobs
 
 REASON = "the document store is healthy again"
@@ -320,6 +320,7 @@ class TestPurge:
         assert DeadLetter.objects.get().error_class == "DocstoreNotConfigured"
 
 
+@WALL_CLOCK
 @pytest.mark.django_db(transaction=True)
 def test_four_workers_keep_the_store_under_the_configured_request_rate(docstore, settings, active_policy):
     rate = 10.0
