@@ -404,6 +404,10 @@ def _flush_puts_the_migration_rows_back():  # type: ignore[no-untyped-def]
 
 def flush_sql_of_rows(ops, style, tables, *, reset_sequences=False, allow_cascade=False):  # type: ignore[no-untyped-def]
     """``DatabaseOperations.sql_flush``: the statements that empty ``tables``, for their leaves that hold rows."""
+    if ops.connection.in_atomic_block:
+        # A flush inside a test's transaction: its rows are not committed, and the probe's
+        # connection would not see them.
+        return _DJANGO_SQL_FLUSH(ops, style, tables, reset_sequences=reset_sequences, allow_cascade=allow_cascade)
     cur = flush_probe_connection(ops.connection).cursor()
     (superuser,) = cur.execute("SELECT current_setting('is_superuser') = 'on'").fetchone()  # type: ignore[misc]
     if reset_sequences or not tables or not superuser:

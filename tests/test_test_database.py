@@ -16,10 +16,9 @@ from django.db import connection
 from psycopg import sql
 
 from cleanup_ops.downstream.guard import guarded_kinds, trigger_name
+from properties.models import Portfolio
 from retention.roles import sync_role_groups
 from tests.conftest import guards_current
-
-pytestmark = [pytest.mark.concurrency, pytest.mark.django_db(transaction=True)]
 
 
 def migration_state() -> dict[str, list[tuple[object, ...]]]:
@@ -39,6 +38,8 @@ def django_post_migrate_makes() -> None:
     sync_role_groups(apps)
 
 
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
 @pytest.mark.parametrize("reset_sequences", [False, True], ids=["sequences kept", "sequences reset"])
 def test_a_flush_leaves_every_row_the_migration_made_and_nothing_for_post_migrate_to_make(
     reset_sequences: bool,
@@ -60,6 +61,8 @@ def test_a_flush_leaves_every_row_the_migration_made_and_nothing_for_post_migrat
     assert ContentType.objects.create(app_label="new", model="new").id > max(r[0] for r in before["content types"])
 
 
+@pytest.mark.concurrency
+@pytest.mark.django_db(transaction=True)
 def test_a_flush_installs_again_a_reference_guard_a_test_dropped() -> None:
     spec = guarded_kinds()[0]
     with connection.cursor() as cur:
@@ -73,3 +76,17 @@ def test_a_flush_installs_again_a_reference_guard_a_test_dropped() -> None:
     call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
 
     assert guards_current()
+
+
+@pytest.mark.database
+@pytest.mark.django_db
+def test_a_flush_inside_a_tests_transaction_empties_what_that_transaction_wrote() -> None:
+    """The probe of which tables hold rows runs on a connection of its own, which
+    cannot see a transaction's uncommitted rows: inside one, Django's flush runs."""
+    assert not Portfolio.objects.exists()  # no committed row: the probe would find the table empty
+    Portfolio.objects.create(name="Uncommitted", slug="uncommitted")
+
+    call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
+
+    assert not Portfolio.objects.exists()
+    assert Group.objects.filter(name="operator").exists()
