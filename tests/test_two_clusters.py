@@ -22,6 +22,7 @@ from django.utils import timezone
 from django_q.models import Schedule
 from django_q.status import Stat
 
+from cleanup_ops.dispatch import dispatch_due_jobs
 from cleanup_ops.models import CleanupJob, LedgerEntry, WorkerHeartbeat
 from cleanup_ops.recovery.operator import pipeline_pause, pipeline_resume
 from cleanup_ops.schedule import sweep_trigger
@@ -29,6 +30,7 @@ from harness.qcluster import QCluster
 from properties.models import Lease, Portfolio
 
 from .conftest import make_lease_estate
+from .interleaving import CheckpointHold
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -106,39 +108,55 @@ def assert_exactly_once(*, rows_before: int) -> None:
     assert sum(n for _, n in entries) == rows_before - Lease.objects.count()
 
 
-def test_two_clusters_drain_one_sweep_together_and_the_lease_cap_holds_across_them(estate, start_cluster):
-    # A global rate limit keeps the sweep running for seconds (48 batches at 6 a
-    # second), so each cluster takes work: unlimited, the first cluster to poll can
-    # drain it before the other's workers take a message (seen under pytest-xdist).
-    slow = {"CLEANUP_RATE_GLOBAL": "6", "CLEANUP_BURST_GLOBAL": "1"}
-    start_cluster("host-a", **slow)
-    start_cluster("host-b", **slow)
-    assert wait_for(lambda: len(Stat.get_all()) == 2, timeout=30), "django-q2's Stat does not see both clusters"
-    assert len({stat.cluster_id for stat in Stat.get_all()}) == 2
-
-    sweep_trigger()
+def test_two_clusters_drain_one_sweep_together_and_the_lease_cap_holds_across_them(start_cluster):
+    # Which cluster polls first must not decide whether both take work (a turn holds
+    # many batches, so a sweep is few messages and the first poller could take them
+    # all). So every worker is held at the batch's first checkpoint: a cluster holds
+    # at most workers + queue_limit + the one message its pusher waits to queue
+    # (2 + 2 + 1), the dispatcher keeps topping the queue up from eight
+    # portfolios, and the rest can only reach the other cluster. Three workers
+    # waiting at once is more than one cluster has, so both clusters leased a job.
+    make_lease_estate(portfolios=8, properties=1, rows=ROWS_PER_PROPERTY)
+    held = {"CLEANUP_CHECKPOINTS": "batch.after_fence"}
+    hold = CheckpointHold("batch.after_fence")
     holders_seen: dict[int, int] = {}
 
     def sample_holders() -> None:
         for portfolio_id, n in CleanupJob.objects.lease_holders_by_portfolio(now=timezone.now()).items():
             holders_seen[portfolio_id] = max(holders_seen.get(portfolio_id, 0), n)
 
+    def sample_and_dispatch() -> None:
+        sample_holders()
+        dispatch_due_jobs()
+
+    try:
+        start_cluster("host-a", **held)
+        start_cluster("host-b", **held)
+        assert wait_for(lambda: len(Stat.get_all()) == 2, timeout=30), "django-q2's Stat does not see both clusters"
+        assert len({stat.cluster_id for stat in Stat.get_all()}) == 2
+        sweep_trigger()
+        assert wait_for(lambda: len(hold.waiters()) >= 3, timeout=60, every=sample_and_dispatch), (
+            f"workers waiting at the checkpoint: {len(hold.waiters())} (one cluster has 2)"
+        )
+    finally:
+        hold.release()
+
     assert wait_for(lambda: open_jobs() == 0, timeout=180, every=sample_holders), "the sweep did not drain"
 
     assert Lease.objects.count() == 0
-    assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
+    assert_exactly_once(rows_before=8 * ROWS_PER_PROPERTY)
     assert holders_seen and max(holders_seen.values()) == 1, f"lease holders per portfolio: {holders_seen}"
 
     # A worker writes its heartbeat after its turn returns, so the last
     # batch's job is done a moment before its rows reach the heartbeat.
     def beats_add_up() -> bool:
-        return sum(WorkerHeartbeat.objects.values_list("rows_deleted", flat=True)) == 6 * ROWS_PER_PROPERTY
+        return sum(WorkerHeartbeat.objects.values_list("rows_deleted", flat=True)) == 8 * ROWS_PER_PROPERTY
 
     assert wait_for(beats_add_up, timeout=20), "the heartbeats never counted every deleted row"
     beats = {hb.cluster: hb for hb in WorkerHeartbeat.objects.all()}
     assert set(beats) == {"host-a", "host-b"}
     assert all(hb.jobs_leased > 0 for hb in beats.values()), "one cluster took no work"
-    assert sum(hb.rows_deleted for hb in beats.values()) == 6 * ROWS_PER_PROPERTY
+    assert sum(hb.rows_deleted for hb in beats.values()) == 8 * ROWS_PER_PROPERTY
 
 
 def test_the_global_rate_limit_holds_across_two_clusters(estate, start_cluster):
