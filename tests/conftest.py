@@ -281,8 +281,8 @@ def _fast_password_hashing() -> Iterator[None]:
 # type and permission anew, app by app: about 80 statements, 0.14 s of each of some
 # 1,900 committing tests. Here the flush puts back the rows those four tables held
 # right after ``migrate`` (read once, ``django_db_setup``), with their ids, in one
-# statement each, and then sends ``post_migrate`` without those two receivers (and
-# installs the reference guards again only if one is missing or different). So
+# statement each, and then sends ``post_migrate`` without those two receivers (the
+# reference guards' receiver replaces only a trigger a test left missing or different). So
 # every test, the first on a worker or one after a flush, sees the database the
 # migration made, role groups included, and a content type keeps its id for the session.
 
@@ -341,38 +341,20 @@ _DJANGO_EMIT_POST_MIGRATE = None
 
 def emit_post_migrate_after_flush(verbosity: int, interactive: bool, db: str, **kwargs: object) -> None:
     """The flush command's ``emit_post_migrate_signal``: the migration's rows put back,
-    then ``post_migrate`` to every receiver but the two that would make them again and
-    the reference guards' (``guards_on_migrate``), whose ``CREATE OR REPLACE`` of every
-    trigger would invalidate every cached plan over the record tables and their ~180
-    table partitions: the guards are installed again only if a test left one missing or
-    different (``guards_current``), which is all the flush's reinstall ever mended."""
+    then ``post_migrate`` to every receiver but the two that would make them again."""
     from django.contrib.auth.management import create_permissions
     from django.contrib.contenttypes.management import create_contenttypes
     from django.db.models.signals import post_migrate
 
-    from cleanup_ops.downstream.guard import guards_install, guards_on_migrate
-
     migration_rows_restore(using=db)
-    auth_uid, guards_uid = "django.contrib.auth.management.create_permissions", "cleanup_ops.guards_on_migrate"
+    auth_uid = "django.contrib.auth.management.create_permissions"
     post_migrate.disconnect(dispatch_uid=auth_uid)
     post_migrate.disconnect(create_contenttypes)
-    post_migrate.disconnect(dispatch_uid=guards_uid)
     try:
         _DJANGO_EMIT_POST_MIGRATE(verbosity, interactive, db, **kwargs)  # type: ignore[misc]
     finally:
         post_migrate.connect(create_contenttypes)
         post_migrate.connect(create_permissions, dispatch_uid=auth_uid)
-        post_migrate.connect(guards_on_migrate, dispatch_uid=guards_uid)
-    if not guards_current():
-        guards_install()
-
-
-def guards_current() -> bool:
-    """Is every trigger ``guards_install`` installs there, as it would install it?"""
-    from cleanup_ops.downstream.guard import guard_current, guarded_kinds
-
-    with connection.cursor() as cur:
-        return all(guard_current(spec, cur=cur) for spec in guarded_kinds())
 
 
 @pytest.fixture(scope="session", autouse=True)

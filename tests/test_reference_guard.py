@@ -11,8 +11,10 @@ import psycopg
 import pytest
 from django.core.management import call_command
 from django.db import connection, connections
+from psycopg import sql as pg
 
 from cleanup_ops import checkpoints
+from cleanup_ops.downstream.guard import FUNCTION, guarded_kinds, guards_install, trigger_name
 from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.models import CleanupJob, DispositionState, DocumentDisposition, JobKind
 from cleanup_ops.schedule import sweep_trigger
@@ -37,6 +39,45 @@ def test_migrate_guards_every_managed_record_table_with_an_attachment():
         cur.execute("SELECT tgname FROM pg_trigger WHERE tgname LIKE 'cleanup_ops_guard_%' ORDER BY tgname")
         names = [row[0] for row in cur.fetchall()]
     assert names == ["cleanup_ops_guard_lease", "cleanup_ops_guard_maintenance_record"]
+
+
+def guard_triggers() -> dict[str, tuple[int, list[str]]]:
+    """Each guard trigger on a record table (not its table partitions' clones): its oid and arguments."""
+    with connection.cursor() as cur:
+        cur.execute(
+            "SELECT tgname, oid, tgnargs, tgargs FROM pg_trigger"
+            " WHERE tgname LIKE 'cleanup_ops_guard_%%' AND tgparentid = 0"
+        )
+        return {
+            name: (oid, [a.decode() for a in bytes(raw).split(b"\x00")[:nargs]])
+            for name, oid, nargs, raw in cur.fetchall()
+        }
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("state", ["current", "missing", "different"])
+def test_installing_the_guards_again_replaces_only_a_trigger_that_is_missing_or_different(state):
+    """A current trigger is left alone: replacing it would lock its table and every table
+    partition and invalidate every plan over them, at every migrate."""
+    before = guard_triggers()
+    spec = guarded_kinds()[0]
+    name = trigger_name(spec)
+    with connection.cursor() as cur:
+        if state != "current":
+            cur.execute(pg.SQL("DROP TRIGGER {} ON {}").format(pg.Identifier(name), pg.Identifier(spec.table)))
+        if state == "different":
+            cur.execute(
+                pg.SQL("CREATE TRIGGER {} BEFORE INSERT ON {} FOR EACH ROW EXECUTE FUNCTION {}('elsewhere')").format(
+                    pg.Identifier(name), pg.Identifier(spec.table), pg.Identifier(FUNCTION)
+                )
+            )
+
+    assert sorted(guards_install()) == sorted(s.kind for s in guarded_kinds())
+
+    after = guard_triggers()
+    assert {n: args for n, (_, args) in after.items()} == {n: args for n, (_, args) in before.items()}
+    replaced = {n for n in after if after[n][0] != before[n][0]}
+    assert replaced == (set() if state == "current" else {name})
 
 
 @pytest.mark.django_db

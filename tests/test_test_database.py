@@ -15,10 +15,9 @@ from django.core.management import call_command
 from django.db import connection
 from psycopg import sql
 
-from cleanup_ops.downstream.guard import guarded_kinds, trigger_name
+from cleanup_ops.downstream.guard import guard_current, guarded_kinds, trigger_name
 from properties.models import Portfolio
 from retention.roles import sync_role_groups
-from tests.conftest import guards_current
 
 
 def migration_state() -> dict[str, list[tuple[object, ...]]]:
@@ -71,11 +70,13 @@ def test_a_flush_installs_again_a_reference_guard_a_test_dropped() -> None:
                 name=sql.Identifier(trigger_name(spec)), table=sql.Identifier(spec.table)
             )
         )
-    assert not guards_current()
+    with connection.cursor() as cur:
+        assert not guard_current(spec, cur=cur)
 
     call_command("flush", interactive=False, verbosity=0, reset_sequences=False)
 
-    assert guards_current()
+    with connection.cursor() as cur:
+        assert all(guard_current(each, cur=cur) for each in guarded_kinds())
 
 
 @pytest.mark.database

@@ -229,7 +229,12 @@ def guard_current(spec: RecordKindSpec, *, cur: Any) -> bool:
 
 
 def guards_install(*, include_unmanaged: bool = False, backfill: bool = False, using: Any = None) -> list[str]:
-    """Create the function and the triggers; returns the kinds guarded.
+    """Create the function and every trigger missing or different; returns the kinds guarded.
+
+    A trigger already there with the arguments it would be installed with now
+    (``guard_current``) is left alone: replacing it would take a lock on its
+    table (and every table partition) and invalidate every cached plan over
+    them, at every ``migrate`` and every test flush, for nothing.
 
     A storage kind's rows get their spellings recorded (``spellings_backfill_sql``)
     when ``backfill`` says so or its trigger was missing or different: in the
@@ -239,12 +244,13 @@ def guards_install(*, include_unmanaged: bool = False, backfill: bool = False, u
     with transaction.atomic(), connection.cursor() as cur:
         cur.execute(function_sql())
         for spec in kinds:
-            fill = spellings_backfill_sql(spec)
             # Read before the trigger is replaced: was it missing or different?
-            fill_now = fill is not None and (backfill or not guard_current(spec, cur=cur))
-            for statement in trigger_sql(spec):
-                cur.execute(statement)
-            if fill is not None and fill_now:
+            current = guard_current(spec, cur=cur)
+            if not current:
+                for statement in trigger_sql(spec):
+                    cur.execute(statement)
+            fill = spellings_backfill_sql(spec)
+            if fill is not None and (backfill or not current):
                 cur.execute(fill)
     return [spec.kind for spec in kinds]
 
