@@ -164,11 +164,21 @@ def sync_role_groups(apps: Any, schema_editor: Any = None) -> None:
     from django.contrib.auth.management import create_permissions
 
     # Permissions are normally created after *all* migrations ran; create them
-    # now so a data migration can grant them.
+    # now so a data migration can grant them: those of the apps a role is granted
+    # something of, the others are not needed yet. create_permissions skips an app
+    # without a models module, which a migration's app stubs lack: each gets one
+    # for the call, and what it had back after it (with the project's own
+    # registry, None would switch off every later post_migrate of the app).
+    granted_apps = {dotted.split(".")[0] for perms in ROLE_PERMISSIONS.values() for dotted in perms}
     for app_config in apps.get_app_configs():
-        app_config.models_module = True
-        create_permissions(app_config, verbosity=0, apps=apps)
-        app_config.models_module = None
+        if app_config.label not in granted_apps:
+            continue
+        had = getattr(app_config, "models_module", None)
+        app_config.models_module = had or True
+        try:
+            create_permissions(app_config, verbosity=0, apps=apps)
+        finally:
+            app_config.models_module = had
 
     Group = apps.get_model("auth", "Group")
     Permission = apps.get_model("auth", "Permission")

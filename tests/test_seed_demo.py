@@ -33,13 +33,9 @@ def snapshot() -> dict[str, list[tuple]]:
 
 def wipe() -> None:
     # Audit events are append-only for the application; a test database reset
-    # is the only place that removes them, through the raw flush.
-    from django.apps import apps
-
-    from retention.roles import sync_role_groups
-
+    # is the only place that removes them, through the raw flush (which puts the
+    # migration's role groups back: tests/conftest.py).
     call_command("flush", "--noinput", verbosity=0)
-    sync_role_groups(apps)
 
 
 @time_machine.travel("2026-08-21T02:00:00Z", tick=False)
