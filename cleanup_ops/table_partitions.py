@@ -61,8 +61,9 @@ f. Droppable: insert the ledger row; check that no session waits for the
    table partition's lock (an application write of an old row, a batch's
    DELETE: they hold the parent table's lock, which the drop needs, so
    going on would deadlock them — the drop steps back instead, *busy*);
-   checkpoint ``table_partition.before_drop``; ``LOCK TABLE <parent> IN
-   ACCESS EXCLUSIVE MODE NOWAIT`` (what the drop takes anyway), asked again
+   checkpoint ``table_partition.before_drop``; ``LOCK TABLE ONLY <parent> IN
+   ACCESS EXCLUSIVE MODE NOWAIT`` (what the drop takes anyway; ``ONLY``: not
+   every other table partition's lock too), asked again
    every few milliseconds within a's bound and never queued for
    (``_lock_parent_and_drop`` says why: queued, the drop could make the
    application's write the deadlock victim), and with it, in the same round
@@ -488,10 +489,17 @@ def _lock_parent_and_drop(cur: Any, table: str, table_partition: TablePartition)
     first: that makes its inherited foreign keys its own, with triggers on
     the portfolio and property tables, which the ``DROP`` then takes ACCESS
     EXCLUSIVE (every reader of them waits; a hold placement waiting for our
-    scope lock deadlocks us). Dropped attached, only the parent is locked."""
+    scope lock deadlocks us). Dropped attached, only the parent is locked.
+
+    ``ONLY``: without it ``LOCK TABLE`` takes every table partition's lock too
+    (~180 here), which the drop does not need (every query of the table locks
+    the parent first) and which a session holding any of them refuses — an
+    autovacuum of this month's table partition, a direct read of one — so the
+    night's drops would be busy for as long as autovacuum works anywhere in
+    the table."""
     statement = pgsql.SQL(
         """
-        LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE NOWAIT;
+        LOCK TABLE ONLY {parent} IN ACCESS EXCLUSIVE MODE NOWAIT;
         DROP TABLE {table_partition}
         """
     ).format(

@@ -198,3 +198,34 @@ def test_no_pause_inside_a_callers_transaction_whose_locks_would_stay_anyway(set
     (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
 
     assert (kind.dropped[P_MARCH], kind.dropped[P_APRIL]) == (7, 2) and pauses == []
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize(
+    "mode",
+    [
+        "SHARE UPDATE EXCLUSIVE",  # what an autovacuum or an ANALYZE of it holds
+        "ACCESS SHARE",  # a read of that table partition by its own name
+        "ROW EXCLUSIVE",  # a write to it by its own name
+    ],
+)
+def test_a_session_holding_another_table_partition_does_not_make_the_drop_busy(
+    committed,  # noqa: F811 - the fixture imported above
+    active_policy,
+    mode,
+):
+    """The drop locks the parent ONLY: the other table partitions' locks are not
+    the drop's to take, so a session holding one (in any mode a vacuum, a read
+    or a write takes) leaves the drop to go on, and is left alone by it."""
+    committed_world(active_policy)
+    committed.CLEANUP_TABLE_PARTITION_LOCK_SECONDS = 0.5
+    other = raw_connection(autocommit=False)
+    try:
+        other.execute(f"LOCK TABLE {TABLE}_2026_08 IN {mode} MODE")
+        (kind,) = service.table_partitions_drop(slot=SLOT, now=NOW).kinds
+        assert not kind.busy, kind.busy
+        assert (kind.dropped[P_MARCH], kind.dropped[P_APRIL]) == (7, 2)
+    finally:
+        other.rollback()
+        other.close()
+    assert march_dropped() and not table_partition_exists(P_MARCH)
