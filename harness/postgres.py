@@ -15,7 +15,8 @@ wheel, so a machine with Python and ``make`` needs nothing else:
   traversable (``o+x``, never readable) for that user, as the wheel's own launcher
   does;
 * started for speed, not durability: ``fsync``, ``synchronous_commit`` and
-  ``full_page_writes`` off, loopback only, 200 connections.
+  ``full_page_writes`` off, loopback only, 200 connections; ``autovacuum`` off
+  when asked (``--no-autovacuum``: the test suite's clusters, see ``Cluster``).
 
 Two lifetimes:
 
@@ -157,7 +158,14 @@ class Cluster:
         prefix: str = "retention-pg.",
         database: str = "app",
         parent: str | Path | None = None,
+        autovacuum: bool = True,
     ) -> None:
+        """``autovacuum=False`` for the test suite's cluster: every rolled-back test
+        leaves dead rows (in tenant activity's ~180 table partitions too), so
+        autovacuum would vacuum all through the run on the suite's two cores, and
+        a table-partition drop's lock on one being vacuumed waits
+        ``deadlock_timeout`` for the vacuum to be cancelled. A benchmark keeps it
+        on, as production has it."""
         found = Path(bin_dir) if bin_dir else find_bin()
         if found is None:
             raise ClusterError(
@@ -171,6 +179,7 @@ class Cluster:
         self.dir: Path | None = None
         self.port = 0
         self.as_user: list[str] = []
+        self.options = SERVER_OPTIONS + ("" if autovacuum else " -c autovacuum=off")
 
     # ------------------------------------------------------------------ state
 
@@ -246,7 +255,7 @@ class Cluster:
             self.port = free_port()
             self._save_state()
             self._initdb()
-            self._ctl("-o", f"-p {self.port} {SERVER_OPTIONS}", "start")
+            self._ctl("-o", f"-p {self.port} {self.options}", "start")
         except BaseException:
             self.stop()
             raise
@@ -458,6 +467,9 @@ def main(argv: list[str] | None = None) -> int:
     start.add_argument("--prefix", default="retention-pg.", help="name prefix of the cluster's directory")
     start.add_argument("--parent", help="where the cluster's directory is made (default: the temporary directory)")
     start.add_argument(
+        "--no-autovacuum", action="store_true", help="autovacuum off (the test suite's cluster: see Cluster)"
+    )
+    start.add_argument(
         "--print-env",
         action="store_true",
         help="print shell assignments (DATABASE_URL, PGDATA_DIR, PG_BIN, PG_PORT, PG_AS) for eval",
@@ -475,7 +487,7 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGHUP, _raise_exit)
     try:
         if args.command == "start":
-            cluster = Cluster(args.bin, prefix=args.prefix, parent=args.parent)
+            cluster = Cluster(args.bin, prefix=args.prefix, parent=args.parent, autovacuum=not args.no_autovacuum)
             url = cluster.start()
             if args.print_env:
                 values = {"DATABASE_URL": url, "PGDATA_DIR": str(cluster.dir), "PG_BIN": str(cluster.bin)}

