@@ -22,13 +22,15 @@ NOW = "2026-08-21T02:05:00Z"
 OLD = utc("2020-01-01T00:00:00Z")
 RECENT = utc("2026-08-01T00:00:00Z")
 
-# The trigger drops tenant activity's expired table partitions before admission.
-pytestmark = pytest.mark.table_partitions
-
-
 @pytest.fixture
-def estate(portfolio, active_policy):
-    """Three properties: two with expired leases, one with only recent ones."""
+def estate(portfolio, active_policy, row_deletes_only):
+    """Three properties: two with expired leases, one with only recent ones.
+
+    Tenant activity by row deletes only: admission does not depend on it (only
+    ``cleanup_ops.table_partitions`` reads ``drop_table_partitions``), and each
+    trigger here would otherwise drop some 140 empty table partitions first and
+    make them again after the test (2 s a test). That the trigger drops them
+    before admission is ``tests/test_table_partitions.py``'s."""
     active_policy(portfolio, "lease", 365)
     active_policy(portfolio, "tenant_activity", 30)
     props = [Property.objects.create(portfolio=portfolio, name=f"B{i}") for i in range(3)]
