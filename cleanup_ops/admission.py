@@ -197,7 +197,10 @@ def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
     Per record kind, one ``INSERT … SELECT`` adds a job for every due
     partition that has no open delete job in another sweep (an open purge job
     does not hold back the partition's next delete), and one count says how
-    many were carried over instead.
+    many were carried over instead. A kind no portfolio has an approved,
+    enabled version for has no due partition, and its two statements are not
+    sent: each is planned over every table partition of its table (7.6 ms a
+    plan over tenant activity's ~180), for nothing.
     """
     now = now or clock.now()
     with transaction.atomic():
@@ -207,7 +210,14 @@ def sweep_admit(*, sweep_id: int, now: datetime | None = None) -> int:
         before = CleanupJob.objects.filter(sweep=sweep).count()
         carried_over = 0
         slot = db_datetime(sweep.slot)
+        active_kinds = set(
+            PolicyVersion.objects.filter(status=PolicyVersion.Status.APPROVED, enabled=True).values_list(
+                "policy__record_kind", flat=True
+            )
+        )
         for kind, spec in REGISTRY.items():
+            if kind not in active_kinds:
+                continue
             sql.execute(
                 _admit_partitions(spec),
                 [slot, kind, sweep.pk, sweep.key, kind, kind, db_datetime(now), db_datetime(now), kind, sweep.pk],

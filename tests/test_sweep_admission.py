@@ -22,6 +22,7 @@ NOW = "2026-08-21T02:05:00Z"
 OLD = utc("2020-01-01T00:00:00Z")
 RECENT = utc("2026-08-01T00:00:00Z")
 
+
 @pytest.fixture
 def estate(portfolio, active_policy, row_deletes_only):
     """Three properties: two with expired leases, one with only recent ones.
@@ -243,6 +244,35 @@ class TestAdmission:
         assert (rows["lease"]["eligible"], rows["lease"]["held"]) == (3, 2)
         assert (rows["tenant_activity"]["eligible"], rows["tenant_activity"]["held"]) == (1, 0)
         assert not Sweep.objects.exists() and not CleanupJob.objects.exists()
+
+
+@pytest.mark.django_db
+@pytest.mark.usefixtures("clock")
+@pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
+def test_admission_sends_no_statement_over_a_kinds_table_when_no_portfolio_has_an_active_version_of_it(
+    portfolio, active_policy, row_deletes_only, enabled
+):
+    """Only the kinds some portfolio has an approved, enabled version of are asked
+    for due partitions: each statement is planned over every table partition of
+    its table. A disabled version is no active version: nothing of it is admitted."""
+    from django.db import connection
+    from django.test.utils import CaptureQueriesContext
+
+    from retention.registry import REGISTRY
+
+    active_policy(portfolio, "lease", 365, enabled=enabled)
+    prop = Property.objects.create(portfolio=portfolio, name="B0")
+    make_records(prop, "lease", 2, ended=OLD)
+    make_records(prop, "tenant_activity", 2, ended=OLD)
+    sweep = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=SLOT)
+
+    with CaptureQueriesContext(connection) as queries:
+        admitted = sweep_admit(sweep_id=sweep.pk)
+
+    asked = {kind for kind, spec in REGISTRY.items() for q in queries.captured_queries if f'"{spec.table}"' in q["sql"]}
+    assert asked == ({"lease"} if enabled else set())
+    assert admitted == (1 if enabled else 0)
+    assert set(CleanupJob.objects.values_list("record_kind", flat=True)) == ({"lease"} if enabled else set())
 
 
 @pytest.mark.django_db
