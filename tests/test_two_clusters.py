@@ -172,7 +172,12 @@ def test_the_global_rate_limit_holds_across_two_clusters(estate, start_cluster):
     assert wait_for(lambda: open_jobs() == 0, timeout=180), "the sweep did not drain"
     assert Lease.objects.count() == 0
     assert_exactly_once(rows_before=6 * ROWS_PER_PROPERTY)
-    assert all(hb.jobs_leased > 0 for hb in WorkerHeartbeat.objects.all()), "one cluster took no work"
+    # Not asserted here that each cluster leased: which one polls first decides
+    # that (a sweep is a handful of messages), and holding workers at a checkpoint
+    # to make both take work would either hold their tokens (a batch's
+    # checkpoints come after its token) or, at the lease, not be reached (a turn
+    # leases through its group). That both clusters drain one sweep together is
+    # the test above's, by construction; this one holds the bucket while both run.
     # The global token bucket: in any window, at most the burst plus the refill (one
     # token per transaction; with one partition per lease, one ledger row each).
     times = sorted(t.timestamp() for t in LedgerEntry.objects.values_list("applied_at", flat=True))
