@@ -232,9 +232,7 @@ def drop_operation_id(*, kind: str, table: str, table_partition: TablePartition,
 
 def _largest_cutoff(kind: str, slot: datetime) -> datetime | None:
     """slot - the shortest retention of any approved, enabled version of ``kind`` (None: none)."""
-    days = PolicyVersion.objects.filter(
-        policy__record_kind=kind, status=PolicyVersion.Status.APPROVED, enabled=True
-    ).values_list("retention_days", flat=True)
+    days = PolicyVersion.objects.in_force().filter(policy__record_kind=kind).values_list("retention_days", flat=True)
     shortest = min(days, default=None)
     return None if shortest is None else slot - timedelta(days=shortest)
 

@@ -67,6 +67,18 @@ def default_batch_size() -> int:
     return int(settings.CLEANUP_BATCH_SIZE)
 
 
+class PolicyVersionQuerySet(models.QuerySet["PolicyVersion"]):
+    def in_force(self) -> PolicyVersionQuerySet:
+        """The versions that delete: approved (one per policy) and enabled.
+
+        An approved version unticked is a withdrawn policy: it stays the
+        policy's active version but deletes nothing. Every reader that asks
+        "what deletes now" (admission, the drop's largest cutoff, the console's
+        debt) asks here; the batch's own SQL re-reads the same two columns
+        under its locks."""
+        return self.filter(status=PolicyVersionStatus.APPROVED, enabled=True)
+
+
 class PolicyVersion(models.Model):
     Status = PolicyVersionStatus
 
@@ -91,6 +103,8 @@ class PolicyVersion(models.Model):
     )
     reviewed_at = models.DateTimeField(null=True, blank=True)
     review_note = models.TextField(blank=True, default="")
+
+    objects = PolicyVersionQuerySet.as_manager()
 
     class Meta:
         ordering = ["policy_id", "-number"]

@@ -14,7 +14,7 @@ from django.db import connection, connections
 from psycopg import sql as pg
 
 from cleanup_ops import checkpoints
-from cleanup_ops.downstream.guard import FUNCTION, guarded_kinds, guards_install, trigger_name
+from cleanup_ops.downstream.guard import FUNCTION, guard_arguments, guarded_kinds, guards_install, trigger_name
 from cleanup_ops.execution.runner import cleanup_drain, job_run_slice
 from cleanup_ops.models import CleanupJob, DispositionState, DocumentDisposition, JobKind
 from cleanup_ops.schedule import sweep_trigger
@@ -41,17 +41,10 @@ def test_migrate_guards_every_managed_record_table_with_an_attachment():
     assert names == ["cleanup_ops_guard_lease", "cleanup_ops_guard_maintenance_record"]
 
 
-def guard_triggers() -> dict[str, tuple[int, list[str]]]:
-    """Each guard trigger on a record table (not its table partitions' clones): its oid and arguments."""
+def guard_triggers() -> dict[str, tuple[int, list[str]] | None]:
+    """Each guarded kind's trigger on its record table: its oid and arguments (None: missing)."""
     with connection.cursor() as cur:
-        cur.execute(
-            "SELECT tgname, oid, tgnargs, tgargs FROM pg_trigger"
-            " WHERE tgname LIKE 'cleanup_ops_guard_%%' AND tgparentid = 0"
-        )
-        return {
-            name: (oid, [a.decode() for a in bytes(raw).split(b"\x00")[:nargs]])
-            for name, oid, nargs, raw in cur.fetchall()
-        }
+        return {trigger_name(spec): guard_arguments(spec, cur=cur) for spec in guarded_kinds()}
 
 
 @pytest.mark.django_db
@@ -75,8 +68,9 @@ def test_installing_the_guards_again_replaces_only_a_trigger_that_is_missing_or_
     assert sorted(guards_install()) == sorted(s.kind for s in guarded_kinds())
 
     after = guard_triggers()
-    assert {n: args for n, (_, args) in after.items()} == {n: args for n, (_, args) in before.items()}
-    replaced = {n for n in after if after[n][0] != before[n][0]}
+    assert None not in after.values() and None not in before.values()
+    assert {n: found[1] for n, found in after.items()} == {n: found[1] for n, found in before.items()}
+    replaced = {n for n, found in after.items() if found[0] != before[n][0]}
     assert replaced == (set() if state == "current" else {name})
 
 

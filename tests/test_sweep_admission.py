@@ -249,15 +249,18 @@ class TestAdmission:
 @pytest.mark.django_db
 @pytest.mark.usefixtures("clock")
 @pytest.mark.parametrize("enabled", [True, False], ids=["enabled", "disabled"])
-def test_admission_sends_no_statement_over_a_kinds_table_when_no_portfolio_has_an_active_version_of_it(
-    portfolio, active_policy, row_deletes_only, enabled
+@pytest.mark.parametrize("path", ["admission", "dry_run"])
+def test_admission_and_the_dry_run_send_no_statement_over_a_kinds_table_when_no_portfolio_has_a_version_in_force(
+    portfolio, active_policy, row_deletes_only, enabled, path
 ):
     """Only the kinds some portfolio has an approved, enabled version of are asked
     for due partitions: each statement is planned over every table partition of
-    its table. A disabled version is no active version: nothing of it is admitted."""
+    its table. A disabled version is no version in force: nothing of it is admitted,
+    or reported due."""
     from django.db import connection
     from django.test.utils import CaptureQueriesContext
 
+    from cleanup_ops.admission import partitions_due
     from retention.registry import REGISTRY
 
     active_policy(portfolio, "lease", 365, enabled=enabled)
@@ -267,12 +270,15 @@ def test_admission_sends_no_statement_over_a_kinds_table_when_no_portfolio_has_a
     sweep = Sweep.objects.create(key="cleanup:2026-08-21T02:00Z", slot=SLOT)
 
     with CaptureQueriesContext(connection) as queries:
-        admitted = sweep_admit(sweep_id=sweep.pk)
+        if path == "admission":
+            sweep_admit(sweep_id=sweep.pk)
+            found = set(CleanupJob.objects.values_list("record_kind", flat=True))
+        else:
+            found = {partition.record_kind for partition in partitions_due(slot=SLOT)}
 
     asked = {kind for kind, spec in REGISTRY.items() for q in queries.captured_queries if f'"{spec.table}"' in q["sql"]}
     assert asked == ({"lease"} if enabled else set())
-    assert admitted == (1 if enabled else 0)
-    assert set(CleanupJob.objects.values_list("record_kind", flat=True)) == ({"lease"} if enabled else set())
+    assert found == ({"lease"} if enabled else set())
 
 
 @pytest.mark.django_db

@@ -246,11 +246,8 @@ def retention_debt(*, now: datetime, portfolio_ids: PortfolioScope = None) -> li
         policy_id=OuterRef("policy_id"), status=PolicyVersion.Status.SUPERSEDED
     ).order_by("-number")
     versions = list(
-        PolicyVersion.objects.filter(
-            portfolio_ids_q(portfolio_ids, field="policy__portfolio_id"),
-            status=PolicyVersion.Status.APPROVED,
-            enabled=True,
-        )
+        PolicyVersion.objects.in_force()
+        .filter(portfolio_ids_q(portfolio_ids, field="policy__portfolio_id"))
         .annotate(
             previous_days=Subquery(previous.values("retention_days")[:1]),
             previous_enabled=Subquery(previous.values("enabled")[:1]),

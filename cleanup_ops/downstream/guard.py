@@ -213,19 +213,27 @@ def guarded_kinds(*, include_unmanaged: bool = False) -> list[RecordKindSpec]:
     ]
 
 
-def guard_current(spec: RecordKindSpec, *, cur: Any) -> bool:
-    """Is the kind's trigger there, with the arguments it would be installed with now?"""
+def guard_arguments(spec: RecordKindSpec, *, cur: Any) -> tuple[int, list[str]] | None:
+    """The kind's trigger on its table as it is: (its oid, its arguments), or None when missing."""
     cur.execute(
-        "SELECT t.tgnargs, t.tgargs FROM pg_trigger t WHERE t.tgrelid = to_regclass(quote_ident(%s)) AND t.tgname = %s",
+        """
+        SELECT t.oid, t.tgnargs, t.tgargs FROM pg_trigger t
+        WHERE t.tgrelid = to_regclass(quote_ident(%s)) AND t.tgname = %s
+        """,
         [spec.table, trigger_name(spec)],
     )
     row = cur.fetchone()
     if row is None:
-        return False
-    nargs, raw = row
+        return None
+    oid, nargs, raw = row
     # tgargs: each argument followed by a NUL byte.
-    found = bytes(raw).split(b"\x00")[:nargs]
-    return [argument.decode() for argument in found] == trigger_arguments(spec)
+    return int(oid), [argument.decode() for argument in bytes(raw).split(b"\x00")[:nargs]]
+
+
+def guard_current(spec: RecordKindSpec, *, cur: Any) -> bool:
+    """Is the kind's trigger there, with the arguments it would be installed with now?"""
+    found = guard_arguments(spec, cur=cur)
+    return found is not None and found[1] == trigger_arguments(spec)
 
 
 def guards_install(*, include_unmanaged: bool = False, backfill: bool = False, using: Any = None) -> list[str]:
