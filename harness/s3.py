@@ -213,7 +213,11 @@ class S3Proxy:
         self._server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self._server.daemon_threads = True
         self.endpoint = f"http://127.0.0.1:{self._server.server_address[1]}"
-        self._thread = threading.Thread(target=self._server.serve_forever, name="s3-proxy", daemon=True)
+        # shutdown() waits for serve_forever's next poll: 0.5 s by default, paid
+        # by every test that stops a proxy.
+        self._thread = threading.Thread(
+            target=self._server.serve_forever, kwargs={"poll_interval": 0.02}, name="s3-proxy", daemon=True
+        )
 
     def fail(self, operation: str, *, times: int) -> None:
         """Answer the next ``times`` requests of ``operation`` with ``503 SlowDown``."""
