@@ -133,8 +133,9 @@ MEMBERSHIP_ROLE_PERMISSIONS: dict[str, frozenset[str]] = {
 
 def role_groups_grant(Group: Any, Permission: Any, *, using: str) -> None:
     """Each role's group (made if missing) granted its listed permissions that exist:
-    the permissions read in one query, each group's granted in one call (a migration
-    runs this five times; a query per permission made it a second of every migrate)."""
+    the permissions read in one query, each group's granted in one call (five
+    migrations run this; a query per permission cost a quarter of a second of
+    every migrate)."""
     listed = {dotted for perms in ROLE_PERMISSIONS.values() for dotted in perms}
     found = (
         Permission.objects.using(using)
