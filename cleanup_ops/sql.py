@@ -18,6 +18,7 @@ only (15 to 18): each statement has one text.
 
 Here: the helpers every statement is built and run with (``composed``,
 ``ident``, ``rows_cte`` and ``rows_params``, ``any_of`` and ``any_params``,
+``array_text`` (an array parameter's value),
 ``values_list``, ``lease_cleared``, ``statement``, ``execute``) and the names
 a template may use (``NAMES``): the pipeline's tables, the host's customer and
 site tables, their keys and the keys' type (``PORTFOLIO_KEY``,
@@ -37,7 +38,9 @@ readiness check's in ``cleanup_ops.health``, the console's figures in
 from __future__ import annotations
 
 import functools
-from collections.abc import Callable, Mapping, Sequence
+import uuid
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from datetime import datetime
 from typing import Any, ParamSpec, TypeVar
 
 from django.db import connection
@@ -223,14 +226,56 @@ def rows_cte(name: str, columns: Columns) -> pg.Composed:
     )
 
 
+def array_text(values: Iterable[Any]) -> str | list[Any]:
+    """The value of an array parameter that a statement casts
+    (``CAST(%(name)s AS <type>[])``: ``rows_cte``, ``any_of``), as the
+    array's text, ``{1,"a b",NULL}``, which the cast reads as it reads any
+    array. psycopg builds that text itself from a list, but element by
+    element in Python (a dumper looked up per element, each string searched
+    for characters to quote): about 13 µs a value against 3 µs here, and a
+    group's ledger write alone passes 16 columns of up to a few hundred
+    values, on a worker whose CPU is taken from its server's (issue 40).
+
+    Integers go as digits; strings always quoted, with the two characters an
+    array element must escape (``\\`` and ``"``) escaped; aware datetimes in
+    ISO 8601 with their offset; UUIDs as their text; booleans ``t``/``f``;
+    ``None`` as ``NULL``. A column holding anything else (a naive datetime,
+    whose meaning depends on the session's time zone; a decimal) goes as the
+    list, for psycopg to dump as before. A string parameter is sent untyped,
+    so the statement's cast decides the type, on a prepared statement as on
+    Django's client-side cursor."""
+    parts: list[str] = []
+    listed = values if isinstance(values, list) else list(values)
+    for value in listed:
+        kind = type(value)
+        if value is None:
+            parts.append("NULL")
+        elif kind is int:
+            parts.append(str(value))
+        elif isinstance(value, str):
+            parts.append('"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"')
+        elif kind is bool:
+            parts.append("t" if value else "f")
+        elif isinstance(value, int):  # an IntEnum, say
+            parts.append(str(int(value)))
+        elif isinstance(value, datetime) and value.tzinfo is not None:
+            parts.append(value.isoformat())
+        elif isinstance(value, uuid.UUID):
+            parts.append(str(value))
+        else:
+            return listed
+    return "{" + ",".join(parts) + "}"
+
+
 def rows_params(name: str, columns: Columns, rows: Sequence[Any]) -> dict[str, Any]:
     """The parameters of ``rows_cte(name, columns)`` for ``rows``: each row an
-    object with an attribute (or a mapping with a key) per column."""
+    object with an attribute (or a mapping with a key) per column, each
+    column's values as one array's text (``array_text``)."""
 
     def cell(row: Any, column: str) -> Any:
         return row[column] if isinstance(row, Mapping) else getattr(row, column)
 
-    return {f"{name}_{column}": [cell(row, column) for row in rows] for column, _ in columns}
+    return {f"{name}_{column}": array_text([cell(row, column) for row in rows]) for column, _ in columns}
 
 
 def any_of(name: str, sql_type: str) -> pg.Composed:
@@ -239,4 +284,5 @@ def any_of(name: str, sql_type: str) -> pg.Composed:
 
 
 def any_params(name: str, values: Sequence[Any]) -> dict[str, Any]:
-    return {name: list(values)}
+    """The parameter of ``any_of(name, …)``: the values as one array's text (``array_text``)."""
+    return {name: array_text(values)}

@@ -79,7 +79,7 @@ the cutoff (``cutoff_sql``): a record closed on the cutoff's own day is kept.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
@@ -265,18 +265,6 @@ class RecordKindSpec:
     def key_value(self, value: Any) -> int | str:
         """A key read from the database as the cursor carries it."""
         return int(value) if self.integer_key else self.key_text(value)
-
-    def key_array(self, values: Sequence[Any]) -> Any:
-        """The value of a ``CAST(%(name)s AS <pk_sql_type>[])`` parameter
-        holding the keys ``values``. Integer keys go as the array's text
-        (``{1,2,3}``), which the cast reads as it reads an array: psycopg
-        builds that text itself from a list, but element by element in
-        Python, each tested for quotes (about 1.2 ms of the worker's CPU per
-        1,000 ids, every DELETE; issue 40), and an integer never needs any.
-        UUIDs go as the list, quoted by psycopg."""
-        if self.integer_key:
-            return "{" + ",".join(map(str, values)) + "}"
-        return list(values)
 
     def key_param(self, param: pg.Composable) -> pg.Composable:
         """A text parameter/column of a key as the key's type."""

@@ -24,12 +24,13 @@ ROOT = Path(__file__).resolve().parent.parent
 SQL_MODULE = ROOT / "cleanup_ops" / "sql.py"
 
 # The composition helpers: how a statement is built (``composed``, ``ident``,
-# the row lists, ``any_of``, ``lease_cleared``), cached (``statement``) and run
+# the row lists and their arrays' text, ``any_of``, ``lease_cleared``), cached (``statement``) and run
 # (``execute``). A new helper joins this list; a statement goes to its caller.
 HELPERS = frozenset(
     {
         "any_of",
         "any_params",
+        "array_text",
         "composed",
         "execute",
         "ident",

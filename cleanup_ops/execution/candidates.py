@@ -274,7 +274,7 @@ def _delete(cur: Any, work: list[PartitionBatch]) -> tuple[dict[int, int], dict[
         ]
         params = {**sql.rows_params("g", statements.delete_columns(spec), ranges), "kind": kind}
         # The DELETE takes the counted candidates: they are the ledger's.
-        params["ids"] = spec.key_array([i for item in items for i in item.ids or ()])
+        params["ids"] = sql.array_text([i for item in items for i in item.ids or ()])
         # And their span of timestamps, bound as literals (each item here
         # has candidates, so bounds; a NULL would only delete nothing).
         params["ts_lo"] = min(item.ts_lo for item in items)
