@@ -22,6 +22,11 @@ $(VENV)/.installed: requirements.txt requirements-dev.txt
 # document store on a free loopback port, uploads attachments for some records,
 # and stops the store when it is done (or fails).
 demo demo-incident demo-db serve: export DATABASE_URL =
+# The demo drops its empty monthly table partitions of tenant activity (2015 on)
+# back to back: no application shares its database, and paced at
+# CLEANUP_TABLE_PARTITION_PAUSE_SECONDS (2 s between drops, for the sessions
+# that would replan) a hundred empty months would take minutes.
+demo demo-incident: export CLEANUP_TABLE_PARTITION_PAUSE_SECONDS = 0
 
 demo-db: venv
 	@$(PY) -m harness.postgres ensure var/pg --fresh >/dev/null

@@ -39,7 +39,8 @@ the statement that got it to the commit's answer (``DropClock``), and the probe'
 operations during the trigger sorted by what a drop was doing then (``attribute``).
 ``--drops-only`` skips the row deletes and the drain; ``--rounds N`` repeats the drops'
 phase, each after its own idle probe; ``--pause-ratio`` sets
-``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``; ``--sample-waits`` reads the probe's wait
+``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` and ``--pause-seconds`` its floor,
+``CLEANUP_TABLE_PARTITION_PAUSE_SECONDS``; ``--sample-waits`` reads the probe's wait
 events (diagnosis: it costs CPU).
 
 Without ``DATABASE_URL`` it starts a throwaway PostgreSQL (``harness/postgres.py``); with
@@ -265,16 +266,25 @@ def attribute(
     while each ran: one overlapping a parent lock's hold (``hold``: from its grant to
     its commit's end); else one overlapping a drop's transaction before the lock
     (``scan``: the SHARE lock, the scan and digest, the scope locks, the decision, the
-    ledger row); else ``between`` drops. Per class: operations, p50/p99/max, and for
+    ledger row); else, the first operation to start after a drop's commit
+    (``after``: the probe's statements were prepared, and a drop invalidates every cached
+    plan and the relation cache entries over the parent, so that operation plans again);
+    else ``between`` drops. Per class: operations, p50/p99/max, and for
     ``hold`` the overlap with the hold (the longest a wait for it can have been). With
     samples, the wait events seen during each class's operations."""
     done = clock.done()
     holds = [(d["granted"], d["committed"]) for d in done]
     transactions = [(d["begin"], d["committed"]) for d in done]
-    classes: dict[str, list[float]] = {"hold": [], "scan": [], "between": []}
+    classes: dict[str, list[float]] = {"hold": [], "scan": [], "after": [], "between": []}
     overlaps: list[float] = []
-    events: dict[str, dict[str, int]] = {"hold": {}, "scan": {}, "between": {}}
-    for (start, end), ms in zip(probe.spans, probe.latencies, strict=True):
+    events: dict[str, dict[str, int]] = {cls: {} for cls in classes}
+    commits = sorted(b for _, b in holds)
+    first_after: set[int] = set()
+    for commit in commits:
+        later = [i for i, (start, _) in enumerate(probe.spans) if start >= commit]
+        if later:
+            first_after.add(later[0])
+    for index, ((start, end), ms) in enumerate(zip(probe.spans, probe.latencies, strict=True)):
         if end < window[0] or start > window[1]:
             continue
         held = [min(end, b) - max(start, a) for a, b in holds if start < b and end > a]
@@ -283,6 +293,8 @@ def attribute(
             overlaps.append(max(held) * 1000)
         elif any(start < b and end > a for a, b in transactions):
             cls = "scan"
+        elif index in first_after:
+            cls = "after"
         else:
             cls = "between"
         classes[cls].append(ms)
@@ -500,6 +512,12 @@ def main() -> None:
         default=None,
         help="CLEANUP_TABLE_PARTITION_PAUSE_RATIO (default: the settings'; code without pacing has none)",
     )
+    parser.add_argument(
+        "--pause-seconds",
+        type=float,
+        default=None,
+        help="CLEANUP_TABLE_PARTITION_PAUSE_SECONDS (default: the settings'; code before it has no floor)",
+    )
     parser.add_argument("--rounds", type=int, default=1, help="drop phases, each from the snapshot after an idle probe")
     parser.add_argument(
         "--sample-waits", action="store_true", help="sample the probe's wait events (costs CPU: diagnosis only)"
@@ -525,7 +543,10 @@ def main() -> None:
 
         if args.pause_ratio is not None:
             settings.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = args.pause_ratio
+        if args.pause_seconds is not None:
+            settings.CLEANUP_TABLE_PARTITION_PAUSE_SECONDS = args.pause_seconds
         log(f"pause ratio: {getattr(settings, 'CLEANUP_TABLE_PARTITION_PAUSE_RATIO', 'none (code without pacing)')}")
+        log(f"pause floor: {getattr(settings, 'CLEANUP_TABLE_PARTITION_PAUSE_SECONDS', 'none (code before it)')} s")
         slot = slot_current()
         world = build(args, slot)
         log(f"snapshot in {snapshot():.1f} s")
@@ -559,6 +580,8 @@ def report(
 
     ratio = getattr(settings, "CLEANUP_TABLE_PARTITION_PAUSE_RATIO", None)
     print(f"pause ratio: {'none (code without pacing)' if ratio is None else ratio}")
+    floor = getattr(settings, "CLEANUP_TABLE_PARTITION_PAUSE_SECONDS", None)
+    print(f"pause floor: {'none (code before it)' if floor is None else f'{floor} s'}")
     print(f"load average at the end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     idle, drop = rounds[0]
     if rows is not None:
@@ -624,7 +647,10 @@ def report(
             f"(goal <= {P99_GOAL}: {'met' if ratio <= P99_GOAL else 'NOT met'})"
         )
         print(f"  overlapping a hold: {ops(split['hold'])}; its overlap with the hold {ops(split['hold_overlap_ms'])}")
-        print(f"  during a drop's scan: {ops(split['scan'])}; between drops: {ops(split['between'])}")
+        print(
+            f"  during a drop's scan: {ops(split['scan'])}; first after a drop: {ops(split['after'])};"
+            f" between drops: {ops(split['between'])}"
+        )
         if any(split["events"].values()):
             for cls, events in split["events"].items():
                 top = sorted(events.items(), key=lambda kv: -kv[1])[:6]

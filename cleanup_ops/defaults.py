@@ -105,6 +105,7 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("CLEANUP_IDLE_IN_TRANSACTION_SECONDS", 30.0, number(minimum=1.0)),
     Setting("CLEANUP_TABLE_PARTITION_LOCK_SECONDS", 3.0, number(minimum=0.1)),
     Setting("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", 4.0, number()),
+    Setting("CLEANUP_TABLE_PARTITION_PAUSE_SECONDS", 2.0, number()),
     Setting("CLEANUP_CHECKPOINTS", frozenset(), _checkpoints),
     # --- the batch transaction's statements (execution.batches.batch_cursor)
     Setting("CLEANUP_PREPARED_STATEMENTS", True, _boolean),

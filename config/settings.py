@@ -691,6 +691,10 @@ CLEANUP_TABLE_PARTITION_LOCK_SECONDS = env_float("CLEANUP_TABLE_PARTITION_LOCK_S
 # the last one's seconds, so the drops' scans and commits take at most
 # 1 / (1 + ratio) of the time the application shares the database with them.
 CLEANUP_TABLE_PARTITION_PAUSE_RATIO = env_float("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", 4.0, minimum=0.0)
+# ... and at least this many seconds: each drop's commit makes every session
+# of the table plan its statements over it again, once per drop, so the drops
+# per second bound how many of the application's statements pay for one.
+CLEANUP_TABLE_PARTITION_PAUSE_SECONDS = env_float("CLEANUP_TABLE_PARTITION_PAUSE_SECONDS", 2.0, minimum=0.0)
 # Test-only: named checkpoints (cleanup_ops.checkpoints) at which a test may
 # hold a worker. Empty in production, where a checkpoint is a set lookup.
 CLEANUP_CHECKPOINTS = frozenset(env.list("CLEANUP_CHECKPOINTS", default=[]))

@@ -46,8 +46,10 @@ brokers_stop() {
 
 # The table-partition drops unpaced (cleanup_ops.table_partitions): a test world
 # has years of empty monthly table partitions, each drop of one would earn a
-# pause; the tests of pacing set CLEANUP_TABLE_PARTITION_PAUSE_RATIO themselves.
+# pause; the tests of pacing set CLEANUP_TABLE_PARTITION_PAUSE_RATIO and
+# CLEANUP_TABLE_PARTITION_PAUSE_SECONDS themselves.
 export CLEANUP_TABLE_PARTITION_PAUSE_RATIO="${CLEANUP_TABLE_PARTITION_PAUSE_RATIO:-0}"
+export CLEANUP_TABLE_PARTITION_PAUSE_SECONDS="${CLEANUP_TABLE_PARTITION_PAUSE_SECONDS:-0}"
 
 # Bytecode caches on for the run, whatever the environment says (PYTHONDONTWRITEBYTECODE=1
 # is common in container images, this machine's included): pytest keeps each test

@@ -259,6 +259,11 @@ def test_each_apps_default_is_the_demo_projects_default():
             -1,
             "CLEANUP_TABLE_PARTITION_PAUSE_RATIO: must be a finite number >= 0.0",
         ),
+        (
+            "CLEANUP_TABLE_PARTITION_PAUSE_SECONDS",
+            -1,
+            "CLEANUP_TABLE_PARTITION_PAUSE_SECONDS: must be a finite number >= 0.0",
+        ),
     ],
 )
 def test_a_bad_pipeline_setting_is_a_system_check_error_naming_it(settings, name, value, message):

@@ -41,6 +41,7 @@ def start(env_overrides: dict[str, str]) -> subprocess.CompletedProcess[str]:
         ("LOGIN_COOLOFF_MINUTES", "0"),
         ("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", "-1"),
         ("CLEANUP_TABLE_PARTITION_PAUSE_RATIO", "slow"),
+        ("CLEANUP_TABLE_PARTITION_PAUSE_SECONDS", "-0.5"),
     ],
 )
 def test_a_malformed_variable_stops_start_up_naming_it(name, value):

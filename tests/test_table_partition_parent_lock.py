@@ -148,20 +148,24 @@ def test_a_reader_holding_the_parent_makes_the_drop_ask_again_and_it_drops_once_
 
 
 @pytest.mark.django_db(transaction=True)
-@pytest.mark.parametrize("ratio", [0.0, 3.0])
-def test_the_drops_pause_between_table_partitions_the_ratio_times_the_last_transaction(
+@pytest.mark.parametrize(("ratio", "floor"), [(0.0, 0.0), (3.0, 0.0), (0.0, 1.5), (3.0, 1.5)])
+def test_the_drops_pause_between_table_partitions_the_ratio_times_the_last_transaction_and_at_least_the_floor(
     committed,  # noqa: F811 - the fixture imported above
     active_policy,
     monkeypatch,
     ratio,
+    floor,
 ):
-    """``CLEANUP_TABLE_PARTITION_PAUSE_RATIO``: after each drop but the last,
-    before the next table partition's transaction, a pause of at least the
-    ratio times the drop (measured here from its first statement to its
-    commit, inside the span the code measures); none at ratio 0. Every table
+    """``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` and ``_PAUSE_SECONDS``: after
+    each drop but the last, before the next table partition's transaction, a
+    pause of at least the ratio times the drop (measured here from its first
+    statement to its commit, inside the span the code measures) and at least
+    the floor (each drop makes every session of the table plan again: a cost
+    per drop, not per second of it); none when both are 0. Every table
     partition here past the cutoff is dropped (no hold)."""
     committed_world(active_policy)
     committed.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = ratio
+    committed.CLEANUP_TABLE_PARTITION_PAUSE_SECONDS = floor
     events: list[tuple[str, float]] = []
     monkeypatch.setattr(service, "_pause", lambda seconds: events.append(("pause", seconds)))
 
@@ -177,7 +181,7 @@ def test_the_drops_pause_between_table_partitions_the_ratio_times_the_last_trans
     assert (kind.dropped[P_MARCH], kind.dropped[P_APRIL]) == (7, 2)
     transactions = [at for what, at in events if what == "begin"]
     pauses = [i for i, (what, _) in enumerate(events) if what == "pause"]
-    if not ratio:
+    if not ratio and not floor:
         assert pauses == [] and len(transactions) >= 2
         return
     # One pause between each two transactions, none before the first or after the last.
@@ -186,12 +190,14 @@ def test_the_drops_pause_between_table_partitions_the_ratio_times_the_last_trans
     for i in pauses:
         begun = max(at for what, at in events[:i] if what == "begin")
         assert events[i][1] >= ratio * (events[i - 1][1] - begun)
+        assert events[i][1] >= floor
 
 
 @pytest.mark.django_db
 def test_no_pause_inside_a_callers_transaction_whose_locks_would_stay_anyway(settings, active_policy, monkeypatch):
     build_world(active_policy)
     settings.CLEANUP_TABLE_PARTITION_PAUSE_RATIO = 3.0
+    settings.CLEANUP_TABLE_PARTITION_PAUSE_SECONDS = 1.5
     pauses: list[float] = []
     monkeypatch.setattr(service, "_pause", pauses.append)
 
