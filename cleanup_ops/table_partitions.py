@@ -81,8 +81,9 @@ f. Droppable: insert the ledger row; check that no session waits for the
 
 Paced: after a table partition dropped, before the next one's transaction,
 the trigger sleeps ``CLEANUP_TABLE_PARTITION_PAUSE_RATIO`` times the drop's
-seconds, holding no lock; never inside a caller's transaction, whose locks
-would stay (``_pacing``).
+seconds and at least ``CLEANUP_TABLE_PARTITION_PAUSE_SECONDS``, holding no
+lock; never inside a caller's transaction, whose locks would stay
+(``_pacing`` says why both).
 
 Not droppable: nothing is written. A table partition that is gone when its
 turn comes (a concurrent trigger of the same slot dropped it, and wrote its
